@@ -1,0 +1,53 @@
+"""hydra-deploy: Hydra Ensembles of head-pruned Transformers, fused into one network.
+
+The top-level package stays cheap to import: public names are resolved lazily, so the edge runtime
+(runners, uncertainty scores) never pulls in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "HydraError": "hydra_deploy.errors",
+    "HydraSpec": "hydra_deploy.specs",
+    "MemberSpec": "hydra_deploy.specs",
+    "load_backbone": "hydra_deploy.backbones",
+    "fuse": "hydra_deploy.fusion",
+    "HydraModel": "hydra_deploy.fusion",
+    "GroupedLinear": "hydra_deploy.fusion",
+}
+
+__all__ = [
+    "GroupedLinear",
+    "HydraError",
+    "HydraModel",
+    "HydraSpec",
+    "MemberSpec",
+    "__version__",
+    "fuse",
+    "load_backbone",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.errors import HydraError
+    from hydra_deploy.fusion import GroupedLinear, HydraModel, fuse
+    from hydra_deploy.specs import HydraSpec, MemberSpec
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hydra_deploy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

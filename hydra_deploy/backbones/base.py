@@ -1,0 +1,123 @@
+"""The common view every backbone adapter gives of a Transformer classifier.
+
+An adapter wraps a framework model (timm, Hugging Face, OpenCLIP) and exposes what the rest of the
+pipeline needs: its layer and head geometry, per-head gates (the meaning of "member m run alone" is
+the backbone run with the other heads' outputs gated to zero) and the attention weights of one layer
+in a canonical, framework-independent layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from hydra_deploy.errors import SpecError
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """One layer's self-attention in canonical layout (H heads of size hd, model width D).
+
+    q, k, v: [H, hd, D] (output rows of each head's projection), q_bias/k_bias/v_bias: [H, hd] or None;
+    proj: [D, H, hd] (the output projection's columns grouped by head), proj_bias: [D] or None.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    proj: torch.Tensor
+    proj_bias: torch.Tensor | None
+
+
+class BackboneAdapter:
+    """Uniform view over a Transformer classifier. Subclasses set the attributes below."""
+
+    family: str = ""  # "vit", "bert", "openclip"
+    name: str = ""  # registry alias, timm name, ... (recorded in specs and exports)
+    weights: str = "random"  # "random", "hub" or the checkpoint path the weights came from
+    module: nn.Module
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    embed_dim: int
+    num_classes: int
+
+    # --- per-head gates --------------------------------------------------------------------------
+    def _gate_targets(self) -> list[nn.Module]:
+        """One module per layer whose *input* is the concatenation of that layer's head outputs."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def head_gates(self, gates: torch.Tensor | np.ndarray) -> Iterator[torch.Tensor]:
+        """Multiply each head's output by ``gates[layer, head]`` while the context is open.
+
+        ``gates`` is [num_layers, num_heads]; a tensor that requires grad stays in the graph, so
+        ``|dLoss/dgates|`` is the Taylor head importance. Yields the gate tensor used.
+        """
+        gates = self._check_mask(gates)
+        handles = []
+        for layer, target in enumerate(self._gate_targets()):
+
+            def pre_hook(_module, args, layer=layer):
+                (x, *rest) = args
+                scale = gates[layer].to(x.dtype).repeat_interleave(self.head_dim)
+                return (x * scale, *rest)
+
+            handles.append(target.register_forward_pre_hook(pre_hook))
+        try:
+            yield gates
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _check_mask(self, mask: torch.Tensor | np.ndarray) -> torch.Tensor:
+        if not isinstance(mask, torch.Tensor):
+            mask = torch.as_tensor(np.asarray(mask, dtype=np.float32))
+        expected = (self.num_layers, self.num_heads)
+        if tuple(mask.shape) != expected:
+            raise SpecError(
+                f"head mask has shape {tuple(mask.shape)}, expected {expected} "
+                f"(layers x heads of {self.name})"
+            )
+        return mask
+
+    def forward(self, inputs: torch.Tensor, head_mask: torch.Tensor | np.ndarray | None = None):
+        """Reference forward of the backbone; with ``head_mask`` [L, H] the masked heads are off.
+
+        This defines "member m run alone": ``forward(x, spec.head_mask(m))``.
+        """
+        if head_mask is None:
+            return self.module(inputs)
+        with self.head_gates(head_mask):
+            return self.module(inputs)
+
+    __call__ = forward
+
+    # --- weights in canonical layout -------------------------------------------------------------
+    def attention_weights(self, layer: int) -> AttentionWeights:
+        raise NotImplementedError
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        raise NotImplementedError
+
+    def macs(self) -> int:
+        """Multiply-accumulates of one forward pass per example (see ARCHITECTURE.md)."""
+        raise NotImplementedError
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, layers={self.num_layers}, "
+            f"heads={self.num_heads}x{self.head_dim}, dim={self.embed_dim}, "
+            f"classes={self.num_classes}, weights={self.weights!r})"
+        )

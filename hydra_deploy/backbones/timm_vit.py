@@ -1,0 +1,161 @@
+"""Adapter over timm's ``VisionTransformer`` (ViT-Ti/S/B/L, DeiT, and friends with standard blocks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.errors import UnsupportedModelError
+
+SUPPORTED_POOLS = ("token", "avg", "max", "avgmax")
+
+
+def _is_identity(module: nn.Module | None) -> bool:
+    return module is None or isinstance(module, nn.Identity)
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise UnsupportedModelError naming every feature of ``model`` the fused ViT cannot express."""
+    from timm.layers import Mlp
+    from timm.layers.attention import Attention
+    from timm.models.vision_transformer import Block, VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is not a timm VisionTransformer; hydra-deploy's ViT family "
+            "supports timm.models.vision_transformer.VisionTransformer models"
+        )
+    problems: list[str] = []
+    if getattr(model, "attn_pool", None) is not None:
+        problems.append("attention pooling (global_pool='map')")
+    if getattr(model, "dynamic_img_size", False):
+        problems.append("dynamic_img_size=True")
+    if model.global_pool not in SUPPORTED_POOLS:
+        problems.append(
+            f"global_pool={model.global_pool!r} (supported: {', '.join(SUPPORTED_POOLS)})"
+        )
+    if not isinstance(model.head, nn.Linear):
+        problems.append("no linear classifier head (num_classes=0); build it with num_classes > 0")
+    for name in ("norm", "fc_norm"):
+        sub = getattr(model, name)
+        if not (_is_identity(sub) or isinstance(sub, nn.LayerNorm)):
+            problems.append(f"{name} is {type(sub).__name__}, expected LayerNorm or Identity")
+    heads = set()
+    for index, block in enumerate(model.blocks):
+        where = f"block {index}"
+        if type(block) is not Block:
+            problems.append(
+                f"{where} is {type(block).__name__}, only the pre-norm timm Block is supported"
+            )
+            continue
+        attn = block.attn
+        if type(attn) is not Attention:
+            problems.append(f"{where}: attention {type(attn).__name__} is not timm's Attention")
+            continue
+        if not (_is_identity(attn.q_norm) and _is_identity(attn.k_norm)):
+            problems.append(f"{where}: qk_norm is not supported")
+        if not _is_identity(getattr(attn, "norm", None)):
+            problems.append(f"{where}: attention scale_norm is not supported")
+        if getattr(attn, "gate", None) is not None:
+            problems.append(f"{where}: gated attention is not supported")
+        if attn.attn_dim != attn.num_heads * attn.head_dim:
+            problems.append(f"{where}: attention width {attn.attn_dim} != heads x head_dim")
+        heads.add((attn.num_heads, attn.head_dim))
+        if type(block.mlp) is not Mlp or not _is_identity(block.mlp.norm):
+            problems.append(f"{where}: MLP {type(block.mlp).__name__} is not timm's plain Mlp")
+        for norm_name in ("norm1", "norm2"):
+            if not isinstance(getattr(block, norm_name), nn.LayerNorm):
+                problems.append(f"{where}: {norm_name} is not a LayerNorm")
+        for ls_name in ("ls1", "ls2"):
+            ls = getattr(block, ls_name)
+            if not (_is_identity(ls) or hasattr(ls, "gamma")):
+                problems.append(f"{where}: {ls_name} is {type(ls).__name__}")
+    if len(heads) > 1:
+        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
+    if len(model.blocks) == 0:
+        problems.append("the model has no transformer blocks")
+    if problems:
+        raise UnsupportedModelError(
+            "this VisionTransformer uses features the fused Hydra ViT does not implement: "
+            + "; ".join(problems)
+        )
+
+
+class TimmVitAdapter(BackboneAdapter):
+    """A timm VisionTransformer seen through the common adapter interface."""
+
+    family = "vit"
+
+    def __init__(self, model: nn.Module, name: str | None = None, weights: str = "random") -> None:
+        check_supported(model)
+        self.module = model.eval()
+        self.name = (
+            name or getattr(model, "default_cfg", {}).get("architecture") or type(model).__name__
+        )
+        self.weights = weights
+        first = model.blocks[0].attn
+        self.num_layers = len(model.blocks)
+        self.num_heads = first.num_heads
+        self.head_dim = first.head_dim
+        self.embed_dim = model.embed_dim
+        self.num_classes = model.num_classes
+        self.mlp_hidden = model.blocks[0].mlp.fc1.out_features
+        self.num_prefix_tokens = model.num_prefix_tokens
+        self.num_patches = model.patch_embed.num_patches
+        self.num_tokens = self.num_patches + self.num_prefix_tokens
+        self.img_size = tuple(model.patch_embed.img_size)
+        self.in_chans = model.patch_embed.proj.in_channels
+
+    # ---------------------------------------------------------------------------------------------
+    def _gate_targets(self) -> list[nn.Module]:
+        return [block.attn.proj for block in self.module.blocks]
+
+    def attention_weights(self, layer: int) -> AttentionWeights:
+        attn = self.module.blocks[layer].attn
+        H, hd, D = self.num_heads, self.head_dim, self.embed_dim
+        qkv_w = attn.qkv.weight.detach().view(3, H, hd, D)
+        qkv_b = None if attn.qkv.bias is None else attn.qkv.bias.detach().view(3, H, hd)
+        proj_w = attn.proj.weight.detach().view(D, H, hd)
+        proj_b = None if attn.proj.bias is None else attn.proj.bias.detach()
+        return AttentionWeights(
+            q=qkv_w[0], k=qkv_w[1], v=qkv_w[2],
+            q_bias=None if qkv_b is None else qkv_b[0],
+            k_bias=None if qkv_b is None else qkv_b[1],
+            v_bias=None if qkv_b is None else qkv_b[2],
+            proj=proj_w, proj_bias=proj_b,
+        )  # fmt: skip
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)
+
+    # ---------------------------------------------------------------------------------------------
+    def macs(
+        self,
+        layer_heads: Sequence[Sequence[int]] | None = None,
+        embed_streams: int = 1,
+        head_streams: int = 1,
+    ) -> int:
+        """Multiply-accumulates per image.
+
+        ``layer_heads[l]`` lists the kept-head count of every residual stream computed in layer l
+        (the single model: ``[[num_heads]] * num_layers``); the MLP runs once per stream.
+        ``embed_streams`` / ``head_streams``: how many patch embeddings / classifiers run.
+        """
+        if layer_heads is None:
+            layer_heads = [[self.num_heads]] * self.num_layers
+        N, D, hd = self.num_tokens, self.embed_dim, self.head_dim
+        proj = self.module.patch_embed.proj
+        patch = self.num_patches * proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * D
+        total = embed_streams * patch + head_streams * D * self.num_classes
+        for streams in layer_heads:
+            for kept in streams:
+                width = kept * hd
+                total += N * D * 3 * width  # Q, K, V projections
+                total += 2 * kept * N * N * hd  # scores and weighted sum
+                total += N * width * D  # output projection
+                total += 2 * N * D * self.mlp_hidden  # MLP
+        return int(total)

@@ -1,0 +1,1 @@
+"""Command-line tools: thin argument layers over the library API."""

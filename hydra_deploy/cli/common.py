@@ -1,0 +1,77 @@
+"""What every hydra-* command shares: --quiet/--debug/--json, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra_deploy.errors import HydraError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def parser(prog: str, description: str, examples: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quiet", action="store_true", help="print only errors (and --json output)")
+    p.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    return p
+
+
+def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    """Run a command body; HydraErrors become one line on stderr and a non-zero exit."""
+    logging.basicConfig(
+        level=logging.ERROR if args.quiet else logging.INFO,
+        format="%(levelname)s: %(message)s" if args.debug else "%(message)s",
+    )
+    try:
+        return int(main(args) or 0)
+    except HydraError as err:
+        if args.debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def refuse_existing(path: Path, overwrite: bool) -> None:
+    if path.exists() and not overwrite:
+        raise HydraError(f"{str(path)!r} exists; pass --overwrite to replace it")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic JSON write (temporary file in the same folder, then rename)."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def print_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in cells]  # fmt: skip
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""The project's exception family.
+
+Every error a user can cause (a wrong argument, a missing file, a corrupt checkpoint, an impossible
+configuration) is raised as a :class:`HydraError` subclass whose message says what was wrong and
+what to do. The command-line tools print the message alone and exit non-zero.
+"""
+
+from __future__ import annotations
+
+
+class HydraError(Exception):
+    """Base class of every error hydra-deploy raises on purpose."""
+
+
+class SpecError(HydraError, ValueError):
+    """A HydraSpec / MemberSpec is malformed or does not fit the backbone it is used with."""
+
+
+class BackboneError(HydraError, ValueError):
+    """A backbone name is unknown, or a model is not a supported Transformer."""
+
+
+class UnsupportedModelError(BackboneError):
+    """The model is a known family but uses a feature the fused model does not implement."""
+
+
+class CheckpointError(HydraError, OSError):
+    """A checkpoint is missing, unreadable, corrupt, or does not match the architecture."""
+
+
+class FusionError(HydraError, ValueError):
+    """Members cannot be fused with the given spec (they differ in architecture, count, ...)."""

@@ -1,0 +1,267 @@
+"""Building blocks of the fused network. Every tensor between them is stream-major: [S, B, N, D].
+
+S is the number of residual streams the block computes: M (one per member) after the split, 1 in
+the shared trunk. A component is *shared* when every member has the same weights (one weight,
+broadcast over streams) and *per-stream* otherwise (a leading S axis on its weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hydra_deploy.backbones.base import AttentionWeights
+from hydra_deploy.errors import FusionError
+from hydra_deploy.fusion.grouped import GroupedLinear
+
+
+def all_equal(tensors: Sequence[torch.Tensor | None]) -> bool:
+    """True when every tensor equals the first exactly (same shape and values), or all are None."""
+    first = tensors[0]
+    if first is None:
+        return all(t is None for t in tensors)
+    return all(
+        t is not None and t.shape == first.shape and torch.equal(t, first) for t in tensors[1:]
+    )
+
+
+def _stack_or_share(tensors: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, bool]:
+    """(the shared tensor, False) when all are equal, else (stacked [S, ...], True)."""
+    if all_equal(tensors):
+        return (None if tensors[0] is None else tensors[0].detach().clone()), False
+    if any(t is None for t in tensors):
+        raise FusionError(
+            "members differ in whether a layer has a weight at all; fuse equal architectures"
+        )
+    return torch.stack([t.detach() for t in tensors]), True
+
+
+def _per_stream_view(param: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[S, D] -> [S, 1, ..., 1, D] so it broadcasts over x [S, ..., D]."""
+    return param.view(param.shape[0], *([1] * (x.dim() - 2)), param.shape[-1])
+
+
+class StreamLayerNorm(nn.Module):
+    """LayerNorm over the last axis, with one affine shared by all streams or one per stream."""
+
+    def __init__(self, norms: Sequence[nn.LayerNorm]) -> None:
+        super().__init__()
+        eps = {n.eps for n in norms}
+        shapes = {tuple(n.normalized_shape) for n in norms}
+        if len(eps) != 1 or len(shapes) != 1:
+            raise FusionError(
+                f"members' LayerNorms differ in eps or shape: eps={eps}, shapes={shapes}"
+            )
+        self.eps = eps.pop()
+        self.dim = shapes.pop()[-1]
+        weight, self.per_stream = _stack_or_share([n.weight for n in norms])
+        bias, bias_per_stream = _stack_or_share([n.bias for n in norms])
+        if bias_per_stream and not self.per_stream and weight is not None:
+            weight = weight.expand(len(norms), -1).clone()
+        self.per_stream = self.per_stream or bias_per_stream
+        if self.per_stream and bias is not None and bias.dim() == 1:
+            bias = bias.expand(len(norms), -1).clone()
+        self.weight = None if weight is None else nn.Parameter(weight)
+        self.bias = None if bias is None else nn.Parameter(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.per_stream:
+            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        x = F.layer_norm(x, (self.dim,), None, None, self.eps)
+        if self.weight is not None:
+            x = x * _per_stream_view(self.weight, x)
+        if self.bias is not None:
+            x = x + _per_stream_view(self.bias, x)
+        return x
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}, per_stream={self.per_stream}"
+
+
+class StreamScale(nn.Module):
+    """LayerScale (x * gamma) with gamma shared or per stream."""
+
+    def __init__(self, gammas: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        gamma, self.per_stream = _stack_or_share(gammas)
+        self.gamma = nn.Parameter(gamma)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (_per_stream_view(self.gamma, x) if self.per_stream else self.gamma)
+
+
+def stream_scale(layer_scales: Sequence[nn.Module]) -> nn.Module:
+    """StreamScale for timm LayerScale modules, Identity when the members have none."""
+    if all(isinstance(ls, nn.Identity) for ls in layer_scales):
+        return nn.Identity()
+    if not all(hasattr(ls, "gamma") for ls in layer_scales):
+        raise FusionError("some members use LayerScale and others do not; fuse equal architectures")
+    return StreamScale([ls.gamma for ls in layer_scales])
+
+
+def stream_norm(norms: Sequence[nn.Module]) -> nn.Module:
+    """StreamLayerNorm for LayerNorm modules, Identity when the members have none."""
+    if all(isinstance(n, nn.Identity) for n in norms):
+        return nn.Identity()
+    if not all(isinstance(n, nn.LayerNorm) for n in norms):
+        raise FusionError(
+            f"members' norms are of different kinds: {sorted({type(n).__name__ for n in norms})}"
+        )
+    return StreamLayerNorm(norms)
+
+
+class SharedMlp(nn.Module):
+    """One MLP applied to every stream (the paper's averaged MLP, or members' identical MLPs)."""
+
+    def __init__(self, fc1: nn.Linear, act: nn.Module, fc2: nn.Linear) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = fc1, act, fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class GroupedMlp(nn.Module):
+    """Each stream keeps its own MLP: grouped fc1 [S, D, hidden] and fc2 [S, hidden, D]."""
+
+    def __init__(self, fc1: GroupedLinear, act: nn.Module, fc2: GroupedLinear) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = fc1, act, fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [S, B, N, D]
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if bias is not None:
+            layer.bias.copy_(bias)
+    return layer.to(weight.dtype)
+
+
+def merge_mlps(
+    fc1s: Sequence[nn.Linear], acts: Sequence[nn.Module], fc2s: Sequence[nn.Linear],
+    mlp_merge: str, lowering: str,
+) -> tuple[nn.Module, str]:  # fmt: skip
+    """The fused MLP of one layer and how it was merged ("shared", "average" or "grouped")."""
+    import copy
+
+    act = copy.deepcopy(acts[0])
+    params = [[m.weight for m in fc1s], [m.bias for m in fc1s], [m.weight for m in fc2s],
+              [m.bias for m in fc2s]]  # fmt: skip
+    if all(all_equal(group) for group in params):
+        return SharedMlp(copy.deepcopy(fc1s[0]), act, copy.deepcopy(fc2s[0])), "shared"
+    if mlp_merge == "average":
+        w1, b1, w2, b2 = (None if g[0] is None else torch.stack([t.detach() for t in g]).mean(0)
+                          for g in params)  # fmt: skip
+        return SharedMlp(_linear(w1, b1), act, _linear(w2, b2)), "average"
+    if mlp_merge == "grouped":
+        w1, b1, w2, b2 = (
+            None if g[0] is None else torch.stack([t.detach() for t in g]) for g in params
+        )
+        fc1 = GroupedLinear.from_weights(w1.transpose(1, 2), b1, lowering)
+        fc2 = GroupedLinear.from_weights(w2.transpose(1, 2), b2, lowering)
+        return GroupedMlp(fc1, act, fc2), "grouped"
+    raise FusionError(f"unknown mlp_merge {mlp_merge!r}; choose 'average' or 'grouped'")
+
+
+class FusedAttention(nn.Module):
+    """All streams' kept heads in one grouped QKV projection, one SDPA call, one grouped projection.
+
+    Stream s keeps ``kept_heads[s]`` (original head indices). Streams keep up to ``k`` heads; one
+    that keeps fewer is padded with zero heads (zero Q/K/V rows and zero output columns), which add
+    exactly nothing. Heads never see another stream's tokens: each (stream, head) pair is its own
+    attention head in the SDPA call.
+    """
+
+    def __init__(
+        self,
+        weights: Sequence[AttentionWeights],
+        kept_heads: Sequence[Sequence[int]],
+        lowering: str = "bmm",
+    ) -> None:
+        super().__init__()
+        if len(weights) != len(kept_heads):
+            raise FusionError(f"{len(weights)} weight sets for {len(kept_heads)} head lists")
+        streams = len(weights)
+        _, head_dim, dim = weights[0].q.shape  # [H, hd, D]
+        self.streams, self.head_dim, self.dim = streams, head_dim, dim
+        self.kept_heads = tuple(tuple(int(h) for h in heads) for heads in kept_heads)
+        self.k = max(len(heads) for heads in self.kept_heads)
+        self.padded_heads = sum(self.k - len(heads) for heads in self.kept_heads)
+        ref = weights[0]
+        dtype = ref.q.dtype
+        has_qkv_bias = ref.q_bias is not None
+
+        proj_bias, _ = _stack_or_share([w.proj_bias for w in weights])
+        if proj_bias is not None and proj_bias.dim() == 1:
+            proj_bias = proj_bias.expand(streams, dim).clone()
+        if self.k == 0:  # no stream keeps a head: the layer adds only the projection's bias
+            self.qkv = None
+            self.proj = None
+            self.proj_bias = None if proj_bias is None else nn.Parameter(proj_bias)
+            return
+
+        k, hd = self.k, head_dim
+        qkv_w = torch.zeros(
+            streams, dim, 3, k, hd, dtype=dtype
+        )  # output axis ordered (q|k|v, head, d)
+        qkv_b = torch.zeros(streams, 3, k, hd, dtype=dtype) if has_qkv_bias else None
+        proj_w = torch.zeros(streams, k, hd, dim, dtype=dtype)  # input axis ordered (head, d)
+        for s, (w, heads) in enumerate(zip(weights, self.kept_heads, strict=True)):
+            for j, h in enumerate(heads):
+                for c, (mat, vec) in enumerate(((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias))):
+                    qkv_w[s, :, c, j] = mat[h].t()
+                    if qkv_b is not None:
+                        qkv_b[s, c, j] = vec[h]
+                proj_w[s, j] = w.proj[:, h, :].t()
+        self.qkv = GroupedLinear.from_weights(
+            qkv_w.reshape(streams, dim, 3 * k * hd),
+            None if qkv_b is None else qkv_b.reshape(streams, 3 * k * hd),
+            lowering,
+        )
+        self.proj = GroupedLinear.from_weights(
+            proj_w.reshape(streams, k * hd, dim), proj_bias, lowering
+        )
+        self.proj_bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        S, B, N, D = x.shape  # streams, batch, tokens, width
+        if self.qkv is None:
+            out = x.new_zeros(S, B, N, D)
+            return out if self.proj_bias is None else out + _per_stream_view(self.proj_bias, out)
+        k, hd = self.k, self.head_dim
+        qkv = self.qkv(x)  # [S, B, N, 3*k*hd]
+        q, key, value = (
+            qkv.reshape(S * B, N, 3, k, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        )  # [S*B, k, N, hd]
+        heads = F.scaled_dot_product_attention(q, key, value)  # [S*B, k, N, hd]
+        heads = heads.transpose(1, 2).reshape(S, B, N, k * hd)  # [S, B, N, k*hd]
+        return self.proj(heads)  # [S, B, N, D]
+
+    def extra_repr(self) -> str:
+        return (
+            f"streams={self.streams}, heads_per_stream={[len(h) for h in self.kept_heads]}, "
+            f"head_dim={self.head_dim}, padded_heads={self.padded_heads}"
+        )
+
+
+class FusedBlock(nn.Module):
+    """Pre-norm Transformer block over S streams: x + ls1(attn(norm1(x))), then the MLP."""
+
+    def __init__(
+        self, norm1: nn.Module, attn: FusedAttention, ls1: nn.Module,
+        norm2: nn.Module, mlp: nn.Module, ls2: nn.Module,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.norm1, self.attn, self.ls1 = norm1, attn, ls1
+        self.norm2, self.mlp, self.ls2 = norm2, mlp, ls2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [S, B, N, D]
+        x = x + self.ls1(self.attn(self.norm1(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))

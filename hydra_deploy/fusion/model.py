@@ -1,0 +1,109 @@
+"""HydraModel: M members in one network, and ``fuse`` which builds it from a backbone and a spec."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+
+from hydra_deploy.backbones import BackboneAdapter, load_backbone
+from hydra_deploy.errors import FusionError, SpecError
+from hydra_deploy.specs import HydraSpec
+
+
+class HydraModel(nn.Module):
+    """Base of the fused networks: forward(...) -> member logits [B, M, C].
+
+    Attributes every family sets: ``spec`` (the HydraSpec it implements), ``family``,
+    ``num_members``, ``num_classes``, ``trunk_layers`` (leading layers computed once), ``merge``
+    (how non-attention weights were merged, per component) and the analytic multiply-accumulate
+    counts in ``macs`` ("hydra", "single", "deep_ensemble"; per example).
+    """
+
+    spec: HydraSpec
+    family: str
+    num_members: int
+    num_classes: int
+    trunk_layers: int
+    merge: dict[str, Any]
+    macs: dict[str, int]
+
+    def num_parameters(self) -> int:
+        """Stored parameters (padding zeros of heads included)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def summary(self) -> str:
+        macs = self.macs
+        lines = [
+            f"HydraModel ({self.family}, {self.spec.backbone}): {self.num_members} members, "
+            f"{self.num_classes} classes, shared trunk of {self.trunk_layers} layer(s)",
+            "merge: " + ", ".join(f"{k}={v}" for k, v in self.merge.items()),
+            f"parameters: {self.num_parameters():,}",
+            f"GMACs per example: hydra {macs['hydra'] / 1e9:.3f}, single {macs['single'] / 1e9:.3f} "
+            f"({macs['hydra'] / macs['single']:.2f} x), deep ensemble {macs['deep_ensemble'] / 1e9:.3f} "
+            f"({macs['deep_ensemble'] / macs['single']:.2f} x)",
+        ]
+        return "\n".join(lines)
+
+
+def fuse(
+    backbone_or_members: BackboneAdapter | nn.Module | str | Sequence[BackboneAdapter | nn.Module],
+    spec: HydraSpec,
+    mlp_merge: str | None = None,
+    *,
+    lowering: str = "bmm",
+    shared_trunk: bool = True,
+) -> HydraModel:
+    """Fuse M members into one network whose forward returns member logits [B, M, C].
+
+    ``backbone_or_members``: one backbone (every member starts from its weights) or a sequence of M
+    members (e.g. fine-tuned separately; weights may differ everywhere), each an adapter or a
+    module ``load_backbone`` wraps. ``spec`` says which heads each member keeps. ``mlp_merge``
+    (default: the spec's): ``"average"`` shares one MLP holding the members' mean weights,
+    ``"grouped"`` keeps every member's own MLP (the exact ensemble). ``lowering`` picks how the
+    grouped projections run (see :mod:`hydra_deploy.fusion.grouped`); ``shared_trunk`` computes
+    leading layers where all members are identical once.
+    """
+    if not isinstance(spec, HydraSpec):
+        raise SpecError(
+            f"fuse expects a HydraSpec, got {type(spec).__name__}; see HydraSpec.from_json"
+        )
+    mlp_merge = spec.mlp_merge if mlp_merge is None else mlp_merge
+    if mlp_merge not in ("average", "grouped"):
+        raise FusionError(f"unknown mlp_merge {mlp_merge!r}; choose 'average' or 'grouped'")
+    if mlp_merge != spec.mlp_merge:
+        spec = spec.replace(mlp_merge=mlp_merge)
+
+    if isinstance(backbone_or_members, (list, tuple)):
+        members = [load_backbone(m) for m in backbone_or_members]
+        if len(members) != spec.num_members:
+            raise FusionError(
+                f"got {len(members)} member models but the spec has {spec.num_members} members; "
+                "pass one model per member, or a single backbone shared by all"
+            )
+    else:
+        members = [load_backbone(backbone_or_members)] * spec.num_members
+    families = {m.family for m in members}
+    if len(families) != 1:
+        raise FusionError(f"members come from different families {sorted(families)}")
+    _check_spec_fits(spec, members[0])
+
+    family = families.pop()
+    if family == "vit":
+        from hydra_deploy.fusion.vit import HydraViT
+
+        return HydraViT(members, spec, lowering=lowering, shared_trunk=shared_trunk)
+    raise FusionError(f"fusion is not implemented for the {family!r} family yet")
+
+
+def _check_spec_fits(spec: HydraSpec, backbone: BackboneAdapter) -> None:
+    expected = {"num_layers": backbone.num_layers, "num_heads": backbone.num_heads,
+                "head_dim": backbone.head_dim}  # fmt: skip
+    wrong = [f"{k}={getattr(spec, k)} (backbone has {v})" for k, v in expected.items()
+             if getattr(spec, k) != v]  # fmt: skip
+    if wrong:
+        raise SpecError(
+            f"the spec does not fit backbone {backbone.name}: {', '.join(wrong)}; build the spec for "
+            "this backbone (e.g. HydraSpec.random(..., num_layers=backbone.num_layers, ...))"
+        )

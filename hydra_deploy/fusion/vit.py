@@ -1,0 +1,243 @@
+"""The fused Hydra ViT: M timm ViT members (head-pruned, maybe fine-tuned) in one network."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hydra_deploy.backbones import BackboneAdapter
+from hydra_deploy.errors import FusionError
+from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.layers import (
+    FusedAttention,
+    FusedBlock,
+    all_equal,
+    merge_mlps,
+    stream_norm,
+    stream_scale,
+)
+from hydra_deploy.fusion.model import HydraModel
+from hydra_deploy.specs import HydraSpec
+
+
+class VitEmbedding(nn.Module):
+    """Patch embedding, prefix tokens and position embedding of a timm ViT (inference semantics)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.patch_embed = copy.deepcopy(model.patch_embed)
+        self.cls_token = _copy_param(model.cls_token)
+        self.reg_token = _copy_param(model.reg_token)
+        self.pos_embed = _copy_param(model.pos_embed)
+        self.no_embed_class = bool(model.no_embed_class)
+        self.norm_pre = copy.deepcopy(model.norm_pre)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(pixel_values)  # [B, P, D]
+        prefix = [
+            t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None
+        ]
+        if self.pos_embed is None:
+            x = torch.cat([*prefix, x], dim=1)
+        elif self.no_embed_class:  # position embedding covers the patches only
+            x = torch.cat([*prefix, x + self.pos_embed], dim=1)
+        else:
+            x = torch.cat([*prefix, x], dim=1) + self.pos_embed
+        return self.norm_pre(x)  # [B, N, D]
+
+
+def _copy_param(param: torch.Tensor | None) -> nn.Parameter | None:
+    return None if param is None else nn.Parameter(param.detach().clone())
+
+
+def _embedding_tensors(model: nn.Module) -> list[torch.Tensor | None]:
+    tensors = [model.cls_token, model.reg_token, model.pos_embed]
+    tensors += list(model.patch_embed.parameters()) + list(model.norm_pre.parameters())
+    return tensors
+
+
+def _architecture_signature(model: nn.Module) -> tuple:
+    shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in model.state_dict().items())
+    flags = (model.global_pool, model.num_prefix_tokens, model.no_embed_class,
+             getattr(model, "pool_include_prefix", False))  # fmt: skip
+    return repr(model), flags, shapes
+
+
+def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
+    """Members must be the same architecture (they may differ in weights only)."""
+    reference = _architecture_signature(members[0].module)
+    for index, member in enumerate(members[1:], start=1):
+        signature = _architecture_signature(member.module)
+        if signature == reference:
+            continue
+        what = "module structure"
+        if signature[1] != reference[1]:
+            what = "pooling / prefix-token settings"
+        elif signature[2] != reference[2]:
+            ref_shapes = dict((k, (s, d)) for k, s, d in reference[2])
+            diffs = [k for k, s, d in signature[2] if ref_shapes.get(k) != (s, d)]
+            diffs += [k for k in ref_shapes if k not in {e[0] for e in signature[2]}]
+            what = f"weights' shapes or dtypes (e.g. {', '.join(diffs[:3])})"
+        raise FusionError(
+            f"member {index} is not the same architecture as member 0: its {what} differ; members "
+            "must be copies of one backbone that differ only in weight values"
+        )
+
+
+def _kept_attention_tensors(weights, heads: Sequence[int]) -> list[torch.Tensor | None]:
+    idx = torch.as_tensor(list(heads), dtype=torch.long)
+    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
+    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
+    return out
+
+
+class HydraViT(HydraModel):
+    """Fused Hydra ViT. forward(pixel_values [B, C, H, W]) -> member logits [B, M, C]."""
+
+    family = "vit"
+
+    def __init__(
+        self,
+        members: Sequence[BackboneAdapter],
+        spec: HydraSpec,
+        lowering: str = "bmm",
+        shared_trunk: bool = True,
+    ) -> None:
+        super().__init__()
+        check_same_architecture(members)
+        models = [member.module for member in members]
+        first = models[0]
+        M = spec.num_members
+        self.spec = spec
+        self.num_members = M
+        self.num_classes = members[0].num_classes
+        self.lowering = lowering
+        self.input_size = (members[0].in_chans, *members[0].img_size)
+
+        # embeddings: shared when every member has the same weights
+        embeds = [_embedding_tensors(model) for model in models]
+        embed_shared = all(all_equal([e[i] for e in embeds]) for i in range(len(embeds[0])))
+        self.embed = VitEmbedding(first) if embed_shared else None
+        self.member_embeds = (
+            None if embed_shared else nn.ModuleList(VitEmbedding(m) for m in models)
+        )
+
+        # blocks: a shared trunk while all members are identical, then M streams
+        trunk, blocks, layer_heads = [], [], []
+        mlp_kinds, norm_kinds = set(), set()
+        in_trunk = shared_trunk and embed_shared
+        for layer in range(spec.num_layers):
+            heads = [spec.members[m].heads[layer] for m in range(M)]
+            layer_blocks = [model.blocks[layer] for model in models]
+            weights = [member.attention_weights(layer) for member in members]
+            in_trunk = in_trunk and self._layer_identical(
+                layer_blocks, weights, heads, spec.mlp_merge
+            )
+            streams = 1 if in_trunk else M
+            block, mlp_kind = self._fused_block(
+                layer_blocks, weights[:streams], heads[:streams], spec.mlp_merge, lowering
+            )
+            mlp_kinds.add(mlp_kind)
+            norm_kinds.update(getattr(n, "per_stream", None) for n in (block.norm1, block.norm2))
+            (trunk if in_trunk else blocks).append(block)
+            layer_heads.append([len(h) for h in heads[:streams]])
+        self.trunk = nn.ModuleList(trunk)
+        self.blocks = nn.ModuleList(blocks)
+        self.trunk_layers = len(trunk)
+
+        # final norms, pooling and classifier
+        self.norm = stream_norm([model.norm for model in models])
+        self.fc_norm = stream_norm([model.fc_norm for model in models])
+        self.global_pool = first.global_pool
+        self.num_prefix_tokens = first.num_prefix_tokens
+        self.pool_include_prefix = bool(getattr(first, "pool_include_prefix", False))
+        head_w = [model.head.weight for model in models]
+        head_b = [model.head.bias for model in models]
+        if all_equal(head_w) and all_equal(head_b):
+            self.head = copy.deepcopy(first.head)
+            head_kind = "shared"
+        else:
+            stacked_b = None if head_b[0] is None else torch.stack([b.detach() for b in head_b])
+            weight = torch.stack([w.detach() for w in head_w]).transpose(1, 2)
+            self.head = GroupedLinear.from_weights(weight, stacked_b, lowering)
+            head_kind = "per-member"
+        final_per_stream = [getattr(n, "per_stream", False) for n in (self.norm, self.fc_norm)]
+        self.final_shared = head_kind == "shared" and not any(final_per_stream)
+        final_streams = M if (self.blocks or not self.final_shared) else 1
+
+        norm_kinds.discard(None)
+        self.merge = {
+            "embeddings": "shared" if embed_shared else "per-member",
+            "norms": "per-member" if True in norm_kinds else "shared",
+            "mlp": "+".join(sorted(mlp_kinds)),
+            "classifier": head_kind,
+            "trunk_layers": self.trunk_layers,
+            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
+        }
+        single = members[0].macs()
+        self.macs = {
+            "hydra": members[0].macs(layer_heads, 1 if embed_shared else M, final_streams),
+            "single": single,
+            "deep_ensemble": M * single,
+        }
+        self.eval()
+
+    @staticmethod
+    def _layer_identical(layer_blocks, weights, heads, mlp_merge: str) -> bool:
+        """All members keep the same heads with the same weights (and the same MLP if grouped)."""
+        if any(tuple(h) != tuple(heads[0]) for h in heads):
+            return False
+        groups = list(zip(*[_kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
+        modules = ["norm1", "norm2", "ls1", "ls2"] + (["mlp"] if mlp_merge == "grouped" else [])
+        for name in modules:
+            params = [list(getattr(b, name).parameters()) for b in layer_blocks]
+            groups += list(zip(*params, strict=True))
+        return all(all_equal(list(group)) for group in groups)
+
+    @staticmethod
+    def _fused_block(layer_blocks, weights, heads, mlp_merge: str, lowering: str):
+        streams = len(weights)
+        norm_blocks = layer_blocks[:streams]
+        mlp, mlp_kind = merge_mlps(
+            [b.mlp.fc1 for b in layer_blocks], [b.mlp.act for b in layer_blocks],
+            [b.mlp.fc2 for b in layer_blocks], mlp_merge, lowering,
+        )  # fmt: skip
+        if streams == 1 and mlp_kind == "grouped":
+            raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
+        block = FusedBlock(
+            norm1=stream_norm([b.norm1 for b in norm_blocks]),
+            attn=FusedAttention(weights, heads, lowering),
+            ls1=stream_scale([b.ls1 for b in norm_blocks]),
+            norm2=stream_norm([b.norm2 for b in norm_blocks]),
+            mlp=mlp,
+            ls2=stream_scale([b.ls2 for b in norm_blocks]),
+        )
+        return block, mlp_kind
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        from timm.layers import global_pool_nlc
+
+        M = self.num_members
+        if self.embed is not None:
+            x = self.embed(pixel_values).unsqueeze(0)  # [1, B, N, D]
+        else:
+            x = torch.stack([embed(pixel_values) for embed in self.member_embeds])  # [M, B, N, D]
+        for block in self.trunk:  # computed once for all members
+            x = block(x)
+        if x.shape[0] != M and (self.blocks or not self.final_shared):
+            x = x.expand(M, -1, -1, -1)  # the members split here
+        for block in self.blocks:
+            x = block(x)  # [M, B, N, D]
+        x = self.norm(x)
+        S, B, N, D = x.shape
+        pooled = global_pool_nlc(
+            x.reshape(S * B, N, D), pool_type=self.global_pool,
+            num_prefix_tokens=self.num_prefix_tokens, reduce_include_prefix=self.pool_include_prefix,
+        ).view(S, B, D)  # fmt: skip
+        logits = self.head(self.fc_norm(pooled))  # [S, B, C]
+        if S != M:
+            logits = logits.expand(M, -1, -1)
+        return logits.transpose(0, 1)  # [B, M, C]

@@ -1,0 +1,78 @@
+"""Shared test set-up: hypothesis profiles and tiny random ViTs with discriminative weights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# CI runs derandomized (reproducible); locally `HYPOTHESIS_PROFILE=dev` explores many more examples.
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+settings.register_profile(
+    "dev", deadline=None, max_examples=300,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)  # fmt: skip
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# One thread: tiny models are fastest so, and on a busy machine the barriers of multi-threaded
+# kernels cost tiny forwards up to 100x (measured beside a running benchmark).
+torch.set_num_threads(1)
+
+
+def scramble(module: torch.nn.Module, seed: int, gain: float = 1.5) -> torch.nn.Module:
+    """Re-draw every weight at a scale that makes attention peaky and members' outputs distinct.
+
+    timm's init (std 0.02) gives near-uniform attention, under which a bug that mixes heads or
+    members can hide; these weights keep activations O(1) but make every head matter.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if param.dim() >= 2 and "pos_embed" not in name and "token" not in name:
+                fan_in = param[0].numel()
+                param.copy_(noise * gain / fan_in**0.5)
+            elif (
+                name.endswith("norm1.weight")
+                or name.endswith("norm2.weight")
+                or "norm.weight" in name
+            ):
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("gamma"):
+                param.copy_(0.5 + 0.2 * noise)
+            else:
+                param.copy_(0.3 * noise)
+    return module
+
+
+TINY_VIT = {
+    "token": dict(img_size=16, patch_size=4, depth=3, num_heads=4, embed_dim=32, num_classes=5,
+                  qkv_bias=True),
+    "avg_reg_ls": dict(img_size=16, patch_size=4, depth=3, num_heads=4, embed_dim=32, num_classes=5,
+                       qkv_bias=False, class_token=False, global_pool="avg", reg_tokens=2,
+                       init_values=0.1, no_embed_class=True),
+    "prenorm": dict(img_size=16, patch_size=8, depth=2, num_heads=3, embed_dim=24, num_classes=4,
+                    pre_norm=True, qkv_bias=True, mlp_ratio=2.0),
+}  # fmt: skip
+
+
+def tiny_vit(config: str = "token", seed: int = 0):
+    """A tiny random timm ViT adapter with scrambled (discriminative) weights."""
+    import timm
+
+    from hydra_deploy.backbones import load_backbone
+
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY_VIT[config])
+    return load_backbone(scramble(model.eval(), seed))
+
+
+@pytest.fixture(scope="session")
+def tiny_vits():
+    """One tiny adapter per configuration in TINY_VIT (built once per session)."""
+    return {name: tiny_vit(name) for name in TINY_VIT}

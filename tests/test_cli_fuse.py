@@ -1,0 +1,212 @@
+"""Tests of the hydra-fuse command (in process, on the 224 px ViT-Tiny with random weights)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hydra_deploy.cli.fuse import EXAMPLES, main
+from hydra_deploy.specs import HydraSpec
+
+BACKBONE = "vit_ti16"  # 12 layers x 3 heads of 64, width 192, 1000 classes, 197 tokens
+LAYERS, HEADS, HEAD_DIM, CLASSES = 12, 3, 64, 1000
+SCRIPT = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "hydra-fuse"
+
+
+def invoke(*argv: str) -> tuple[int, str, str]:
+    """``main(argv)`` with stdout and stderr captured: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def vit_ti_macs() -> int:
+    """ViT-Ti/16 MACs per image by hand: patch embedding, 12 layers, classifier."""
+    N, D, H, hd, hidden = 197, 192, 3, 64, 768
+    layer = 3 * N * D * D + 2 * H * N * N * hd + N * D * D + 2 * N * D * hidden
+    return 196 * 3 * 16 * 16 * D + LAYERS * layer + D * CLASSES
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the params / MACs table, by model name."""
+    rows = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if cells and cells[0] in ("single", "hydra", "deep_ensemble") and len(cells) == 5:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory) -> tuple[int, str, str, Path]:
+    """One default run (random spec, M=3) that also saves its spec."""
+    spec_path = tmp_path_factory.mktemp("plain") / "spec.json"
+    code, out, err = invoke("--backbone", BACKBONE, "--batch", "1", "--save-spec", str(spec_path))
+    return code, out, err, spec_path
+
+
+@pytest.fixture(scope="module")
+def given_spec(tmp_path_factory) -> tuple[HydraSpec, Path]:
+    spec = HydraSpec.random(BACKBONE, LAYERS, HEADS, HEAD_DIM, members=2, heads_per_member=2,
+                            shared_layers=3, seed=5)  # fmt: skip
+    path = tmp_path_factory.mktemp("given") / "given.json"
+    spec.to_json(path)
+    return spec, path
+
+
+@pytest.fixture(scope="module")
+def json_run(given_spec) -> tuple[int, str, str]:
+    """A --json run of a given 2-member spec file."""
+    return invoke("--backbone", BACKBONE, "--batch", "1", "--spec", str(given_spec[1]), "--json")
+
+
+def test_default_run_prints_members_shape_and_macs(plain_run):
+    code, out, err, _ = plain_run
+    assert code == 0, err
+    # the member table: a header over layers, one row per member
+    assert (
+        f"HydraSpec '{BACKBONE}': {LAYERS} layers x {HEADS} heads (head_dim {HEAD_DIM}), 3 members"
+        in out
+    )
+    header = next(line for line in out.splitlines() if line.startswith("member "))
+    assert header.split() == ["member", *[f"L{i}" for i in range(LAYERS)], "total", "%"]
+    for m in range(3):  # default heads per member: 3 heads // 3 members = 1 in every layer
+        row = next(line for line in out.splitlines() if line.startswith(f"m{m} "))
+        assert row.split() == [f"m{m}", *["1"] * LAYERS, "12", "33.3%"]
+    assert f"HydraModel (vit, {BACKBONE}): 3 members, {CLASSES} classes" in out
+    # the forward pass
+    assert "input (1, 3, 224, 224) -> member_logits (1, 3, 1000)" in out
+    assert "[batch, members, classes]" in out
+    # the params / MACs table
+    assert "GMACs/example" in out
+    rows = table_rows(out)
+    assert set(rows) == {"single", "hydra", "deep_ensemble"}
+    assert rows["single"] == ["5.72", "1.00", f"{vit_ti_macs() / 1e9:.3f}", "1.00"]
+    assert rows["single"][2] == "1.254"
+    assert rows["deep_ensemble"][0] == "17.15" and rows["deep_ensemble"][1] == "3.00"
+    assert rows["deep_ensemble"][2:] == [f"{3 * vit_ti_macs() / 1e9:.3f}", "3.00"]
+    hydra_x = float(rows["hydra"][3])
+    assert 1.0 < hydra_x < 3.0  # cheaper than the deep ensemble, dearer than one model
+
+
+def test_save_spec_writes_the_printed_spec(plain_run):
+    code, out, _, spec_path = plain_run
+    assert code == 0
+    assert f"spec written to {spec_path}" in out
+    saved = HydraSpec.from_json(spec_path)
+    assert saved.summary() in out  # the spec printed is the spec saved
+    assert (saved.backbone, saved.num_layers, saved.num_heads, saved.head_dim) == (
+        BACKBONE, LAYERS, HEADS, HEAD_DIM)  # fmt: skip
+    assert saved.num_members == 3 and saved.importance == "random" and saved.seed == 0
+    # the same command line draws the same spec (seeded)
+    assert saved == HydraSpec.random(BACKBONE, LAYERS, HEADS, HEAD_DIM, members=3,
+                                     heads_per_member=1, seed=0)  # fmt: skip
+
+
+def test_json_output(json_run, given_spec):
+    code, out, err = json_run
+    assert code == 0, err
+    report = json.loads(out)  # stdout is nothing but the JSON document
+    assert {"spec", "parameters", "macs_per_example", "output_shape"} <= set(report)
+    spec = given_spec[0]
+    assert HydraSpec.from_dict(report["spec"]) == spec
+    assert report["output_shape"] == [1, spec.num_members, CLASSES] == [1, 2, 1000]
+    assert report["input_shape"] == [1, 3, 224, 224]
+    assert report["backbone"] == BACKBONE and report["weights"] == "random"
+    params, macs = report["parameters"], report["macs_per_example"]
+    assert set(params) == set(macs) == {"hydra", "single", "deep_ensemble"}
+    assert params["single"] == 5_717_416
+    assert params["deep_ensemble"] == 2 * params["single"]
+    assert macs["single"] == vit_ti_macs()
+    assert macs["deep_ensemble"] == 2 * macs["single"]
+    assert macs["single"] < macs["hydra"] < macs["deep_ensemble"]
+
+
+def test_save_spec_refuses_to_overwrite(tmp_path):
+    path = tmp_path / "spec.json"
+    path.write_text("precious\n")
+    code, out, err = invoke("--backbone", BACKBONE, "--batch", "1", "--save-spec", str(path))
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and "--overwrite" in lines[0] and str(path) in lines[0]
+    assert path.read_text() == "precious\n"
+    assert out == ""
+
+
+def test_spec_for_another_backbone_fails_cleanly(tmp_path):
+    path = tmp_path / "two_layers.json"
+    HydraSpec.random(BACKBONE, 2, HEADS, HEAD_DIM, members=2, heads_per_member=1).to_json(path)
+    code, out, err = invoke("--backbone", BACKBONE, "--batch", "1", "--spec", str(path))
+    assert code == 1
+    assert "error:" in err
+    assert "num_layers=2 (backbone has 12)" in err
+    assert "Traceback" not in err + out
+
+
+def test_unreadable_spec_file_fails_cleanly(tmp_path):
+    missing = tmp_path / "missing.json"
+    code, _, err = invoke("--backbone", BACKBONE, "--batch", "1", "--spec", str(missing))
+    assert code == 1
+    assert err.startswith("error: ") and "does not exist" in err and "Traceback" not in err
+
+
+def test_unknown_backbone_is_one_line_error():
+    code, out, err = invoke("--backbone", "vit_b17", "--batch", "1")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: unknown backbone 'vit_b17'")
+    assert "vit_b16" in lines[0]
+    assert out == ""
+
+
+def test_bad_batch_is_an_error():
+    code, _, err = invoke("--backbone", BACKBONE, "--batch", "0")
+    assert code == 1
+    assert err.strip() == "error: --batch must be at least 1, got 0"
+
+
+def test_quiet_prints_nothing(capsys):
+    code = main(["--backbone", BACKBONE, "--batch", "1", "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.out == ""
+
+
+def test_help_shows_examples(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hydra-fuse")
+    assert "examples:" in out
+    for line in EXAMPLES.strip().splitlines():
+        assert line.strip() in out
+    for option in ("--backbone", "--spec", "--save-spec", "--overwrite", "--json", "--quiet"):
+        assert option in out
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])  # --backbone is required
+    assert info.value.code == 2
+    assert "--backbone" in capsys.readouterr().err
+
+
+def test_console_script_help():
+    if not SCRIPT.is_file():
+        print(f"skipped: console script {SCRIPT} is not installed")
+        pytest.skip(f"console script {SCRIPT} is not on disk (pip install -e . creates it)")
+    result = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: hydra-fuse")
+    assert "examples:" in result.stdout
+    assert "hydra-fuse --backbone vit_b16 --members 3 --heads-per-member 4" in result.stdout
