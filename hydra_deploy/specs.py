@@ -11,7 +11,6 @@ Only numpy and the standard library are used, so this module is cheap to import.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import difflib
@@ -19,7 +18,6 @@ import itertools
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
+from hydra_deploy.atomic import atomic_write_text
 from hydra_deploy.errors import SpecError
 
 __all__ = [
@@ -199,29 +198,11 @@ def _dumps(obj: Any, indent: int | None, level: int = 0) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    """Write ``text`` to ``path`` atomically; failures become SpecError."""
     try:
-        mode = path.stat().st_mode & 0o777
-    except OSError:
-        mode = 0o644
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        atomic_write_text(path, text)
     except OSError as e:
         raise SpecError(f"cannot write spec to '{path}': {e.strerror or e}") from e
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(OSError):
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise SpecError(f"cannot write spec to '{path}': {e.strerror or e}") from e
-        raise
 
 
 # --------------------------------------------------------------------------------------------------

@@ -164,16 +164,6 @@ def test_unsupported_vit_features_are_named(kwargs, feature):
         load_backbone(ARCH, num_classes=CLASSES, **TINY, **kwargs)
 
 
-def test_token_pool_without_class_token():
-    try:
-        model = timm.create_model(ARCH, num_classes=CLASSES, class_token=False,
-                                  global_pool="token", **TINY)  # fmt: skip
-    except AssertionError as err:
-        pytest.skip(f"timm refuses class_token=False with global_pool='token' itself: {err}")
-    with pytest.raises(UnsupportedModelError, match="token"):
-        check_supported(model)
-
-
 def test_timm_refusing_arguments_is_a_backbone_error():
     # timm rejects some argument combinations with an assert; users must see a HydraError.
     with pytest.raises(BackboneError, match="timm cannot build"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -49,23 +48,6 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
 def refuse_existing(path: Path, overwrite: bool) -> None:
     if path.exists() and not overwrite:
         raise HydraError(f"{str(path)!r} exists; pass --overwrite to replace it")
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Atomic JSON write (temporary file in the same folder, then rename)."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def print_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

@@ -86,6 +86,7 @@ class GroupedLinear(nn.Module):
         lowering: str = "bmm",
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
+        _init: bool = True,
     ) -> None:
         super().__init__()
         if groups < 1 or in_features < 1 or out_features < 1:
@@ -102,7 +103,8 @@ class GroupedLinear(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(groups, in_features, out_features, **factory))
         self.bias = nn.Parameter(torch.empty(groups, out_features, **factory)) if bias else None
-        self.reset_parameters()
+        if _init:
+            self.reset_parameters()
 
     @classmethod
     def from_weights(
@@ -111,7 +113,7 @@ class GroupedLinear(nn.Module):
         """Wrap existing weights: ``weight`` [G, in, out], ``bias`` [G, out] or None."""
         groups, in_features, out_features = weight.shape
         layer = cls(groups, in_features, out_features, bias=bias is not None, lowering=lowering,
-                    device=weight.device, dtype=weight.dtype)  # fmt: skip
+                    device=weight.device, dtype=weight.dtype, _init=False)  # fmt: skip
         with torch.no_grad():
             layer.weight.copy_(weight)
             if bias is not None:

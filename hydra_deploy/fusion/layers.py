@@ -208,18 +208,19 @@ class FusedAttention(nn.Module):
             return
 
         k, hd = self.k, head_dim
-        qkv_w = torch.zeros(
-            streams, dim, 3, k, hd, dtype=dtype
-        )  # output axis ordered (q|k|v, head, d)
+        # qkv output axis ordered (q|k|v, head, d); proj input axis ordered (head, d)
+        qkv_w = torch.zeros(streams, dim, 3, k, hd, dtype=dtype)
         qkv_b = torch.zeros(streams, 3, k, hd, dtype=dtype) if has_qkv_bias else None
-        proj_w = torch.zeros(streams, k, hd, dim, dtype=dtype)  # input axis ordered (head, d)
+        proj_w = torch.zeros(streams, k, hd, dim, dtype=dtype)
         for s, (w, heads) in enumerate(zip(weights, self.kept_heads, strict=True)):
-            for j, h in enumerate(heads):
-                for c, (mat, vec) in enumerate(((w.q, w.q_bias), (w.k, w.k_bias), (w.v, w.v_bias))):
-                    qkv_w[s, :, c, j] = mat[h].t()
-                    if qkv_b is not None:
-                        qkv_b[s, c, j] = vec[h]
-                proj_w[s, j] = w.proj[:, h, :].t()
+            if not heads:
+                continue  # all zero heads: this stream adds only the projection bias
+            idx = torch.as_tensor(heads, dtype=torch.long)
+            n = len(heads)
+            qkv_w[s, :, :, :n] = torch.stack([w.q[idx], w.k[idx], w.v[idx]]).permute(3, 0, 1, 2)
+            if qkv_b is not None:
+                qkv_b[s, :, :n] = torch.stack([w.q_bias[idx], w.k_bias[idx], w.v_bias[idx]])
+            proj_w[s, :n] = w.proj[:, idx, :].permute(1, 2, 0)  # [n, hd, D]
         self.qkv = GroupedLinear.from_weights(
             qkv_w.reshape(streams, dim, 3 * k * hd),
             None if qkv_b is None else qkv_b.reshape(streams, 3 * k * hd),
