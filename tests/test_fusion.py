@@ -8,7 +8,7 @@ import pytest
 import timm
 import torch
 from conftest import TINY_VIT, scramble, tiny_vit
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydra_deploy.backbones import load_backbone
@@ -280,11 +280,36 @@ def test_spec_records_merge_choice(tiny_vits):
     assert fuse(backbone, spec).spec.mlp_merge == spec.mlp_merge == "average"
 
 
+def test_wrong_input_shape_is_refused(tiny_vits):
+    backbone = tiny_vits["token"]
+    hydra = fuse(backbone, HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=1))
+    with pytest.raises(FusionError, match=r"pixel_values must be \[batch, 3, 16, 16\]"):
+        hydra(torch.randn(2, 3, 32, 32))
+    with pytest.raises(FusionError, match="got \\[3, 16, 16\\]"):
+        hydra(torch.randn(3, 16, 16))
+
+
 # --- real size -----------------------------------------------------------------------------------
-@pytest.mark.slow
-def test_vit_s16_fused_equals_members():
+@pytest.fixture(scope="module")
+def vit_s16():
     backbone = load_backbone("vit_s16", num_classes=10)
     scramble(backbone.module, seed=0, gain=1.0)
+    return backbone
+
+
+@pytest.mark.slow
+@settings(max_examples=5)
+@given(data=st.data(), merge=st.sampled_from(["average", "grouped"]))
+def test_vit_s16_any_spec_equals_masked_backbone(vit_s16, data, merge):
+    spec = data.draw(specs(vit_s16, max_members=4))
+    hydra = fuse(vit_s16, spec, merge)
+    assert_members_match(hydra, [vit_s16] * spec.num_members, spec, vit_s16.example_inputs(1),
+                         atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_vit_s16_fused_equals_members(vit_s16):
+    backbone = vit_s16
     spec = HydraSpec.random(backbone.name, 12, 6, 64, members=3, heads_per_member=[2, 3, 1],
                             shared_layers=2, seed=0)  # fmt: skip
     hydra = fuse(backbone, spec)

@@ -221,6 +221,11 @@ class HydraViT(HydraModel):
         from timm.layers import global_pool_nlc
 
         M = self.num_members
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != self.input_size:
+            raise FusionError(
+                f"pixel_values must be [batch, {', '.join(map(str, self.input_size))}], got "
+                f"{list(pixel_values.shape)}; resize the images to the backbone's input size"
+            )
         if self.embed is not None:
             x = self.embed(pixel_values).unsqueeze(0)  # [1, B, N, D]
         else:
