@@ -168,6 +168,7 @@ class HydraViT(HydraModel):
         self.final_shared = head_kind == "shared" and not any(final_per_stream)
         final_streams = M if (self.blocks or not self.final_shared) else 1
 
+        norm_kinds.update(getattr(n, "per_stream", None) for n in (self.norm, self.fc_norm))
         norm_kinds.discard(None)
         self.merge = {
             "embeddings": "shared" if embed_shared else "per-member",
