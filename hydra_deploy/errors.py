@@ -30,3 +30,7 @@ class CheckpointError(HydraError, OSError):
 
 class FusionError(HydraError, ValueError):
     """Members cannot be fused with the given spec (they differ in architecture, count, ...)."""
+
+
+class DataError(HydraError, ValueError):
+    """Data for importance, selection or fine-tuning is empty, mis-shaped or mislabelled."""

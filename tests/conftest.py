@@ -76,3 +76,53 @@ def tiny_vit(config: str = "token", seed: int = 0):
 def tiny_vits():
     """One tiny adapter per configuration in TINY_VIT (built once per session)."""
     return {name: tiny_vit(name) for name in TINY_VIT}
+
+
+def digits_data(size: int = 16):
+    """scikit-learn's digits (1,797 8x8 images, 10 classes) upsampled to ``size``, as tensors."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # [N, 1, 8, 8]
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return (x - 0.5) / 0.5, torch.tensor(digits.target, dtype=torch.long)
+
+
+def train_digits_vit(epochs: int = 6, seed: int = 0):
+    """A tiny ViT trained on 1,500 digits for a few epochs (about 10 s on one CPU thread).
+
+    Returns (adapter, train LabelledData, validation LabelledData).
+    """
+    import timm
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.pruning import load_data
+
+    x, y = digits_data()
+    torch.manual_seed(seed)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, in_chans=1,
+        embed_dim=32, depth=3, num_heads=4, mlp_ratio=2.0, num_classes=10,
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(1500, generator=generator)
+        for start in range(0, 1500, 64):
+            idx = order[start : start + 64]
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    backbone = load_backbone(model)
+    train = load_data((x[:1500], y[:1500]), backbone, name="digits-train")
+    val = load_data((x[1500:], y[1500:]), backbone, name="digits-val")
+    return backbone, train, val
+
+
+@pytest.fixture(scope="session")
+def digits_vit():
+    """(adapter, train, val) of a tiny ViT trained on digits; built once per test session."""
+    return train_digits_vit()
