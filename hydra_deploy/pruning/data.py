@@ -185,7 +185,7 @@ def _from_batches(batches: Iterable, name: str, max_examples: int | None) -> Lab
 def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> None:
     if len(labelled) == 0:
         raise DataError(f"{labelled.name} is empty")
-    x, y = labelled.dataset[0]
+    x, _ = labelled.dataset[0]
     x = torch.as_tensor(x)
     if backbone is not None and hasattr(backbone, "img_size"):
         expected = (backbone.in_chans, *backbone.img_size)
