@@ -20,6 +20,9 @@ _LAZY = {
     "fuse": "hydra_deploy.fusion",
     "HydraModel": "hydra_deploy.fusion",
     "GroupedLinear": "hydra_deploy.fusion",
+    "head_importance": "hydra_deploy.pruning",
+    "select_members": "hydra_deploy.pruning",
+    "load_data": "hydra_deploy.pruning",
 }
 
 __all__ = [
@@ -30,13 +33,17 @@ __all__ = [
     "MemberSpec",
     "__version__",
     "fuse",
+    "head_importance",
     "load_backbone",
+    "load_data",
+    "select_members",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from hydra_deploy.backbones import load_backbone
     from hydra_deploy.errors import HydraError
     from hydra_deploy.fusion import GroupedLinear, HydraModel, fuse
+    from hydra_deploy.pruning import head_importance, load_data, select_members
     from hydra_deploy.specs import HydraSpec, MemberSpec
 
 

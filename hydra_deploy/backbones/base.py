@@ -57,18 +57,21 @@ class BackboneAdapter:
 
     @contextlib.contextmanager
     def head_gates(self, gates: torch.Tensor | np.ndarray) -> Iterator[torch.Tensor]:
-        """Multiply each head's output by ``gates[layer, head]`` while the context is open.
+        """Multiply each head's output by its gate while the context is open.
 
-        ``gates`` is [num_layers, num_heads]; a tensor that requires grad stays in the graph, so
-        ``|dLoss/dgates|`` is the Taylor head importance. Yields the gate tensor used.
+        ``gates`` is [num_layers, num_heads] (one gate per head) or [batch, num_layers, num_heads]
+        (one per example; the batch must match the inputs). A tensor that requires grad stays in
+        the graph, so ``|dLoss/dgates|`` is the Taylor head importance. Yields the gate tensor.
         """
         gates = self._check_mask(gates)
         handles = []
         for layer, target in enumerate(self._gate_targets()):
 
             def pre_hook(_module, args, layer=layer):
-                (x, *rest) = args
-                scale = gates[layer].to(x.dtype).repeat_interleave(self.head_dim)
+                (x, *rest) = args  # [B, N, H*hd]: the heads' outputs, concatenated
+                scale = gates[..., layer, :].to(x.dtype).repeat_interleave(self.head_dim, dim=-1)
+                if scale.dim() == 2:  # per-example gates [B, H*hd] -> [B, 1, H*hd]
+                    scale = scale.unsqueeze(1)
                 return (x * scale, *rest)
 
             handles.append(target.register_forward_pre_hook(pre_hook))
@@ -82,9 +85,9 @@ class BackboneAdapter:
         if not isinstance(mask, torch.Tensor):
             mask = torch.as_tensor(np.asarray(mask, dtype=np.float32))
         expected = (self.num_layers, self.num_heads)
-        if tuple(mask.shape) != expected:
+        if tuple(mask.shape[-2:]) != expected or mask.dim() not in (2, 3):
             raise SpecError(
-                f"head mask has shape {tuple(mask.shape)}, expected {expected} "
+                f"head mask has shape {tuple(mask.shape)}, expected {expected} or (batch, *{expected}) "
                 f"(layers x heads of {self.name})"
             )
         return mask
@@ -100,6 +103,19 @@ class BackboneAdapter:
             return self.module(inputs)
 
     __call__ = forward
+
+    # --- the forward pass in three parts (circuit search caches the hidden states between them) ---
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Inputs -> the hidden states entering layer 0."""
+        raise NotImplementedError
+
+    def run_layers(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Hidden states entering layer ``start`` -> those leaving layer ``stop - 1``."""
+        raise NotImplementedError
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the last layer -> logits."""
+        raise NotImplementedError
 
     # --- weights in canonical layout -------------------------------------------------------------
     def attention_weights(self, layer: int) -> AttentionWeights:

@@ -113,6 +113,18 @@ class TimmVitAdapter(BackboneAdapter):
     def _gate_targets(self) -> list[nn.Module]:
         return [block.attn.proj for block in self.module.blocks]
 
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        model = self.module
+        return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(inputs))))
+
+    def run_layers(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        for block in self.module.blocks[start:stop]:
+            hidden = block(hidden)
+        return hidden
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.module.forward_head(self.module.norm(hidden))
+
     def attention_weights(self, layer: int) -> AttentionWeights:
         attn = self.module.blocks[layer].attn
         H, hd, D = self.num_heads, self.head_dim, self.embed_dim

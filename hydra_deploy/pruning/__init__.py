@@ -1,5 +1,14 @@
 """Choosing the members: head importance, member selection, fine-tuning, and the data they use."""
 
 from hydra_deploy.pruning.data import LabelledData, load_data
+from hydra_deploy.pruning.importance import circuit_search, head_importance, taylor_importance
+from hydra_deploy.pruning.selection import select_members
 
-__all__ = ["LabelledData", "load_data"]
+__all__ = [
+    "LabelledData",
+    "circuit_search",
+    "head_importance",
+    "load_data",
+    "select_members",
+    "taylor_importance",
+]
