@@ -1,7 +1,8 @@
 """The data a user has, as one labelled-examples type for importance, selection and fine-tuning.
 
-``load_data`` accepts: a ``LabelledData`` (returned as is), a ``.npz`` file with ``x``/``y``, an
-``(x, y)`` pair of arrays/tensors, a map-style torch ``Dataset`` of ``(input, label)`` items, a
+``load_data`` accepts: a ``LabelledData`` (returned as is), an image folder (one sub-folder per
+class, torchvision ``ImageFolder`` layout, preprocessed with the backbone's timm eval transform), a
+``.npz`` file with ``x``/``y``, an ``(x, y)`` pair of arrays/tensors, a map-style torch ``Dataset`` of ``(input, label)`` items, a
 ``DataLoader`` (its dataset is used when it is map-style), or any iterable of ``(inputs, labels)``
 batches (read once into memory). Inputs are checked against the backbone (shape) and labels against
 the classifier (integers in ``[0, num_classes)``); empty data is refused.
@@ -24,9 +25,13 @@ from hydra_deploy.errors import DataError
 class LabelledData:
     """Labelled examples: a map-style dataset of ``(x [C, H, W] float, y int)`` items."""
 
-    def __init__(self, dataset: Dataset, name: str = "data") -> None:
+    def __init__(
+        self, dataset: Dataset, name: str = "data", classes: list[str] | None = None
+    ) -> None:
         self.dataset = dataset
         self.name = name
+        #: Class names by label index where known (an image folder's sorted sub-folder names).
+        self.classes = None if classes is None else list(classes)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -47,13 +52,14 @@ class LabelledData:
         )  # fmt: skip
 
     def subset(self, indices: Sequence[int]) -> LabelledData:
-        return LabelledData(Subset(self.dataset, list(map(int, indices))), self.name)
+        return LabelledData(Subset(self.dataset, list(map(int, indices))), self.name, self.classes)
 
     def resample(self, seed: int, fraction: float = 1.0, replace: bool = True) -> LabelledData:
         """A seeded bootstrap (``replace=True``) or subsample of ``fraction`` of the examples."""
         if not 0.0 < fraction <= (np.inf if replace else 1.0):
             raise DataError(
-                f"resample fraction must be in (0, 1] without replacement, got {fraction}"
+                f"resample fraction must be above 0 (and at most 1 without replacement), got "
+                f"{fraction} with replace={replace}"
             )
         n = len(self)
         size = max(1, round(fraction * n))
@@ -162,8 +168,93 @@ def _from_path(path: Path, backbone: Any, name: str) -> LabelledData:
     raise DataError(f"{name}: {str(path)!r} is neither an image folder nor a .npz file")
 
 
+class _ImageLoader:
+    """Opens one image file as a PIL image in ``mode``; a corrupt file raises DataError naming it."""
+
+    def __init__(self, mode: str, name: str) -> None:
+        self.mode = mode
+        self.name = name
+
+    def __call__(self, path: str) -> Any:
+        from PIL import Image
+
+        try:
+            with open(path, "rb") as file:
+                return Image.open(file).convert(self.mode)
+        except Exception as err:
+            raise DataError(
+                f"{self.name}: cannot read image {path!r} ({type(err).__name__}: {err}); replace "
+                "or remove the file"
+            ) from err
+
+
+def _image_transform(backbone: Any, name: str) -> tuple[str, Any]:
+    """(PIL mode, timm eval transform) giving ``[in_chans, *img_size]`` tensors for ``backbone``."""
+    import timm.data
+
+    in_chans, img_size = int(backbone.in_chans), tuple(backbone.img_size)
+    if in_chans not in (1, 3):
+        raise DataError(
+            f"{name}: image folders need a backbone with 1 (grayscale) or 3 (RGB) input channels, "
+            f"this one has {in_chans}; pass preprocessed (x, y) arrays instead"
+        )
+    config = timm.data.resolve_data_config({}, model=backbone.module)
+    # The model's pretrained config may describe another resolution / channel count (e.g. a
+    # 224-pixel RGB default for a model built with img_size=16 or in_chans=1): the backbone's own
+    # input shape wins; a single-channel model takes the first entry of a 3-channel mean/std.
+    config["input_size"] = (in_chans, *img_size)
+    for key in ("mean", "std"):
+        values = tuple(float(v) for v in config[key])
+        if len(values) != in_chans:
+            values = values[:1] * in_chans
+        config[key] = values
+    transform = timm.data.create_transform(**config, is_training=False)
+    return ("L" if in_chans == 1 else "RGB"), transform
+
+
+def _empty_class_folders(path: Path, classes: list[str]) -> list[str]:
+    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+
+    def has_images(folder: Path) -> bool:
+        return any(
+            has_file_allowed_extension(file, IMG_EXTENSIONS)
+            for _, _, files in os.walk(folder, followlinks=True)
+            for file in files
+        )
+
+    return [cls for cls in classes if not has_images(path / cls)]
+
+
 def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
-    raise DataError(f"{name}: image folders are not supported yet ({str(path)!r})")
+    from torchvision.datasets import ImageFolder
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    if backbone is None:
+        raise DataError(
+            f"{name}: {str(path)!r} is an image folder, which needs the backbone to know the "
+            "preprocessing (input size, channels, mean/std); pass the backbone to load_data"
+        )
+    # The class folders exactly as torchvision's ImageFolder finds them (sorted sub-folder names).
+    classes = sorted(entry.name for entry in os.scandir(path) if entry.is_dir())
+    if not classes:
+        raise DataError(
+            f"{name}: {str(path)!r} has no class sub-folders; put each class's images in a "
+            "sub-folder named after the class (root/cat/x.png, root/dog/y.jpg)"
+        )
+    mode, transform = _image_transform(backbone, name)
+    try:
+        dataset = ImageFolder(str(path), transform=transform, loader=_ImageLoader(mode, name))
+    except FileNotFoundError as err:  # some class folder holds no image file
+        empty = _empty_class_folders(path, classes)
+        if not empty:
+            raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err
+        raise DataError(
+            f"{name}: class folder(s) {empty} in {str(path)!r} hold no image files (extensions: "
+            f"{', '.join(IMG_EXTENSIONS)}); add images or remove the folder(s)"
+        ) from err
+    except OSError as err:
+        raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err
+    return LabelledData(dataset, name, list(dataset.classes))
 
 
 def _from_batches(batches: Iterable, name: str, max_examples: int | None) -> LabelledData:
@@ -194,6 +285,14 @@ def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> No
                 f"{labelled.name}: inputs have shape {list(x.shape)}, the backbone expects "
                 f"{list(expected)} per example"
             )
+    classes = labelled.classes
+    if num_classes is not None and classes is not None and len(classes) > num_classes:
+        shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
+        raise DataError(
+            f"{labelled.name} has {len(classes)} classes ({shown}) but the classifier has "
+            f"{num_classes}; remove class folders or build the backbone with "
+            f"num_classes={len(classes)}"
+        )
     if num_classes is not None:
         labels = _all_labels(labelled)
         bad = labels[(labels < 0) | (labels >= num_classes)]

@@ -16,6 +16,7 @@ Scores are ``float64`` arrays [num_layers, num_heads]; higher means more importa
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -262,10 +263,24 @@ def _tensors(data: LabelledData) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs), torch.cat(ys)
 
 
+def _npz_inputs(path) -> np.ndarray:
+    try:
+        with np.load(path) as archive:
+            if "x" not in archive.files:
+                raise DataError(f"ood_data: {str(path)!r} has no 'x' array (has {archive.files})")
+            return archive["x"]
+    except DataError:
+        raise
+    except Exception as err:
+        raise DataError(f"ood_data: cannot read {str(path)!r}: {err}") from err
+
+
 def _ood_inputs(ood_data: Any, backbone: BackboneAdapter, max_examples: int | None):
     """OOD inputs as a tensor: an array of inputs, or any labelled data (labels ignored)."""
     if ood_data is None:
         return None
+    if isinstance(ood_data, (str, os.PathLike)) and str(ood_data).endswith(".npz"):
+        ood_data = _npz_inputs(ood_data)  # OOD sets need no labels: x alone is enough
     if isinstance(ood_data, (np.ndarray, torch.Tensor)):
         x = torch.as_tensor(ood_data, dtype=torch.float32)
         x = x[:max_examples] if max_examples else x
