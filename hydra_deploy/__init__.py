@@ -21,6 +21,7 @@ _LAZY = {
     "HydraModel": "hydra_deploy.fusion",
     "GroupedLinear": "hydra_deploy.fusion",
     "head_importance": "hydra_deploy.pruning",
+    "finetune_members": "hydra_deploy.pruning",
     "select_members": "hydra_deploy.pruning",
     "load_data": "hydra_deploy.pruning",
 }
@@ -32,6 +33,7 @@ __all__ = [
     "HydraSpec",
     "MemberSpec",
     "__version__",
+    "finetune_members",
     "fuse",
     "head_importance",
     "load_backbone",
@@ -43,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hydra_deploy.backbones import load_backbone
     from hydra_deploy.errors import HydraError
     from hydra_deploy.fusion import GroupedLinear, HydraModel, fuse
-    from hydra_deploy.pruning import head_importance, load_data, select_members
+    from hydra_deploy.pruning import finetune_members, head_importance, load_data, select_members
     from hydra_deploy.specs import HydraSpec, MemberSpec
 
 

@@ -34,3 +34,7 @@ class FusionError(HydraError, ValueError):
 
 class DataError(HydraError, ValueError):
     """Data for importance, selection or fine-tuning is empty, mis-shaped or mislabelled."""
+
+
+class FinetuneError(HydraError, ValueError):
+    """A fine-tuning setting is invalid (epochs, lr, batch size, ...)."""

@@ -1,0 +1,599 @@
+"""Fine-tuning the members one by one, each with its pruned heads held at zero.
+
+Member ``m`` starts as a copy of the backbone. Its pruned heads (those not in
+``spec.members[m].heads[l]``) are zeroed in the weights (their Q/K/V rows of ``attn.qkv`` and their
+columns of ``attn.proj``) and gated off in every forward, and the zeroed slices are written back to
+zero after every optimizer step, so neither weight decay nor momentum can revive them. The result
+is M timm modules ready for ``fuse(members, spec, "grouped")``.
+
+Recipe: cross-entropy, AdamW (weight decay on matrices only, not on biases, norms, position
+embeddings or class tokens), linear warm-up for ``warmup_steps`` then cosine decay to 0. Member m
+uses seed ``seed + m`` for the shuffling and for dropout, so a call is reproducible bit for bit.
+
+With ``save_dir`` every finished member is written as ``member_{m}.safetensors`` (atomically) plus
+``member_{m}.json`` (its settings, losses and the weights' SHA-256); a later call with the same
+settings loads it instead of training it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hydra_deploy.atomic import atomic_write_json
+from hydra_deploy.backbones import BackboneAdapter, load_backbone
+from hydra_deploy.errors import CheckpointError, FinetuneError, SpecError
+from hydra_deploy.pruning.data import LabelledData, load_data
+from hydra_deploy.specs import HydraSpec
+
+__all__ = ["FORMAT", "FinetuneError", "FinetunedMembers", "finetune_members", "zero_pruned_heads"]
+
+logger = logging.getLogger("hydra_deploy")
+
+FORMAT = "hydra-finetune/1"
+"""The format string of ``member_{m}.json``."""
+
+#: Settings that must match for a saved member to be reused.
+_MATCH_KEYS = (
+    "heads", "epochs", "lr", "batch_size", "weight_decay", "seed", "max_steps", "warmup_steps",
+    "backbone", "data",
+)  # fmt: skip
+_FINGERPRINT_SAMPLE = 64  # examples hashed to recognise the training data
+
+
+class FinetunedMembers(list):
+    """The M fine-tuned member modules (timm ``VisionTransformer``s in eval mode), in member order.
+
+    ``history[m]`` describes how member m was obtained: ``member``, ``steps``, ``epochs`` (epochs
+    actually trained, ``steps / steps_per_epoch``), ``lr``, ``seed`` (the member's own seed),
+    ``loss_before`` / ``loss_after`` (masked cross-entropy on the fixed evaluation examples),
+    ``resumed`` (loaded from ``save_dir``) and ``seconds``.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module] = (), history: Sequence[dict] = ()) -> None:
+        super().__init__(modules)
+        self.history: list[dict[str, Any]] = list(history)
+
+
+# --------------------------------------------------------------------------------------------------
+# zeroing
+
+
+def _attention_modules(module: nn.Module) -> list[nn.Module]:
+    blocks = getattr(module, "blocks", None)
+    if blocks is None:
+        raise FinetuneError(f"{type(module).__name__} has no .blocks; expected a timm ViT")
+    return [block.attn for block in blocks]
+
+
+def _pruned_heads(kept_heads: Sequence[Sequence[int]], num_heads: int) -> list[list[int]]:
+    return [sorted(set(range(num_heads)) - {int(h) for h in kept}) for kept in kept_heads]
+
+
+@torch.no_grad()
+def zero_pruned_heads(module: nn.Module, kept_heads: Sequence[Sequence[int]]) -> nn.Module:
+    """Zero, in place, every head not in ``kept_heads[l]`` of a timm ViT; returns ``module``.
+
+    A pruned head's Q, K and V rows of ``blocks[l].attn.qkv.weight`` (and ``.bias``) and its columns
+    of ``blocks[l].attn.proj.weight`` become 0, so it contributes nothing with or without a gate.
+    ``kept_heads`` is ``spec.members[m].heads`` (one sequence of head indices per layer).
+    """
+    attns = _attention_modules(module)
+    if len(kept_heads) != len(attns):
+        raise SpecError(
+            f"kept_heads lists {len(kept_heads)} layers but the model has {len(attns)} blocks"
+        )
+    for layer, (attn, pruned) in enumerate(
+        zip(attns, _pruned_heads(kept_heads, attns[0].num_heads), strict=True)
+    ):
+        H, hd = attn.num_heads, attn.head_dim
+        bad = [h for h in kept_heads[layer] if not 0 <= int(h) < H]
+        if bad:
+            raise SpecError(f"layer {layer}: head(s) {bad} out of range 0..{H - 1}")
+        if not pruned:
+            continue
+        qkv_w = attn.qkv.weight.view(3, H, hd, -1)
+        qkv_w[:, pruned] = 0
+        if attn.qkv.bias is not None:
+            attn.qkv.bias.view(3, H, hd)[:, pruned] = 0
+        attn.proj.weight.view(attn.proj.weight.shape[0], H, hd)[:, pruned] = 0
+    return module
+
+
+def _pruned_slices_are_zero(module: nn.Module, kept_heads: Sequence[Sequence[int]]) -> bool:
+    for attn, pruned in zip(
+        _attention_modules(module),
+        _pruned_heads(kept_heads, _attention_modules(module)[0].num_heads),
+        strict=True,
+    ):
+        if not pruned:
+            continue
+        H, hd = attn.num_heads, attn.head_dim
+        slices = [
+            attn.qkv.weight.view(3, H, hd, -1)[:, pruned],
+            attn.proj.weight.view(attn.proj.weight.shape[0], H, hd)[:, pruned],
+        ]
+        if attn.qkv.bias is not None:
+            slices.append(attn.qkv.bias.view(3, H, hd)[:, pruned])
+        if any(bool(s.any()) for s in slices):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# argument checks
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_spec_fits(spec: object, backbone: BackboneAdapter) -> HydraSpec:
+    if not isinstance(spec, HydraSpec):
+        raise SpecError(
+            f"finetune_members expects a HydraSpec, got {type(spec).__name__}; see "
+            "HydraSpec.from_json"
+        )
+    expected = {"num_layers": backbone.num_layers, "num_heads": backbone.num_heads,
+                "head_dim": backbone.head_dim}  # fmt: skip
+    wrong = [f"{k}={getattr(spec, k)} (backbone has {v})" for k, v in expected.items()
+             if getattr(spec, k) != v]  # fmt: skip
+    if wrong:
+        raise SpecError(
+            f"the spec does not fit backbone {backbone.name}: {', '.join(wrong)}; build the spec for "
+            "this backbone"
+        )
+    return spec
+
+
+def _check_settings(
+    epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
+) -> None:
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, (bool, np.bool_)
+        )
+
+    if max_steps is not None and (not _is_int(max_steps) or max_steps < 1):
+        raise FinetuneError(f"max_steps must be None or an int >= 1, got {max_steps!r}")
+    if epochs is not None and not number(epochs):
+        raise FinetuneError(f"epochs must be a number, got {epochs!r}")
+    if max_steps is None and (epochs is None or not 0 < epochs < math.inf):
+        raise FinetuneError(
+            f"epochs must be a positive finite number (fractions allowed), got {epochs!r}; or pass "
+            "max_steps to fix the number of optimizer steps"
+        )
+    if not number(lr) or not 0 < lr < math.inf:
+        raise FinetuneError(f"lr must be a positive finite number, got {lr!r}")
+    if not _is_int(batch_size) or batch_size < 1:
+        raise FinetuneError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if not number(weight_decay) or not 0 <= weight_decay < math.inf:
+        raise FinetuneError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
+    if not _is_int(warmup_steps) or warmup_steps < 0:
+        raise FinetuneError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
+    if not _is_int(seed):
+        raise FinetuneError(f"seed must be an int, got {seed!r}")
+    if not _is_int(eval_examples) or eval_examples < 1:
+        raise FinetuneError(f"eval_examples must be an int >= 1, got {eval_examples!r}")
+
+
+def _total_steps(epochs: float | None, max_steps: int | None, steps_per_epoch: int) -> int:
+    """``max_steps`` when given (it overrides ``epochs``), else ``ceil(epochs * steps_per_epoch)``."""
+    if max_steps is not None:
+        return int(max_steps)
+    return max(1, math.ceil(round(float(epochs) * steps_per_epoch, 6)))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------
+# fingerprints (so that a saved member is never reused for another backbone or other data)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+
+
+def _backbone_fingerprint(module: nn.Module) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(_tensor_bytes(tensor))
+    return digest.hexdigest()
+
+
+def _data_fingerprint(data: LabelledData) -> dict[str, Any]:
+    digest = hashlib.blake2b(digest_size=16)
+    n = len(data)
+    for index in np.unique(np.linspace(0, n - 1, min(n, _FINGERPRINT_SAMPLE)).round().astype(int)):
+        x, y = data.dataset[int(index)]
+        digest.update(_tensor_bytes(torch.as_tensor(x)))
+        digest.update(str(int(y)).encode())
+    return {"examples": n, "sample_hash": digest.hexdigest()}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# training one member
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+@torch.no_grad()
+def _masked_loss(
+    adapter: BackboneAdapter, mask: torch.Tensor, data: LabelledData, batch_size: int
+) -> float:
+    """Mean cross-entropy of the masked model on ``data`` (eval mode)."""
+    module = adapter.module
+    was_training = module.training
+    module.eval()
+    device = _device_of(module)
+    total, count = 0.0, 0
+    for x, y in data.loader(batch_size=batch_size, shuffle=False):
+        logits = adapter.forward(x.to(device), mask)
+        total += float(nn.functional.cross_entropy(logits, y.to(device), reduction="sum"))
+        count += y.numel()
+    module.train(was_training)
+    return total / count
+
+
+def _param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only (timm's convention), none on biases, norms, tokens, pos_embed."""
+    skip = set(module.no_weight_decay()) if hasattr(module, "no_weight_decay") else set()
+    decay, no_decay = [], []
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim <= 1 or name in skip else decay).append(param)
+    return [
+        {"params": decay, "weight_decay": float(weight_decay)},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _lr_lambda(warmup_steps: int, total_steps: int):
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _train_member(
+    adapter: BackboneAdapter,
+    kept_heads: Sequence[Sequence[int]],
+    mask: torch.Tensor,
+    data: LabelledData,
+    *,
+    total_steps: int,
+    lr: float,
+    batch_size: int,
+    weight_decay: float,
+    warmup_steps: int,
+    seed: int,
+    desc: str,
+    progress: bool,
+) -> None:
+    """Train ``adapter.module`` in place for ``total_steps`` AdamW steps with ``mask`` applied."""
+    from tqdm.auto import tqdm
+
+    module = adapter.module
+    device = _device_of(module)
+    optimizer = torch.optim.AdamW(_param_groups(module, weight_decay), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(warmup_steps, total_steps))
+    loader = data.loader(batch_size=batch_size, shuffle=True, seed=seed)
+    module.train()
+    step = 0
+    torch.manual_seed(seed)  # dropout (the caller's RNG state is restored by finetune_members)
+    with (
+        tqdm(total=total_steps, desc=desc, disable=not progress, leave=False) as bar,
+        adapter.head_gates(mask),
+    ):
+        while step < total_steps:
+            for x, y in loader:  # each pass over the loader is a new seeded shuffle
+                loss = nn.functional.cross_entropy(module(x.to(device)), y.to(device))
+                loss_value = loss.item()
+                if not math.isfinite(loss_value):
+                    raise FinetuneError(
+                        f"{desc}: the training loss became {loss_value} at step {step}; "
+                        "lower lr or add warmup_steps"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                zero_pruned_heads(module, kept_heads)
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+                if step >= total_steps:
+                    break
+    module.eval()
+    optimizer.zero_grad(set_to_none=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# saving and resuming
+
+
+def _save_weights(module: nn.Module, path: Path) -> None:
+    """``safetensors.torch.save_file`` to a temporary name in the folder, fsync, ``os.replace``."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": FORMAT})
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _delete_hint(path: Path) -> str:
+    """What to do about a bad saved member (``path`` is its .json or .safetensors)."""
+    pair = f"{path.stem}.safetensors and {path.stem}.json"
+    return (
+        f"delete {pair} in {str(path.parent)!r} (the member is then retrained) or pass resume=False"
+    )
+
+
+def _read_record(json_path: Path) -> dict[str, Any] | None:
+    """The saved member's JSON record, None when there is none; CheckpointError when unreadable."""
+    if not json_path.exists():
+        return None
+    try:
+        record = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(
+            f"saved member record {str(json_path)!r} is unreadable ({err}); {_delete_hint(json_path)}"
+        ) from err
+    if (
+        not isinstance(record, dict)
+        or record.get("format") != FORMAT
+        or not isinstance(record.get("settings"), dict)
+    ):
+        raise CheckpointError(
+            f"saved member record {str(json_path)!r} is not a {FORMAT} record; "
+            f"{_delete_hint(json_path)}"
+        )
+    return record
+
+
+def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    out = []
+    for key in _MATCH_KEYS:
+        old, new = saved.get(key), current[key]
+        if old == new or (key == "epochs" and current["max_steps"] is not None):
+            continue  # with max_steps set, epochs does not change the training
+        if key in ("heads", "backbone", "data"):
+            out.append(f"{key} differ")
+        else:
+            out.append(f"{key}={old!r} -> {new!r}")
+    return out
+
+
+def _load_member(
+    backbone: BackboneAdapter,
+    weights_path: Path,
+    record: dict[str, Any],
+    kept_heads: Sequence[Sequence[int]],
+) -> nn.Module:
+    from safetensors.torch import load_file
+
+    try:
+        sha = _file_sha256(weights_path)
+        if sha != record.get("weights_sha256"):
+            raise CheckpointError(
+                f"saved member {str(weights_path)!r} does not match the SHA-256 recorded in its "
+                f"json (the file is corrupt or was replaced); {_delete_hint(weights_path)}"
+            )
+        state = load_file(str(weights_path))
+        module = copy.deepcopy(backbone.module)
+        module.load_state_dict(state, strict=True)
+    except CheckpointError:
+        raise
+    except (
+        Exception
+    ) as err:  # safetensors' SafetensorError, OSError, load_state_dict's RuntimeError
+        raise CheckpointError(
+            f"cannot load saved member {str(weights_path)!r} ({type(err).__name__}: "
+            f"{str(err)[:200]}); {_delete_hint(weights_path)}"
+        ) from err
+    if not _pruned_slices_are_zero(module, kept_heads):
+        raise CheckpointError(
+            f"saved member {str(weights_path)!r} has non-zero weights in heads the spec prunes; "
+            f"{_delete_hint(weights_path)}"
+        )
+    return module.eval()
+
+
+# --------------------------------------------------------------------------------------------------
+# the public entry point
+
+
+def finetune_members(
+    backbone: BackboneAdapter | nn.Module,
+    spec: HydraSpec,
+    train_data: Any,
+    epochs: float | None = 1.0,
+    lr: float = 1e-4,
+    *,
+    batch_size: int = 32,
+    weight_decay: float = 0.05,
+    warmup_steps: int = 0,
+    max_steps: int | None = None,
+    seed: int = 0,
+    save_dir: str | os.PathLike | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    eval_examples: int = 512,
+) -> FinetunedMembers:
+    """Fine-tune one copy of ``backbone`` per member of ``spec``, pruned heads held at zero.
+
+    ``epochs`` may be fractional (``ceil(epochs * steps_per_epoch)`` steps, the last epoch cut
+    short); ``max_steps``, when given, fixes the number of steps instead (as in Hugging Face's
+    Trainer it overrides ``epochs``, which may then be None). ``lr`` is the peak
+    learning rate: linear warm-up over ``warmup_steps``, then cosine decay to 0. Member m uses seed
+    ``seed + m`` for shuffling and dropout; the caller's global RNG state is left untouched.
+    ``eval_examples`` fixed, evenly spaced examples of ``train_data`` measure each member's masked
+    loss before and after. With ``save_dir``, finished members are saved and, with ``resume``,
+    reused when their saved settings match (a mismatch is logged and the member retrained).
+
+    Returns a :class:`FinetunedMembers` list of M timm modules in eval mode.
+    """
+    adapter = load_backbone(backbone)
+    spec = _check_spec_fits(spec, adapter)
+    _check_settings(
+        epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
+    )
+    data = load_data(train_data, adapter, name="train_data")
+    steps_per_epoch = math.ceil(len(data) / batch_size)
+    total_steps = _total_steps(epochs, max_steps, steps_per_epoch)
+    if warmup_steps >= total_steps:
+        logger.warning(
+            "warmup_steps=%d >= the %d training steps: the learning rate never reaches lr=%g",
+            warmup_steps, total_steps, lr,
+        )  # fmt: skip
+    n = len(data)
+    eval_data = data.subset(
+        np.unique(np.linspace(0, n - 1, min(n, eval_examples)).round().astype(int)).tolist()
+    )
+    folder = None if save_dir is None else Path(save_dir).expanduser()
+    if folder is not None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(f"cannot create save_dir {str(folder)!r}: {err}") from err
+    common = {
+        "epochs": None if epochs is None else float(epochs), "lr": float(lr),
+        "batch_size": int(batch_size), "weight_decay": float(weight_decay), "seed": int(seed),
+        "max_steps": None if max_steps is None else int(max_steps),
+        "warmup_steps": int(warmup_steps),
+    }  # fmt: skip
+    if folder is not None:
+        common["backbone"] = _backbone_fingerprint(adapter.module)
+        common["data"] = _data_fingerprint(data)
+
+    logger.info(
+        "fine-tuning %d members of %s: %d steps each (%.3g epochs of %d examples, batch %d), "
+        "lr %g, weight decay %g, warm-up %d",
+        spec.num_members, adapter.name, total_steps, total_steps / steps_per_epoch, n, batch_size,
+        lr, weight_decay, warmup_steps,
+    )  # fmt: skip
+    members, history = [], []
+    # Eval loaders draw their base seed from the global RNG and training reseeds it: fork it.
+    device = _device_of(adapter.module)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for m, member_spec in enumerate(spec.members):
+            start = time.perf_counter()
+            kept_heads = member_spec.heads
+            mask = torch.as_tensor(spec.head_mask(m), device=device)
+            settings = {"heads": [list(h) for h in kept_heads], **common}
+            weights_path = None if folder is None else folder / f"member_{m}.safetensors"
+            json_path = None if folder is None else folder / f"member_{m}.json"
+
+            record = _read_record(json_path) if (json_path is not None and resume) else None
+            if record is not None:
+                diff = _differences(record["settings"], settings)
+                if not weights_path.is_file():
+                    diff = [f"{weights_path.name} is missing"]
+                if not diff:
+                    module = _load_member(adapter, weights_path, record, kept_heads)
+                    entry = {
+                        "member": m, "steps": record.get("steps"),
+                        "epochs": record.get("epochs_trained"), "lr": float(lr), "seed": seed + m,
+                        "loss_before": record.get("loss_before"),
+                        "loss_after": record.get("loss_after"), "resumed": True,
+                        "seconds": time.perf_counter() - start,
+                    }  # fmt: skip
+                    logger.info("member %d: loaded from %s (settings match)", m, weights_path)
+                    members.append(module)
+                    history.append(entry)
+                    continue
+                logger.warning(
+                    "member %d: not reusing the member saved in %s (%s); retraining it",
+                    m, folder, "; ".join(diff),
+                )  # fmt: skip
+
+            module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
+            member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
+            loss_before = _masked_loss(member, mask, eval_data, batch_size)
+            _train_member(
+                member, kept_heads, mask, data, total_steps=total_steps, lr=float(lr),
+                batch_size=batch_size, weight_decay=float(weight_decay), warmup_steps=warmup_steps,
+                seed=seed + m, desc=f"member {m}", progress=progress,
+            )  # fmt: skip
+            loss_after = _masked_loss(member, mask, eval_data, batch_size)
+            seconds = time.perf_counter() - start
+            logger.info(
+                "member %d: %d steps, masked loss %.4f -> %.4f on %d examples (%.1f s)",
+                m, total_steps, loss_before, loss_after, len(eval_data), seconds,
+            )  # fmt: skip
+            entry = {
+                "member": m, "steps": total_steps, "epochs": total_steps / steps_per_epoch,
+                "lr": float(lr), "seed": seed + m, "loss_before": loss_before,
+                "loss_after": loss_after, "resumed": False, "seconds": seconds,
+            }  # fmt: skip
+            if folder is not None:
+                _save_member(module, weights_path, json_path, settings, entry, len(eval_data))
+            members.append(module.eval())
+            history.append(entry)
+    return FinetunedMembers(members, history)
+
+
+def _save_member(
+    module: nn.Module,
+    weights_path: Path,
+    json_path: Path,
+    settings: dict[str, Any],
+    entry: dict[str, Any],
+    eval_count: int,
+) -> None:
+    """Weights first, then the record: a record on disk always describes the weights beside it."""
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            json_path.unlink()  # a stale record must never vouch for the new weights
+        _save_weights(module, weights_path)
+        atomic_write_json(
+            json_path,
+            {
+                "format": FORMAT, "member": entry["member"], "settings": settings,
+                "member_seed": entry["seed"], "steps": entry["steps"],
+                "epochs_trained": entry["epochs"], "loss_before": entry["loss_before"],
+                "loss_after": entry["loss_after"], "eval_examples": eval_count,
+                "seconds": entry["seconds"], "weights": weights_path.name,
+                "weights_sha256": _file_sha256(weights_path),
+            },
+        )  # fmt: skip
+    except OSError as err:
+        raise CheckpointError(
+            f"cannot save member {entry['member']} to {str(weights_path.parent)!r}: {err}"
+        ) from err
