@@ -210,3 +210,47 @@ def test_console_script_help():
     assert result.stdout.startswith("usage: hydra-fuse")
     assert "examples:" in result.stdout
     assert "hydra-fuse --backbone vit_b16 --members 3 --heads-per-member 4" in result.stdout
+
+
+# --- heads chosen on data, members fine-tuned ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def npz_data(tmp_path_factory) -> Path:
+    """Eight preprocessed 224 px inputs with labels, as a user's .npz."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("data") / "train.npz"
+    np.savez(path, x=rng.standard_normal((8, 3, 224, 224)).astype("float32"),
+             y=rng.integers(0, CLASSES, 8))  # fmt: skip
+    return path
+
+
+def test_taylor_selection_and_finetuning_from_the_cli(npz_data, tmp_path):
+    spec_path, members_dir = tmp_path / "spec.json", tmp_path / "members"
+    argv = ("--backbone", BACKBONE, "--data", str(npz_data), "--members", "2",
+            "--heads-per-member", "1", "--finetune-steps", "2", "--finetune-batch-size", "4",
+            "--finetune-dir", str(members_dir), "--batch", "1", "--save-spec", str(spec_path),
+            "--json")  # fmt: skip
+    code, out, err = invoke(*argv)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["spec"]["importance"] == "taylor"
+    assert [entry["steps"] for entry in report["finetune"]] == [2, 2]
+    assert report["merge"]["embeddings"] == "per-member"  # fine-tuned: weights differ everywhere
+    assert report["output_shape"] == [1, 2, CLASSES]
+    assert HydraSpec.from_json(spec_path).to_dict() == report["spec"]
+    assert sorted(p.name for p in members_dir.iterdir()) == [
+        "member_0.json", "member_0.safetensors", "member_1.json", "member_1.safetensors"]  # fmt: skip
+    # a second run resumes the saved members instead of training again
+    code, out, err = invoke(*argv[:-3], "--json")
+    assert code == 0, err
+    assert all(entry["resumed"] for entry in json.loads(out)["finetune"])
+
+
+def test_selection_options_are_checked(npz_data):
+    code, _, err = invoke("--backbone", BACKBONE, "--method", "circuit", "--batch", "1")
+    assert code == 1 and "--method circuit needs --data" in err
+    code, _, err = invoke("--backbone", BACKBONE, "--data", str(npz_data), "--shared-layers", "2")
+    assert code == 1 and "--method random only" in err
+    code, _, err = invoke("--backbone", BACKBONE, "--finetune-steps", "1")
+    assert code == 1 and "fine-tuning needs --data" in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,6 +81,24 @@ class BackboneAdapter:
         finally:
             for handle in handles:
                 handle.remove()
+
+    def check_spec(self, spec: Any, user: str = "this call") -> None:
+        """Raise SpecError unless ``spec`` is a HydraSpec for this backbone's layers and heads."""
+        from hydra_deploy.specs import HydraSpec
+
+        if not isinstance(spec, HydraSpec):
+            raise SpecError(
+                f"{user} expects a HydraSpec, got {type(spec).__name__}; see HydraSpec.from_json"
+            )
+        expected = {"num_layers": self.num_layers, "num_heads": self.num_heads,
+                    "head_dim": self.head_dim}  # fmt: skip
+        wrong = [f"{k}={getattr(spec, k)} (backbone has {v})" for k, v in expected.items()
+                 if getattr(spec, k) != v]  # fmt: skip
+        if wrong:
+            raise SpecError(
+                f"the spec does not fit backbone {self.name}: {', '.join(wrong)}; build the spec "
+                "for this backbone (e.g. HydraSpec.random(..., num_layers=backbone.num_layers, ...))"
+            )
 
     def _check_mask(self, mask: torch.Tensor | np.ndarray) -> torch.Tensor:
         if not isinstance(mask, torch.Tensor):

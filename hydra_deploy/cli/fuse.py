@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="random heads: members keep disjoint heads per layer",
     )
-    members.add_argument("--seed", type=int, default=0, help="seed of everything random")
+    members.add_argument(
+        "--seed", type=int, default=0, help="seed of everything random (also random weights)"
+    )
 
     tune = p.add_argument_group("fine-tuning (needs --data)")
     tune.add_argument(
@@ -176,6 +178,7 @@ def main_body(args: argparse.Namespace) -> int:
         raise HydraError(f"--batch must be at least 1, got {args.batch}")
     if args.save_spec is not None:
         common.refuse_existing(args.save_spec, args.overwrite)
+    torch.manual_seed(args.seed)  # random weights (no checkpoint) are reproducible too
     backbone = load_backbone(
         args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes
     )

@@ -87,7 +87,7 @@ def fuse(
     families = {m.family for m in members}
     if len(families) != 1:
         raise FusionError(f"members come from different families {sorted(families)}")
-    _check_spec_fits(spec, members[0])
+    members[0].check_spec(spec, "fuse")
 
     family = families.pop()
     if family == "vit":
@@ -95,15 +95,3 @@ def fuse(
 
         return HydraViT(members, spec, lowering=lowering, shared_trunk=shared_trunk)
     raise FusionError(f"fusion is not implemented for the {family!r} family yet")
-
-
-def _check_spec_fits(spec: HydraSpec, backbone: BackboneAdapter) -> None:
-    expected = {"num_layers": backbone.num_layers, "num_heads": backbone.num_heads,
-                "head_dim": backbone.head_dim}  # fmt: skip
-    wrong = [f"{k}={getattr(spec, k)} (backbone has {v})" for k, v in expected.items()
-             if getattr(spec, k) != v]  # fmt: skip
-    if wrong:
-        raise SpecError(
-            f"the spec does not fit backbone {backbone.name}: {', '.join(wrong)}; build the spec for "
-            "this backbone (e.g. HydraSpec.random(..., num_layers=backbone.num_layers, ...))"
-        )

@@ -142,24 +142,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _check_spec_fits(spec: object, backbone: BackboneAdapter) -> HydraSpec:
-    if not isinstance(spec, HydraSpec):
-        raise SpecError(
-            f"finetune_members expects a HydraSpec, got {type(spec).__name__}; see "
-            "HydraSpec.from_json"
-        )
-    expected = {"num_layers": backbone.num_layers, "num_heads": backbone.num_heads,
-                "head_dim": backbone.head_dim}  # fmt: skip
-    wrong = [f"{k}={getattr(spec, k)} (backbone has {v})" for k, v in expected.items()
-             if getattr(spec, k) != v]  # fmt: skip
-    if wrong:
-        raise SpecError(
-            f"the spec does not fit backbone {backbone.name}: {', '.join(wrong)}; build the spec for "
-            "this backbone"
-        )
-    return spec
-
-
 def _check_settings(
     epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
 ) -> None:
@@ -470,7 +452,7 @@ def finetune_members(
     Returns a :class:`FinetunedMembers` list of M timm modules in eval mode.
     """
     adapter = load_backbone(backbone)
-    spec = _check_spec_fits(spec, adapter)
+    adapter.check_spec(spec, "finetune_members")
     _check_settings(
         epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
     )
