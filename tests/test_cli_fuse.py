@@ -227,8 +227,9 @@ def npz_data(tmp_path_factory) -> Path:
 
 def test_taylor_selection_and_finetuning_from_the_cli(npz_data, tmp_path):
     spec_path, members_dir = tmp_path / "spec.json", tmp_path / "members"
-    argv = ("--backbone", BACKBONE, "--data", str(npz_data), "--members", "2",
-            "--heads-per-member", "1", "--finetune-steps", "2", "--finetune-batch-size", "4",
+    argv = ("--backbone", BACKBONE, "--calib", str(npz_data), "--finetune", str(npz_data),
+            "--members", "2", "--heads-per-member", "1", "--finetune-steps", "2",
+            "--finetune-batch-size", "4",
             "--finetune-dir", str(members_dir), "--batch", "1", "--save-spec", str(spec_path),
             "--json")  # fmt: skip
     code, out, err = invoke(*argv)
@@ -248,9 +249,9 @@ def test_taylor_selection_and_finetuning_from_the_cli(npz_data, tmp_path):
 
 
 def test_selection_options_are_checked(npz_data):
-    code, _, err = invoke("--backbone", BACKBONE, "--method", "circuit", "--batch", "1")
-    assert code == 1 and "--method circuit needs --data" in err
-    code, _, err = invoke("--backbone", BACKBONE, "--data", str(npz_data), "--shared-layers", "2")
-    assert code == 1 and "--method random only" in err
+    code, _, err = invoke("--backbone", BACKBONE, "--importance", "circuit", "--batch", "1")
+    assert code == 1 and "--importance circuit needs --calib" in err
+    code, _, err = invoke("--backbone", BACKBONE, "--calib", str(npz_data), "--shared-layers", "2")
+    assert code == 1 and "--importance random only" in err
     code, _, err = invoke("--backbone", BACKBONE, "--finetune-steps", "1")
-    assert code == 1 and "fine-tuning needs --data" in err
+    assert code == 1 and "need --finetune DATA" in err

@@ -1,0 +1,179 @@
+"""Options shared by the commands that build a Hydra model (hydra-fuse, hydra-export).
+
+They map one to one onto the library: ``load_backbone`` (model), ``HydraSpec.random`` /
+``select_members`` / ``HydraSpec.from_json`` (members), ``finetune_members`` and ``fuse``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hydra_deploy.errors import HydraError
+
+LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
+
+
+def add_build_arguments(p: argparse.ArgumentParser) -> None:
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--backbone",
+        required=True,
+        help="alias (vit_ti16, vit_s16, vit_b16, vit_l16), timm ViT name or folder",
+    )
+    model.add_argument(
+        "--checkpoint",
+        help="local .safetensors/.pth file or folder; 'hub' "
+        "downloads (needs network); omitted: random weights",
+    )
+    model.add_argument(
+        "--num-classes", type=int, help="classifier size (default: the checkpoint's, else timm's)"
+    )
+
+    members = p.add_argument_group("members")
+    members.add_argument(
+        "--spec", type=Path, help="HydraSpec JSON file (instead of choosing heads)"
+    )
+    members.add_argument("--members", "-m", type=int, default=3, help="M (default 3)")
+    members.add_argument(
+        "--heads-per-member",
+        "-k",
+        type=int,
+        help="heads each member keeps per layer (default: num_heads // M)",
+    )
+    members.add_argument(
+        "--keep-ratio",
+        type=float,
+        help="fraction of each layer's heads a member keeps (instead of -k)",
+    )
+    members.add_argument(
+        "--importance",
+        choices=("random", "taylor", "circuit"),
+        default=None,
+        help="how heads are chosen (default: taylor with --calib, else random)",
+    )
+    members.add_argument(
+        "--calib",
+        help="labelled data to score heads on: image folder (class "
+        "per sub-folder) or .npz with x (preprocessed floats) and y (labels)",
+    )
+    members.add_argument("--ood", help="OOD inputs for the circuit OOD objective: folder or .npz")
+    members.add_argument(
+        "--objective",
+        choices=("loss", "ood"),
+        help="circuit objective (default: ood with --ood, else loss)",
+    )
+    members.add_argument(
+        "--temperature",
+        type=float,
+        default=0.5,
+        help="0: each member keeps its top heads; higher: more diverse draws",
+    )
+    members.add_argument(
+        "--max-examples", type=int, default=512, help="examples used to score heads (default 512)"
+    )
+    members.add_argument(
+        "--shared-layers",
+        type=int,
+        default=0,
+        help="random heads: leading layers all members share (a shared trunk)",
+    )
+    members.add_argument(
+        "--disjoint",
+        action="store_true",
+        help="random heads: members keep disjoint heads per layer",
+    )
+    members.add_argument(
+        "--seed", type=int, default=0, help="seed of everything random (random weights too)"
+    )
+
+    tune = p.add_argument_group("fine-tuning")
+    tune.add_argument(
+        "--finetune",
+        metavar="DATA",
+        help="fine-tune every member on this labelled data (folder or .npz)",
+    )
+    tune.add_argument("--epochs", type=float, default=1.0, help="fine-tuning epochs (default 1)")
+    tune.add_argument("--finetune-steps", type=int, help="stop each member after this many steps")
+    tune.add_argument("--lr", type=float, default=1e-4, help="fine-tuning learning rate")
+    tune.add_argument("--finetune-batch-size", type=int, default=32)
+    tune.add_argument(
+        "--finetune-dir", type=Path, help="save members here and resume from them on a later run"
+    )
+
+    fusion = p.add_argument_group("fusion")
+    fusion.add_argument(
+        "--mlp-merge",
+        choices=("average", "grouped"),
+        default=None,
+        help="average: one MLP of the members' mean weights (paper); "
+        "grouped: every member keeps its own MLP",
+    )
+    fusion.add_argument("--lowering", default="bmm", choices=LOWERINGS,
+                        help="how grouped projections run (default bmm)")  # fmt: skip
+
+
+def choose_spec(args: argparse.Namespace, backbone: Any):
+    """The HydraSpec the arguments ask for: read, drawn at random, or selected on data."""
+    import logging
+
+    from hydra_deploy.pruning import select_members
+    from hydra_deploy.specs import HydraSpec
+
+    if args.spec is not None:
+        return HydraSpec.from_json(args.spec)
+    importance = args.importance or ("taylor" if args.calib else "random")
+    if importance != "random" and not args.calib:
+        raise HydraError(f"--importance {importance} needs --calib (an image folder or .npz)")
+    if importance == "random" and not args.importance:
+        logging.getLogger("hydra_deploy").info(
+            "no --calib data: heads are drawn at random (seed %d); pass --calib DATA to choose "
+            "them by importance", args.seed)  # fmt: skip
+    if importance != "random" and (args.shared_layers or args.disjoint):
+        raise HydraError("--shared-layers and --disjoint apply to --importance random only")
+    k = args.heads_per_member
+    if k is None and args.keep_ratio is None:
+        k = max(1, backbone.num_heads // max(args.members, 1))
+    if importance == "random" and args.keep_ratio is None:
+        return HydraSpec.random(
+            backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim,
+            members=args.members, heads_per_member=k, shared_layers=args.shared_layers,
+            disjoint=args.disjoint, seed=args.seed,
+        )  # fmt: skip
+    return select_members(
+        backbone, args.members, heads_per_member=k, keep_ratio=args.keep_ratio,
+        method=importance, data=args.calib, ood_data=args.ood, seed=args.seed,
+        objective=args.objective, temperature=args.temperature, max_examples=args.max_examples,
+    )  # fmt: skip
+
+
+def build_hydra(args: argparse.Namespace, progress: bool = True):
+    """Backbone, spec, (fine-tuned) members and the fused model, as the arguments ask.
+
+    Returns (backbone, spec, members, hydra); ``members`` is the backbone itself when nothing was
+    fine-tuned, else the list of fine-tuned members (with ``.history``).
+    """
+    import torch
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.fusion import fuse
+
+    torch.manual_seed(args.seed)  # random weights (no checkpoint) repeat from run to run
+    backbone = load_backbone(
+        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes
+    )
+    spec = choose_spec(args, backbone)
+    members = backbone
+    if args.finetune:
+        from hydra_deploy.pruning import finetune_members
+
+        members = finetune_members(
+            backbone, spec, args.finetune, epochs=args.epochs, lr=args.lr,
+            batch_size=args.finetune_batch_size, max_steps=args.finetune_steps, seed=args.seed,
+            save_dir=args.finetune_dir, progress=progress,
+        )  # fmt: skip
+    elif args.finetune_steps or args.finetune_dir:
+        raise HydraError("--finetune-steps and --finetune-dir need --finetune DATA")
+    hydra = fuse(members, spec, args.mlp_merge, lowering=args.lowering)
+    return backbone, spec, members, hydra
