@@ -140,6 +140,22 @@ class TimmVitAdapter(BackboneAdapter):
             proj=proj_w, proj_bias=proj_b,
         )  # fmt: skip
 
+    def data_config(self) -> dict:
+        """Preprocessing (timm's data config: input size, interpolation, crop, mean, std).
+
+        The model's pretrained config may describe another resolution or channel count (a
+        224-pixel RGB default for a model built with img_size=16 or in_chans=1): the backbone's own
+        input shape wins, and a single-channel model takes the first entry of a 3-channel mean/std.
+        """
+        from timm.data import resolve_data_config
+
+        config = resolve_data_config({}, model=self.module)
+        config["input_size"] = (self.in_chans, *self.img_size)
+        for key in ("mean", "std"):
+            values = tuple(float(v) for v in config[key])
+            config[key] = values if len(values) == self.in_chans else values[:1] * self.in_chans
+        return config
+
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed)
         return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)

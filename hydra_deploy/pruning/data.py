@@ -192,22 +192,13 @@ def _image_transform(backbone: Any, name: str) -> tuple[str, Any]:
     """(PIL mode, timm eval transform) giving ``[in_chans, *img_size]`` tensors for ``backbone``."""
     import timm.data
 
-    in_chans, img_size = int(backbone.in_chans), tuple(backbone.img_size)
+    in_chans = int(backbone.in_chans)
     if in_chans not in (1, 3):
         raise DataError(
             f"{name}: image folders need a backbone with 1 (grayscale) or 3 (RGB) input channels, "
             f"this one has {in_chans}; pass preprocessed (x, y) arrays instead"
         )
-    config = timm.data.resolve_data_config({}, model=backbone.module)
-    # The model's pretrained config may describe another resolution / channel count (e.g. a
-    # 224-pixel RGB default for a model built with img_size=16 or in_chans=1): the backbone's own
-    # input shape wins; a single-channel model takes the first entry of a 3-channel mean/std.
-    config["input_size"] = (in_chans, *img_size)
-    for key in ("mean", "std"):
-        values = tuple(float(v) for v in config[key])
-        if len(values) != in_chans:
-            values = values[:1] * in_chans
-        config[key] = values
+    config = backbone.data_config()
     transform = timm.data.create_transform(**config, is_training=False)
     return ("L" if in_chans == 1 else "RGB"), transform
 
