@@ -38,3 +38,7 @@ class DataError(HydraError, ValueError):
 
 class FinetuneError(HydraError, ValueError):
     """A fine-tuning setting is invalid (epochs, lr, batch size, ...)."""
+
+
+class ExportError(HydraError, RuntimeError):
+    """Exporting to ONNX failed, or the exported file does not match PyTorch."""

@@ -29,9 +29,13 @@ def parser(prog: str, description: str, examples: str) -> argparse.ArgumentParse
 
 def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     """Run a command body; HydraErrors become one line on stderr and a non-zero exit."""
+    # our own progress lines at INFO; other libraries (exporters, optimizers) only when they warn
     logging.basicConfig(
-        level=logging.ERROR if args.quiet else logging.INFO,
-        format="%(levelname)s: %(message)s" if args.debug else "%(message)s",
+        level=logging.WARNING,
+        format="%(levelname)s: %(name)s: %(message)s" if args.debug else "%(message)s",
+    )
+    logging.getLogger("hydra_deploy").setLevel(
+        logging.ERROR if args.quiet else (logging.DEBUG if args.debug else logging.INFO)
     )
     try:
         return int(main(args) or 0)

@@ -35,6 +35,11 @@ class VitEmbedding(nn.Module):
         self.no_embed_class = bool(model.no_embed_class)
         self.norm_pre = copy.deepcopy(model.norm_pre)
 
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, *self.input_size, generator=generator)
+
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(pixel_values)  # [B, P, D]
         prefix = [
@@ -116,6 +121,8 @@ class HydraViT(HydraModel):
         self.num_classes = members[0].num_classes
         self.lowering = lowering
         self.input_size = (members[0].in_chans, *members[0].img_size)
+        self.input_names = ("pixel_values",)
+        self.preprocessing = members[0].data_config()
 
         # embeddings: shared when every member has the same weights
         embeds = [_embedding_tensors(model) for model in models]
@@ -217,6 +224,11 @@ class HydraViT(HydraModel):
             ls2=stream_scale([b.ls2 for b in norm_blocks]),
         )
         return block, mlp_kind
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, *self.input_size, generator=generator)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         from timm.layers import global_pool_nlc

@@ -1,0 +1,105 @@
+"""hydra-export: build a Hydra model and export it to ONNX, validated against PyTorch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hydra_deploy.cli import build, common
+
+EXAMPLES = """\\
+  hydra-export --backbone vit_b16 --out export/vit_b16-m3
+  hydra-export --backbone vit_b16 --checkpoint vit_b16.safetensors --calib train/ \\\\
+               --heads-per-member 4 --finetune train/ --epochs 1 --out export/vit_b16-m3
+  hydra-export --backbone vit_s16 --spec spec.json --max-batch 64 --out export/vit_s16 --json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser(
+        "hydra-export",
+        "Build a Hydra ensemble (as hydra-fuse does) and export it to ONNX: model.onnx with a "
+        "dynamic batch and the spec in its metadata, hydra.json (spec, inputs, outputs, "
+        "preprocessing, validation) and weights.safetensors. ONNX Runtime checks the file against "
+        "PyTorch at the smallest, an odd middle and the largest batch before the folder appears.",
+        EXAMPLES,
+    )
+    build.add_build_arguments(p)
+    out = p.add_argument_group("export")
+    out.add_argument("--out", type=Path, required=True, help="export folder to write")
+    out.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    out.add_argument("--min-batch", type=int, default=1)
+    out.add_argument("--opt-batch", type=int, default=8)
+    out.add_argument("--max-batch", type=int, default=32)
+    out.add_argument(
+        "--exporter",
+        choices=("auto", "dynamo", "torchscript"),
+        default="auto",
+        help="torch exporter (default: dynamo when onnxscript is installed)",
+    )
+    out.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime check")
+    out.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
+    out.add_argument("--json", action="store_true", help="print hydra.json's contents as JSON")
+    return p  # fmt: skip
+
+
+def trtexec_command(info: dict, out: Path) -> str:
+    """The trtexec line that builds an FP16 engine from the export (shapes from its profile)."""
+    name = info["inputs"][0]["name"]
+    dims = "x".join(str(d) for d in info["inputs"][0]["shape"][1:])
+    profile = info["batch_profile"]
+    shapes = " ".join(f"--{k}Shapes={name}:{profile[v]}x{dims}"
+                      for k, v in (("min", "min"), ("opt", "opt"), ("max", "max")))  # fmt: skip
+    return (f"trtexec --onnx={out / 'model.onnx'} {shapes} --fp16 "
+            f"--saveEngine={out / 'model.fp16.engine'} --timingCacheFile={out / 'timing.cache'}")  # fmt: skip
+
+
+def main_body(args: argparse.Namespace) -> int:
+    import json
+    import logging
+
+    from hydra_deploy.export import export_onnx
+
+    log = logging.getLogger("hydra_deploy")
+    common.refuse_existing(args.out, args.overwrite)
+    started = time.perf_counter()
+    _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
+    macs = hydra.macs
+    log.info("built %d members (%s), %s parameters, %.2f x the single model's MACs",
+             spec.num_members, ", ".join(f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
+                                         for n in spec.heads_per_layer().sum(1)),
+             f"{hydra.num_parameters():,}", macs["hydra"] / macs["single"])  # fmt: skip
+    info = export_onnx(
+        hydra, args.out, opset=args.opset, batch=(args.min_batch, args.opt_batch, args.max_batch),
+        exporter=args.exporter, validate=not args.no_validate, overwrite=args.overwrite,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    if not args.quiet:
+        print(
+            f"wrote {args.out}/model.onnx, hydra.json, weights.safetensors "
+            f"({time.perf_counter() - started:.0f} s, opset {info['opset']}, {info['exporter']} exporter)"
+        )
+        if info["validation"]:
+            worst = max(
+                b["member_logits"]["max_abs_diff"] for b in info["validation"]["batches"].values()
+            )
+            print(
+                f"validated in ONNX Runtime at batch {', '.join(info['validation']['batches'])}: "
+                f"max member-logit difference {worst:.2g} (tolerance 1e-4)"
+            )
+        print("build a TensorRT engine with:")
+        print("  " + trtexec_command(info, args.out))  # fmt: skip
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return common.run(main_body, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

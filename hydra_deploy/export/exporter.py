@@ -1,0 +1,181 @@
+"""export_onnx: a HydraModel -> an export folder (model.onnx, hydra.json, weights.safetensors)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hydra_deploy.errors import ExportError
+from hydra_deploy.export.torch_onnx import export_module
+from hydra_deploy.export.validate import validate_onnx, validation_batches
+
+logger = logging.getLogger("hydra_deploy")
+
+FORMAT = "hydra-export/1"
+SPEC_KEY = "hydra_spec"
+MIN_OPSET, MAX_OPSET = 17, 21
+
+
+def export_onnx(
+    hydra: torch.nn.Module,
+    out_dir: str | os.PathLike,
+    *,
+    opset: int = 17,
+    batch: Sequence[int] = (1, 8, 32),
+    exporter: str = "auto",
+    validate: bool = True,
+    atol: dict[str, float] | None = None,
+    class_names: Sequence[str] | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Export ``hydra`` to ``out_dir`` and return the contents of its ``hydra.json``.
+
+    ``batch`` is the (min, opt, max) batch profile; validation runs ONNX Runtime at the minimum,
+    an odd size between and the maximum against PyTorch (``atol`` per output, 1e-4 for member
+    logits) and fails the export on a mismatch. The folder is written under a temporary name and
+    renamed into place: an interrupted export leaves nothing behind a valid-looking name. An
+    existing ``out_dir`` is refused unless ``overwrite``.
+    """
+    import onnx
+    from safetensors.torch import save_file
+
+    from hydra_deploy import __version__
+
+    out = Path(out_dir)
+    batch = _check_arguments(hydra, out, opset, batch, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+    try:
+        started = time.perf_counter()
+        model_path = staging / "model.onnx"
+        example = hydra.example_inputs(max(2, batch[1]))
+        output_names = ["member_logits"]
+        used = export_module(
+            hydra, example, model_path, input_name=hydra.input_names[0],
+            output_names=output_names, opset=opset, max_batch=batch[2], exporter=exporter,
+        )  # fmt: skip
+        logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
+
+        model = onnx.load(str(model_path))
+        _set_metadata(model, hydra.spec.to_json(indent=None), __version__)
+        onnx.save(model, str(model_path))
+        onnx.checker.check_model(str(model_path), full_check=True)
+        einsums = [n.name for n in model.graph.node if n.op_type == "Einsum"]
+        if einsums:
+            logger.warning("the graph holds %d Einsum node(s) (lowering=einsum?); TensorRT and "
+                           "ONNX Runtime run MatMul faster", len(einsums))  # fmt: skip
+
+        validation = None
+        if validate:
+            started = time.perf_counter()
+            validation = validate_onnx(model_path, hydra, hydra.example_inputs,
+                                       validation_batches(batch), atol=atol)  # fmt: skip
+            validation["seconds"] = round(time.perf_counter() - started, 2)
+            logger.info("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
+                        ", ".join(validation["batches"]),
+                        max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()))  # fmt: skip
+
+        save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
+                  str(staging / "weights.safetensors"))  # fmt: skip
+        info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
+        info["package_version"] = __version__
+        (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
+        _move_into_place(staging, out, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info
+
+
+def _check_arguments(hydra, out: Path, opset: int, batch: Sequence[int], overwrite: bool):
+    from hydra_deploy.fusion import HydraModel
+
+    if not isinstance(hydra, HydraModel):
+        raise ExportError(
+            f"export_onnx expects a HydraModel (from fuse), got {type(hydra).__name__}"
+        )
+    if not MIN_OPSET <= int(opset) <= MAX_OPSET:
+        raise ExportError(f"opset {opset} is not supported; use {MIN_OPSET}..{MAX_OPSET} (17 "
+                          "parses on TensorRT 8.6 and JetPack 6)")  # fmt: skip
+    batch = tuple(int(b) for b in batch)
+    if len(batch) != 3 or not 1 <= batch[0] <= batch[1] <= batch[2]:
+        raise ExportError(f"batch must be (min, opt, max) with 1 <= min <= opt <= max, got {batch}")
+    if out.exists() and not overwrite:
+        raise ExportError(f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{str(out)!r} is a file, not an export folder")
+    return batch
+
+
+def _set_metadata(model, spec_json: str, version: str) -> None:
+    entries = {SPEC_KEY: spec_json, "hydra_deploy_version": version}
+    for key, value in entries.items():
+        existing = [p for p in model.metadata_props if p.key == key]
+        prop = existing[0] if existing else model.metadata_props.add()
+        prop.key, prop.value = key, value
+    model.producer_name = "hydra-deploy"
+
+
+def _tensor_info(value) -> dict[str, Any]:
+    import onnx
+
+    dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+    return {"name": value.name, "shape": dims, "dtype": dtype}
+
+
+def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, class_names):
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {
+        "format": FORMAT,
+        "family": hydra.family,
+        "backbone": hydra.spec.backbone,
+        "spec": hydra.spec.to_dict(),
+        "merge": hydra.merge,
+        "macs_per_example": hydra.macs,
+        "parameters": hydra.num_parameters(),
+        "inputs": [_tensor_info(v) for v in model.graph.input],
+        "outputs": [_tensor_info(v) for v in model.graph.output],
+        "batch_profile": {"min": batch[0], "opt": batch[1], "max": batch[2]},
+        "preprocessing": _jsonable(getattr(hydra, "preprocessing", None)),
+        "class_names": list(class_names) if class_names is not None else None,
+        "opset": opset,
+        "precision": "fp32",
+        "exporter": exporter,
+        "onnx_sha256": digest,
+        "weights": "weights.safetensors",
+        "validation": validation,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
+    if out.exists():
+        if not overwrite:  # appeared while exporting
+            raise ExportError(f"{str(out)!r} appeared during the export; pass overwrite=True")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out)

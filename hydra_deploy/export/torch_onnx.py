@@ -1,0 +1,110 @@
+"""torch -> ONNX, with the exporter's version traps handled in this one place.
+
+- torch >= 2.9 exports with the dynamo exporter by default; it needs ``onnxscript``. The TorchScript
+  exporter (``dynamo=False``) is the fallback and can be asked for.
+- A dynamic batch axis is traced with batch >= 2 (a batch of 1 invites specialisation), declared
+  explicitly, and checked in the written file: an axis that came out fixed is re-pinned to a
+  symbolic ``batch`` dimension.
+- Weights go into the single ``.onnx`` file (``external_data=False``) unless the model is too big
+  for one protobuf (2 GiB), where external data is unavoidable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from hydra_deploy.errors import ExportError
+
+logger = logging.getLogger("hydra_deploy")
+
+EXPORTERS = ("auto", "dynamo", "torchscript")
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+def resolve_exporter(exporter: str) -> str:
+    if exporter not in EXPORTERS:
+        raise ExportError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
+    has_onnxscript = importlib.util.find_spec("onnxscript") is not None
+    if exporter == "auto":
+        return "dynamo" if has_onnxscript else "torchscript"
+    if exporter == "dynamo" and not has_onnxscript:
+        raise ExportError("the dynamo exporter needs onnxscript: pip install onnxscript")
+    return exporter
+
+
+def export_module(
+    module: torch.nn.Module,
+    example: torch.Tensor,
+    path: Path,
+    *,
+    input_name: str,
+    output_names: list[str],
+    opset: int,
+    max_batch: int,
+    exporter: str = "auto",
+) -> str:
+    """Write ``module`` to ``path`` with a dynamic batch; returns the exporter used."""
+    import onnx
+
+    exporter = resolve_exporter(exporter)
+    if example.shape[0] < 2:
+        raise ExportError("trace the export with a batch of at least 2 (a batch of 1 specialises)")
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    external = params > PROTOBUF_LIMIT
+    module = module.eval()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and exporter chatter; the file is validated after
+        try:
+            if exporter == "dynamo":
+                batch = torch.export.Dim("batch", min=1, max=max(max_batch, 2))
+                torch.onnx.export(
+                    module, (example,), str(path), dynamo=True, opset_version=opset,
+                    input_names=[input_name], output_names=output_names,
+                    dynamic_shapes={input_name: {0: batch}}, external_data=external,
+                    verbose=False,
+                )  # fmt: skip
+            else:
+                axes = {name: {0: "batch"} for name in [input_name, *output_names]}
+                torch.onnx.export(
+                    module, (example,), str(path), dynamo=False, opset_version=opset,
+                    input_names=[input_name], output_names=output_names, dynamic_axes=axes,
+                    do_constant_folding=True,
+                )  # fmt: skip
+        except Exception as err:
+            raise ExportError(
+                f"the {exporter} exporter failed ({type(err).__name__}: {str(err)[:300]}); try "
+                f"exporter={'torchscript' if exporter == 'dynamo' else 'dynamo'}"
+            ) from err
+    model = onnx.load(str(path), load_external_data=False)
+    if model.opset_import and _default_opset(model) != opset:
+        raise ExportError(
+            f"the {exporter} exporter wrote opset {_default_opset(model)}, not the requested {opset}"
+        )
+    if _pin_batch(model, [input_name, *output_names]):
+        onnx.save(model, str(path))
+    return exporter
+
+
+def _default_opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), -1)
+
+
+def _pin_batch(model, names: list[str]) -> bool:
+    """Make axis 0 of the named inputs/outputs the symbolic ``batch``; True when anything changed."""
+    changed = False
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name not in names:
+            continue
+        dim = value.type.tensor_type.shape.dim[0]
+        if dim.dim_param != "batch":
+            logger.info("re-pinning axis 0 of %s to a dynamic batch (was %s)", value.name,
+                        dim.dim_param or dim.dim_value)  # fmt: skip
+            dim.ClearField("dim_value")
+            dim.dim_param = "batch"
+            changed = True
+    return changed

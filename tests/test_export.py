@@ -1,0 +1,175 @@
+"""export_onnx and hydra-export: the file runs in ONNX Runtime and equals PyTorch."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from conftest import tiny_vit
+
+from hydra_deploy.errors import ExportError
+from hydra_deploy.export import export_onnx, validate_onnx
+from hydra_deploy.export.validate import validation_batches
+from hydra_deploy.fusion import fuse
+from hydra_deploy.specs import HydraSpec
+
+
+@pytest.fixture(scope="module")
+def hydra():
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
+    return fuse(backbone, spec)
+
+
+@pytest.fixture(scope="module", params=["dynamo", "torchscript"])
+def exported(request, hydra, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param) / "export"
+    info = export_onnx(hydra, out, exporter=request.param, batch=(1, 4, 6))
+    return out, info
+
+
+def run_ort(path: Path, x: torch.Tensor) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(["member_logits"], {"pixel_values": x.numpy()})[0]
+
+
+def test_export_folder_contract(exported, hydra):
+    out, info = exported
+    assert sorted(p.name for p in out.iterdir()) == [
+        "hydra.json",
+        "model.onnx",
+        "weights.safetensors",
+    ]
+    assert json.loads((out / "hydra.json").read_text()) == info
+    model = onnx.load(str(out / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 17
+    assert "Einsum" not in {n.op_type for n in model.graph.node}
+    metadata = {p.key: p.value for p in model.metadata_props}
+    assert HydraSpec.from_json(metadata["hydra_spec"]) == hydra.spec
+    assert info["inputs"] == [
+        {"name": "pixel_values", "shape": ["batch", 3, 16, 16], "dtype": "float32"}
+    ]
+    assert info["outputs"] == [
+        {"name": "member_logits", "shape": ["batch", 3, 5], "dtype": "float32"}
+    ]
+    assert info["spec"] == hydra.spec.to_dict() and info["opset"] == 17
+    assert info["preprocessing"]["input_size"] == [3, 16, 16]
+    import hashlib
+
+    assert info["onnx_sha256"] == hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
+    assert set(info["validation"]["batches"]) == {"1", "3", "6"}
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 9])
+def test_onnx_equals_pytorch_at_any_batch(exported, hydra, batch):
+    out, _ = exported
+    x = hydra.example_inputs(batch, seed=batch)
+    with torch.no_grad():
+        expected = hydra(x).numpy()
+    np.testing.assert_allclose(run_ort(out / "model.onnx", x), expected, atol=1e-4, rtol=0)
+
+
+def test_saved_weights_are_the_fused_model(exported, hydra):
+    from safetensors.torch import load_file
+
+    out, _ = exported
+    weights = load_file(str(out / "weights.safetensors"))
+    state = hydra.state_dict()
+    assert weights.keys() == state.keys()
+    assert all(torch.equal(weights[k], state[k]) for k in state)
+
+
+def test_validation_batches():
+    assert validation_batches((1, 8, 32)) == [1, 3, 32]
+    assert validation_batches((2, 8, 8)) == [2, 3, 8]
+    assert validation_batches((1, 1, 1)) == [1]
+
+
+def test_validation_catches_a_wrong_file(exported, hydra):
+    out, _ = exported
+    other = fuse(tiny_vit("token", seed=1), hydra.spec)  # same shapes, other weights
+    with pytest.raises(ExportError, match=r"output member_logits max abs difference .* member \d"):
+        validate_onnx(out / "model.onnx", other, other.example_inputs, [2])
+
+
+def test_existing_folder_is_refused_and_kept(exported, hydra):
+    out, _ = exported
+    before = (out / "model.onnx").read_bytes()
+    with pytest.raises(ExportError, match="overwrite"):
+        export_onnx(hydra, out)
+    assert (out / "model.onnx").read_bytes() == before
+
+
+def test_bad_arguments_leave_nothing(hydra, tmp_path):
+    with pytest.raises(ExportError, match="opset 12"):
+        export_onnx(hydra, tmp_path / "a", opset=12)
+    with pytest.raises(ExportError, match="min <= opt <= max"):
+        export_onnx(hydra, tmp_path / "b", batch=(4, 2, 8))
+    with pytest.raises(ExportError, match="HydraModel"):
+        export_onnx(torch.nn.Linear(2, 2), tmp_path / "c")
+    with pytest.raises(ExportError, match="unknown exporter"):
+        export_onnx(hydra, tmp_path / "d", exporter="jit")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_validation_leaves_no_folder(hydra, tmp_path, monkeypatch):
+    import hydra_deploy.export.exporter as exporter
+
+    def failing(*args, **kwargs):
+        raise ExportError("ONNX Runtime differs from PyTorch (simulated)")
+
+    monkeypatch.setattr(exporter, "validate_onnx", failing)
+    with pytest.raises(ExportError, match="simulated"):
+        export_onnx(hydra, tmp_path / "out", exporter="torchscript")
+    assert list(tmp_path.iterdir()) == []  # no folder, no temporary left behind
+
+
+def test_overwrite_replaces(hydra, tmp_path):
+    out = tmp_path / "out"
+    export_onnx(hydra, out, exporter="torchscript", batch=(1, 2, 2))
+    (out / "stale.txt").write_text("old")
+    export_onnx(hydra, out, exporter="torchscript", batch=(1, 2, 3), overwrite=True)
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "hydra.json").read_text())["batch_profile"]["max"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# --- hydra-export --------------------------------------------------------------------------------
+def invoke(*argv: str) -> tuple[int, str, str]:
+    from hydra_deploy.cli.export import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_exports_and_prints_the_trtexec_line(tmp_path, caplog):
+    out = tmp_path / "vit_ti16"
+    code, stdout, err = invoke("--backbone", "vit_ti16", "--members", "2", "--max-batch", "3",
+                               "--opt-batch", "2", "--exporter", "torchscript", "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    assert "validated in ONNX Runtime at batch 1, 3" in stdout
+    assert f"trtexec --onnx={out / 'model.onnx'} --minShapes=pixel_values:1x3x224x224" in stdout
+    assert "--maxShapes=pixel_values:3x3x224x224 --fp16" in stdout
+    assert "heads are drawn at random" in caplog.text  # no --calib: says so
+    info = json.loads((out / "hydra.json").read_text())
+    assert info["spec"]["num_layers"] == 12 and info["outputs"][0]["shape"] == ["batch", 2, 1000]
+    code, _, err = invoke("--backbone", "vit_ti16", "--out", str(out))
+    assert code == 1 and "--overwrite" in err and "Traceback" not in err
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    code, _, err = invoke("--backbone", "vit_b17", "--out", str(tmp_path / "x"))
+    assert code == 1 and err.count("\n") == 1 and "vit_b16" in err
+    code, _, err = invoke("--backbone", "vit_ti16", "--opset", "9", "--out", str(tmp_path / "y"))
+    assert code == 1 and "opset 9" in err
+    assert not (tmp_path / "y").exists()
