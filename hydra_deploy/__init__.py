@@ -20,6 +20,7 @@ _LAZY = {
     "fuse": "hydra_deploy.fusion",
     "HydraModel": "hydra_deploy.fusion",
     "GroupedLinear": "hydra_deploy.fusion",
+    "export_onnx": "hydra_deploy.export",
     "head_importance": "hydra_deploy.pruning",
     "finetune_members": "hydra_deploy.pruning",
     "select_members": "hydra_deploy.pruning",
@@ -33,6 +34,7 @@ __all__ = [
     "HydraSpec",
     "MemberSpec",
     "__version__",
+    "export_onnx",
     "finetune_members",
     "fuse",
     "head_importance",
@@ -44,6 +46,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from hydra_deploy.backbones import load_backbone
     from hydra_deploy.errors import HydraError
+    from hydra_deploy.export import export_onnx
     from hydra_deploy.fusion import GroupedLinear, HydraModel, fuse
     from hydra_deploy.pruning import finetune_members, head_importance, load_data, select_members
     from hydra_deploy.specs import HydraSpec, MemberSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra_deploy.cli import build, common
 
 EXAMPLES = """\\
-  hydra-export --backbone vit_b16 --out export/vit_b16-m3
+  hydra-export --backbone vit_b16                  # writes export/vit_b16-m3
   hydra-export --backbone vit_b16 --checkpoint vit_b16.safetensors --calib train/ \\\\
                --heads-per-member 4 --finetune train/ --epochs 1 --out export/vit_b16-m3
   hydra-export --backbone vit_s16 --spec spec.json --max-batch 64 --out export/vit_s16 --json
@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_build_arguments(p)
     out = p.add_argument_group("export")
-    out.add_argument("--out", type=Path, required=True, help="export folder to write")
+    out.add_argument(
+        "--out", type=Path, help="export folder to write (default: export/<backbone>-m<members>)"
+    )
     out.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     out.add_argument("--min-batch", type=int, default=1)
     out.add_argument("--opt-batch", type=int, default=8)
@@ -63,6 +65,8 @@ def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.export import export_onnx
 
     log = logging.getLogger("hydra_deploy")
+    if args.out is None:
+        args.out = Path("export") / f"{Path(args.backbone).name}-m{args.members}"
     common.refuse_existing(args.out, args.overwrite)
     started = time.perf_counter()
     _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))

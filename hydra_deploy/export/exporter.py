@@ -93,6 +93,8 @@ def export_onnx(
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
         info["package_version"] = __version__
         (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
+        for path in staging.iterdir():  # ordinary file modes (safetensors writes 0600)
+            path.chmod(0o666 & ~umask)
         _move_into_place(staging, out, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
