@@ -172,4 +172,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert code == 1 and err.count("\n") == 1 and "vit_b16" in err
     code, _, err = invoke("--backbone", "vit_ti16", "--opset", "9", "--out", str(tmp_path / "y"))
     assert code == 1 and "opset 9" in err
+    code, _, err = invoke("--backbone", "vit_ti16", "--min-batch", "5", "--max-batch", "4",
+                          "--out", str(tmp_path / "y"))  # fmt: skip
+    assert code == 1 and "got (5, 4, 4)" in err  # refused before anything is built
     assert not (tmp_path / "y").exists()

@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     out.add_argument("--min-batch", type=int, default=1)
-    out.add_argument("--opt-batch", type=int, default=8)
+    out.add_argument(
+        "--opt-batch", type=int, help="batch TensorRT tunes for (default: 8, at most max)"
+    )
     out.add_argument("--max-batch", type=int, default=32)
     out.add_argument(
         "--exporter",
@@ -63,11 +65,14 @@ def main_body(args: argparse.Namespace) -> int:
     import logging
 
     from hydra_deploy.export import export_onnx
+    from hydra_deploy.export.exporter import check_profile
 
     log = logging.getLogger("hydra_deploy")
     if args.out is None:
         args.out = Path("export") / f"{Path(args.backbone).name}-m{args.members}"
     common.refuse_existing(args.out, args.overwrite)
+    opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
+    batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
     started = time.perf_counter()
     _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
     macs = hydra.macs
@@ -76,7 +81,7 @@ def main_body(args: argparse.Namespace) -> int:
                                          for n in spec.heads_per_layer().sum(1)),
              f"{hydra.num_parameters():,}", macs["hydra"] / macs["single"])  # fmt: skip
     info = export_onnx(
-        hydra, args.out, opset=args.opset, batch=(args.min_batch, args.opt_batch, args.max_batch),
+        hydra, args.out, opset=args.opset, batch=batch,
         exporter=args.exporter, validate=not args.no_validate, overwrite=args.overwrite,
     )  # fmt: skip
     if args.json:

@@ -84,7 +84,7 @@ def export_onnx(
             validation = validate_onnx(model_path, hydra, hydra.example_inputs,
                                        validation_batches(batch), atol=atol)  # fmt: skip
             validation["seconds"] = round(time.perf_counter() - started, 2)
-            logger.info("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
+            logger.debug("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
                         ", ".join(validation["batches"]),
                         max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()))  # fmt: skip
 
@@ -102,6 +102,17 @@ def export_onnx(
     return info
 
 
+def check_profile(opset: int, batch: Sequence[int]) -> tuple[int, int, int]:
+    """Validate the opset and the (min, opt, max) batch profile; returns the profile as ints."""
+    if not MIN_OPSET <= int(opset) <= MAX_OPSET:
+        raise ExportError(f"opset {opset} is not supported; use {MIN_OPSET}..{MAX_OPSET} (17 "
+                          "parses on TensorRT 8.6 and JetPack 6)")  # fmt: skip
+    batch = tuple(int(b) for b in batch)
+    if len(batch) != 3 or not 1 <= batch[0] <= batch[1] <= batch[2]:
+        raise ExportError(f"batch must be (min, opt, max) with 1 <= min <= opt <= max, got {batch}")
+    return batch
+
+
 def _check_arguments(hydra, out: Path, opset: int, batch: Sequence[int], overwrite: bool):
     from hydra_deploy.fusion import HydraModel
 
@@ -109,12 +120,7 @@ def _check_arguments(hydra, out: Path, opset: int, batch: Sequence[int], overwri
         raise ExportError(
             f"export_onnx expects a HydraModel (from fuse), got {type(hydra).__name__}"
         )
-    if not MIN_OPSET <= int(opset) <= MAX_OPSET:
-        raise ExportError(f"opset {opset} is not supported; use {MIN_OPSET}..{MAX_OPSET} (17 "
-                          "parses on TensorRT 8.6 and JetPack 6)")  # fmt: skip
-    batch = tuple(int(b) for b in batch)
-    if len(batch) != 3 or not 1 <= batch[0] <= batch[1] <= batch[2]:
-        raise ExportError(f"batch must be (min, opt, max) with 1 <= min <= opt <= max, got {batch}")
+    batch = check_profile(opset, batch)
     if out.exists() and not overwrite:
         raise ExportError(f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it")
     if out.exists() and not out.is_dir():

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import warnings
@@ -57,7 +58,7 @@ def export_module(
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     external = params > PROTOBUF_LIMIT
     module = module.eval()
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _quiet_loggers("torch.onnx", "onnxscript"):
         warnings.simplefilter("ignore")  # tracer and exporter chatter; the file is validated after
         try:
             if exporter == "dynamo":
@@ -88,6 +89,20 @@ def export_module(
     if _pin_batch(model, [input_name, *output_names]):
         onnx.save(model, str(path))
     return exporter
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names: str):
+    """Silence other libraries' INFO/WARNING lines (opset notes, optimizer reports) for a while."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def _default_opset(model) -> int:
