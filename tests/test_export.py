@@ -77,6 +77,57 @@ def test_onnx_equals_pytorch_at_any_batch(exported, hydra, batch):
     np.testing.assert_allclose(run_ort(out / "model.onnx", x), expected, atol=1e-4, rtol=0)
 
 
+def attention_matmuls(path: Path) -> list:
+    """The score MatMul feeding each Softmax, as (its Q producer, its K producer) nodes."""
+    import onnx_graphsurgeon as gs
+
+    graph = gs.import_onnx(onnx.load(str(path)))
+    pairs = []
+    for softmax in [n for n in graph.nodes if n.op == "Softmax"]:
+        scores = softmax.inputs[0].inputs[0]
+        assert scores.op == "MatMul" and softmax.outputs[0].outputs[0].op == "MatMul"
+        pairs.append(tuple(t.inputs[0] if t.inputs else None for t in scores.inputs))
+    return pairs
+
+
+def test_attention_scale_is_folded_into_q(hydra, tmp_path):
+    import onnx_graphsurgeon as gs
+
+    raw = tmp_path / "raw"
+    export_onnx(hydra, raw, exporter="dynamo", passes=(), batch=(1, 2, 3))
+    assert all(q.op == "Mul" and k.op == "Mul" for q, k in attention_matmuls(raw / "model.onnx"))
+    folded = tmp_path / "folded"
+    info = export_onnx(hydra, folded, exporter="dynamo", batch=(1, 2, 3))  # validated vs PyTorch
+    assert info["graph_passes"]["fold_attention_scale"] == 3  # one per layer
+    for q, k in attention_matmuls(folded / "model.onnx"):
+        assert k is None or k.op != "Mul"
+        scale = [t for t in q.inputs if isinstance(t, gs.Constant)]
+        assert q.op == "Mul" and len(scale) == 1
+        assert float(scale[0].values.ravel()[0]) == pytest.approx(
+            hydra.blocks[0].attn.head_dim ** -0.5
+        )
+
+
+def test_cleanup_gives_stable_names_and_no_dead_nodes(hydra, tmp_path):
+    names = []
+    for run in ("a", "b"):
+        export_onnx(hydra, tmp_path / run, exporter="dynamo", batch=(1, 2, 2), validate=False)
+        model = onnx.load(str(tmp_path / run / "model.onnx"))
+        names.append([n.name for n in model.graph.node])
+        used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        assert all(any(o in used for o in n.output) for n in model.graph.node)  # no dead node
+        for node in model.graph.node:
+            op, index = node.name.rsplit("_", 1)
+            assert op == node.op_type and index.isdigit()
+    assert names[0] == names[1]
+
+
+def test_unknown_pass_is_refused(hydra, tmp_path):
+    with pytest.raises(ExportError, match="unknown graph pass"):
+        export_onnx(hydra, tmp_path / "x", exporter="torchscript", passes=("fuse_everything",))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_saved_weights_are_the_fused_model(exported, hydra):
     from safetensors.torch import load_file
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hydra_deploy.errors import ExportError
+from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
 from hydra_deploy.export.validate import validate_onnx, validation_batches
 
@@ -36,6 +37,7 @@ def export_onnx(
     validate: bool = True,
     atol: dict[str, float] | None = None,
     class_names: Sequence[str] | None = None,
+    passes: Sequence[str] = DEFAULT_PASSES,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export ``hydra`` to ``out_dir`` and return the contents of its ``hydra.json``.
@@ -44,7 +46,8 @@ def export_onnx(
     an odd size between and the maximum against PyTorch (``atol`` per output, 1e-4 for member
     logits) and fails the export on a mismatch. The folder is written under a temporary name and
     renamed into place: an interrupted export leaves nothing behind a valid-looking name. An
-    existing ``out_dir`` is refused unless ``overwrite``.
+    existing ``out_dir`` is refused unless ``overwrite``. ``passes``: the graph-surgery passes run
+    on the exported file (see :mod:`hydra_deploy.export.surgery`).
     """
     import onnx
     from safetensors.torch import save_file
@@ -69,6 +72,8 @@ def export_onnx(
         )  # fmt: skip
         logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
 
+        surgery = run_passes(model_path, passes)
+        logger.info("graph passes: %s", ", ".join(f"{k} {v}" for k, v in surgery.items()))
         model = onnx.load(str(model_path))
         _set_metadata(model, hydra.spec.to_json(indent=None), __version__)
         onnx.save(model, str(model_path))
@@ -91,6 +96,7 @@ def export_onnx(
         save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
                   str(staging / "weights.safetensors"))  # fmt: skip
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
+        info["graph_passes"] = surgery
         info["package_version"] = __version__
         (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
         for path in staging.iterdir():  # ordinary file modes (safetensors writes 0600)

@@ -1,0 +1,108 @@
+"""Graph surgery on the exported ONNX file, as named passes over an onnx-graphsurgeon graph.
+
+Each pass takes a ``gs.Graph``, edits it in place and returns how many places it changed:
+
+- ``fold_attention_scale``: torch decomposes scaled-dot-product attention as
+  ``MatMul(q * sqrt(s), k^T * sqrt(s)) -> Softmax -> MatMul``; the pass moves the whole scale onto
+  Q (``MatMul(q * s, k^T)``), the pattern TensorRT fuses into its attention kernels. It needs the
+  scale as a constant: the dynamo exporter's graphs have it; the TorchScript exporter computes it
+  from runtime shapes, and there the pass changes nothing (its report says 0);
+- ``cleanup``: constant folding, dead nodes removed, topological order, stable node names
+  (``<op>_<index>`` in topological order), so two exports of one model diff cleanly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def _producer(tensor):
+    return tensor.inputs[0] if getattr(tensor, "inputs", None) else None
+
+
+def _scalar_constant(node) -> tuple[int, np.ndarray] | None:
+    """(index, value) of the single-element constant input of a binary node, if it has one."""
+    import onnx_graphsurgeon as gs
+
+    for index, tensor in enumerate(node.inputs):
+        if isinstance(tensor, gs.Constant) and tensor.values.size == 1:
+            return index, tensor.values
+    return None
+
+
+def fold_attention_scale(graph) -> int:
+    """Put the attention scale on Q only: MatMul(q*a, kT*b) -> Softmax becomes MatMul(q*(a*b), kT)."""
+    import onnx_graphsurgeon as gs
+
+    changed = 0
+    for softmax in [n for n in graph.nodes if n.op == "Softmax"]:
+        scores = _producer(softmax.inputs[0])
+        if scores is None or scores.op != "MatMul":
+            continue
+        q_mul, k_mul = (_producer(t) for t in scores.inputs)
+        if q_mul is None or k_mul is None or q_mul.op != "Mul" or k_mul.op != "Mul":
+            continue
+        q_const, k_const = _scalar_constant(q_mul), _scalar_constant(k_mul)
+        if q_const is None or k_const is None:
+            continue
+        if len(q_mul.outputs[0].outputs) != 1 or len(k_mul.outputs[0].outputs) != 1:
+            continue  # the scaled tensors are used elsewhere too: leave them
+        (qi, a), (ki, b) = q_const, k_const
+        scale = (a.astype(np.float64) * b.astype(np.float64)).astype(a.dtype).reshape(a.shape)
+        q_mul.inputs[qi] = gs.Constant(f"{q_mul.name}_attention_scale", scale)
+        scores.inputs[1] = k_mul.inputs[1 - ki]  # K^T unscaled
+        k_mul.outputs.clear()
+        changed += 1
+    graph.cleanup()
+    return changed
+
+
+def cleanup(graph) -> int:
+    """Fold constants, drop dead nodes, sort topologically and give nodes stable names."""
+    import onnxruntime
+
+    before = len(graph.nodes)
+    onnxruntime.set_default_logger_severity(3)  # constant folding runs ORT; keep its notes quiet
+    graph.fold_constants().cleanup().toposort()
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        index = counts.get(node.op, 0)
+        counts[node.op] = index + 1
+        node.name = f"{node.op}_{index}"
+    return before - len(graph.nodes)
+
+
+PASSES: dict[str, Callable] = {"fold_attention_scale": fold_attention_scale, "cleanup": cleanup}
+DEFAULT_PASSES = ("cleanup", "fold_attention_scale")
+
+
+def run_passes(path: str | Path, passes: Sequence[str] = DEFAULT_PASSES) -> dict[str, int]:
+    """Apply ``passes`` to the ONNX file at ``path`` (rewritten in place); returns changes per pass."""
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    from hydra_deploy.errors import ExportError
+
+    unknown = [p for p in passes if p not in PASSES]
+    if unknown:
+        raise ExportError(f"unknown graph pass(es) {unknown}; choose from {sorted(PASSES)}")
+    model = onnx.load(str(path))
+    metadata = {p.key: p.value for p in model.metadata_props}
+    # shapes let constant folding resolve Shape -> Gather -> Sqrt chains (the TorchScript
+    # exporter computes the attention scale from the head size that way)
+    graph = gs.import_onnx(onnx.shape_inference.infer_shapes(model))
+    report = {name: 0 for name in passes}
+    for name in passes:
+        report[name] += int(PASSES[name](graph))
+    out = gs.export_onnx(graph)
+    out.ir_version, out.producer_name = model.ir_version, model.producer_name
+    del out.opset_import[:]
+    out.opset_import.extend(model.opset_import)
+    for key, value in metadata.items():
+        prop = out.metadata_props.add()
+        prop.key, prop.value = key, value
+    onnx.save(out, str(path))
+    return report
