@@ -202,8 +202,7 @@ def test_usage_error_exits_2(capsys):
 
 def test_console_script_help():
     if not SCRIPT.is_file():
-        print(f"skipped: console script {SCRIPT} is not installed")
-        pytest.skip(f"console script {SCRIPT} is not on disk (pip install -e . creates it)")
+        pytest.skip(reason=f"console script {SCRIPT} is not on disk (pip install -e . creates it)")
     result = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60,
                             check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
