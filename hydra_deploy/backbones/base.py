@@ -8,6 +8,7 @@ in a canonical, framework-independent layout.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ class AttentionWeights:
     proj_bias: torch.Tensor | None
 
 
-class BackboneAdapter:
+class BackboneAdapter(abc.ABC):
     """Uniform view over a Transformer classifier. Subclasses set the attributes below."""
 
     family: str = ""  # "vit", "bert", "openclip"
@@ -52,6 +53,7 @@ class BackboneAdapter:
     num_classes: int
 
     # --- per-head gates --------------------------------------------------------------------------
+    @abc.abstractmethod
     def _gate_targets(self) -> list[nn.Module]:
         """One module per layer whose *input* is the concatenation of that layer's head outputs."""
         raise NotImplementedError
@@ -124,25 +126,31 @@ class BackboneAdapter:
     __call__ = forward
 
     # --- the forward pass in three parts (circuit search caches the hidden states between them) ---
+    @abc.abstractmethod
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         """Inputs -> the hidden states entering layer 0."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def run_layers(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Hidden states entering layer ``start`` -> those leaving layer ``stop - 1``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def classify(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states after the last layer -> logits."""
         raise NotImplementedError
 
     # --- weights in canonical layout -------------------------------------------------------------
+    @abc.abstractmethod
     def attention_weights(self, layer: int) -> AttentionWeights:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def macs(self) -> int:
         """Multiply-accumulates of one forward pass per example (see ARCHITECTURE.md)."""
         raise NotImplementedError
