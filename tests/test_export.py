@@ -227,3 +227,19 @@ def test_cli_errors_are_one_line(tmp_path):
                           "--out", str(tmp_path / "y"))  # fmt: skip
     assert code == 1 and "got (5, 4, 4)" in err  # refused before anything is built
     assert not (tmp_path / "y").exists()
+
+
+def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, caplog):
+    """Average pooling exports as opset-18 ReduceMean, which does not convert to 17 cleanly."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="hydra_deploy")
+    backbone = tiny_vit("avg_reg_ls")
+    hydra = fuse(backbone, HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2))
+    info = export_onnx(hydra, tmp_path / "avg", batch=(1, 2, 3))  # validated against PyTorch
+    assert info["opset"] == 17 and info["validation"]["passed"]
+    assert info["exporter"] == "torchscript"
+    assert "retrying with the TorchScript exporter" in caplog.text
+    with pytest.raises(ExportError, match="opset"):
+        export_onnx(hydra, tmp_path / "strict", exporter="dynamo", batch=(1, 2, 3))
+    assert not (tmp_path / "strict").exists()

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="torch exporter (default: dynamo when onnxscript is installed)",
     )
+    out.add_argument(
+        "--uq-outputs",
+        action="store_true",
+        help="put the ensemble head in the graph: probs, entropies, MI, msp outputs",
+    )
     out.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime check")
     out.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     out.add_argument("--json", action="store_true", help="print hydra.json's contents as JSON")
@@ -82,7 +87,8 @@ def main_body(args: argparse.Namespace) -> int:
              f"{hydra.num_parameters():,}", macs["hydra"] / macs["single"])  # fmt: skip
     info = export_onnx(
         hydra, args.out, opset=args.opset, batch=batch,
-        exporter=args.exporter, validate=not args.no_validate, overwrite=args.overwrite,
+        exporter=args.exporter, validate=not args.no_validate, uq_outputs=args.uq_outputs,
+        overwrite=args.overwrite,
     )  # fmt: skip
     if args.json:
         print(json.dumps(info, indent=2))

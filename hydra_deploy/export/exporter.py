@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from hydra_deploy.errors import ExportError
+from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
 from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
 from hydra_deploy.export.validate import validate_onnx, validation_batches
@@ -38,6 +39,7 @@ def export_onnx(
     atol: dict[str, float] | None = None,
     class_names: Sequence[str] | None = None,
     passes: Sequence[str] = DEFAULT_PASSES,
+    uq_outputs: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export ``hydra`` to ``out_dir`` and return the contents of its ``hydra.json``.
@@ -47,7 +49,9 @@ def export_onnx(
     logits) and fails the export on a mismatch. The folder is written under a temporary name and
     renamed into place: an interrupted export leaves nothing behind a valid-looking name. An
     existing ``out_dir`` is refused unless ``overwrite``. ``passes``: the graph-surgery passes run
-    on the exported file (see :mod:`hydra_deploy.export.surgery`).
+    on the exported file (see :mod:`hydra_deploy.export.surgery`). ``uq_outputs`` adds the
+    ensemble head to the graph: outputs ``probs``, ``predictive_entropy``, ``expected_entropy``,
+    ``mutual_information`` and ``msp`` beside ``member_logits``, in float32.
     """
     import onnx
     from safetensors.torch import save_file
@@ -65,9 +69,10 @@ def export_onnx(
         started = time.perf_counter()
         model_path = staging / "model.onnx"
         example = hydra.example_inputs(max(2, batch[1]))
-        output_names = ["member_logits"]
+        graph_module = WithEnsembleHead(hydra) if uq_outputs else hydra
+        output_names = ["member_logits", *(UQ_OUTPUTS if uq_outputs else ())]
         used = export_module(
-            hydra, example, model_path, input_name=hydra.input_names[0],
+            graph_module, example, model_path, input_name=hydra.input_names[0],
             output_names=output_names, opset=opset, max_batch=batch[2], exporter=exporter,
         )  # fmt: skip
         logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
@@ -86,7 +91,7 @@ def export_onnx(
         validation = None
         if validate:
             started = time.perf_counter()
-            validation = validate_onnx(model_path, hydra, hydra.example_inputs,
+            validation = validate_onnx(model_path, graph_module, hydra.example_inputs,
                                        validation_batches(batch), atol=atol)  # fmt: skip
             validation["seconds"] = round(time.perf_counter() - started, 2)
             logger.debug("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
@@ -97,6 +102,7 @@ def export_onnx(
                   str(staging / "weights.safetensors"))  # fmt: skip
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
         info["graph_passes"] = surgery
+        info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
         (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
         for path in staging.iterdir():  # ordinary file modes (safetensors writes 0600)

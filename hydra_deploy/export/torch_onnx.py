@@ -49,10 +49,27 @@ def export_module(
     max_batch: int,
     exporter: str = "auto",
 ) -> str:
-    """Write ``module`` to ``path`` with a dynamic batch; returns the exporter used."""
+    """Write ``module`` to ``path`` with a dynamic batch; returns the exporter used.
+
+    With ``exporter="auto"`` a dynamo export that fails, or that cannot be brought down to the
+    requested opset (the exporter implements opset 18 and converts), is retried with TorchScript.
+    """
+    chosen = resolve_exporter(exporter)
+    try:
+        return _export_with(
+            chosen, module, example, path, input_name, output_names, opset, max_batch
+        )
+    except ExportError as err:
+        if exporter != "auto" or chosen != "dynamo":
+            raise
+        logger.info("dynamo export unusable (%s); retrying with the TorchScript exporter", err)
+        return _export_with("torchscript", module, example, path, input_name, output_names, opset,
+                            max_batch)  # fmt: skip
+
+
+def _export_with(exporter, module, example, path, input_name, output_names, opset, max_batch):
     import onnx
 
-    exporter = resolve_exporter(exporter)
     if example.shape[0] < 2:
         raise ExportError("trace the export with a batch of at least 2 (a batch of 1 specialises)")
     params = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -82,10 +99,17 @@ def export_module(
                 f"exporter={'torchscript' if exporter == 'dynamo' else 'dynamo'}"
             ) from err
     model = onnx.load(str(path), load_external_data=False)
-    if model.opset_import and _default_opset(model) != opset:
-        raise ExportError(
-            f"the {exporter} exporter wrote opset {_default_opset(model)}, not the requested {opset}"
-        )
+    if _default_opset(model) != opset:
+        written = _default_opset(model)
+        try:
+            model = onnx.version_converter.convert_version(model, opset)
+            onnx.checker.check_model(model)  # the converter can write ops the opset lacks
+        except Exception as err:
+            raise ExportError(
+                f"the {exporter} exporter wrote opset {written} and it does not convert to "
+                f"{opset} ({type(err).__name__}: {str(err)[:200]}); ask for opset={written}"
+            ) from err
+        onnx.save(model, str(path))
     if _pin_batch(model, [input_name, *output_names]):
         onnx.save(model, str(path))
     return exporter
