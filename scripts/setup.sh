@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with hydra-deploy (editable) and what the main
 # job and the tests need ([build] = torch, torchvision, timm, safetensors; [export] = onnx, onnxscript,
-# onnxruntime; [dev] = pytest, hypothesis, ruff, scikit-learn). Re-running it is safe.
+# onnxruntime, onnx-graphsurgeon; [dev] = pytest, hypothesis, ruff, scikit-learn). Re-running it is safe.
 # VENV=path and PYTHON=python3.x override the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
