@@ -90,15 +90,17 @@ def attention_matmuls(path: Path) -> list:
     return pairs
 
 
-def test_attention_scale_is_folded_into_q(hydra, tmp_path):
+def test_attention_scale_is_folded_into_q(exported, hydra, tmp_path):
     import onnx_graphsurgeon as gs
 
+    folded, info = exported
+    if info["exporter"] != "dynamo":
+        assert info["graph_passes"]["fold_attention_scale"] == 0  # the scale is not a constant
+        return
     raw = tmp_path / "raw"
-    export_onnx(hydra, raw, exporter="dynamo", passes=(), batch=(1, 2, 3))
+    export_onnx(hydra, raw, exporter="dynamo", passes=(), batch=(1, 2, 2), validate=False)
     assert all(q.op == "Mul" and k.op == "Mul" for q, k in attention_matmuls(raw / "model.onnx"))
-    folded = tmp_path / "folded"
-    info = export_onnx(hydra, folded, exporter="dynamo", batch=(1, 2, 3))  # validated vs PyTorch
-    assert info["graph_passes"]["fold_attention_scale"] == 3  # one per layer
+    assert info["graph_passes"]["fold_attention_scale"] == 3  # one per layer, validated vs PyTorch
     for q, k in attention_matmuls(folded / "model.onnx"):
         assert k is None or k.op != "Mul"
         scale = [t for t in q.inputs if isinstance(t, gs.Constant)]
@@ -108,11 +110,13 @@ def test_attention_scale_is_folded_into_q(hydra, tmp_path):
         )
 
 
-def test_cleanup_gives_stable_names_and_no_dead_nodes(hydra, tmp_path):
+def test_cleanup_gives_stable_names_and_no_dead_nodes(exported, hydra, tmp_path):
+    first, info = exported
+    again = tmp_path / "again"
+    export_onnx(hydra, again, exporter=info["exporter"], batch=(1, 4, 6), validate=False)
     names = []
-    for run in ("a", "b"):
-        export_onnx(hydra, tmp_path / run, exporter="dynamo", batch=(1, 2, 2), validate=False)
-        model = onnx.load(str(tmp_path / run / "model.onnx"))
+    for folder in (first, again):
+        model = onnx.load(str(folder / "model.onnx"))
         names.append([n.name for n in model.graph.node])
         used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
         assert all(any(o in used for o in n.output) for n in model.graph.node)  # no dead node
