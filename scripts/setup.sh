@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command set-up: a virtual environment in .venv with hydra-deploy (editable) and what the main
 # job and the tests need ([build] = torch, torchvision, timm, safetensors; [export] = onnx, onnxscript,
-# onnxruntime, onnx-graphsurgeon; [dev] = pytest, hypothesis, ruff, scikit-learn). Re-running it is safe.
+# onnxruntime, onnx-graphsurgeon; [dev] = pytest, hypothesis, ruff, scikit-learn,
+# polygraphy). Re-running it is safe.
 # VENV=path and PYTHON=python3.x override the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -247,3 +247,24 @@ def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, c
     with pytest.raises(ExportError, match="opset"):
         export_onnx(hydra, tmp_path / "strict", exporter="dynamo", batch=(1, 2, 3))
     assert not (tmp_path / "strict").exists()
+
+
+def test_polygraphy_runs_the_export(exported):
+    """The file passes `polygraphy run --onnxrt` (the command a TensorRT user checks with)."""
+    import shutil
+    import subprocess
+    import sys
+
+    out, info = exported
+    tool = shutil.which("polygraphy", path=str(Path(sys.executable).parent))
+    if tool is None:
+        pytest.skip(reason="polygraphy is not installed (it comes with the [dev] extra)")
+    batch = info["batch_profile"]["max"]
+    result = subprocess.run(
+        [tool, "run", str(out / "model.onnx"), "--onnxrt",
+         "--input-shapes", f"pixel_values:[{batch},3,16,16]"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "PASSED" in result.stdout + result.stderr
+    assert f"shape=({batch}, 3, 5)" in result.stdout + result.stderr
