@@ -16,9 +16,12 @@ def _imported_after(statement: str) -> set[str]:
     return set(result.stdout.split())
 
 
-def test_top_level_and_specs_import_without_torch():
-    modules = _imported_after("import hydra_deploy, hydra_deploy.specs; hydra_deploy.HydraSpec")
-    assert "hydra_deploy.specs" in modules
+def test_top_level_specs_and_uncertainty_import_without_torch():
+    modules = _imported_after(
+        "import hydra_deploy, hydra_deploy.specs, hydra_deploy.uncertainty.metrics; "
+        "hydra_deploy.HydraSpec; hydra_deploy.uncertainty.ensemble_scores"
+    )
+    assert {"hydra_deploy.specs", "hydra_deploy.uncertainty.scores"} <= modules
     assert not {"torch", "timm", "transformers"} & modules
 
 
