@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from hydra_deploy.backbones import load_backbone
+from hydra_deploy.specs import HydraSpec
 
 # CI runs derandomized (reproducible); locally `HYPOTHESIS_PROFILE=dev` explores many more examples.
 settings.register_profile(
@@ -65,8 +70,6 @@ def tiny_vit(config: str = "token", seed: int = 0):
     """A tiny random timm ViT adapter with scrambled (discriminative) weights."""
     import timm
 
-    from hydra_deploy.backbones import load_backbone
-
     torch.manual_seed(seed)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **TINY_VIT[config])
     return load_backbone(scramble(model.eval(), seed))
@@ -95,7 +98,6 @@ def train_digits_vit(epochs: int = 6, seed: int = 0):
     """
     import timm
 
-    from hydra_deploy.backbones import load_backbone
     from hydra_deploy.pruning import load_data
 
     x, y = digits_data()
@@ -126,3 +128,30 @@ def train_digits_vit(epochs: int = 6, seed: int = 0):
 def digits_vit():
     """(adapter, train, val) of a tiny ViT trained on digits; built once per test session."""
     return train_digits_vit()
+
+
+# --- shared by the fusion and export tests ---------------------------------------------------------
+@st.composite
+def specs(draw, backbone, max_members: int = 5) -> HydraSpec:
+    """Random valid specs: 1..5 members, unequal and empty head subsets, sometimes a shared prefix."""
+    L, H = backbone.num_layers, backbone.num_heads
+    members = draw(st.integers(1, max_members))
+    layer_heads = st.lists(st.integers(0, H - 1), unique=True, max_size=H).map(sorted)
+    heads = [[draw(layer_heads) for _ in range(L)] for _ in range(members)]
+    shared = draw(st.integers(0, L))
+    for member in heads[1:]:
+        member[:shared] = heads[0][:shared]
+    return HydraSpec(backbone.name, L, H, backbone.head_dim, [{"heads": h} for h in heads])
+
+
+def perturbed_members(backbone, count: int, seed: int, scale: float = 0.05) -> list:
+    """``count`` "fine-tuned" copies of the backbone: every weight moved a little, differently."""
+    members = []
+    for index in range(count):
+        module = copy.deepcopy(backbone.module)
+        generator = torch.Generator().manual_seed(seed * 101 + index)
+        with torch.no_grad():
+            for param in module.parameters():
+                param.add_(scale * torch.randn(param.shape, generator=generator))
+        members.append(load_backbone(module))
+    return members

@@ -12,7 +12,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from conftest import tiny_vit
+from conftest import perturbed_members, specs, tiny_vit
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export import export_onnx, validate_onnx
@@ -268,3 +270,23 @@ def test_polygraphy_runs_the_export(exported):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "PASSED" in result.stdout + result.stderr
     assert f"shape=({batch}, 3, 5)" in result.stdout + result.stderr
+
+
+@settings(max_examples=8)
+@given(data=st.data(), merge=st.sampled_from(["average", "grouped"]))
+def test_onnx_equals_pytorch_for_random_specs(tiny_vits, data, merge, tmp_path_factory):
+    """Property: for any spec (unequal and empty head sets, shared prefixes), ORT equals PyTorch."""
+    config = data.draw(st.sampled_from(sorted(tiny_vits)))
+    backbone = tiny_vits[config]
+    spec = data.draw(specs(backbone, max_members=4))
+    members = (
+        perturbed_members(backbone, spec.num_members, seed=1) if merge == "grouped" else backbone
+    )
+    hydra = fuse(members, spec, merge)
+    out = tmp_path_factory.mktemp("prop") / "export"
+    export_onnx(hydra, out, exporter="torchscript", batch=(1, 2, 5), validate=False)
+    for batch in (1, 5):
+        x = hydra.example_inputs(batch, seed=batch)
+        with torch.no_grad():
+            expected = hydra(x).numpy()
+        np.testing.assert_allclose(run_ort(out / "model.onnx", x), expected, atol=1e-4, rtol=0)

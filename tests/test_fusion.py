@@ -7,7 +7,7 @@ import copy
 import pytest
 import timm
 import torch
-from conftest import TINY_VIT, scramble, tiny_vit
+from conftest import TINY_VIT, perturbed_members, scramble, specs, tiny_vit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,33 +17,6 @@ from hydra_deploy.fusion import LOWERINGS, GroupedLinear, fuse, grouped_linear
 from hydra_deploy.specs import HydraSpec
 
 ATOL = 1e-5  # float32, tiny models (the issue's bound)
-
-
-# --- strategies ----------------------------------------------------------------------------------
-@st.composite
-def specs(draw, backbone, max_members: int = 5) -> HydraSpec:
-    """Random valid specs: 1..5 members, unequal and empty head subsets, sometimes a shared prefix."""
-    L, H = backbone.num_layers, backbone.num_heads
-    members = draw(st.integers(1, max_members))
-    layer_heads = st.lists(st.integers(0, H - 1), unique=True, max_size=H).map(sorted)
-    heads = [[draw(layer_heads) for _ in range(L)] for _ in range(members)]
-    shared = draw(st.integers(0, L))
-    for member in heads[1:]:
-        member[:shared] = heads[0][:shared]
-    return HydraSpec(backbone.name, L, H, backbone.head_dim, [{"heads": h} for h in heads])
-
-
-def perturbed_members(backbone, count: int, seed: int, scale: float = 0.05) -> list:
-    """``count`` "fine-tuned" copies of the backbone: every weight moved a little, differently."""
-    members = []
-    for index in range(count):
-        module = copy.deepcopy(backbone.module)
-        generator = torch.Generator().manual_seed(seed * 101 + index)
-        with torch.no_grad():
-            for param in module.parameters():
-                param.add_(scale * torch.randn(param.shape, generator=generator))
-        members.append(load_backbone(module))
-    return members
 
 
 def with_mlp_average(members: list) -> list:
