@@ -290,3 +290,62 @@ def test_onnx_equals_pytorch_for_random_specs(tiny_vits, data, merge, tmp_path_f
         with torch.no_grad():
             expected = hydra(x).numpy()
         np.testing.assert_allclose(run_ort(out / "model.onnx", x), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("config", ["token", "avg_reg_ls", "prenorm"])
+@pytest.mark.parametrize("finetuned", [False, True])
+def test_reexport_from_saved_spec_and_weights(tiny_vits, config, finetuned, tmp_path):
+    """A folder alone rebuilds the fused model (same weights, same outputs) and exports again."""
+    from hydra_deploy.export import load_export
+
+    backbone = tiny_vits[config]
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=3, heads_per_member=1, shared_layers=1,
+                            seed=2)  # fmt: skip
+    members = perturbed_members(backbone, 3, seed=4) if finetuned else backbone
+    hydra = fuse(members, spec, "grouped" if finetuned else "average")
+    first = tmp_path / "first"
+    export_onnx(hydra, first, exporter="torchscript", batch=(1, 2, 3))
+    rebuilt = load_export(first)  # checks itself against first/model.onnx
+    assert rebuilt.trunk_layers == hydra.trunk_layers and rebuilt.merge == hydra.merge
+    state, again = hydra.state_dict(), rebuilt.state_dict()
+    assert state.keys() == again.keys() and all(torch.equal(state[k], again[k]) for k in state)
+    second = tmp_path / "second"
+    export_onnx(rebuilt, second, exporter="torchscript", batch=(1, 2, 3))
+    x = hydra.example_inputs(3, seed=9)
+    np.testing.assert_allclose(run_ort(second / "model.onnx", x), run_ort(first / "model.onnx", x),
+                               atol=1e-5, rtol=0)  # fmt: skip
+
+
+def test_load_export_refuses_broken_folders(exported, tmp_path):
+    import shutil
+
+    from hydra_deploy.export import load_export
+
+    with pytest.raises(ExportError, match="not an export folder"):
+        load_export(tmp_path)
+    out, _ = exported
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    info = json.loads((broken / "hydra.json").read_text())
+    info["format"] = "hydra-export/99"
+    (broken / "hydra.json").write_text(json.dumps(info))
+    with pytest.raises(ExportError, match="hydra-export/99"):
+        load_export(broken)
+
+
+def test_load_export_notices_weights_from_another_model(exported, hydra, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from hydra_deploy.export import load_export
+
+    out, _ = exported
+    mixed = tmp_path / "mixed"
+    shutil.copytree(out, mixed)
+    other = fuse(tiny_vit("token", seed=1), hydra.spec)  # same structure, other weights
+    save_file(other.state_dict(), str(mixed / "weights.safetensors"))
+    with pytest.raises(ExportError, match="do not belong together"):
+        load_export(mixed)
+    assert load_export(mixed, check=False).num_members == 3

@@ -84,6 +84,26 @@ def check_supported(model: nn.Module) -> None:
         )
 
 
+def build_vit(kwargs: dict) -> nn.Module:
+    """A random-weight VisionTransformer from ``TimmVitAdapter.constructor_kwargs()``."""
+    from functools import partial
+
+    from timm.models.vision_transformer import VisionTransformer
+
+    kwargs = dict(kwargs)
+    eps = kwargs.pop("layer_norm_eps", 1e-6)
+    approximate = kwargs.pop("gelu_approximate", "none")
+    for key in ("img_size", "patch_size"):
+        kwargs[key] = tuple(kwargs[key])
+    try:
+        return VisionTransformer(
+            **kwargs, norm_layer=partial(nn.LayerNorm, eps=eps),
+            act_layer=partial(nn.GELU, approximate=approximate),
+        ).eval()  # fmt: skip
+    except (TypeError, AssertionError) as err:
+        raise UnsupportedModelError(f"cannot rebuild the ViT from {kwargs}: {err}") from err
+
+
 class TimmVitAdapter(BackboneAdapter):
     """A timm VisionTransformer seen through the common adapter interface."""
 
@@ -139,6 +159,41 @@ class TimmVitAdapter(BackboneAdapter):
             v_bias=None if qkv_b is None else qkv_b[2],
             proj=proj_w, proj_bias=proj_b,
         )  # fmt: skip
+
+    def constructor_kwargs(self) -> dict:
+        """The ``VisionTransformer(**kwargs)`` arguments that rebuild this architecture (JSON-able).
+
+        Enough to re-create the module a checkpoint's state dict loads into; the values of
+        LayerScale's ``init_values`` do not matter (weights are loaded after).
+        """
+        model, block = self.module, self.module.blocks[0]
+        act = block.mlp.act
+        if type(act) is not nn.GELU:
+            raise UnsupportedModelError(
+                f"cannot record how to rebuild an MLP activation {type(act).__name__} (only GELU)"
+            )
+        return {
+            "img_size": list(self.img_size), "patch_size": list(model.patch_embed.patch_size),
+            "in_chans": self.in_chans, "num_classes": self.num_classes,
+            "global_pool": model.global_pool, "embed_dim": self.embed_dim,
+            "depth": self.num_layers, "num_heads": self.num_heads,
+            "mlp_ratio": self.mlp_hidden / self.embed_dim,
+            "qkv_bias": block.attn.qkv.bias is not None,
+            "proj_bias": block.attn.proj.bias is not None,
+            "init_values": 1e-5 if hasattr(block.ls1, "gamma") else None,
+            "class_token": model.cls_token is not None,
+            "pos_embed": "learn" if model.pos_embed is not None else "none",
+            "no_embed_class": bool(model.no_embed_class),
+            "reg_tokens": int(getattr(model, "num_reg_tokens", 0)),
+            "pre_norm": isinstance(model.norm_pre, nn.LayerNorm),
+            # timm: final_norm enables a norm, fc_norm puts it after pooling instead of before
+            "final_norm": isinstance(model.norm, nn.LayerNorm)
+            or isinstance(model.fc_norm, nn.LayerNorm),
+            "fc_norm": isinstance(model.fc_norm, nn.LayerNorm),
+            "pool_include_prefix": bool(getattr(model, "pool_include_prefix", False)),
+            "layer_norm_eps": float(block.norm1.eps),
+            "gelu_approximate": act.approximate,
+        }  # fmt: skip
 
     def data_config(self) -> dict:
         """Preprocessing (timm's data config: input size, interpolation, crop, mean, std).

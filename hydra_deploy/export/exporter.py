@@ -171,6 +171,7 @@ def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, c
         "outputs": [_tensor_info(v) for v in model.graph.output],
         "batch_profile": {"min": batch[0], "opt": batch[1], "max": batch[2]},
         "preprocessing": _jsonable(getattr(hydra, "preprocessing", None)),
+        "backbone_kwargs": getattr(hydra, "backbone_kwargs", None),
         "class_names": list(class_names) if class_names is not None else None,
         "opset": opset,
         "precision": "fp32",

@@ -123,6 +123,7 @@ class HydraViT(HydraModel):
         self.input_size = (members[0].in_chans, *members[0].img_size)
         self.input_names = ("pixel_values",)
         self.preprocessing = members[0].data_config()
+        self.backbone_kwargs = members[0].constructor_kwargs()
 
         # embeddings: shared when every member has the same weights
         embeds = [_embedding_tensors(model) for model in models]
