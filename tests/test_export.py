@@ -349,3 +349,22 @@ def test_load_export_notices_weights_from_another_model(exported, hydra, tmp_pat
     with pytest.raises(ExportError, match="do not belong together"):
         load_export(mixed)
     assert load_export(mixed, check=False).num_members == 3
+
+
+def test_cli_reexports_from_a_folder(exported, tmp_path):
+    out, _ = exported
+    code, _, err = invoke("--from", str(out), "--uq-outputs", "--exporter", "torchscript",
+                               "--max-batch", "3", "--out", str(tmp_path / "again"))  # fmt: skip
+    assert code == 0, err
+    info = json.loads((tmp_path / "again" / "hydra.json").read_text())
+    assert (
+        info["uq_outputs"] and info["spec"] == json.loads((out / "hydra.json").read_text())["spec"]
+    )
+    code, _, err = invoke(
+        "--from", str(out), "--backbone", "vit_ti16", "--out", str(tmp_path / "x")
+    )
+    assert code == 1 and "--backbone NAME" in err
+    code, _, err = invoke("--from", str(out))
+    assert code == 1 and "--from needs --out" in err
+    code, _, err = invoke("--out", str(tmp_path / "y"))
+    assert code == 1 and "--from EXPORT_DIR" in err

@@ -15,11 +15,11 @@ from hydra_deploy.errors import HydraError
 LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
 
 
-def add_build_arguments(p: argparse.ArgumentParser) -> None:
+def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = True) -> None:
     model = p.add_argument_group("model")
     model.add_argument(
         "--backbone",
-        required=True,
+        required=backbone_required,
         help="alias (vit_ti16, vit_s16, vit_b16, vit_l16), timm ViT name or folder",
     )
     model.add_argument(

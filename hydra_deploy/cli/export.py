@@ -14,6 +14,7 @@ EXAMPLES = """\\
   hydra-export --backbone vit_b16 --checkpoint vit_b16.safetensors --calib train/ \\\\
                --heads-per-member 4 --finetune train/ --epochs 1 --out export/vit_b16-m3
   hydra-export --backbone vit_s16 --spec spec.json --max-batch 64 --out export/vit_s16 --json
+  hydra-export --from export/vit_b16-m3 --opset 18 --uq-outputs --out export/vit_b16-m3-uq
 """
 
 
@@ -26,8 +27,16 @@ def build_parser() -> argparse.ArgumentParser:
         "PyTorch at the smallest, an odd middle and the largest batch before the folder appears.",
         EXAMPLES,
     )
-    build.add_build_arguments(p)
+    build.add_build_arguments(p, backbone_required=False)
     out = p.add_argument_group("export")
+    out.add_argument(
+        "--from",
+        dest="from_dir",
+        type=Path,
+        metavar="EXPORT_DIR",
+        help="re-export the model saved in an export folder (its hydra.json and "
+        "weights.safetensors; no checkpoint needed) instead of building one",
+    )
     out.add_argument(
         "--out", type=Path, help="export folder to write (default: export/<backbone>-m<members>)"
     )
@@ -69,17 +78,31 @@ def main_body(args: argparse.Namespace) -> int:
     import json
     import logging
 
+    from hydra_deploy.errors import HydraError
     from hydra_deploy.export import export_onnx
     from hydra_deploy.export.exporter import check_profile
 
     log = logging.getLogger("hydra_deploy")
+    if (args.backbone is None) == (args.from_dir is None):
+        raise HydraError(
+            "give --backbone NAME (build a model) or --from EXPORT_DIR (re-export one)"
+        )
     if args.out is None:
+        if args.from_dir is not None:
+            raise HydraError("--from needs --out (a new folder for the re-export)")
         args.out = Path("export") / f"{Path(args.backbone).name}-m{args.members}"
     common.refuse_existing(args.out, args.overwrite)
     opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
     batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
     started = time.perf_counter()
-    _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
+    if args.from_dir is not None:
+        from hydra_deploy.export import load_export
+
+        hydra = load_export(args.from_dir)
+        spec = hydra.spec
+        log.info("rebuilt the model saved in %s", args.from_dir)
+    else:
+        _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
     macs = hydra.macs
     log.info("built %d members (%s), %s parameters, %.2f x the single model's MACs",
              spec.num_members, ", ".join(f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
