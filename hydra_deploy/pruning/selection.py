@@ -21,6 +21,7 @@ from hydra_deploy.pruning.data import load_data
 from hydra_deploy.pruning.importance import (
     METHODS,
     Chooser,
+    _ood_inputs,
     circuit_search,
     taylor_importance,
     top_k,
@@ -121,6 +122,8 @@ def select_members(
         raise HydraError(f"temperature must be >= 0, got {temperature}")
     counts = heads_per_layer(backbone, heads_per_member, keep_ratio, min_heads)
     objective = objective or ("ood" if ood_data is not None and method == "circuit" else "loss")
+    if objective == "ood" and ood_data is not None:  # read once, not once per member
+        ood_data = _ood_inputs(ood_data, backbone, max_examples)
     if objective == "ood" and method != "circuit":
         raise HydraError("objective='ood' is a circuit objective; use method='circuit'")
     labelled = None
