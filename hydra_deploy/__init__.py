@@ -25,6 +25,10 @@ _LAZY = {
     "finetune_members": "hydra_deploy.pruning",
     "select_members": "hydra_deploy.pruning",
     "load_data": "hydra_deploy.pruning",
+    "load_export": "hydra_deploy.export",
+    "build_engine": "hydra_deploy.engines.tensorrt",
+    "load_runner": "hydra_deploy.engines.runner",
+    "ensemble_scores": "hydra_deploy.uncertainty",
 }
 
 __all__ = [
@@ -34,22 +38,29 @@ __all__ = [
     "HydraSpec",
     "MemberSpec",
     "__version__",
+    "build_engine",
+    "ensemble_scores",
     "export_onnx",
     "finetune_members",
     "fuse",
     "head_importance",
     "load_backbone",
     "load_data",
+    "load_export",
+    "load_runner",
     "select_members",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
     from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.engines.tensorrt import build_engine
     from hydra_deploy.errors import HydraError
-    from hydra_deploy.export import export_onnx
+    from hydra_deploy.export import export_onnx, load_export
     from hydra_deploy.fusion import GroupedLinear, HydraModel, fuse
     from hydra_deploy.pruning import finetune_members, head_importance, load_data, select_members
     from hydra_deploy.specs import HydraSpec, MemberSpec
+    from hydra_deploy.uncertainty import ensemble_scores
 
 
 def __getattr__(name: str) -> Any:

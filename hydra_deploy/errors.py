@@ -42,3 +42,11 @@ class FinetuneError(HydraError, ValueError):
 
 class ExportError(HydraError, RuntimeError):
     """Exporting to ONNX failed, or the exported file does not match PyTorch."""
+
+
+class EngineError(HydraError, RuntimeError):
+    """A TensorRT engine cannot be built or loaded (TensorRT missing, unsupported precision, ...)."""
+
+
+class RunnerError(HydraError, ValueError):
+    """A model file cannot be run, or the inputs given to a runner do not fit the model."""

@@ -110,8 +110,10 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         help="average: one MLP of the members' mean weights (paper); "
         "grouped: every member keeps its own MLP",
     )
-    fusion.add_argument("--lowering", default="bmm", choices=LOWERINGS,
-                        help="how grouped projections run (default bmm)")  # fmt: skip
+    fusion.add_argument("--lowering", "--grouped-linear", dest="lowering", default="bmm",
+                        choices=LOWERINGS,
+                        help="how grouped projections run and export (default bmm: one batched "
+                             "MatMul; einsum writes Einsum nodes)")  # fmt: skip
 
 
 def choose_spec(args: argparse.Namespace, backbone: Any):

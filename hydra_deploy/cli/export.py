@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch exporter (default: dynamo when onnxscript is installed)",
     )
     out.add_argument(
+        "--precision",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="fp16/bf16: a strongly typed graph (weights and matmuls in that precision, "
+        "LayerNorm and the ensemble head in float32, float32 inputs and outputs) that "
+        "TensorRT 10.12+/11 builds with --stronglyTyped (default fp32)",
+    )
+    out.add_argument(
         "--uq-outputs",
         action="store_true",
         help="put the ensemble head in the graph: probs, entropies, MI, msp outputs",
@@ -63,15 +71,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
-def trtexec_command(info: dict, out: Path) -> str:
-    """The trtexec line that builds an FP16 engine from the export (shapes from its profile)."""
-    name = info["inputs"][0]["name"]
-    dims = "x".join(str(d) for d in info["inputs"][0]["shape"][1:])
-    profile = info["batch_profile"]
-    shapes = " ".join(f"--{k}Shapes={name}:{profile[v]}x{dims}"
-                      for k, v in (("min", "min"), ("opt", "opt"), ("max", "max")))  # fmt: skip
-    return (f"trtexec --onnx={out / 'model.onnx'} {shapes} --fp16 "
-            f"--saveEngine={out / 'model.fp16.engine'} --timingCacheFile={out / 'timing.cache'}")  # fmt: skip
+def trtexec_lines(info: dict, out: Path) -> list[str]:
+    """The trtexec line(s) that build an engine from the export (``hydra-build --trtexec`` has all).
+
+    An FP16/BF16 graph carries its precision: ``--stronglyTyped`` (TensorRT 10.12+ and 11). An
+    FP32 graph builds weakly typed with ``--fp16`` on TensorRT before 10.12 (JetPack 6); TensorRT
+    10.12 deprecated and 11 removed that flag, so the line says to export ``--precision fp16``.
+    """
+    from hydra_deploy.engines.trtexec import trtexec_command
+
+    if info.get("precision", "fp32") != "fp32":
+        return [f"{trtexec_command(out, trt='10.12')}   # TensorRT 10.12+ / 11"]
+    return [f"{trtexec_command(out, precision='fp16', trt='10')}   # TensorRT 8.6-10.11, JetPack 6",
+            "# TensorRT 10.12+ / 11: export with --precision fp16 and build --stronglyTyped"]  # fmt: skip
+
+
+def validation_line(validation: dict) -> str:
+    """One line on what validation compared and found (and, for FP16/BF16, the drift from FP32)."""
+    batches = validation["batches"]
+    worst = max(b["member_logits"]["max_abs_diff"] for b in batches.values())
+    limit = max(b["member_logits"]["atol"] for b in batches.values())
+    precision = validation.get("precision", "fp32")
+    line = (f"validated in ONNX Runtime at batch {', '.join(batches)}: max member-logit difference "
+            f"{worst:.2g} (tolerance {limit:.2g})")  # fmt: skip
+    if precision == "fp32":
+        return line
+    line = line.replace(
+        "in ONNX Runtime", f"the {precision} file's float32 widening in ONNX Runtime"
+    )
+    drift = [b["drift_vs_fp32"] for b in batches.values()]
+    moved = ", ".join(f"{name} {max(d[name] for d in drift):.2g}" for name in
+                      ("member_logits", "probs", "predictive_entropy", "mutual_information")
+                      if name in drift[0])  # fmt: skip
+    agreement = min(d["argmax_agreement"] for d in drift)
+    state = "within" if validation.get("drift_within_tolerance") else "BEYOND"
+    return (f"{line} against PyTorch with {precision} weights\n{precision} vs fp32 (measured in "
+            f"{validation['drift_measured_in']}): max {moved}; argmax agreement {agreement:.1%} "
+            f"({state} the {precision} tolerances)")  # fmt: skip
 
 
 def main_body(args: argparse.Namespace) -> int:
@@ -111,7 +147,7 @@ def main_body(args: argparse.Namespace) -> int:
     info = export_onnx(
         hydra, args.out, opset=args.opset, batch=batch,
         exporter=args.exporter, validate=not args.no_validate, uq_outputs=args.uq_outputs,
-        overwrite=args.overwrite,
+        precision=args.precision, overwrite=args.overwrite,
     )  # fmt: skip
     if args.json:
         print(json.dumps(info, indent=2))
@@ -122,15 +158,10 @@ def main_body(args: argparse.Namespace) -> int:
             f"({time.perf_counter() - started:.0f} s, opset {info['opset']}, {info['exporter']} exporter)"
         )
         if info["validation"]:
-            worst = max(
-                b["member_logits"]["max_abs_diff"] for b in info["validation"]["batches"].values()
-            )
-            print(
-                f"validated in ONNX Runtime at batch {', '.join(info['validation']['batches'])}: "
-                f"max member-logit difference {worst:.2g} (tolerance 1e-4)"
-            )
+            print(validation_line(info["validation"]))
         print("build a TensorRT engine with:")
-        print("  " + trtexec_command(info, args.out))  # fmt: skip
+        for line in trtexec_lines(info, args.out):
+            print("  " + line)
     return 0
 
 

@@ -17,6 +17,7 @@ import torch
 
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
+from hydra_deploy.export.precision import check_precision, compute_types
 from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
 from hydra_deploy.export.validate import validate_onnx, validation_batches
@@ -40,6 +41,7 @@ def export_onnx(
     class_names: Sequence[str] | None = None,
     passes: Sequence[str] = DEFAULT_PASSES,
     uq_outputs: bool = False,
+    precision: str = "fp32",
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export ``hydra`` to ``out_dir`` and return the contents of its ``hydra.json``.
@@ -51,7 +53,11 @@ def export_onnx(
     existing ``out_dir`` is refused unless ``overwrite``. ``passes``: the graph-surgery passes run
     on the exported file (see :mod:`hydra_deploy.export.surgery`). ``uq_outputs`` adds the
     ensemble head to the graph: outputs ``probs``, ``predictive_entropy``, ``expected_entropy``,
-    ``mutual_information`` and ``msp`` beside ``member_logits``, in float32.
+    ``mutual_information`` and ``msp`` beside ``member_logits``, in float32. ``precision``
+    ``"fp16"``/``"bf16"`` writes a strongly typed graph (see :mod:`hydra_deploy.export.precision`:
+    weights and matmuls in that precision, LayerNorm and the ensemble head in float32, explicit
+    casts, float32 inputs and outputs); validation then compares it with PyTorch under the same
+    policy and records its drift from FP32.
     """
     import onnx
     from safetensors.torch import save_file
@@ -60,6 +66,7 @@ def export_onnx(
 
     out = Path(out_dir)
     batch = _check_arguments(hydra, out, opset, batch, overwrite)
+    check_precision(precision)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     umask = os.umask(0)
@@ -77,10 +84,18 @@ def export_onnx(
         )  # fmt: skip
         logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
 
-        surgery = run_passes(model_path, passes)
-        logger.info("graph passes: %s", ", ".join(f"{k} {v}" for k, v in surgery.items()))
+        surgery = run_passes(model_path, passes, precision=precision)
+        logger.info("graph passes: %s", ", ".join(f"{k} {v}" for k, v in surgery.items()
+                                                  if k != "precision"))  # fmt: skip
+        if precision != "fp32":
+            converted = surgery["precision"]
+            logger.info("%s graph: %d nodes in %s, %d kept in float32 (LayerNorm, ensemble head%s), "
+                        "%d casts", precision, converted["low_precision_nodes"], precision,
+                        converted["fp32_nodes"], "".join(f", {op}" for op in
+                                                         converted["fp32_for_lack_of_kernels"]),
+                        converted["casts"])  # fmt: skip
         model = onnx.load(str(model_path))
-        _set_metadata(model, hydra.spec.to_json(indent=None), __version__)
+        _set_metadata(model, hydra.spec.to_json(indent=None), __version__, precision)
         onnx.save(model, str(model_path))
         onnx.checker.check_model(str(model_path), full_check=True)
         einsums = [n.name for n in model.graph.node if n.op_type == "Einsum"]
@@ -92,7 +107,8 @@ def export_onnx(
         if validate:
             started = time.perf_counter()
             validation = validate_onnx(model_path, graph_module, hydra.example_inputs,
-                                       validation_batches(batch), atol=atol)  # fmt: skip
+                                       validation_batches(batch), atol=atol,
+                                       precision=precision)  # fmt: skip
             validation["seconds"] = round(time.perf_counter() - started, 2)
             logger.debug("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
                         ", ".join(validation["batches"]),
@@ -101,7 +117,12 @@ def export_onnx(
         save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
                   str(staging / "weights.safetensors"))  # fmt: skip
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
-        info["graph_passes"] = surgery
+        info["precision"] = precision
+        info["strongly_typed"] = precision != "fp32"
+        info["graph_passes"] = {k: v for k, v in surgery.items() if k != "precision"}
+        if precision != "fp32":
+            info["precision_report"] = {**surgery["precision"],
+                                        "compute_types": compute_types(model)}  # fmt: skip
         info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
         (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -140,8 +161,8 @@ def _check_arguments(hydra, out: Path, opset: int, batch: Sequence[int], overwri
     return batch
 
 
-def _set_metadata(model, spec_json: str, version: str) -> None:
-    entries = {SPEC_KEY: spec_json, "hydra_deploy_version": version}
+def _set_metadata(model, spec_json: str, version: str, precision: str = "fp32") -> None:
+    entries = {SPEC_KEY: spec_json, "hydra_deploy_version": version, "hydra_precision": precision}
     for key, value in entries.items():
         existing = [p for p in model.metadata_props if p.key == key]
         prop = existing[0] if existing else model.metadata_props.add()
@@ -174,7 +195,6 @@ def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, c
         "backbone_kwargs": getattr(hydra, "backbone_kwargs", None),
         "class_names": list(class_names) if class_names is not None else None,
         "opset": opset,
-        "precision": "fp32",
         "exporter": exporter,
         "onnx_sha256": digest,
         "weights": "weights.safetensors",

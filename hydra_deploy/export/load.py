@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hydra_deploy.errors import ExportError
@@ -58,7 +57,7 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
         raise ExportError(f"the saved weights do not fit the rebuilt model: {err}") from err
     hydra.merge = info["merge"]
     if check and (folder / "model.onnx").is_file():
-        _check_against_onnx(hydra, folder / "model.onnx")
+        _check_against_onnx(hydra, folder / "model.onnx", info)
     return hydra
 
 
@@ -103,17 +102,17 @@ def _make_members_differ(members: list, weights: dict[str, torch.Tensor]) -> Non
                     param.add_(index * 1e-3)
 
 
-def _check_against_onnx(hydra, path: Path) -> None:
-    import onnxruntime as ort
+def _check_against_onnx(hydra, path: Path, info: dict) -> None:
+    """The rebuilt model must compute what the folder's file computes (in the file's precision)."""
+    from hydra_deploy.export.heads import WithEnsembleHead
+    from hydra_deploy.export.validate import validate_onnx
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    x = hydra.example_inputs(2, seed=0)
-    expected = session.run(["member_logits"], {session.get_inputs()[0].name: x.numpy()})[0]
-    with torch.no_grad():
-        got = hydra(x).numpy()
-    worst = float(np.abs(got - expected).max())
-    if worst > 1e-4:
+    module = WithEnsembleHead(hydra) if info.get("uq_outputs") else hydra
+    try:
+        validate_onnx(path, module, hydra.example_inputs, [2],
+                      precision=info.get("precision", "fp32"))  # fmt: skip
+    except ExportError as err:
         raise ExportError(
-            f"the model rebuilt from {path.parent} differs from its model.onnx by {worst:.3g}; "
+            f"the model rebuilt from {path.parent} differs from its model.onnx ({err}); "
             "the folder's files do not belong together"
-        )
+        ) from err

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -67,24 +68,36 @@ def cleanup(graph) -> int:
     before = len(graph.nodes)
     onnxruntime.set_default_logger_severity(3)  # constant folding runs ORT; keep its notes quiet
     graph.fold_constants().cleanup().toposort()
+    stable_names(graph)
+    return before - len(graph.nodes)
+
+
+def stable_names(graph) -> None:
+    """Name every node ``<op>_<index>`` in topological order."""
     counts: dict[str, int] = {}
-    for node in graph.nodes:
+    for node in graph.toposort().nodes:
         index = counts.get(node.op, 0)
         counts[node.op] = index + 1
         node.name = f"{node.op}_{index}"
-    return before - len(graph.nodes)
 
 
 PASSES: dict[str, Callable] = {"fold_attention_scale": fold_attention_scale, "cleanup": cleanup}
 DEFAULT_PASSES = ("cleanup", "fold_attention_scale")
 
 
-def run_passes(path: str | Path, passes: Sequence[str] = DEFAULT_PASSES) -> dict[str, int]:
-    """Apply ``passes`` to the ONNX file at ``path`` (rewritten in place); returns changes per pass."""
+def run_passes(
+    path: str | Path, passes: Sequence[str] = DEFAULT_PASSES, *, precision: str = "fp32"
+) -> dict[str, Any]:
+    """Apply ``passes`` to the ONNX file at ``path`` (rewritten in place); returns changes per pass.
+
+    With ``precision`` "fp16" or "bf16" the graph is then rewritten strongly typed in that
+    precision (:func:`hydra_deploy.export.precision.to_low_precision`; report key ``precision``).
+    """
     import onnx
     import onnx_graphsurgeon as gs
 
     from hydra_deploy.errors import ExportError
+    from hydra_deploy.export.precision import check_precision, to_low_precision
 
     unknown = [p for p in passes if p not in PASSES]
     if unknown:
@@ -94,9 +107,12 @@ def run_passes(path: str | Path, passes: Sequence[str] = DEFAULT_PASSES) -> dict
     # shapes let constant folding resolve Shape -> Gather -> Sqrt chains (the TorchScript
     # exporter computes the attention scale from the head size that way)
     graph = gs.import_onnx(onnx.shape_inference.infer_shapes(model))
-    report = {name: 0 for name in passes}
+    report: dict[str, Any] = {name: 0 for name in passes}
     for name in passes:
         report[name] += int(PASSES[name](graph))
+    if check_precision(precision) != "fp32":
+        report["precision"] = to_low_precision(graph, precision)
+        stable_names(graph)
     out = gs.export_onnx(graph)
     out.ir_version, out.producer_name = model.ir_version, model.producer_name
     del out.opset_import[:]
@@ -104,5 +120,7 @@ def run_passes(path: str | Path, passes: Sequence[str] = DEFAULT_PASSES) -> dict
     for key, value in metadata.items():
         prop = out.metadata_props.add()
         prop.key, prop.value = key, value
+    if precision != "fp32":  # the rewritten tensors' types come back from inference
+        out = onnx.shape_inference.infer_shapes(out, strict_mode=True)
     onnx.save(out, str(path))
     return report

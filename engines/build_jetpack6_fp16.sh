@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# TensorRT 10.0-10.11 (JetPack 6 ships 10.3): FP16 engine; weakly typed --fp16 with LayerNorm in FP32 for an FP32 export, --stronglyTyped for an FP16 export.
+#
+#   engines/build_jetpack6_fp16.sh EXPORT_DIR [-- EXTRA_TRTEXEC_ARGS...]
+#
+# Same environment variables as engines/trtexec_build.sh (OUT_DIR, GPU_TAG, MIN_BATCH, OPT_BATCH,
+# MAX_BATCH, TRTEXEC, DRY_RUN=1).
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+    echo "usage: $0 EXPORT_DIR [-- EXTRA_TRTEXEC_ARGS...]" >&2
+    exit 2
+fi
+export_dir=$1
+shift
+exec bash "$(dirname "$0")/trtexec_build.sh" "$export_dir" 10 fp16 "$@"

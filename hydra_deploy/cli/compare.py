@@ -1,0 +1,99 @@
+"""hydra-compare: PyTorch vs ONNX Runtime vs a TensorRT engine, per member and per score."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hydra_deploy.cli import common
+
+EXAMPLES = """\
+  hydra-compare export/vit_b16-m3                       # PyTorch vs ONNX Runtime, 8 random inputs
+  hydra-compare export/vit_b16-m3 --engine engines/vit_b16-m3.fp16.engine --batch 32
+  hydra-compare export/vit_b16-m3 --inputs val_batch.npy --json > parity.json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser(
+        "hydra-compare",
+        "Run an export in PyTorch (float32 reference, rebuilt from the folder), ONNX Runtime and, "
+        "with --engine, a TensorRT engine on the same inputs; report per member the member-logit "
+        "max difference and argmax agreement, and per uncertainty score the max difference, "
+        "against tolerances that fit each precision (fp32, fp16, bf16). Exits 1 when a tolerance "
+        "fails: run it after every engine build.",
+        EXAMPLES,
+    )
+    p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="a hydra-export folder")
+    p.add_argument("--engine", type=Path, metavar="FILE", help="a TensorRT engine built from it")
+    p.add_argument("--inputs", type=Path, metavar="FILE",
+                   help="preprocessed inputs (.npy, or .npz with key 'x' or the input name); "
+                   "default: --batch random normal examples")  # fmt: skip
+    p.add_argument("--batch", type=int, default=8, help="random examples when no --inputs (8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
+    p.add_argument("--providers", help="ONNX Runtime providers, comma-separated (default: CUDA, CPU)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def _table(report) -> str:
+    lines = [f"{report.export_dir} ({report.precision}), {report.batch} inputs "
+             f"({report.inputs}), reference: {report.reference}"]  # fmt: skip
+    for backend in report.backends:
+        if backend.status == "skipped":
+            lines.append(f"\n{backend.backend}: skipped: {backend.reason}")
+            continue
+        verdict = "PASS" if backend.passed else "FAIL"
+        lines.append(f"\n{backend.backend} ({backend.path}), {backend.tolerance.precision} "
+                     f"tolerances: {verdict}")  # fmt: skip
+        rows = []
+        by_member: dict[int, dict] = {}
+        for check in backend.members:
+            by_member.setdefault(check.member, {})[check.name] = check
+        for member, checks in by_member.items():
+            logits, argmax = checks["member_logits"], checks["argmax"]
+            rows.append([f"member {member}", f"{logits.value:.3g}", f"{logits.bound:.3g}",
+                         f"{100 * argmax.value:.1f}%", f">= {100 * argmax.bound:.0f}%",
+                         "ok" if logits.passed and argmax.passed else "FAIL"])  # fmt: skip
+        lines.append(common.print_table(
+            rows, ["member", "logits max diff", "bound", "argmax agree", "needs", ""]))  # fmt: skip
+        rows = []
+        for check in backend.scores:
+            if check.kind == "agreement":
+                value, bound = f"{100 * check.value:.1f}%", f">= {100 * check.bound:.0f}%"
+            else:
+                value, bound = f"{check.value:.3g}", f"<= {check.bound:.3g}"
+            rows.append([check.name, check.kind, value, bound, "ok" if check.passed else "FAIL"])
+        lines.append(common.print_table(rows, ["score", "measure", "value", "bound", ""]))
+    failures = report.failures()
+    lines.append("\n" + ("PASSED" if not failures else "FAILED:\n  " + "\n  ".join(failures)))
+    return "\n".join(lines)
+
+
+def main_body(args: argparse.Namespace) -> int:
+    from hydra_deploy.engines.compare import compare_export
+
+    providers = args.providers.split(",") if args.providers else None
+    report = compare_export(args.export_dir, engine=args.engine, inputs=args.inputs,
+                            batch=args.batch, seed=args.seed, providers=providers)  # fmt: skip
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif not args.quiet:
+        print(_table(report))
+    if not report.passed:
+        if args.quiet or args.json:
+            print("error: " + "; ".join(report.failures()), file=sys.stderr)
+        return common.EXIT_ERROR
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``hydra-compare``; returns the exit code (1 when a tolerance fails)."""
+    args = build_parser().parse_args(argv)
+    return common.run(main_body, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Engines and runners: TensorRT builds (TensorRT / Polygraphy API), trtexec recipes, and one
+runner interface over ONNX Runtime sessions and TensorRT engines.
+
+Edge-runtime code: importing this package (and the runners) needs numpy only; torch is never
+imported here. Names resolve lazily so ``import hydra_deploy.engines`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "build_engine": "hydra_deploy.engines.tensorrt",
+    "trtexec_command": "hydra_deploy.engines.trtexec",
+    "load_runner": "hydra_deploy.engines.runner",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hydra_deploy.engines' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,681 @@
+"""One runner interface over ONNX Runtime sessions and TensorRT engines.
+
+``load_runner(path)`` takes an export folder (``model.onnx`` + ``hydra.json``), a ``.onnx`` file or
+a TensorRT engine file (``.engine``/``.plan``/``.trt``) and returns a :class:`Runner`::
+
+    runner = load_runner("export/vit_b16-m3")
+    outputs = runner(pixel_values)            # numpy in, dict of numpy arrays out
+    scores = ensemble_scores(outputs["member_logits"])
+
+Before every call the inputs are checked against the model (names, rank, fixed dimensions, dtype,
+finite values) and a :class:`~hydra_deploy.errors.RunnerError` names the input, what was expected
+and what came. Casts are made only within a kind: float16/float64 arrays go to a float32 input
+(float64 is numpy's default, so ``np.random.rand`` arrays work), any integer array goes to an
+int64/int32 input (text models' token ids) when its values fit; an integer array for a float input
+(raw uint8 pixels, most likely) or a float array for an integer input is refused. Batches above
+the model's maximum are split and the outputs concatenated; batches below an engine's minimum are
+padded by repeating the last example, and the padding is dropped from the outputs.
+
+Backends:
+
+- ``onnxruntime``: an ``InferenceSession``. Providers default to CUDA (when this onnxruntime build
+  has it) then CPU; the TensorRT execution provider is used only when asked for. Short names
+  (``"cpu"``, ``"cuda"``, ``"tensorrt"``) and ``(name, options)`` pairs are accepted.
+- ``tensorrt``: the engine is deserialized with the TensorRT Python API (its I/O tensors and
+  optimization profile give the input specs and batch range) and run through Polygraphy's
+  ``TrtRunner``, which sets the input shapes, binds device buffers and calls
+  ``execute_async_v3`` (TensorRT 10) / ``execute_v2`` (8.x) for us, on TensorRT 8.6 and JetPack 6
+  through 10.x alike. Needs ``tensorrt`` and ``polygraphy`` (the ``[trt]`` extra).
+
+Edge runtime: this module imports numpy only; onnxruntime, tensorrt and polygraphy are imported
+when a runner of that backend is made. Never torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import RunnerError
+
+logger = logging.getLogger("hydra_deploy")
+
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+BACKENDS = {"onnxruntime": "onnxruntime", "ort": "onnxruntime", "tensorrt": "tensorrt",
+            "trt": "tensorrt"}  # fmt: skip
+PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "dml": "DmlExecutionProvider",
+}
+DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16", "tensor(int64)": "int64", "tensor(int32)": "int32",
+    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: its name, shape (a str or None for a dynamic dimension) and dtype.
+
+    ``dtype`` is a numpy dtype name (``"float32"``, ``"int64"``; ``"bfloat16"`` where numpy has
+    none).
+    """
+
+    name: str
+    shape: tuple[int | str | None, ...]
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name} [{dims}] {self.dtype}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+def _is_fixed(dim: int | str | None) -> bool:
+    return isinstance(dim, int) and dim >= 0
+
+
+class Runner:
+    """Runs a model file: ``runner(inputs) -> dict[str, np.ndarray]``.
+
+    Attributes: ``backend`` ("onnxruntime" or "tensorrt"), ``path`` (the file run), ``inputs`` and
+    ``outputs`` (:class:`TensorSpec` tuples; ``input_names``, ``output_names``), ``providers``
+    (ONNX Runtime's providers in use; ``("TensorRT",)`` for engines), ``min_batch`` / ``max_batch``
+    (the batch range a call is split and padded to; ``max_batch`` None: no limit), ``info`` (the
+    export's ``hydra.json`` when one is beside the file, else None) and ``engine_info`` (an
+    engine's JSON sidecar). ``spec``, ``class_names``, ``preprocessing`` and ``precision`` read
+    from those. Close it (or use it in a ``with`` block) to free an engine's GPU memory.
+    """
+
+    backend: str = ""
+
+    def __init__(
+        self,
+        path: Path,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        *,
+        providers: Sequence[str] = (),
+        min_batch: int = 1,
+        max_batch: int | None = None,
+        info: dict[str, Any] | None = None,
+        engine_info: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.providers = tuple(providers)
+        self.min_batch = max(1, int(min_batch))
+        self.max_batch = None if max_batch is None else int(max_batch)
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise RunnerError(
+                f"{self.path}: batch range {self.min_batch}..{self.max_batch} is empty; rebuild "
+                "the model with min batch <= max batch"
+            )
+        self.info = info
+        self.engine_info = engine_info
+
+    # --- what the model is -------------------------------------------------------------------
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    def _meta(self, key: str) -> Any:
+        for source in (self.info, self.engine_info):
+            if source and source.get(key) is not None:
+                return source[key]
+        return None
+
+    @property
+    def spec(self) -> dict[str, Any] | None:
+        """The HydraSpec as a dict (from hydra.json or the engine sidecar), or None."""
+        return self._meta("spec")
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return self._meta("class_names")
+
+    @property
+    def preprocessing(self) -> dict[str, Any] | None:
+        """timm's data config of the export (input size, interpolation, mean, std, crop)."""
+        return self._meta("preprocessing")
+
+    @property
+    def precision(self) -> str | None:
+        """The engine's build precision (sidecar) or the ONNX file's (hydra.json), if known."""
+        for source in (self.engine_info, self.info):
+            if source and source.get("precision"):
+                return str(source["precision"])
+        return None
+
+    @property
+    def family(self) -> str | None:
+        return self._meta("family")
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({str(self.path)!r}, inputs=[{', '.join(t.describe() for t in self.inputs)}], "
+            f"outputs={list(self.output_names)}, providers={list(self.providers)}, "
+            f"batch={self.min_batch}..{self.max_batch or 'any'})"
+        )
+
+    # --- running -----------------------------------------------------------------------------
+    def __call__(
+        self,
+        inputs: np.ndarray | Mapping[str, np.ndarray],
+        *,
+        batch_size: int | None = None,
+        allow_nonfinite: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Run the model on a batch; returns every output by name (numpy arrays).
+
+        ``inputs``: an array for a one-input model, or a dict of arrays by input name.
+        ``batch_size`` (default: ``max_batch``) splits the batch into chunks of at most that many
+        examples. NaN/inf inputs are refused unless ``allow_nonfinite``.
+        """
+        feed = self.check_inputs(inputs, allow_nonfinite=allow_nonfinite)
+        batch = next(iter(feed.values())).shape[0]
+        chunk = self._chunk_size(batch_size)
+        if batch <= chunk and batch >= self.min_batch:
+            return self._run_checked(feed)
+        parts: list[dict[str, np.ndarray]] = []
+        for start in range(0, batch, chunk):
+            part = {k: v[start : start + chunk] for k, v in feed.items()}
+            size = next(iter(part.values())).shape[0]
+            if size < self.min_batch:  # pad with copies of the last example, then drop them
+                pad = self.min_batch - size
+                part = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in part.items()}  # fmt: skip
+                parts.append({k: v[:size] for k, v in self._run_checked(part).items()})
+            else:
+                parts.append(self._run_checked(part))
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def _chunk_size(self, batch_size: int | None) -> int:
+        if batch_size is None:
+            return self.max_batch or np.iinfo(np.int64).max
+        if int(batch_size) < 1:
+            raise RunnerError(f"batch_size must be at least 1, got {batch_size}")
+        if self.max_batch is not None and batch_size > self.max_batch:
+            raise RunnerError(
+                f"batch_size {batch_size} exceeds the model's maximum batch {self.max_batch} "
+                f"({self._batch_source()}); use at most {self.max_batch} (larger batches are "
+                "split automatically)"
+            )
+        return int(batch_size)
+
+    def _batch_source(self) -> str:
+        return "its engine profile" if self.backend == "tensorrt" else "hydra.json batch_profile"
+
+    def _run_checked(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self._run(feed)
+        batch = next(iter(feed.values())).shape[0]
+        for name, value in outputs.items():
+            if value.ndim == 0 or value.shape[0] != batch:
+                raise RunnerError(
+                    f"output {name!r} has shape {value.shape} for a batch of {batch}; the model "
+                    "does not keep the batch as its first axis and cannot be split"
+                )
+        return outputs
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Free the session / engine resources (the runner cannot be called afterwards)."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- input checks ------------------------------------------------------------------------
+    def check_inputs(
+        self, inputs: np.ndarray | Mapping[str, np.ndarray], *, allow_nonfinite: bool = False
+    ) -> dict[str, np.ndarray]:
+        """The inputs as a feed dict of contiguous arrays of the model's dtypes, or RunnerError."""
+        names = self.input_names
+        if isinstance(inputs, Mapping):
+            given = dict(inputs)
+            if "token_type_ids" in names and "token_type_ids" not in given and "input_ids" in given:
+                given["token_type_ids"] = np.zeros_like(
+                    np.asarray(given["input_ids"])
+                )  # one segment
+            missing = [n for n in names if n not in given]
+            extra = sorted(set(given) - set(names))
+            if missing or extra:
+                raise RunnerError(
+                    "inputs do not match the model: "
+                    + "; ".join(
+                        part
+                        for part in (
+                            f"missing {missing}" if missing else "",
+                            f"unexpected {extra}" if extra else "",
+                        )
+                        if part
+                    )
+                    + f"; the model takes {list(names)}"
+                )
+        else:
+            if len(names) != 1:
+                raise RunnerError(
+                    f"the model takes {len(names)} inputs {list(names)}: pass a dict of arrays "
+                    "by name, not one array"
+                )
+            given = {names[0]: inputs}
+        feed: dict[str, np.ndarray] = {}
+        batch: tuple[str, int] | None = None
+        for spec in self.inputs:
+            array = _check_one(spec, given[spec.name], allow_nonfinite)
+            if batch is not None and array.shape[0] != batch[1]:
+                raise RunnerError(
+                    f"input {spec.name!r} has batch {array.shape[0]} but {batch[0]!r} has "
+                    f"{batch[1]}; every input needs the same batch size"
+                )
+            batch = batch or (spec.name, array.shape[0])
+            feed[spec.name] = array
+        return feed
+
+
+def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarray:
+    array = np.asarray(value)
+    name = spec.name
+    if array.ndim != spec.rank:
+        hint = " (add the batch axis: x[None])" if array.ndim == spec.rank - 1 else ""
+        raise RunnerError(
+            f"input {name!r} must have {spec.rank} dimensions {list(spec.shape)}, got shape "
+            f"{array.shape}{hint}"
+        )
+    if array.shape[0] == 0:
+        raise RunnerError(f"input {name!r} is an empty batch (shape {array.shape}); give 1 or more examples")  # fmt: skip
+    for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
+        if axis > 0 and _is_fixed(want) and want != got:
+            raise RunnerError(
+                f"input {name!r} must have size {want} on axis {axis} (shape {list(spec.shape)}), "
+                f"got shape {array.shape}"
+            )
+    array = _cast(spec, array)
+    if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
+        bad = int((~np.isfinite(array)).reshape(len(array), -1).any(axis=1).sum())
+        raise RunnerError(
+            f"input {name!r} holds NaN or infinite values in {bad} of {len(array)} example(s); "
+            "fix the data, or pass allow_nonfinite=True to run it anyway"
+        )
+    return np.ascontiguousarray(array)
+
+
+def _cast(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+    want = spec.dtype
+    if want == "bfloat16":
+        raise RunnerError(
+            f"input {spec.name!r} is bfloat16, which numpy cannot hold; export the model with "
+            "float32 inputs (hydra-export keeps them float32 for every precision)"
+        )
+    target = np.dtype(want)
+    if array.dtype == target:
+        return array
+    if target.kind == "f" and array.dtype.kind == "f":
+        with np.errstate(over="ignore"):
+            return array.astype(target)
+    if target.kind in "iu" and array.dtype.kind in "iu":
+        info = np.iinfo(target)
+        if array.size and (array.min() < info.min or array.max() > info.max):
+            raise RunnerError(
+                f"input {spec.name!r} ({want}) got {array.dtype} values outside {want}'s range"
+            )
+        return array.astype(target)
+    if target.kind == array.dtype.kind:  # bool
+        return array.astype(target)
+    hint = ""
+    if target.kind == "f" and array.dtype == np.uint8:
+        hint = " (raw pixels? preprocess images first, as hydra-run does)"
+    elif target.kind in "iu" and array.dtype.kind == "f":
+        hint = " (token ids must be integers)"
+    raise RunnerError(f"input {spec.name!r} must be {want}, got {array.dtype}{hint}")
+
+
+# --- ONNX Runtime ----------------------------------------------------------------------------------
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise RunnerError(
+            "ONNX Runtime is not installed: pip install onnxruntime (CPU) or onnxruntime-gpu "
+            "(CUDA), or run a TensorRT engine file instead"
+        ) from err
+    return onnxruntime
+
+
+def resolve_providers(providers: Sequence[Any] | str | None, available: Sequence[str]) -> list[Any]:
+    """ONNX Runtime providers to ask for: defaults, short names, and a check they exist here."""
+    if providers is None:
+        return [p for p in DEFAULT_PROVIDERS if p in available]
+    if isinstance(providers, str):
+        providers = [providers]
+    resolved: list[Any] = []
+    for entry in providers:
+        name, options = (entry[0], entry[1]) if isinstance(entry, (tuple, list)) else (entry, None)
+        full = PROVIDER_ALIASES.get(str(name).lower(), str(name))
+        if full not in available:
+            raise RunnerError(
+                f"ONNX Runtime provider {name!r} is not available in this onnxruntime build; "
+                f"available: {', '.join(available)} (CUDA needs onnxruntime-gpu, TensorRT needs "
+                "onnxruntime-gpu and TensorRT libraries)"
+            )
+        resolved.append((full, dict(options)) if options is not None else full)
+    if not resolved:
+        raise RunnerError(f"no providers given; available: {', '.join(available)}")
+    return resolved
+
+
+class OrtRunner(Runner):
+    """A model run by an ONNX Runtime ``InferenceSession``."""
+
+    backend = "onnxruntime"
+
+    def __init__(
+        self,
+        onnx_path: Path,
+        providers: Sequence[Any] | str | None = None,
+        *,
+        info: dict[str, Any] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        ort = _import_ort()
+        asked = resolve_providers(providers, ort.get_available_providers())
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only; warnings about fallbacks are ours to say
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), options, providers=asked)
+        except Exception as err:
+            raise RunnerError(_session_error(onnx_path, err, info)) from err
+        inputs = [TensorSpec(a.name, tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
+                  for a in self.session.get_inputs()]  # fmt: skip
+        outputs = [TensorSpec(a.name, tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
+                   for a in self.session.get_outputs()]  # fmt: skip
+        min_batch, max_batch = 1, None
+        first = inputs[0].shape[0] if inputs and inputs[0].shape else None
+        if _is_fixed(first) and first > 0:  # a fixed-batch file: run exactly that batch
+            min_batch = max_batch = int(first)
+        elif info and info.get("batch_profile"):
+            max_batch = int(info["batch_profile"]["max"])
+        super().__init__(onnx_path, inputs, outputs, providers=self.session.get_providers(),
+                         min_batch=min_batch, max_batch=max_batch, info=info)  # fmt: skip
+        wanted = [p if isinstance(p, str) else p[0] for p in asked]
+        if wanted[0] not in self.providers:
+            logger.warning("ONNX Runtime fell back from %s to %s", wanted[0], self.providers[0])
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            values = self.session.run(None, feed)
+        except Exception as err:
+            raise RunnerError(f"ONNX Runtime failed to run {self.path}: {err}") from err
+        return dict(zip(self.output_names, values, strict=True))
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _session_error(path: Path, err: Exception, info: dict[str, Any] | None) -> str:
+    text = str(err)
+    precision = (info or {}).get("precision")
+    if "NOT_IMPLEMENTED" in text or "NotImplemented" in type(err).__name__:
+        if precision == "bf16" or "bfloat16" in text.lower():
+            return (
+                f"ONNX Runtime cannot run {path}: its CPU kernels do not implement BF16 MatMul/"
+                f"Softmax ({text.strip()}); build a TensorRT engine from it (hydra-build) or run "
+                "the fp32/fp16 export"
+            )
+        return (
+            f"ONNX Runtime has no kernel for an operator of {path} with these providers "
+            f"({text.strip()}); try another provider, or another precision (ONNX Runtime's CPU "
+            "kernels do not run BF16 MatMul)"
+        )
+    return f"ONNX Runtime cannot load {path}: {text.strip()}"
+
+
+# --- TensorRT ------------------------------------------------------------------------------------
+def _import_tensorrt():
+    try:
+        import tensorrt
+    except ImportError as err:
+        raise RunnerError(
+            f"TensorRT is not installed ({err}): install it on a machine with an NVIDIA GPU "
+            "(pip install 'hydra-deploy[trt]'; JetPack ships it on a Jetson), or run the .onnx "
+            "file with ONNX Runtime instead: load_runner('EXPORT_DIR') / hydra-run EXPORT_DIR"
+        ) from err
+    return tensorrt
+
+
+def _trt_runner_class():
+    try:
+        from polygraphy.backend.trt import TrtRunner
+    except ImportError as err:
+        raise RunnerError(
+            f"running TensorRT engines needs Polygraphy ({err}): pip install polygraphy "
+            "(part of 'hydra-deploy[trt]')"
+        ) from err
+    return TrtRunner
+
+
+def _trt_dtype(trt: Any, dtype: Any) -> str:
+    try:
+        return np.dtype(trt.nptype(dtype)).name
+    except (TypeError, ValueError):
+        return str(dtype).rsplit(".", 1)[-1].lower()
+
+
+class TensorRTRunner(Runner):
+    """A TensorRT engine run through Polygraphy's ``TrtRunner`` (see the module docstring)."""
+
+    backend = "tensorrt"
+
+    def __init__(
+        self,
+        engine_path: Path,
+        *,
+        info: dict[str, Any] | None = None,
+        engine_info: dict[str, Any] | None = None,
+        profile: int = 0,
+    ) -> None:
+        trt = _import_tensorrt()
+        runner_class = _trt_runner_class()
+        self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        try:
+            engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
+        except Exception as err:  # older bindings raise, newer return None
+            engine, cause = None, err
+        else:
+            cause = None
+        if engine is None:
+            raise RunnerError(
+                f"TensorRT cannot load the engine {engine_path}"
+                + (f" ({cause})" if cause else "")
+                + ": engines only run on the TensorRT version and GPU they were built with; "
+                "rebuild it here with hydra-build EXPORT_DIR"
+            )
+        self.engine = engine
+        inputs, outputs = [], []
+        for index in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(index)
+            shape = tuple(int(d) if d >= 0 else None for d in engine.get_tensor_shape(name))
+            spec = TensorSpec(name, shape, _trt_dtype(trt, engine.get_tensor_dtype(name)))
+            is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+            (inputs if is_input else outputs).append(spec)
+        if not inputs:
+            raise RunnerError(f"the engine {engine_path} has no inputs")
+        first = inputs[0]
+        if first.shape and first.shape[0] is None:  # dynamic batch: the profile bounds it
+            low, _, high = engine.get_tensor_profile_shape(first.name, profile)
+            min_batch, max_batch = int(low[0]), int(high[0])
+        else:
+            min_batch = max_batch = int(first.shape[0])
+        super().__init__(engine_path, inputs, outputs, providers=("TensorRT",),
+                         min_batch=min_batch, max_batch=max_batch, info=info,
+                         engine_info=engine_info)  # fmt: skip
+        self._trt_runner = runner_class(engine, optimization_profile=profile)
+        try:
+            self._trt_runner.activate()
+        except Exception as err:
+            raise RunnerError(f"TensorRT cannot create an execution context for {engine_path}: {err}") from err  # fmt: skip
+
+    def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            values = self._trt_runner.infer(feed, check_inputs=False)
+        except Exception as err:
+            raise RunnerError(f"TensorRT failed to run {self.path}: {err}") from err
+        # TrtRunner reuses its host buffers between calls: copy
+        return {name: np.array(values[name], copy=True) for name in self.output_names}
+
+    def close(self) -> None:
+        runner = getattr(self, "_trt_runner", None)
+        if runner is not None and runner.is_active:
+            runner.deactivate()
+
+
+# --- loading -------------------------------------------------------------------------------------
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RunnerError(f"cannot read {path}: {err}; restore it or re-export the model") from err
+    return data if isinstance(data, dict) else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _info_beside_onnx(onnx_path: Path, trusted: bool) -> dict[str, Any] | None:
+    """hydra.json beside a .onnx file, if it describes that file (its hash is checked)."""
+    info = _read_json(onnx_path.parent / "hydra.json")
+    if info is None or trusted or not info.get("onnx_sha256"):
+        return info
+    if _sha256(onnx_path) != info["onnx_sha256"]:
+        logger.warning(
+            "%s describes another ONNX file than %s (hash differs); running without it",
+            onnx_path.parent / "hydra.json",
+            onnx_path.name,
+        )
+        return None
+    return info
+
+
+def _info_for_engine(engine_path: Path, sidecar: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The export's hydra.json for an engine: beside it, or where its sidecar says it came from."""
+    candidates = [engine_path.parent / "hydra.json"]
+    for key in ("export_dir", "onnx", "onnx_path", "source"):
+        value = (sidecar or {}).get(key)
+        if isinstance(value, str) and value:
+            where = Path(value)
+            if not where.is_absolute():
+                where = engine_path.parent / where
+            candidates.append((where if where.suffix != ".onnx" else where.parent) / "hydra.json")
+    for candidate in candidates:
+        info = _read_json(candidate)
+        if info is not None:
+            return info
+    return None
+
+
+def load_runner(
+    path: str | os.PathLike,
+    backend: str | None = None,
+    providers: Sequence[Any] | str | None = None,
+    *,
+    threads: int | None = None,
+) -> Runner:
+    """A :class:`Runner` for an export folder, a ``.onnx`` file or a TensorRT engine file.
+
+    ``backend``: ``"onnxruntime"`` (``"ort"``) or ``"tensorrt"`` (``"trt"``); by default a folder
+    or ``.onnx`` runs in ONNX Runtime and an ``.engine``/``.plan``/``.trt`` file in TensorRT (a
+    folder with ``backend="tensorrt"`` runs the one engine file inside it). ``providers``: ONNX
+    Runtime execution providers (names, short names or ``(name, options)`` pairs; default CUDA
+    then CPU, whichever this build has). ``threads``: ONNX Runtime's intra-op threads. The
+    export's ``hydra.json`` (and an engine's ``<stem>.json`` sidecar) become ``runner.info`` /
+    ``runner.engine_info``.
+    """
+    target = Path(path)
+    if backend is not None and str(backend).lower() not in BACKENDS:
+        raise RunnerError(f"unknown backend {backend!r}; use 'onnxruntime' or 'tensorrt'")
+    chosen = BACKENDS.get(str(backend).lower()) if backend is not None else None
+    if not target.exists():
+        raise RunnerError(
+            f"{str(target)!r} does not exist; give an export folder (hydra-export --out), a .onnx "
+            "file or a TensorRT engine file (.engine/.plan)"
+        )
+    if target.is_dir():
+        if chosen == "tensorrt":
+            engines = sorted(p for p in target.iterdir() if p.suffix in ENGINE_SUFFIXES)
+            if len(engines) != 1:
+                raise RunnerError(
+                    f"backend 'tensorrt' needs one engine file in {str(target)!r}, found "
+                    f"{[p.name for p in engines] or 'none'}; pass the engine file itself, or "
+                    "build one with hydra-build"
+                )
+            target = engines[0]
+        else:
+            onnx_path = target / "model.onnx"
+            if not onnx_path.is_file():
+                raise RunnerError(
+                    f"{str(target)!r} is not an export folder: model.onnx is missing (make one "
+                    "with hydra-export --out DIR)"
+                )
+            return OrtRunner(onnx_path, providers, info=_read_json(target / "hydra.json"),
+                             threads=threads)  # fmt: skip
+    suffix = target.suffix.lower()
+    if suffix == ".onnx":
+        if chosen == "tensorrt":
+            raise RunnerError(
+                f"{target} is an ONNX file: build a TensorRT engine from it first (hydra-build), "
+                "or run it in ONNX Runtime with providers=['tensorrt']"
+            )
+        return OrtRunner(target, providers, info=_info_beside_onnx(target, trusted=False),
+                         threads=threads)  # fmt: skip
+    if suffix in ENGINE_SUFFIXES:
+        if chosen == "onnxruntime":
+            raise RunnerError(
+                f"{target} is a TensorRT engine; ONNX Runtime runs the .onnx file it was built from"
+            )
+        if providers is not None:
+            raise RunnerError("providers are ONNX Runtime's; a TensorRT engine takes none")
+        sidecar = _read_json(target.with_suffix(".json"))
+        return TensorRTRunner(target, info=_info_for_engine(target, sidecar), engine_info=sidecar)
+    raise RunnerError(
+        f"cannot tell how to run {str(target)!r}: expected an export folder, a .onnx file or an "
+        f"engine file ({', '.join(ENGINE_SUFFIXES)})"
+    )

@@ -1,0 +1,473 @@
+"""TensorRT engines from export folders, through Polygraphy's loaders over the TensorRT API.
+
+Two steps, so that everything but the build itself is testable without a GPU:
+
+1. :func:`plan_build` (pure Python): reads the export, applies the precision rules of
+   :func:`hydra_deploy.engines.trtexec.choose_precision` for the TensorRT version and GPU at hand,
+   and returns a :class:`BuildPlan`: typing, builder flags, FP32 layers, optimization profile,
+   file names and the sidecar's contents.
+2. :func:`execute_plan`: ``NetworkFromOnnxPath(strongly_typed=...)`` -> ``SetLayerPrecisions``
+   (weak typing only) -> ``CreateConfig(fp16/bf16, profiles, load_timing_cache)`` ->
+   ``EngineBytesFromNetwork(save_timing_cache=...)``; the engine and its JSON sidecar are written
+   atomically, the timing cache is kept beside them.
+
+:func:`build_engine` does both. Importing this module needs neither TensorRT nor Polygraphy; they
+are imported when a build runs (``pip install "hydra-deploy[trt]"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import importlib
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra_deploy.engines.trtexec import (
+    ExportSource,
+    choose_precision,
+    engine_stem,
+    fp32_layer_names,
+    generation_of,
+    load_source,
+    parse_version,
+    timing_cache_name,
+    trtexec_command,
+)
+from hydra_deploy.errors import EngineError
+
+log = logging.getLogger("hydra_deploy.engines")
+
+SIDECAR_FORMAT = "hydra-engine/1"
+INSTALL_HINT = (
+    'pip install "hydra-deploy[trt]" (the tensorrt wheels fetch their libraries from NVIDIA\'s '
+    "index, pypi.nvidia.com; on a Jetson TensorRT comes with JetPack)"
+)
+
+
+# --- the GPU and TensorRT at hand ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuInfo:
+    """A CUDA device: its name and compute capability (``sm`` = 10 * major + minor)."""
+
+    name: str
+    major: int
+    minor: int
+    cuda_driver: str | None = None  # CUDA version the driver supports, e.g. "12.8"
+
+    @property
+    def sm(self) -> int:
+        return 10 * self.major + self.minor
+
+    @property
+    def compute_capability(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    @property
+    def tag(self) -> str:
+        """File-name tag: slugged name and SM, e.g. ``NVIDIA H200`` -> ``h200-sm90``."""
+        slug = re.sub(r"^nvidia[\s-]+", "", self.name.strip().lower())
+        slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "gpu"
+        return f"{slug}-sm{self.sm}"
+
+
+def detect_gpu(device: int = 0) -> GpuInfo:
+    """Name and compute capability of CUDA device ``device``, from the driver API (libcuda).
+
+    libcuda ships with every NVIDIA driver (Jetson included), so this needs neither torch nor
+    nvidia-smi. Raises EngineError when there is no driver or no such device.
+    """
+    names = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+    lib = None
+    for candidate in names:
+        with contextlib.suppress(OSError):
+            lib = ctypes.CDLL(candidate)
+            break
+    if lib is None:
+        raise EngineError(
+            "no NVIDIA driver found (libcuda cannot be loaded); build engines on the machine with "
+            "the target GPU, or print the trtexec commands with hydra-build EXPORT_DIR --trtexec"
+        )
+
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise EngineError(
+                f"CUDA driver call {what} failed with error {status}; check that a GPU is visible "
+                "(CUDA_VISIBLE_DEVICES, nvidia-smi / tegrastats)"
+            )
+
+    check(lib.cuInit(0), "cuInit")
+    count = ctypes.c_int(0)
+    check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    if not 0 <= device < count.value:
+        raise EngineError(f"CUDA device {device} does not exist ({count.value} visible)")
+    handle = ctypes.c_int(0)
+    check(lib.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+    name = ctypes.create_string_buffer(256)
+    check(lib.cuDeviceGetName(name, 256, handle), "cuDeviceGetName")
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+    check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, handle), "cuDeviceGetAttribute")
+    check(lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, handle), "cuDeviceGetAttribute")
+    driver = ctypes.c_int(0)
+    cuda_driver = None
+    if lib.cuDriverGetVersion(ctypes.byref(driver)) == 0:
+        cuda_driver = f"{driver.value // 1000}.{driver.value % 1000 // 10}"
+    return GpuInfo(name.value.decode(errors="replace"), major.value, minor.value, cuda_driver)
+
+
+def tensorrt_version() -> str:
+    """The installed TensorRT's version; EngineError (install hint) when it is missing."""
+    try:
+        import tensorrt
+    except (ImportError, OSError) as err:  # OSError: the wheel is there, its libraries are not
+        raise EngineError(f"TensorRT is not installed ({err}); {INSTALL_HINT}") from err
+    return str(tensorrt.__version__)
+
+
+# --- the plan --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything a build does, decided before TensorRT is touched."""
+
+    onnx_path: Path
+    export_dir: Path
+    out_dir: Path
+    requested_precision: str | None
+    graph_precision: str
+    precision: str  # what the engine computes in
+    strongly_typed: bool
+    builder_flags: tuple[str, ...]  # weak typing: "fp16" / "bf16"
+    fp32_layers: tuple[str, ...]  # pinned to FP32 with precision constraints "obey"
+    batch: tuple[int, int, int]
+    profile: dict[str, dict[str, list[int]]]  # input -> {"min", "opt", "max"} shapes
+    tensorrt_version: str
+    gpu: GpuInfo
+    onnx_sha256: str
+    engine_path: Path
+    sidecar_path: Path
+    timing_cache: Path
+    load_timing_cache: Path | None  # an existing cache to start from (None: start empty)
+    spec: dict[str, Any] | None
+    inputs: list[dict[str, Any]]
+    outputs: list[Any]
+    uq_outputs: bool
+    notes: tuple[str, ...] = field(default=())
+    source: ExportSource | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def precision_constraints(self) -> str | None:
+        return "obey" if self.fp32_layers else None
+
+    def sidecar(self, **extra: Any) -> dict[str, Any]:
+        """The JSON written beside the engine (``extra``: build time, timings)."""
+        return {
+            "format": SIDECAR_FORMAT,
+            "engine": self.engine_path.name,
+            "precision": self.precision,
+            "requested_precision": self.requested_precision,
+            "graph_precision": self.graph_precision,
+            "strongly_typed": self.strongly_typed,
+            "builder_flags": list(self.builder_flags),
+            "fp32_layers": list(self.fp32_layers),
+            "gpu": {
+                "name": self.gpu.name,
+                "compute_capability": self.gpu.compute_capability,
+                "sm": self.gpu.sm,
+                "tag": self.gpu.tag,
+            },
+            "tensorrt_version": self.tensorrt_version,
+            "cuda": {"driver": self.gpu.cuda_driver, "runtime": None},  # runtime: set by the build
+            "batch_profile": dict(zip(("min", "opt", "max"), self.batch, strict=True)),
+            "profile": self.profile,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "uq_outputs": self.uq_outputs,
+            "onnx": str(os.path.relpath(self.onnx_path, self.out_dir)),
+            "onnx_sha256": self.onnx_sha256,
+            "timing_cache": self.timing_cache.name,
+            "spec": self.spec,
+            "notes": list(self.notes),
+            **extra,
+        }
+
+    def trtexec_equivalent(self) -> str:
+        """The trtexec line that makes the same engine (for logs and bug reports)."""
+        try:
+            command = trtexec_command(
+                self.source if self.source is not None else load_source(self.onnx_path),
+                precision=self.precision,
+                trt=generation_of(self.tensorrt_version),
+                engine=self.engine_path,
+                timing_cache=self.timing_cache,
+                min_batch=self.batch[0],
+                opt_batch=self.batch[1],
+                max_batch=self.batch[2],
+                sm=self.gpu.sm,
+                strongly_typed=self.strongly_typed,
+            )
+        except EngineError as err:  # a log line must never stop a build
+            return f"(no trtexec equivalent: {err})"
+        return command.shell
+
+
+def plan_build(
+    onnx_path: str | Path,
+    *,
+    precision: str | None = None,
+    min_batch: int | None = None,
+    opt_batch: int | None = None,
+    max_batch: int | None = None,
+    timing_cache: str | Path | None = None,
+    strongly_typed: bool | None = None,
+    out: str | Path | None = None,
+    trt_version: str | None = None,
+    gpu: GpuInfo | None = None,
+) -> BuildPlan:
+    """Decide a build without running it (see :func:`build_engine` for the arguments).
+
+    ``trt_version`` and ``gpu`` default to the installed TensorRT and CUDA device 0; pass them to
+    plan for another machine (tests do).
+    """
+    source = load_source(onnx_path)
+    trt_version = trt_version if trt_version is not None else tensorrt_version()
+    gpu = gpu if gpu is not None else detect_gpu()
+    choice = choose_precision(
+        precision,
+        source.graph_precision,
+        parse_version(trt_version),
+        sm=gpu.sm,
+        strongly_typed=strongly_typed,
+    )
+    batch = source.batch_profile(min_batch, opt_batch, max_batch)
+    profile = source.profile_shapes(batch)
+    out_dir = Path(out) if out is not None else source.folder
+    major, minor = parse_version(trt_version)
+    sha = source.sha256
+    stem = engine_stem(sha, choice.precision, f"{major}.{minor}", gpu.tag)
+    cache = (
+        Path(timing_cache)
+        if timing_cache is not None
+        else out_dir / timing_cache_name(f"{major}.{minor}", gpu.tag)
+    )
+    info = source.info or {}
+    return BuildPlan(
+        onnx_path=source.onnx_path,
+        export_dir=source.folder,
+        out_dir=out_dir,
+        requested_precision=precision,
+        graph_precision=source.graph_precision,
+        precision=choice.precision,
+        strongly_typed=choice.strongly_typed,
+        builder_flags=choice.builder_flags,
+        fp32_layers=tuple(fp32_layer_names(source.onnx)) if choice.constrain_fp32 else (),
+        batch=batch,
+        profile=profile,
+        tensorrt_version=trt_version,
+        gpu=gpu,
+        onnx_sha256=sha,
+        engine_path=out_dir / f"{stem}.engine",
+        sidecar_path=out_dir / f"{stem}.json",
+        timing_cache=cache,
+        load_timing_cache=cache if cache.is_file() else None,
+        spec=source.spec,
+        inputs=list(info.get("inputs") or source.onnx.inputs),
+        outputs=list(info.get("outputs") or source.onnx.outputs),
+        uq_outputs=bool(info.get("uq_outputs", len(source.onnx.outputs) > 1)),
+        notes=choice.notes,
+        source=source,
+    )
+
+
+# --- running it ---------------------------------------------------------------------------------------------
+def _import_polygraphy_trt():
+    """tensorrt and Polygraphy's TensorRT backend, or EngineError with the install hint."""
+    try:
+        import tensorrt as trt
+    except (ImportError, OSError) as err:
+        raise EngineError(f"TensorRT is not installed ({err}); {INSTALL_HINT}") from err
+    try:
+        poly_trt = importlib.import_module("polygraphy.backend.trt")
+    except ImportError as err:
+        raise EngineError(f"Polygraphy is not installed ({err}); {INSTALL_HINT}") from err
+    return trt, poly_trt
+
+
+def _cuda_runtime_version() -> str | None:
+    """The CUDA runtime TensorRT loaded, via Polygraphy's libcudart wrapper (None if unknown)."""
+    try:
+        from polygraphy import cuda
+
+        value = ctypes.c_int(0)
+        if cuda.wrapper().handle.cudaRuntimeGetVersion(ctypes.byref(value)) != 0:
+            return None
+    except Exception:  # no libcudart, no polygraphy: the sidecar just says unknown
+        return None
+    return f"{value.value // 1000}.{value.value % 1000 // 10}"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary name in the same folder, fsync, rename: never a half-written engine."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
+    """Build the engine a :class:`BuildPlan` describes; returns the sidecar's contents."""
+    from hydra_deploy.atomic import atomic_write_json
+
+    trt, poly = _import_polygraphy_trt()
+    if plan.engine_path.exists() and not overwrite:
+        raise EngineError(
+            f"{str(plan.engine_path)!r} exists (same model, precision, GPU and TensorRT); pass "
+            "overwrite=True (--overwrite) to rebuild it"
+        )
+    try:
+        plan.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise EngineError(f"cannot create {str(plan.out_dir)!r}: {err.strerror or err}") from err
+    for note in plan.notes:
+        log.warning("%s", note)
+
+    network = poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)
+    if plan.fp32_layers:
+        network = poly.SetLayerPrecisions(network, {name: trt.float32 for name in plan.fp32_layers})
+    profile = poly.Profile()
+    for name, shapes in plan.profile.items():
+        profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
+    config = poly.CreateConfig(
+        fp16="fp16" in plan.builder_flags,
+        bf16="bf16" in plan.builder_flags,
+        profiles=[profile],
+        precision_constraints=plan.precision_constraints,
+        load_timing_cache=str(plan.load_timing_cache) if plan.load_timing_cache else None,
+    )
+    log.info(
+        "building a %s engine (%s) for %s (SM %s) with TensorRT %s; equivalent trtexec:\n  %s",
+        plan.precision, "strongly typed" if plan.strongly_typed else "weakly typed",
+        plan.gpu.name, plan.gpu.compute_capability, plan.tensorrt_version,
+        plan.trtexec_equivalent(),
+    )  # fmt: skip
+    started = time.perf_counter()
+    try:
+        engine_bytes = poly.EngineBytesFromNetwork(
+            network, config=config, save_timing_cache=str(plan.timing_cache)
+        )()
+    except Exception as err:  # Polygraphy raises PolygraphyException after TensorRT's own log
+        raise EngineError(
+            f"TensorRT could not build {str(plan.onnx_path)!r} ({type(err).__name__}: {err}); "
+            "TensorRT's log above names the failing layer. Try another precision, or check the "
+            "file with: polygraphy run model.onnx --onnxrt --trt"
+        ) from err
+    seconds = time.perf_counter() - started
+    if not engine_bytes:
+        raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
+    _atomic_write_bytes(plan.engine_path, bytes(engine_bytes))
+    sidecar = plan.sidecar(
+        built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        build_seconds=round(seconds, 2),
+        engine_bytes=len(engine_bytes),
+        cuda={"driver": plan.gpu.cuda_driver, "runtime": _cuda_runtime_version()},
+    )
+    atomic_write_json(plan.sidecar_path, sidecar)
+    log.info("wrote %s (%.1f MB, %.0f s) and %s", plan.engine_path, len(engine_bytes) / 1e6,
+             seconds, plan.sidecar_path.name)  # fmt: skip
+    return sidecar
+
+
+def missing_tensorrt_message(source: ExportSource, precision: str | None) -> str:
+    """One line: how to install TensorRT, or the trtexec command that builds this export."""
+    generation = "10.12" if source.graph_precision != "fp32" else "10"
+    try:
+        command = trtexec_command(source, precision=precision, trt=generation).shell
+    except EngineError:
+        command = None
+    line = f"TensorRT is not installed; {INSTALL_HINT}"
+    if command:
+        line += (
+            f", or build on the target with trtexec (hydra-build EXPORT_DIR --trtexec prints the "
+            f"line for each TensorRT version): {command}"
+        )
+    return line
+
+
+def build_engine(
+    onnx_path: str | Path,
+    *,
+    precision: str | None = None,
+    min_batch: int | None = None,
+    opt_batch: int | None = None,
+    max_batch: int | None = None,
+    timing_cache: str | Path | None = None,
+    strongly_typed: bool | None = None,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Build a TensorRT engine from an export folder (or an .onnx file) and return its path.
+
+    Args:
+        onnx_path: an export folder from hydra-export, its model.onnx, or any .onnx file.
+        precision: fp16, bf16, fp32 or best (None: the graph's own precision when it carries one,
+            else fp16). A graph exported in FP16/BF16 carries its precision
+            and builds strongly typed (ask for its precision, ``best`` or None). An FP32 graph
+            builds weakly typed with FP16/BF16 builder flags on TensorRT before 10.12, with
+            LayerNormalization and the ensemble head pinned to FP32; TensorRT >= 10.12 needs an
+            FP16/BF16 export instead. BF16 needs SM >= 80 and TensorRT >= 10: ``best`` falls back
+            to FP16 with a warning, an explicit ``bf16`` raises.
+        min_batch, opt_batch, max_batch: the optimization profile for the batch axis (default:
+            the export's profile from hydra.json, else 1, 8, 32).
+        timing_cache: timing cache file to start from and update (default: beside the engine,
+            ``timing.<gpu>.trt<version>.cache``).
+        strongly_typed: force typing (None: decided by the rules above).
+        out: folder for the engine, sidecar and timing cache (default: the export folder).
+        overwrite: rebuild an engine that already exists.
+
+    Returns:
+        The engine's path, ``model.<sha12>.<precision>.<gpu>-sm<NN>.trt<X.Y>.engine``; the sidecar
+        ``<same stem>.json`` records precision, GPU, TensorRT/CUDA versions, profile, typing,
+        the ONNX hash and the HydraSpec.
+
+    Raises:
+        EngineError: TensorRT or Polygraphy missing (the message gives the install command and the
+            trtexec line for this export), no GPU, an impossible precision, a failed build.
+    """
+    source = load_source(onnx_path)
+    try:
+        version = tensorrt_version()
+    except EngineError as err:
+        raise EngineError(missing_tensorrt_message(source, precision)) from err
+    plan = plan_build(
+        onnx_path, precision=precision, min_batch=min_batch, opt_batch=opt_batch,
+        max_batch=max_batch, timing_cache=timing_cache, strongly_typed=strongly_typed, out=out,
+        trt_version=version,
+    )  # fmt: skip
+    execute_plan(plan, overwrite=overwrite)
+    return plan.engine_path
+
+
+__all__ = [
+    "BuildPlan",
+    "GpuInfo",
+    "build_engine",
+    "detect_gpu",
+    "execute_plan",
+    "plan_build",
+    "tensorrt_version",
+]
