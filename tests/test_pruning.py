@@ -199,7 +199,15 @@ def test_keep_ratio_rounds_per_layer_and_keeps_one_head(digits_vit):
     assert heads_per_layer(backbone, None, 0.1, min_heads=1) == [1, 1, 1]
     assert heads_per_layer(backbone, None, 0.1, min_heads=0) == [0, 0, 0]
     assert heads_per_layer(backbone, [3, 0, 2], None, min_heads=0) == [3, 0, 2]
-    spec = select_members(backbone, 3, keep_ratio=[0.5, 0.75, 0.25], data=val, seed=0)
+    # with 2, 3 and 1 of 4 heads two members may draw the same heads (refused); the point here is
+    # the rounding, so take the first seed whose members differ (the draws depend on the trained
+    # weights, which differ in the last bits between CPUs)
+    for seed in range(5):
+        try:
+            spec = select_members(backbone, 3, keep_ratio=[0.5, 0.75, 0.25], data=val, seed=seed)
+            break
+        except SpecError as err:
+            assert "identical heads" in str(err)
     assert spec.heads_per_layer().tolist() == [[2, 3, 1]] * 3
     assert spec.meta["selection"]["keep_ratio"] == [0.5, 0.75, 0.25]
 

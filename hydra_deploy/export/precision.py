@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hydra_deploy.errors import ExportError
@@ -200,7 +201,9 @@ def _allows(op: str, opset: int, elem_type: int) -> bool:
         return True  # not a standard op: leave it to the engine
     wanted = f"tensor({_TYPE_STRINGS[elem_type]})"
     constraints = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
-    for formal in schema.inputs:  # the first input that takes floats decides (Where: X, not cond)
+    # the first input that takes floats decides (Where: X, not cond); ops without one (e.g.
+    # ConstantOfShape) are decided by their float outputs
+    for formal in [*schema.inputs, *schema.outputs]:
         allowed = constraints.get(formal.type_str, [formal.type_str])
         if "tensor(float)" in allowed:
             return wanted in allowed
@@ -268,7 +271,11 @@ def compute_types(model) -> dict[str, dict[str, int]]:
 
 
 def attention_casts(model) -> int:
-    """How many attention Softmaxes have a Cast between them and their MatMuls (0 is right)."""
+    """How many attention Softmaxes have a Cast between them and their MatMuls (0 is right).
+
+    An attention Softmax is one whose output feeds a MatMul (directly or through a Cast); the
+    ensemble head's softmaxes feed none and are not counted.
+    """
     producers = {out: node for node in model.graph.node for out in node.output}
     consumers: dict[str, list] = {}
     for node in model.graph.node:
@@ -278,16 +285,21 @@ def attention_casts(model) -> int:
     for node in model.graph.node:
         if node.op_type != "Softmax":
             continue
-        before = producers.get(node.input[0])
         after = consumers.get(node.output[0], [])
-        if before is not None and before.op_type == "Cast":
-            before = producers.get(before.input[0])
-            if before is not None and before.op_type == "MatMul":
-                broken += 1
-                continue
-        if any(c.op_type == "Cast" and any(n.op_type == "MatMul"
-               for n in consumers.get(c.output[0], [])) for c in after):  # fmt: skip
-            broken += 1
+        cast_to_matmul = any(
+            c.op_type == "Cast"
+            and any(n.op_type == "MatMul" for n in consumers.get(c.output[0], []))
+            for c in after
+        )
+        if not cast_to_matmul and not any(c.op_type == "MatMul" for c in after):
+            continue  # not an attention softmax
+        before = producers.get(node.input[0])
+        cast_from_matmul = (
+            before is not None
+            and before.op_type == "Cast"
+            and getattr(producers.get(before.input[0]), "op_type", None) == "MatMul"
+        )
+        broken += int(cast_to_matmul or cast_from_matmul)
     return broken
 
 
@@ -358,7 +370,12 @@ def reference_model(
     for name, norm in saved.items():
         parent_name, _, child = name.rpartition(".")
         parent = inner.get_submodule(parent_name) if parent_name else inner
-        setattr(parent, child, _Float32Norm(norm))
+        if isinstance(norm, StreamLayerNorm) and norm.per_stream:
+            # exported as LayerNormalization without affine, then a low-precision Mul/Add with
+            # the per-stream weights: normalise in float32, apply rounded weights in ``run``
+            setattr(parent, child, _Float32Norm(norm, affine=norm.to(low).to(run)))
+        else:
+            setattr(parent, child, _Float32Norm(norm))
 
     class Reference(nn.Module):
         def __init__(self) -> None:
@@ -375,11 +392,23 @@ def reference_model(
 
 
 class _Float32Norm(nn.Module):
-    """A LayerNorm computed in float32 whatever its input's type; output in the input's type."""
+    """A LayerNorm computed in float32 whatever its input's type; output in the input's type.
 
-    def __init__(self, norm: nn.Module) -> None:
+    With ``affine`` (a per-stream StreamLayerNorm in the compute precision) only the normalisation
+    runs in float32 and the per-stream scale and shift in the input's type, as in the graph.
+    """
+
+    def __init__(self, norm: nn.Module, affine: nn.Module | None = None) -> None:
         super().__init__()
-        self.norm = norm
+        self.norm, self.affine = norm, affine
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x.float()).to(x.dtype)
+        if self.affine is None:
+            return self.norm(x.float()).to(x.dtype)
+        a = self.affine
+        y = F.layer_norm(x.float(), (a.dim,), None, None, a.eps).to(x.dtype)
+        if a.weight is not None:
+            y = y * a.weight.view(a.weight.shape[0], *([1] * (y.dim() - 2)), a.weight.shape[-1])
+        if a.bias is not None:
+            y = y + a.bias.view(a.bias.shape[0], *([1] * (y.dim() - 2)), a.bias.shape[-1])
+        return y
