@@ -32,21 +32,19 @@ Run it from the repository root::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import logging
-import os
-import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
+from common import load_average, machine, note, progress_bar
 from torch import nn
 
 from hydra_deploy.atomic import atomic_write_json
@@ -403,35 +401,15 @@ def check_line(check: dict[str, Any]) -> str:
             f"({check['detail']}){note}")  # fmt: skip
 
 
-def cpu_model() -> str | None:
-    with contextlib.suppress(OSError):
-        for text_line in Path("/proc/cpuinfo").read_text().splitlines():
-            if text_line.startswith("model name"):
-                return text_line.split(":", 1)[1].strip()
-    return platform.processor() or None
-
-
-def load_average() -> list[float] | None:
-    """1, 5 and 15 minute load averages (None where the platform has none)."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
 def environment(
     threads: int, found_threads: int, load_at_start: list[float] | None
 ) -> dict[str, Any]:
     import timm
 
     return {
-        "python": platform.python_version(),
+        **machine(),
         "torch": torch.__version__,
         "timm": timm.__version__,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
         "torch_threads": threads,
         "torch_threads_found": found_threads,
         "torch_interop_threads": torch.get_num_interop_threads(),
@@ -440,36 +418,8 @@ def environment(
     }
 
 
-@contextlib.contextmanager
-def progress_bar(total: int, quiet: bool) -> Iterator[Any]:
-    """A tqdm bar when tqdm is importable and not --quiet; otherwise a no-op with .update()."""
-
-    class _Null:
-        def update(self, n: int = 1) -> None:
-            pass
-
-        def set_description(self, desc: str) -> None:
-            pass
-
-    if quiet:
-        yield _Null()
-        return
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        yield _Null()
-        return
-    with tqdm(total=total, unit="run", dynamic_ncols=True) as bar:
-        yield bar
-
-
 # --------------------------------------------------------------------------------------------------
 # main
-
-
-def note(args: argparse.Namespace, message: str) -> None:
-    if not args.quiet:
-        print(message, file=sys.stderr)
 
 
 def benchmark_backbone(
@@ -507,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {}
     checks: list[dict[str, Any]] = []
     total = len(args.backbones) * len(args.batch) * len(VARIANTS) * (args.warmup + args.repeats)
-    with progress_bar(total, args.quiet) as progress:
+    with progress_bar(total, args.quiet, unit="run") as progress:
         for name in args.backbones:
             progress.set_description(f"building {name}")
             try:

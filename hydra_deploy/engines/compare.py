@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError, RunnerError
+from hydra_deploy.uncertainty.tolerances import PRECISION_TOLERANCES
 
 UQ_GRAPH_OUTPUTS = ("probs", "predictive_entropy", "expected_entropy", "mutual_information", "msp")
 
@@ -61,9 +62,10 @@ class Tolerance:
 
 
 TOLERANCES = {
-    "fp32": Tolerance("fp32", 1e-4, False, 1e-5, 1e-4, 1.0),
-    "fp16": Tolerance("fp16", 5e-2, True, 2e-2, 5e-2, 0.99),
-    "bf16": Tolerance("bf16", 1e-1, True, 5e-2, 1e-1, 0.98),
+    name: Tolerance(
+        name, row["logits"], name != "fp32", row["probs"], row["entropy"], row["argmax"]
+    )
+    for name, row in PRECISION_TOLERANCES.items()
 }
 TOLERANCES["best"] = TOLERANCES["bf16"]  # TensorRT may pick any precision it has
 
