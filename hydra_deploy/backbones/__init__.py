@@ -68,6 +68,15 @@ def load_backbone(
         _refuse_extra(name_or_module, checkpoint, num_classes, timm_kwargs)
         return name_or_module
     if isinstance(name_or_module, nn.Module):
+        family = module_family(name_or_module)
+        if family == "bert":
+            from hydra_deploy.backbones.hf_bert import wrap_bert
+
+            return wrap_bert(name_or_module, checkpoint, num_classes, **timm_kwargs)
+        if family == "openclip":
+            from hydra_deploy.backbones.openclip import wrap_openclip
+
+            return wrap_openclip(name_or_module, checkpoint, num_classes, **timm_kwargs)
         return _wrap_module(name_or_module, checkpoint, num_classes, timm_kwargs)
     if not isinstance(name_or_module, (str, os.PathLike)):
         raise BackboneError(
@@ -75,6 +84,25 @@ def load_backbone(
             f"got {type(name_or_module).__name__}"
         )
     name = str(name_or_module)
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix in FAMILY_PREFIXES and not Path(name).expanduser().exists():
+        if prefix == "openclip":
+            from hydra_deploy.backbones.openclip import load_openclip
+
+            return load_openclip(rest, checkpoint, num_classes, **timm_kwargs)
+        from hydra_deploy.backbones.hf_bert import load_bert
+
+        return load_bert(rest, checkpoint, num_classes, **timm_kwargs)
+    if sep and len(prefix) > 1 and not Path(name).expanduser().exists():
+        raise BackboneError(
+            f"unknown backbone family {prefix!r} in {name!r}; use a timm ViT name or alias "
+            f"({', '.join(ALIASES)}), 'hf:<folder>' for a Hugging Face BERT classifier or "
+            "'openclip:<model name>'"
+        )
+    if Path(name).expanduser().is_dir() and _is_hf_folder(name):  # transformers' config.json
+        from hydra_deploy.backbones.hf_bert import load_bert
+
+        return load_bert(name, checkpoint, num_classes, **timm_kwargs)
     if Path(name).expanduser().is_dir():  # a timm / HF hub folder: config.json names the model
         config = folder_config(name)
         if "architecture" not in config:
@@ -85,6 +113,31 @@ def load_backbone(
         checkpoint = name if checkpoint is None else checkpoint
         name = config["architecture"]
     return _build_timm(name, checkpoint, num_classes, timm_kwargs)
+
+
+#: ``family:`` prefixes of backbone names that are not timm ViTs.
+FAMILY_PREFIXES = ("hf", "openclip")
+
+
+def module_family(module: nn.Module) -> str:
+    """The family of a built model, from the library that defines its class."""
+    origin = type(module).__module__
+    if origin.startswith("transformers."):
+        return "bert"
+    if origin.startswith("open_clip"):
+        return "openclip"
+    return "vit"
+
+
+def _is_hf_folder(folder: str) -> bool:
+    """A transformers checkpoint folder: its config.json has ``model_type`` (timm's has none)."""
+    import json
+
+    config = Path(folder).expanduser() / "config.json"
+    try:
+        return "model_type" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def _refuse_extra(adapter: BackboneAdapter, checkpoint, num_classes, timm_kwargs) -> None:

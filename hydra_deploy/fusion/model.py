@@ -94,4 +94,12 @@ def fuse(
         from hydra_deploy.fusion.vit import HydraViT
 
         return HydraViT(members, spec, lowering=lowering, shared_trunk=shared_trunk)
+    if family == "bert":
+        from hydra_deploy.fusion.bert import HydraBert
+
+        return HydraBert(members, spec, lowering=lowering, shared_trunk=shared_trunk)
+    if family == "openclip":
+        from hydra_deploy.fusion.openclip import HydraOpenClip
+
+        return HydraOpenClip(members, spec, lowering=lowering, shared_trunk=shared_trunk)
     raise FusionError(f"fusion is not implemented for the {family!r} family yet")
