@@ -27,6 +27,7 @@ logger = logging.getLogger("hydra_deploy")
 FORMAT = "hydra-export/1"
 SPEC_KEY = "hydra_spec"
 MIN_OPSET, MAX_OPSET = 17, 21
+VALIDATION_SEQUENCE_LENGTHS = (5, 23)  # odd, one short and one longer than the traced length
 
 
 def export_onnx(
@@ -79,8 +80,9 @@ def export_onnx(
         graph_module = WithEnsembleHead(hydra) if uq_outputs else hydra
         output_names = ["member_logits", *(UQ_OUTPUTS if uq_outputs else ())]
         used = export_module(
-            graph_module, example, model_path, input_name=hydra.input_names[0],
+            graph_module, example, model_path, input_names=hydra.input_names,
             output_names=output_names, opset=opset, max_batch=batch[2], exporter=exporter,
+            dynamic_axes=getattr(hydra, "dynamic_axes", None),
         )  # fmt: skip
         logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
 
@@ -107,8 +109,8 @@ def export_onnx(
         if validate:
             started = time.perf_counter()
             validation = validate_onnx(model_path, graph_module, hydra.example_inputs,
-                                       validation_batches(batch), atol=atol,
-                                       precision=precision)  # fmt: skip
+                                       validation_batches(batch), atol=atol, precision=precision,
+                                       sequence_lengths=_sequence_lengths(hydra))  # fmt: skip
             validation["seconds"] = round(time.perf_counter() - started, 2)
             logger.debug("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
                         ", ".join(validation["batches"]),
@@ -133,6 +135,14 @@ def export_onnx(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return info
+
+
+def _sequence_lengths(hydra) -> tuple[int, ...]:
+    """Text models (a dynamic ``sequence`` axis) are also validated at a short and a long length."""
+    axes = getattr(hydra, "dynamic_axes", None) or {}
+    if not any("sequence" in a.values() for a in axes.values()):
+        return ()
+    return VALIDATION_SEQUENCE_LENGTHS
 
 
 def check_profile(opset: int, batch: Sequence[int]) -> tuple[int, int, int]:

@@ -19,10 +19,10 @@ class WithEnsembleHead(nn.Module):
         super().__init__()
         self.hydra = hydra
 
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # sums and TopK rather than mean/amax: opset 18's ReduceMean/ReduceMax (axes as an input)
         # do not convert back to opset 17 cleanly, ReduceSum and TopK need no conversion
-        member_logits = self.hydra(pixel_values)  # [B, M, C]
+        member_logits = self.hydra(*inputs)  # [B, M, C]
         members = member_logits.shape[1]
         log_p = torch.log_softmax(member_logits.float(), dim=-1)
         member_probs = log_p.exp()

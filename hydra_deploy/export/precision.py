@@ -382,8 +382,9 @@ def reference_model(
             super().__init__()
             self.inner = inner
 
-        def forward(self, x: torch.Tensor):
-            out = self.inner(x.to(run))
+        def forward(self, *inputs: torch.Tensor):
+            # float inputs (pixels) are cast in; integer ones (token ids, masks) pass as they are
+            out = self.inner(*(x.to(run) if x.is_floating_point() else x for x in inputs))
             if isinstance(out, tuple):
                 return tuple(o.float() for o in out)
             return out.float()

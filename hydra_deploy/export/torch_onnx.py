@@ -2,9 +2,9 @@
 
 - torch >= 2.9 exports with the dynamo exporter by default; it needs ``onnxscript``. The TorchScript
   exporter (``dynamo=False``) is the fallback and can be asked for.
-- A dynamic batch axis is traced with batch >= 2 (a batch of 1 invites specialisation), declared
-  explicitly, and checked in the written file: an axis that came out fixed is re-pinned to a
-  symbolic ``batch`` dimension.
+- Dynamic axes (the batch; a text model's sequence too) are traced at sizes >= 2 (a size of 1
+  invites specialisation), declared explicitly, and checked in the written file: an axis that came
+  out fixed is re-pinned to its symbolic name (``batch``, ``sequence``).
 - Weights go into the single ``.onnx`` file (``external_data=False``) unless the model is too big
   for one protobuf (2 GiB), where external data is unavoidable.
 """
@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import logging
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,39 +39,50 @@ def resolve_exporter(exporter: str) -> str:
     return exporter
 
 
+def as_inputs(example: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A model's example inputs as a tuple (vision models give one tensor, text models several)."""
+    return (example,) if isinstance(example, torch.Tensor) else tuple(example)
+
+
 def export_module(
     module: torch.nn.Module,
-    example: torch.Tensor,
+    example: torch.Tensor | Sequence[torch.Tensor],
     path: Path,
     *,
-    input_name: str,
+    input_names: Sequence[str],
     output_names: list[str],
     opset: int,
     max_batch: int,
     exporter: str = "auto",
+    dynamic_axes: dict[str, dict[int, str]] | None = None,
 ) -> str:
-    """Write ``module`` to ``path`` with a dynamic batch; returns the exporter used.
+    """Write ``module`` to ``path`` with dynamic axes; returns the exporter used.
 
-    With ``exporter="auto"`` a dynamo export that fails, or that cannot be brought down to the
-    requested opset (the exporter implements opset 18 and converts), is retried with TorchScript.
+    ``example``: the traced input(s), in ``input_names`` order. ``dynamic_axes``: per input, axis ->
+    symbolic name (default: axis 0 "batch" for every input); outputs get a dynamic batch. With
+    ``exporter="auto"`` a dynamo export that fails, or that cannot be brought down to the requested
+    opset (the exporter implements opset 18 and converts), is retried with TorchScript.
     """
+    example = as_inputs(example)
+    if len(example) != len(input_names):
+        raise ExportError(f"{len(example)} example inputs for input names {list(input_names)}")
+    axes = dynamic_axes or {name: {0: "batch"} for name in input_names}
     chosen = resolve_exporter(exporter)
+    arguments = (module, example, path, list(input_names), output_names, opset, max_batch, axes)
     try:
-        return _export_with(
-            chosen, module, example, path, input_name, output_names, opset, max_batch
-        )
+        return _export_with(chosen, *arguments)
     except ExportError as err:
         if exporter != "auto" or chosen != "dynamo":
             raise
         logger.info("dynamo export unusable (%s); retrying with the TorchScript exporter", err)
-        return _export_with("torchscript", module, example, path, input_name, output_names, opset,
-                            max_batch)  # fmt: skip
+        return _export_with("torchscript", *arguments)
 
 
-def _export_with(exporter, module, example, path, input_name, output_names, opset, max_batch):
+def _export_with(exporter, module, example, path, input_names, output_names, opset, max_batch,
+                 axes):  # fmt: skip
     import onnx
 
-    if example.shape[0] < 2:
+    if example[0].shape[0] < 2:
         raise ExportError("trace the export with a batch of at least 2 (a batch of 1 specialises)")
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     external = params > PROTOBUF_LIMIT
@@ -79,20 +91,35 @@ def _export_with(exporter, module, example, path, input_name, output_names, opse
         warnings.simplefilter("ignore")  # tracer and exporter chatter; the file is validated after
         try:
             if exporter == "dynamo":
-                batch = torch.export.Dim("batch", min=1, max=max(max_batch, 2))
+                dims = {}  # one torch.export.Dim per symbolic name, shared across inputs
+                for name, tensor in zip(input_names, example, strict=True):
+                    for axis, symbol in axes.get(name, {}).items():
+                        high = max(max_batch, 2) if symbol == "batch" else None
+                        if symbol not in dims:
+                            dims[symbol] = (torch.export.Dim(symbol, min=1, max=high) if high
+                                            else torch.export.Dim(symbol, min=2))  # fmt: skip
+                        if symbol != "batch" and tensor.shape[axis] < 2:
+                            raise ExportError(f"trace {name} with {symbol} >= 2")
+                # positional (a tuple in input order): wrappers take ``*inputs``, not the names
+                shapes = tuple({axis: dims[symbol] for axis, symbol in axes.get(name, {}).items()}
+                               for name in input_names)  # fmt: skip
+                if _takes_var_positional(module):  # forward(*inputs): one entry holding them all
+                    shapes = (shapes,)
                 torch.onnx.export(
-                    module, (example,), str(path), dynamo=True, opset_version=opset,
-                    input_names=[input_name], output_names=output_names,
-                    dynamic_shapes={input_name: {0: batch}}, external_data=external,
-                    verbose=False,
+                    module, example, str(path), dynamo=True, opset_version=opset,
+                    input_names=list(input_names), output_names=output_names,
+                    dynamic_shapes=shapes, external_data=external, verbose=False,
                 )  # fmt: skip
             else:
-                axes = {name: {0: "batch"} for name in [input_name, *output_names]}
+                dynamic = {name: dict(axes.get(name, {})) for name in input_names}
+                dynamic.update({name: {0: "batch"} for name in output_names})
                 torch.onnx.export(
-                    module, (example,), str(path), dynamo=False, opset_version=opset,
-                    input_names=[input_name], output_names=output_names, dynamic_axes=axes,
-                    do_constant_folding=True,
+                    module, example, str(path), dynamo=False, opset_version=opset,
+                    input_names=list(input_names), output_names=output_names,
+                    dynamic_axes=dynamic, do_constant_folding=True,
                 )  # fmt: skip
+        except ExportError:
+            raise
         except Exception as err:
             raise ExportError(
                 f"the {exporter} exporter failed ({type(err).__name__}: {str(err)[:300]}); try "
@@ -110,9 +137,18 @@ def _export_with(exporter, module, example, path, input_name, output_names, opse
                 f"{opset} ({type(err).__name__}: {str(err)[:200]}); ask for opset={written}"
             ) from err
         onnx.save(model, str(path))
-    if _pin_batch(model, [input_name, *output_names]):
+    pinned = {**{name: axes.get(name, {}) for name in input_names},
+              **{name: {0: "batch"} for name in output_names}}  # fmt: skip
+    if _pin_axes(model, pinned):
         onnx.save(model, str(path))
     return exporter
+
+
+def _takes_var_positional(module: torch.nn.Module) -> bool:
+    import inspect
+
+    parameters = inspect.signature(module.forward).parameters.values()
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 
 
 @contextlib.contextmanager
@@ -133,17 +169,16 @@ def _default_opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), -1)
 
 
-def _pin_batch(model, names: list[str]) -> bool:
-    """Make axis 0 of the named inputs/outputs the symbolic ``batch``; True when anything changed."""
+def _pin_axes(model, axes: dict[str, dict[int, str]]) -> bool:
+    """Give the named inputs/outputs their symbolic axes; True when anything changed."""
     changed = False
     for value in [*model.graph.input, *model.graph.output]:
-        if value.name not in names:
-            continue
-        dim = value.type.tensor_type.shape.dim[0]
-        if dim.dim_param != "batch":
-            logger.info("re-pinning axis 0 of %s to a dynamic batch (was %s)", value.name,
-                        dim.dim_param or dim.dim_value)  # fmt: skip
-            dim.ClearField("dim_value")
-            dim.dim_param = "batch"
-            changed = True
+        for axis, symbol in axes.get(value.name, {}).items():
+            dim = value.type.tensor_type.shape.dim[axis]
+            if dim.dim_param != symbol:
+                logger.info("re-pinning axis %d of %s to a dynamic %s (was %s)", axis, value.name,
+                            symbol, dim.dim_param or dim.dim_value)  # fmt: skip
+                dim.ClearField("dim_value")
+                dim.dim_param = symbol
+                changed = True
     return changed

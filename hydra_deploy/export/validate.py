@@ -111,10 +111,13 @@ def validate_onnx(
     atol: dict[str, float] | None = None,
     precision: str = "fp32",
     seed: int = 0,
+    sequence_lengths: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Run ``path`` in ONNX Runtime (CPU) and ``model`` in PyTorch at each batch size; compare.
 
-    ``example_inputs(batch, seed)`` makes the inputs. ``precision`` is the file's (``model`` is
+    ``example_inputs(batch, seed)`` makes the inputs; ``sequence_lengths`` (text models) adds one
+    case per length at the middle batch size, made by ``example_inputs(batch, seed, seq_len=n)``
+    and reported under ``"<batch>x<n>"``. ``precision`` is the file's (``model`` is
     the FP32 module it was exported from). Returns a report (per batch and output: max abs
     difference and its tolerance, argmax agreement; for FP16/BF16 also ``drift_vs_fp32``); raises
     ExportError naming the worst output, its difference and the member where it occurs when a
@@ -133,31 +136,35 @@ def validate_onnx(
     else:
         session, reference, drift_session, drift_model = _low_precision_plan(path, model, precision)
         checked = "float32 widening in onnxruntime"
-    input_name = session.get_inputs()[0].name
+    input_names = [i.name for i in session.get_inputs()]
     output_names = [o.name for o in session.get_outputs()]
     report: dict[str, Any] = {"runtime": f"onnxruntime {ort.__version__} CPU", "precision": precision,
                               "checked": checked, "batches": {}}  # fmt: skip
     if precision != "fp32":
         report["drift_measured_in"] = (f"onnxruntime ({precision} file)" if drift_session else
                                        f"PyTorch in {precision}")  # fmt: skip
-    for batch in batches:
-        x = example_inputs(batch, seed + batch)
+    cases = [(batch, None) for batch in batches]
+    cases += [(batches[len(batches) // 2], n) for n in sequence_lengths]
+    for batch, length in cases:
+        made = (example_inputs(batch, seed + batch) if length is None
+                else example_inputs(batch, seed + batch, seq_len=length))  # fmt: skip
+        x = _as_tuple(made)
+        feed = {name: t.numpy() for name, t in zip(input_names, x, strict=True)}
         with torch.inference_mode():
-            expected = dict(zip(output_names, _as_tuple(reference(x)), strict=True))
-        got = dict(zip(output_names, session.run(None, {input_name: x.numpy()}), strict=True))
+            expected = dict(zip(output_names, _as_tuple(reference(*x)), strict=True))
+        got = dict(zip(output_names, session.run(None, feed), strict=True))
         entry = {name: _compare(name, got[name], expected[name].float().numpy(), batch, precision,
                                 atol) for name in output_names}  # fmt: skip
         if precision != "fp32":
             with torch.inference_mode():
-                fp32 = dict(zip(output_names, _as_tuple(model(x)), strict=True))
+                fp32 = dict(zip(output_names, _as_tuple(model(*x)), strict=True))
                 if drift_session is not None:
-                    low = dict(zip(output_names, drift_session.run(None, {input_name: x.numpy()}),
-                                   strict=True))  # fmt: skip
+                    low = dict(zip(output_names, drift_session.run(None, feed), strict=True))
                 else:
                     low = {k: v.numpy() for k, v in
-                           zip(output_names, _as_tuple(drift_model(x)), strict=True)}  # fmt: skip
+                           zip(output_names, _as_tuple(drift_model(*x)), strict=True)}  # fmt: skip
             entry["drift_vs_fp32"] = _drift(low, fp32, precision)
-        report["batches"][str(batch)] = entry
+        report["batches"][str(batch) if length is None else f"{batch}x{length}"] = entry
     report["passed"] = True
     if precision != "fp32":
         exceeded = sorted({name for b in report["batches"].values()

@@ -231,7 +231,13 @@ class FusedAttention(nn.Module):
         )
         self.proj_bias = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` [S, B, N, D] -> [S, B, N, D].
+
+        ``attn_mask`` (optional): a key-padding mask [B, N] shared by every stream, head and query,
+        boolean (True = attend, False = padding) or additive float (0 = attend, a large negative
+        value = padding), as ``scaled_dot_product_attention`` takes it.
+        """
         S, B, N, D = x.shape  # streams, batch, tokens, width
         if self.qkv is None:
             out = x.new_zeros(S, B, N, D)
@@ -241,7 +247,11 @@ class FusedAttention(nn.Module):
         q, key, value = (
             qkv.reshape(S * B, N, 3, k, hd).permute(2, 0, 3, 1, 4).unbind(0)
         )  # [S*B, k, N, hd]
-        heads = F.scaled_dot_product_attention(q, key, value)  # [S*B, k, N, hd]
+        if attn_mask is None:
+            heads = F.scaled_dot_product_attention(q, key, value)  # [S*B, k, N, hd]
+        else:  # [B, N] keys -> [S*B, 1, 1, N]: broadcast over streams, heads and queries
+            mask = attn_mask.reshape(1, B, 1, 1, N).expand(S, B, 1, 1, N).reshape(S * B, 1, 1, N)
+            heads = F.scaled_dot_product_attention(q, key, value, attn_mask=mask)
         heads = heads.transpose(1, 2).reshape(S, B, N, k * hd)  # [S, B, N, k*hd]
         return self.proj(heads)  # [S, B, N, D]
 

@@ -1,0 +1,311 @@
+"""The fused Hydra BERT: M head-pruned BERT classifiers (maybe fine-tuned) in one network.
+
+BERT is post-LayerNorm: ``h = LN1(h + attn(h)); h = LN2(h + mlp(h))``. Every member has its own
+residual stream ([S, B, N, D], see :mod:`hydra_deploy.fusion.layers`); all streams' kept heads run
+as one attention call under the same key-padding mask (padded keys get no weight, exactly as in
+transformers' eager and SDPA attention), so padding never changes the logits of the real tokens.
+Embeddings (word + position + token type, LayerNorm), the pooler (dense + tanh on token 0) and the
+classifier are shared when the members' weights are equal, per member otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hydra_deploy.backbones import BackboneAdapter
+from hydra_deploy.errors import FusionError
+from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.layers import FusedAttention, all_equal, merge_mlps, stream_norm
+from hydra_deploy.fusion.model import HydraModel
+from hydra_deploy.specs import HydraSpec
+
+
+class BertEmbedding(nn.Module):
+    """Word + absolute position + token-type embeddings, then LayerNorm (inference semantics)."""
+
+    def __init__(self, embeddings: nn.Module) -> None:
+        super().__init__()
+        self.word_embeddings = copy.deepcopy(embeddings.word_embeddings)
+        self.position_embeddings = copy.deepcopy(embeddings.position_embeddings)
+        self.token_type_embeddings = copy.deepcopy(embeddings.token_type_embeddings)
+        self.norm = copy.deepcopy(embeddings.LayerNorm)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)  # [1, N]
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        return self.norm(x + self.position_embeddings(positions))  # [B, N, D]
+
+
+class FusedPostNormBlock(nn.Module):
+    """Post-norm Transformer layer over S streams: x = norm1(x + attn(x)); norm2(x + mlp(x))."""
+
+    def __init__(
+        self, attn: FusedAttention, norm1: nn.Module, mlp: nn.Module, norm2: nn.Module
+    ) -> None:
+        super().__init__()
+        self.attn, self.norm1, self.mlp, self.norm2 = attn, norm1, mlp, norm2
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:  # [S, B, N, D]
+        x = self.norm1(x + self.attn(x, key_mask))
+        return self.norm2(x + self.mlp(x))
+
+
+class StreamLinear(nn.Module):
+    """A linear map [S, ..., in] -> [S, ..., out], shared by all streams or one per stream."""
+
+    def __init__(self, linears: Sequence[nn.Linear], lowering: str) -> None:
+        super().__init__()
+        weights = [m.weight for m in linears]
+        biases = [m.bias for m in linears]
+        self.per_stream = not (all_equal(weights) and all_equal(biases))
+        if self.per_stream:
+            bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
+            weight = torch.stack([w.detach() for w in weights]).transpose(1, 2)  # [S, in, out]
+            self.linear = GroupedLinear.from_weights(weight, bias, lowering)
+        else:
+            self.linear = copy.deepcopy(linears[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def _tracing() -> bool:
+    """True while torch.jit traces or torch.export / torch.compile capture the forward."""
+    compiler = torch.compiler
+    return bool(
+        torch.jit.is_tracing()
+        or compiler.is_compiling()
+        or (hasattr(compiler, "is_exporting") and compiler.is_exporting())
+    )
+
+
+def _architecture_signature(adapter: BackboneAdapter) -> tuple:
+    config = adapter.module.config.to_dict()
+    for key in ("_name_or_path", "transformers_version", "architectures", "id2label", "label2id",
+                "torch_dtype", "dtype", "problem_type", "_attn_implementation_autoset",
+                "_attn_implementation"):  # fmt: skip
+        config.pop(key, None)
+    shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in adapter.module.state_dict().items())
+    return config, shapes
+
+
+def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
+    """Members must be the same BERT architecture (they may differ in weight values only)."""
+    reference = _architecture_signature(members[0])
+    for index, member in enumerate(members[1:], start=1):
+        signature = _architecture_signature(member)
+        if signature == reference:
+            continue
+        if signature[0] != reference[0]:
+            keys = sorted(k for k in set(signature[0]) | set(reference[0])
+                          if signature[0].get(k) != reference[0].get(k))  # fmt: skip
+            what = f"configs ({', '.join(keys[:4])})"
+        else:
+            what = "weights' shapes or dtypes"
+        raise FusionError(
+            f"member {index} is not the same architecture as member 0: their {what} differ; members "
+            "must be copies of one backbone that differ only in weight values"
+        )
+
+
+def _kept_attention_tensors(weights: Any, heads: Sequence[int]) -> list[torch.Tensor | None]:
+    idx = torch.as_tensor(list(heads), dtype=torch.long)
+    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
+    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
+    return out
+
+
+def _embedding_tensors(module: nn.Module) -> list[torch.Tensor]:
+    embeddings = module.bert.embeddings
+    return [embeddings.word_embeddings.weight, embeddings.position_embeddings.weight,
+            embeddings.token_type_embeddings.weight, *embeddings.LayerNorm.parameters()]  # fmt: skip
+
+
+class HydraBert(HydraModel):
+    """Fused Hydra BERT.
+
+    ``forward(input_ids, attention_mask=None, token_type_ids=None)`` (all [B, N] integers; no mask
+    means no padding, no token types means segment 0) -> member logits [B, M, C].
+    """
+
+    family = "bert"
+
+    def __init__(
+        self,
+        members: Sequence[BackboneAdapter],
+        spec: HydraSpec,
+        lowering: str = "bmm",
+        shared_trunk: bool = True,
+    ) -> None:
+        super().__init__()
+        check_same_architecture(members)
+        first_adapter = members[0]
+        models = [member.module for member in members]
+        first = models[0]
+        M = spec.num_members
+        self.spec = spec
+        self.num_members = M
+        self.num_classes = first_adapter.num_classes
+        self.lowering = lowering
+        self.input_names = tuple(first_adapter.input_names)
+        self.dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in self.input_names}
+        self.preprocessing = None
+        self.tokenizer_dir = first_adapter.tokenizer_dir
+        self.backbone_config = first.config.to_dict()
+        self.max_position = first_adapter.max_position
+        self.seq_len = first_adapter.seq_len
+        self.vocab_size = first_adapter.vocab_size
+        self.pad_token_id = first_adapter.pad_token_id
+        self.type_vocab_size = first_adapter.type_vocab_size
+
+        # embeddings: shared when every member has the same weights
+        embeds = [_embedding_tensors(model) for model in models]
+        embed_shared = all(all_equal([e[i] for e in embeds]) for i in range(len(embeds[0])))
+        self.embed = BertEmbedding(first.bert.embeddings) if embed_shared else None
+        self.member_embeds = None if embed_shared else nn.ModuleList(
+            BertEmbedding(model.bert.embeddings) for model in models
+        )  # fmt: skip
+
+        # layers: a shared trunk while all members are identical, then M streams
+        trunk, blocks, layer_heads = [], [], []
+        mlp_kinds, norm_kinds = set(), set()
+        in_trunk = shared_trunk and embed_shared
+        for layer in range(spec.num_layers):
+            heads = [spec.members[m].heads[layer] for m in range(M)]
+            layers = [model.bert.encoder.layer[layer] for model in models]
+            weights = [member.attention_weights(layer) for member in members]
+            in_trunk = in_trunk and self._layer_identical(layers, weights, heads, spec.mlp_merge)
+            streams = 1 if in_trunk else M
+            block, mlp_kind = self._fused_block(
+                layers, weights[:streams], heads[:streams], spec.mlp_merge, lowering
+            )
+            mlp_kinds.add(mlp_kind)
+            norm_kinds.update(getattr(n, "per_stream", None) for n in (block.norm1, block.norm2))
+            (trunk if in_trunk else blocks).append(block)
+            layer_heads.append([len(h) for h in heads[:streams]])
+        self.trunk = nn.ModuleList(trunk)
+        self.blocks = nn.ModuleList(blocks)
+        self.trunk_layers = len(trunk)
+
+        # pooler (dense + tanh on token 0) and classifier
+        self.pooler = StreamLinear([model.bert.pooler.dense for model in models], lowering)
+        self.classifier = StreamLinear([model.classifier for model in models], lowering)
+        head_per_member = self.pooler.per_stream or self.classifier.per_stream
+        self.final_shared = not head_per_member
+        final_streams = M if (self.blocks or head_per_member) else 1
+
+        self.merge = {
+            "embeddings": "shared" if embed_shared else "per-member",
+            "norms": "per-member" if True in norm_kinds else "shared",
+            "mlp": "+".join(sorted(mlp_kinds)),
+            "pooler": "per-member" if self.pooler.per_stream else "shared",
+            "classifier": "per-member" if self.classifier.per_stream else "shared",
+            "trunk_layers": self.trunk_layers,
+            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
+        }
+        single = first_adapter.macs()
+        self.macs = {
+            "hydra": first_adapter.macs(layer_heads, 1 if embed_shared else M, final_streams),
+            "single": single,
+            "deep_ensemble": M * single,
+        }
+        self.macs_seq_len = first_adapter.seq_len  # the sequence length the MACs are counted at
+        self.eval()
+
+    @staticmethod
+    def _layer_identical(layers, weights, heads, mlp_merge: str) -> bool:
+        """All members keep the same heads with the same weights (and the same MLP if grouped)."""
+        if any(tuple(h) != tuple(heads[0]) for h in heads):
+            return False
+        groups = list(zip(*[_kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
+        modules = ["attention.output.LayerNorm", "output.LayerNorm"]
+        if mlp_merge == "grouped":
+            modules += ["intermediate.dense", "output.dense"]
+        for name in modules:
+            params = [list(layer.get_submodule(name).parameters()) for layer in layers]
+            groups += list(zip(*params, strict=True))
+        return all(all_equal(list(group)) for group in groups)
+
+    @staticmethod
+    def _fused_block(layers, weights, heads, mlp_merge: str, lowering: str):
+        streams = len(weights)
+        mlp, mlp_kind = merge_mlps(
+            [layer.intermediate.dense for layer in layers],
+            [layer.intermediate.intermediate_act_fn for layer in layers],
+            [layer.output.dense for layer in layers], mlp_merge, lowering,
+        )  # fmt: skip
+        if streams == 1 and mlp_kind == "grouped":
+            raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
+        block = FusedPostNormBlock(
+            attn=FusedAttention(weights, heads, lowering),
+            norm1=stream_norm([layer.attention.output.LayerNorm for layer in layers[:streams]]),
+            mlp=mlp,
+            norm2=stream_norm([layer.output.LayerNorm for layer in layers[:streams]]),
+        )
+        return block, mlp_kind
+
+    # ---------------------------------------------------------------------------------------------
+    def example_inputs(
+        self, batch_size: int = 2, seed: int = 0, seq_len: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Random int64 inputs in ``input_names`` order, with padding (seeded), for tracing.
+
+        ``seq_len`` defaults to the backbone's ``seq_len`` (the length the MACs count).
+        """
+        from hydra_deploy.backbones.hf_bert import random_text_inputs
+
+        inputs = random_text_inputs(
+            batch_size, seed=seed, seq_len=self.seq_len if seq_len is None else seq_len,
+            vocab_size=self.vocab_size, pad_token_id=self.pad_token_id,
+            with_token_types=self.type_vocab_size > 1,
+        )  # fmt: skip
+        return tuple(inputs[name] for name in self.input_names)
+
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids) -> None:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            shape = list(input_ids.shape) if isinstance(input_ids, torch.Tensor) else "?"
+            raise FusionError(f"input_ids must be a [batch, seq] integer tensor, got {shape}")
+        if input_ids.shape[1] > self.max_position:
+            raise FusionError(
+                f"sequences of {input_ids.shape[1]} tokens exceed the model's {self.max_position} "
+                "positions; truncate them"
+            )
+        for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if value is not None and value.shape != input_ids.shape:
+                raise FusionError(
+                    f"{name} has shape {list(value.shape)}, input_ids {list(input_ids.shape)}; "
+                    "they must match"
+                )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if not _tracing():  # shape checks would become guards on the dynamic axes
+            self._check_inputs(input_ids, attention_mask, token_type_ids)
+        M = self.num_members
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        key_mask = None if attention_mask is None else attention_mask.bool()  # [B, N], True = token
+        if self.embed is not None:
+            x = self.embed(input_ids, token_type_ids).unsqueeze(0)  # [1, B, N, D]
+        else:
+            x = torch.stack([embed(input_ids, token_type_ids) for embed in self.member_embeds])
+        for block in self.trunk:  # computed once for all members
+            x = block(x, key_mask)
+        if x.shape[0] != M and (self.blocks or not self.final_shared):
+            x = x.expand(M, -1, -1, -1)  # the members split here
+        for block in self.blocks:
+            x = block(x, key_mask)  # [M, B, N, D]
+        pooled = torch.tanh(self.pooler(x[:, :, 0]))  # [S, B, D]: token 0
+        logits = self.classifier(pooled)  # [S, B, C]
+        if logits.shape[0] != M:
+            logits = logits.expand(M, -1, -1)
+        return logits.transpose(0, 1)  # [B, M, C]
