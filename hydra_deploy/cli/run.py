@@ -1,4 +1,4 @@
-"""hydra-run: uncertainty scores for images or preprocessed arrays, from an export or an engine."""
+"""hydra-run: uncertainty scores for images, text lines or arrays, from an export or an engine."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ EXAMPLES = """\
   hydra-run export/vit_b16-m3 images/ --json scores.json --batch-size 16
   hydra-run engines/vit_b16-m3.fp16.engine batch.npy --csv scores.csv --overwrite
   hydra-run export/vit_b16-m3/model.onnx arrays.npz --providers cpu --json -   # JSON on stdout
+  hydra-run export/minilm-m3 glosses.txt --text "a domesticated carnivorous mammal"   # BERT
 """
 
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -43,8 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         EXAMPLES,
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")
-    p.add_argument("inputs", type=Path, nargs="+", metavar="INPUT",
-                   help="image files or folders, or .npy/.npz arrays")  # fmt: skip
+    p.add_argument("inputs", type=Path, nargs="*", metavar="INPUT",
+                   help="image files or folders, .npy/.npz arrays, or (text models) .txt files "
+                        "with one input per line")  # fmt: skip
+    p.add_argument("--text", action="append", metavar="TEXT",
+                   help="a text to classify (text models; repeat for more)")  # fmt: skip
     p.add_argument("--batch-size", type=int,
                    help="examples per forward pass (default: the model's max batch, else 32)")  # fmt: skip
     out = p.add_mutually_exclusive_group()
@@ -63,10 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 class _Source:
     """One input argument: image files, or an array file's examples."""
 
-    kind: str  # "images" | "array"
+    kind: str  # "images" | "array" | "text"
     labels: list[str]
     images: list[Path] | None = None
     array: np.ndarray | dict[str, np.ndarray] | None = None
+    texts: list[str] | None = None
 
     def batches(self, runner, size: int) -> Iterator[tuple[list[str], Any]]:
         from hydra_deploy.engines.preprocess import preprocess_images
@@ -75,6 +80,8 @@ class _Source:
             labels = self.labels[start : start + size]
             if self.kind == "images":
                 yield labels, preprocess_images(self.images[start : start + size], runner.preprocessing)  # fmt: skip
+            elif self.kind == "text":
+                yield labels, runner.text_encoder()(self.texts[start : start + size])
             elif isinstance(self.array, dict):
                 yield labels, {k: v[start : start + size] for k, v in self.array.items()}
             else:
@@ -130,13 +137,18 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
             count = len(next(iter(data.values())) if isinstance(data, dict) else data)
             labels = [f"{path}[{i}]" for i in range(count)]
             sources.append(_Source("array", labels, array=data))
+        elif suffix == ".txt" and family == "bert":
+            from hydra_deploy.engines.text import read_lines
+
+            lines = read_lines(path)
+            labels = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
+            sources.append(_Source("text", labels, texts=lines))
         elif suffix in TEXT_SUFFIXES:
             first = runner.inputs[0]
-            raise RunnerError(
-                f"{path} looks like text: text inputs are for text models (BERT exports, not yet "
-                f"supported by hydra-run); MODEL is a {family} model taking {first.describe()}: "
-                "give image files, folders or preprocessed .npy/.npz arrays"
-            )
+            what = ("text models read .txt files (one input per line)" if family == "bert" else
+                    f"text inputs are for text models; MODEL is a {family} model taking "
+                    f"{first.describe()}: give image files, folders or preprocessed .npy/.npz arrays")  # fmt: skip
+            raise RunnerError(f"{path} looks like text: {what}")
         else:
             raise RunnerError(
                 f"cannot tell what {str(path)!r} is: give image files ({', '.join(IMAGE_SUFFIXES)}), "
@@ -146,11 +158,19 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
 
 
 def score_inputs(runner, paths: list[Path], batch_size: int | None = None,
-                 top_k: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+                 top_k: int = 1, texts: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Run ``runner`` over the INPUT paths; one result dict per example, in input order."""
     from hydra_deploy.uncertainty import SCALAR_SCORES, ensemble_scores
 
     sources = collect_sources(runner, paths)
+    if texts:
+        if (runner.family or "vit") != "bert":
+            raise RunnerError(f"--text needs a text model; MODEL is a {runner.family} model")
+        sources.append(
+            _Source("text", [f"text[{i}]" for i in range(len(texts))], texts=list(texts))
+        )
+    if not sources:
+        raise RunnerError("nothing to run: give INPUT files or --text")
     if any(s.kind == "images" for s in sources) and not runner.preprocessing:
         raise RunnerError(
             f"{runner.path} comes without its hydra.json, so images cannot be preprocessed for it: "
@@ -230,7 +250,7 @@ def main_body(args: argparse.Namespace) -> int:
         common.refuse_existing(target, args.overwrite)
     providers = args.providers.split(",") if args.providers else None
     with load_runner(args.model, backend=args.backend, providers=providers) as runner:
-        results = score_inputs(runner, args.inputs, args.batch_size, args.top_k)
+        results = score_inputs(runner, args.inputs, args.batch_size, args.top_k, args.text)
         meta = {"model": str(args.model), "backend": runner.backend,
                 "providers": list(runner.providers), "precision": runner.precision}  # fmt: skip
     if args.json is not None:

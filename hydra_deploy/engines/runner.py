@@ -136,6 +136,8 @@ class Runner:
             )
         self.info = info
         self.engine_info = engine_info
+        #: the folder holding ``hydra.json`` (and, for text models, ``tokenizer/``), if known
+        self.export_dir: Path | None = None
 
     # --- what the model is -------------------------------------------------------------------
     @property
@@ -177,6 +179,17 @@ class Runner:
     @property
     def family(self) -> str | None:
         return self._meta("family")
+
+    def text_encoder(self):
+        """The export's tokenizer as a :class:`~hydra_deploy.engines.text.TextEncoder` (text models)."""
+        from hydra_deploy.engines.text import TextEncoder
+
+        if self.info is None or self.export_dir is None:
+            raise RunnerError(
+                f"{self.path} comes without its export folder (hydra.json and tokenizer/), so text "
+                "cannot be tokenized for it: run the export folder, or pass token ids in a .npz"
+            )
+        return TextEncoder.from_export(self.info, self.export_dir)
 
     def __repr__(self) -> str:
         return (
@@ -595,8 +608,10 @@ def _info_beside_onnx(onnx_path: Path, trusted: bool) -> dict[str, Any] | None:
     return info
 
 
-def _info_for_engine(engine_path: Path, sidecar: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The export's hydra.json for an engine: beside it, or where its sidecar says it came from."""
+def _info_for_engine(
+    engine_path: Path, sidecar: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, Path | None]:
+    """The export's hydra.json for an engine and its folder: beside it, or where its sidecar says."""
     candidates = [engine_path.parent / "hydra.json"]
     for key in ("export_dir", "onnx", "onnx_path", "source"):
         value = (sidecar or {}).get(key)
@@ -608,8 +623,8 @@ def _info_for_engine(engine_path: Path, sidecar: dict[str, Any] | None) -> dict[
     for candidate in candidates:
         info = _read_json(candidate)
         if info is not None:
-            return info
-    return None
+            return info, candidate.parent
+    return None, None
 
 
 def load_runner(
@@ -655,8 +670,10 @@ def load_runner(
                     f"{str(target)!r} is not an export folder: model.onnx is missing (make one "
                     "with hydra-export --out DIR)"
                 )
-            return OrtRunner(onnx_path, providers, info=_read_json(target / "hydra.json"),
-                             threads=threads)  # fmt: skip
+            runner = OrtRunner(onnx_path, providers, info=_read_json(target / "hydra.json"),
+                               threads=threads)  # fmt: skip
+            runner.export_dir = target if runner.info is not None else None
+            return runner
     suffix = target.suffix.lower()
     if suffix == ".onnx":
         if chosen == "tensorrt":
@@ -664,8 +681,10 @@ def load_runner(
                 f"{target} is an ONNX file: build a TensorRT engine from it first (hydra-build), "
                 "or run it in ONNX Runtime with providers=['tensorrt']"
             )
-        return OrtRunner(target, providers, info=_info_beside_onnx(target, trusted=False),
-                         threads=threads)  # fmt: skip
+        runner = OrtRunner(target, providers, info=_info_beside_onnx(target, trusted=False),
+                           threads=threads)  # fmt: skip
+        runner.export_dir = target.parent if runner.info is not None else None
+        return runner
     if suffix in ENGINE_SUFFIXES:
         if chosen == "onnxruntime":
             raise RunnerError(
@@ -674,7 +693,10 @@ def load_runner(
         if providers is not None:
             raise RunnerError("providers are ONNX Runtime's; a TensorRT engine takes none")
         sidecar = _read_json(target.with_suffix(".json"))
-        return TensorRTRunner(target, info=_info_for_engine(target, sidecar), engine_info=sidecar)
+        info, export_dir = _info_for_engine(target, sidecar)
+        runner = TensorRTRunner(target, info=info, engine_info=sidecar)
+        runner.export_dir = export_dir
+        return runner
     raise RunnerError(
         f"cannot tell how to run {str(target)!r}: expected an export folder, a .onnx file or an "
         f"engine file ({', '.join(ENGINE_SUFFIXES)})"

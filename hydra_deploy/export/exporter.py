@@ -119,6 +119,9 @@ def export_onnx(
         save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
                   str(staging / "weights.safetensors"))  # fmt: skip
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
+        tokenizer = _copy_tokenizer(hydra, staging)
+        if tokenizer is not None:
+            info["tokenizer"] = tokenizer
         info["precision"] = precision
         info["strongly_typed"] = precision != "fp32"
         info["graph_passes"] = {k: v for k, v in surgery.items() if k != "precision"}
@@ -128,13 +131,42 @@ def export_onnx(
         info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
         (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
-        for path in staging.iterdir():  # ordinary file modes (safetensors writes 0600)
-            path.chmod(0o666 & ~umask)
+        for path in staging.rglob("*"):  # ordinary file modes (safetensors writes 0600)
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
         _move_into_place(staging, out, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return info
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt", "vocab.json", "merges.txt")  # fmt: skip
+
+
+def _copy_tokenizer(hydra, staging: Path) -> dict[str, Any] | None:
+    """Copy a text model's tokenizer files into ``<export>/tokenizer``; its hydra.json entry."""
+    source = getattr(hydra, "tokenizer_dir", None)
+    if source is None:
+        return None
+    source = Path(source)
+    files = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if "tokenizer.json" not in files:
+        logger.warning("%s has no tokenizer.json (a fast tokenizer); the export cannot tokenize "
+                       "text: give hydra-run token ids in a .npz", source)  # fmt: skip
+        return None
+    (staging / "tokenizer").mkdir()
+    for name in files:
+        shutil.copyfile(source / name, staging / "tokenizer" / name)
+    config = getattr(hydra, "backbone_config", None) or {}
+    limit = config.get("max_position_embeddings", 512)
+    try:
+        wanted = json.loads((source / "tokenizer_config.json").read_text()).get("model_max_length")
+    except (OSError, ValueError):
+        wanted = None
+    max_length = min(int(wanted), limit) if isinstance(wanted, (int, float)) else limit
+    return {"dir": "tokenizer", "files": files, "max_length": max_length,
+            "vocab_size": config.get("vocab_size")}  # fmt: skip
 
 
 def _sequence_lengths(hydra) -> tuple[int, ...]:
@@ -203,6 +235,7 @@ def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, c
         "batch_profile": {"min": batch[0], "opt": batch[1], "max": batch[2]},
         "preprocessing": _jsonable(getattr(hydra, "preprocessing", None)),
         "backbone_kwargs": getattr(hydra, "backbone_kwargs", None),
+        "backbone_config": getattr(hydra, "backbone_config", None),
         "class_names": list(class_names) if class_names is not None else None,
         "opset": opset,
         "exporter": exporter,

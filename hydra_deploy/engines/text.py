@@ -1,0 +1,113 @@
+"""Text inputs for exported BERT-style models: the export's own tokenizer, no torch, no transformers.
+
+An export of a text model copies the checkpoint's tokenizer files into ``<export>/tokenizer/`` and
+records them in ``hydra.json`` (``tokenizer``: folder, max length, the model's vocabulary size).
+:class:`TextEncoder` reads ``tokenizer.json`` with the ``tokenizers`` library (Rust, small, what
+transformers' fast tokenizers run on) and turns lines of text into the model's int64 inputs,
+padded to the longest line of the batch and truncated at the model's maximum length.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import RunnerError
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TextEncoder:
+    """Lines of text -> ``{"input_ids", "attention_mask"[, "token_type_ids"]}`` int64 arrays."""
+
+    def __init__(
+        self,
+        tokenizer_json: str | os.PathLike,
+        *,
+        max_length: int,
+        vocab_size: int | None = None,
+        input_names: Sequence[str] = ("input_ids", "attention_mask"),
+    ) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as err:
+            raise RunnerError(
+                "reading text needs the tokenizers package: pip install tokenizers "
+                "(or pip install 'hydra-deploy[text]')"
+            ) from err
+        path = Path(tokenizer_json)
+        if not path.is_file():
+            raise RunnerError(f"no tokenizer at {path}; export a text model with hydra-export, "
+                              "which copies its tokenizer into the export folder")  # fmt: skip
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises its own Exception types
+            raise RunnerError(f"{path} is not a tokenizers file: {err}") from err
+        if vocab_size is not None and self.tokenizer.get_vocab_size() > vocab_size:
+            raise RunnerError(
+                f"the tokenizer in {path.parent} has {self.tokenizer.get_vocab_size()} tokens but "
+                f"the model's vocabulary has {vocab_size}: the tokenizer does not match the model; "
+                "export with the checkpoint's own tokenizer"
+            )
+        self.max_length = int(max_length)
+        self.input_names = tuple(input_names)
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_length)
+        pad = _pad_token(self.tokenizer)
+        self.tokenizer.enable_padding(pad_id=pad[1], pad_token=pad[0])  # to the longest line
+
+    @classmethod
+    def from_export(cls, info: dict[str, Any], folder: str | os.PathLike) -> TextEncoder:
+        """The encoder an export folder's ``hydra.json`` describes."""
+        entry = info.get("tokenizer")
+        if not entry:
+            raise RunnerError(
+                f"{folder} holds no tokenizer (hydra.json has no 'tokenizer' entry); pass token "
+                "ids as a .npz with input_ids and attention_mask instead of text"
+            )
+        names = [i["name"] for i in info.get("inputs", [])] or ["input_ids", "attention_mask"]
+        return cls(Path(folder) / entry["dir"] / TOKENIZER_FILE, max_length=entry["max_length"],
+                   vocab_size=entry.get("vocab_size"), input_names=names)  # fmt: skip
+
+    def __call__(self, lines: Sequence[str]) -> dict[str, np.ndarray]:
+        if isinstance(lines, str):
+            lines = [lines]
+        if not lines:
+            raise RunnerError("no text to encode: give at least one line")
+        encodings = self.tokenizer.encode_batch(list(lines))
+        arrays = {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
+        return {name: arrays[name] for name in self.input_names}
+
+
+def _pad_token(tokenizer) -> tuple[str, int]:
+    """The padding token of a tokenizer: its padding config, else [PAD] / <pad>."""
+    padding = tokenizer.padding
+    if padding:
+        return padding["pad_token"], padding["pad_id"]
+    for token in ("[PAD]", "<pad>"):
+        index = tokenizer.token_to_id(token)
+        if index is not None:
+            return token, index
+    raise RunnerError(
+        "the tokenizer has no padding token ([PAD] or <pad>); set one in tokenizer.json"
+    )
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The non-empty lines of a UTF-8 text file (one input per line)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunnerError(f"cannot read text from {path}: {err}") from err
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise RunnerError(f"{path} holds no text (every line is empty)")
+    return lines
