@@ -20,7 +20,8 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     model.add_argument(
         "--backbone",
         required=backbone_required,
-        help="alias (vit_ti16, vit_s16, vit_b16, vit_l16), timm ViT name or folder",
+        help="alias (vit_ti16, vit_s16, vit_b16, vit_l16), timm ViT name or folder; "
+        "hf:<folder> (or a transformers folder) for a BERT classifier; openclip:<model name>",
     )
     model.add_argument(
         "--checkpoint",
@@ -29,6 +30,15 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     )
     model.add_argument(
         "--num-classes", type=int, help="classifier size (default: the checkpoint's, else timm's)"
+    )
+    model.add_argument(
+        "--classes",
+        help="openclip: a text file of class names, one per line (the zero-shot classifier)",
+    )
+    model.add_argument(
+        "--templates",
+        help="openclip: a text file of prompt templates with {} for the class name "
+        "(default: a small built-in set)",
     )
 
     members = p.add_argument_group("members")
@@ -162,8 +172,14 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
     from hydra_deploy.fusion import fuse
 
     torch.manual_seed(args.seed)  # random weights (no checkpoint) repeat from run to run
+    zero_shot = {k: v for k, v in (("classes", args.classes), ("templates", args.templates)) if v}
+    if zero_shot and not str(args.backbone).startswith("openclip:"):
+        raise HydraError(
+            f"--{'/--'.join(zero_shot)} apply to zero-shot OpenCLIP backbones "
+            "(--backbone openclip:<model name>)"
+        )
     backbone = load_backbone(
-        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes
+        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot
     )
     spec = choose_spec(args, backbone)
     members = backbone

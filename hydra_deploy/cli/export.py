@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -71,6 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def default_name(backbone: str) -> str:
+    """A folder name for a backbone: ``vit_b16``, ``hf:/models/minilm`` -> ``minilm``,
+    ``openclip:ViT-B-32`` -> ``openclip-ViT-B-32``."""
+    family, sep, rest = str(backbone).partition(":")
+    if sep and family == "hf":
+        return Path(rest.rstrip("/")).name or "hf"
+    if sep and family == "openclip":
+        return "openclip-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", rest)
+    return Path(str(backbone).rstrip("/")).name
+
+
 def trtexec_lines(info: dict, out: Path) -> list[str]:
     """The trtexec line(s) that build an engine from the export (``hydra-build --trtexec`` has all).
 
@@ -126,7 +138,7 @@ def main_body(args: argparse.Namespace) -> int:
     if args.out is None:
         if args.from_dir is not None:
             raise HydraError("--from needs --out (a new folder for the re-export)")
-        args.out = Path("export") / f"{Path(args.backbone).name}-m{args.members}"
+        args.out = Path("export") / f"{default_name(args.backbone)}-m{args.members}"
     common.refuse_existing(args.out, args.overwrite)
     opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
     batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
