@@ -124,8 +124,8 @@ def module_family(module: nn.Module) -> str:
     origin = type(module).__module__
     if origin.startswith("transformers."):
         return "bert"
-    if origin.startswith("open_clip"):
-        return "openclip"
+    if origin.startswith("open_clip") or origin == "hydra_deploy.backbones.openclip":
+        return "openclip"  # open_clip's CLIP, or our ZeroShotClassifier wrapping its image tower
     return "vit"
 
 

@@ -13,10 +13,47 @@ import copy
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hydra_deploy.errors import ExportError
+
+# Where each component of a fused model comes from in one member, per family: the fused model's
+# state-dict names (left) and the member module's names (right). ``{}`` is the layer index.
+MEMBER_LAYOUT: dict[str, dict[str, Any]] = {
+    "vit": {
+        "embeds": ("patch_embed", "norm_pre", "cls_token", "reg_token", "pos_embed"),
+        "embed_params": ("cls_token", "reg_token", "pos_embed"),
+        "block": "blocks.{}",
+        "block_parts": {"norm1": "norm1", "norm2": "norm2", "ls1": "ls1", "ls2": "ls2",
+                        "attn": "attn", "mlp": "mlp"},
+        "final": {"norm": "norm", "fc_norm": "fc_norm", "head": "head"},
+    },
+    "openclip": {
+        "embeds": ("visual.conv1", "visual.ln_pre", "visual.class_embedding",
+                   "visual.positional_embedding"),
+        "embed_params": ("class_embedding", "positional_embedding"),
+        "block": "visual.transformer.resblocks.{}",
+        "block_parts": {"norm1": "ln_1", "norm2": "ln_2", "ls1": "ls_1", "ls2": "ls_2",
+                        "attn": "attn", "mlp": "mlp"},
+        "final": {"ln_post": "visual.ln_post", "proj": "visual.proj"},
+    },
+}  # fmt: skip
+
+
+def _rebuild_base(info: dict[str, Any]):
+    """One member of the recorded architecture (weights to be replaced), as a module."""
+    family = info.get("family")
+    if family == "vit":
+        from hydra_deploy.backbones.timm_vit import build_vit
+
+        return build_vit(info["backbone_kwargs"])
+    if family == "openclip":
+        from hydra_deploy.backbones.openclip import rebuild_openclip
+
+        return rebuild_openclip(info["backbone_kwargs"]).module
+    raise ExportError(f"re-loading a {family!r} export is not supported yet")
 
 
 def load_export(export_dir: str | os.PathLike, *, check: bool = True):
@@ -24,7 +61,6 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
     from safetensors.torch import load_file
 
     from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.backbones.timm_vit import build_vit
     from hydra_deploy.export.exporter import FORMAT
     from hydra_deploy.fusion import fuse
     from hydra_deploy.specs import HydraSpec
@@ -39,17 +75,17 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
         weights = load_file(str(weights_path))
     except Exception as err:
         raise ExportError(f"cannot read the export in {str(folder)!r}: {err}") from err
-    if info.get("format") != FORMAT or info.get("family") != "vit":
+    if info.get("format") != FORMAT or info.get("family") not in MEMBER_LAYOUT:
         raise ExportError(
             f"{info_path} has format {info.get('format')!r}, family {info.get('family')!r}; "
-            f"this version reads {FORMAT!r} ViT exports"
+            f"this version reads {FORMAT!r} exports of the {', '.join(MEMBER_LAYOUT)} families"
         )
-    if "backbone_kwargs" not in info:
+    if not info.get("backbone_kwargs"):
         raise ExportError(f"{info_path} does not record the backbone's constructor arguments")
     spec = HydraSpec.from_dict(info["spec"])
-    base = build_vit(info["backbone_kwargs"])
+    base = _rebuild_base(info)
     members = [copy.deepcopy(base) for _ in range(spec.num_members)]
-    _make_members_differ(members, weights)
+    _make_members_differ(members, weights, MEMBER_LAYOUT[info["family"]])
     hydra = fuse([load_backbone(m) for m in members], spec, spec.mlp_merge)
     try:
         hydra.load_state_dict(weights, strict=True)
@@ -61,45 +97,47 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
     return hydra
 
 
-def _make_members_differ(members: list, weights: dict[str, torch.Tensor]) -> None:
-    """Perturb, in members 1.., exactly the components the saved fused model keeps per member."""
+def _make_members_differ(members: list, weights: dict[str, torch.Tensor], layout: dict) -> None:
+    """Perturb, in members 1.., exactly the components the saved fused model keeps per member.
+
+    ``fuse`` shares a component when all members' weights are equal and stacks it otherwise; the
+    saved state dict's shapes (a leading member axis, ``member_embeds.*``, the ``trunk.*`` layers)
+    say which were stacked, so members that differ in exactly those fuse to the same structure.
+    """
     trunk = len({k.split(".")[1] for k in weights if k.startswith("trunk.")})
     blocks = len({k.split(".")[1] for k in weights if k.startswith("blocks.")})
-    targets = []  # (module name in a timm ViT) for every per-member component
+    targets = []  # module or parameter names in one member
     if any(k.startswith("member_embeds.") for k in weights):
-        targets += ["patch_embed", "norm_pre"]
-        targets += [
-            n for n in ("cls_token", "reg_token", "pos_embed") if f"member_embeds.0.{n}" in weights
-        ]
+        params = layout["embed_params"]
+        targets += [t for t in layout["embeds"] if t.rsplit(".", 1)[-1] not in params
+                    or f"member_embeds.0.{t.rsplit('.', 1)[-1]}" in weights]  # fmt: skip
     for j in range(blocks):
-        layer = trunk + j
-        targets.append(f"blocks.{layer}.attn")  # per stream anyway: keeps the trunk from growing
+        block = layout["block"].format(trunk + j)
+        parts = layout["block_parts"]
+        targets.append(f"{block}.{parts['attn']}")  # per stream anyway: keeps the trunk short
         for part in ("norm1", "norm2", "ls1", "ls2"):
-            tensor = weights.get(
-                f"blocks.{j}.{part}.weight", weights.get(f"blocks.{j}.{part}.gamma")
-            )
+            tensor = weights.get(f"blocks.{j}.{part}.weight", weights.get(f"blocks.{j}.{part}.gamma"))
             if tensor is not None and tensor.dim() == 2:
-                targets.append(f"blocks.{layer}.{part}")
+                targets.append(f"{block}.{parts[part]}")
         if weights[f"blocks.{j}.mlp.fc1.weight"].dim() == 3:
-            targets.append(f"blocks.{layer}.mlp")
-    for part in ("norm", "fc_norm"):
-        if part + ".weight" in weights and weights[part + ".weight"].dim() == 2:
-            targets.append(part)
-    if weights["head.weight"].dim() == 3:
-        targets.append("head")
+            targets.append(f"{block}.{parts['mlp']}")
+    for fused, source in layout["final"].items():
+        tensor = weights.get(f"{fused}.weight")
+        if tensor is not None and tensor.dim() == (3 if fused in ("head", "proj") else 2):
+            targets.append(source)
     with torch.no_grad():
         for index, member in enumerate(members[1:], start=1):
             for target in targets:
-                owner = (
-                    member.get_submodule(target)
-                    if not target.endswith(("token", "pos_embed"))
-                    else None
-                )
-                params = (
-                    list(owner.parameters()) if owner is not None else [getattr(member, target)]
-                )
-                for param in params:
+                for param in _parameters(member, target):
                     param.add_(index * 1e-3)
+
+
+def _parameters(module: torch.nn.Module, name: str) -> list[torch.Tensor]:
+    """The parameters of submodule ``name``, or the parameter ``name`` itself."""
+    try:
+        return list(module.get_submodule(name).parameters())
+    except AttributeError:
+        return [module.get_parameter(name)]
 
 
 def _check_against_onnx(hydra, path: Path, info: dict) -> None:
