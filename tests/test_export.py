@@ -236,18 +236,35 @@ def test_cli_errors_are_one_line(tmp_path):
     assert not (tmp_path / "y").exists()
 
 
-def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, caplog):
-    """Average pooling exports as opset-18 ReduceMean, which does not convert to 17 cleanly."""
-    import logging
-
-    caplog.set_level(logging.INFO, logger="hydra_deploy")
+def test_average_pooling_exports_with_dynamo_at_opset_17(tmp_path):
+    """The fused model writes its token mean as a sum and a division (no opset-18 ReduceMean)."""
     backbone = tiny_vit("avg_reg_ls")
     hydra = fuse(backbone, HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2))
     info = export_onnx(hydra, tmp_path / "avg", batch=(1, 2, 3))  # validated against PyTorch
     assert info["opset"] == 17 and info["validation"]["passed"]
-    assert info["exporter"] == "torchscript"
+    assert info["exporter"] == "dynamo" and info["graph_passes"]["fold_attention_scale"] == 3
+
+
+def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, caplog):
+    """torch.mean exports as opset-18 ReduceMean, which does not convert to 17 cleanly."""
+    import logging
+
+    from hydra_deploy.export.torch_onnx import export_module
+
+    class Mean(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(dim=1)
+
+    caplog.set_level(logging.INFO, logger="hydra_deploy")
+    path = tmp_path / "mean.onnx"
+    used = export_module(Mean(), torch.randn(2, 5), path, input_names=["x"], output_names=["y"],
+                         opset=17, max_batch=4)  # fmt: skip
+    assert used == "torchscript"
     assert "retrying with the TorchScript exporter" in caplog.text
     assert "does not convert to 17" in caplog.text  # why dynamo's file was not used
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], x.mean(1), atol=1e-6)
 
 
 def test_polygraphy_runs_the_export(exported):

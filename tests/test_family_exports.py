@@ -22,7 +22,8 @@ def test_openclip_exports_and_reloads(config, finetuned, tmp_path):
     members = [member_copy(backbone, seed) for seed in range(3)] if finetuned else backbone
     hydra = fuse(members, spec, "grouped" if finetuned else "average")
     out = tmp_path / "clip"
-    info = export_onnx(hydra, out, batch=(1, 2, 4), uq_outputs=True, exporter="torchscript")
+    info = export_onnx(hydra, out, batch=(1, 2, 4), uq_outputs=True, exporter="auto")
+    assert info["exporter"] == "dynamo" and info["graph_passes"]["fold_attention_scale"] == backbone.num_layers
     assert info["family"] == "openclip" and info["validation"]["passed"]
     assert info["class_names"] == hydra.class_names and len(hydra.class_names) == hydra.num_classes
     rebuilt = load_export(out)  # rebuilt from the folder alone, checked against model.onnx

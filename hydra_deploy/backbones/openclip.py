@@ -160,7 +160,9 @@ def zero_shot_logits(
     logit_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``logit_scale.exp() * normalize(features) @ class_weights.T (+ logit_bias)``: [..., E] -> [..., C]."""
-    logits = logit_scale.exp() * F.normalize(features, dim=-1) @ class_weights.T
+    # F.normalize written out: it exports as ReduceL2, whose opset-18 form does not convert to 17
+    norm = (features * features).sum(dim=-1, keepdim=True).clamp_min(1e-24).sqrt()  # max(|x|, eps)
+    logits = logit_scale.exp() * (features / norm) @ class_weights.T
     return logits if logit_bias is None else logits + logit_bias
 
 
@@ -610,11 +612,9 @@ def _check_model_name(model_name: str) -> None:
 
 
 def _check_pretrained(model_name: str, pretrained: str) -> str:
-    """A pretrained tag must be known and downloadable now; a file path is passed through."""
+    """A pretrained tag must be known and downloadable now."""
     import open_clip
 
-    if Path(pretrained).expanduser().is_file():
-        return str(Path(pretrained).expanduser())
     cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(model_name)
@@ -772,6 +772,8 @@ def load_openclip(
     _check_model_name(model_name)
     if checkpoint is not None and pretrained is not None:
         raise BackboneError("give checkpoint (a local file) or pretrained (a tag), not both")
+    if pretrained is not None and Path(pretrained).expanduser().is_file():
+        checkpoint, pretrained = pretrained, None  # a file: loaded as a checkpoint
     if pretrained is not None:
         pretrained = _check_pretrained(model_name, pretrained)
     class_names = read_names(classes, "classes")  # fail on a bad class file before building

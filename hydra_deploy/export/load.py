@@ -116,7 +116,9 @@ def _make_members_differ(members: list, weights: dict[str, torch.Tensor], layout
         parts = layout["block_parts"]
         targets.append(f"{block}.{parts['attn']}")  # per stream anyway: keeps the trunk short
         for part in ("norm1", "norm2", "ls1", "ls2"):
-            tensor = weights.get(f"blocks.{j}.{part}.weight", weights.get(f"blocks.{j}.{part}.gamma"))
+            tensor = weights.get(
+                f"blocks.{j}.{part}.weight", weights.get(f"blocks.{j}.{part}.gamma")
+            )
             if tensor is not None and tensor.dim() == 2:
                 targets.append(f"{block}.{parts[part]}")
         if weights[f"blocks.{j}.mlp.fc1.weight"].dim() == 3:

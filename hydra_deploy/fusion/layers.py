@@ -18,6 +18,12 @@ from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
 
 
+def token_mean(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """The mean over tokens as a sum and a division: the dynamo exporter writes ``mean`` as opset
+    18's ReduceMean (axes as an input), which does not convert to opset 17; ReduceSum does."""
+    return x.sum(dim=dim) / x.shape[dim]
+
+
 def all_equal(tensors: Sequence[torch.Tensor | None]) -> bool:
     """True when every tensor equals the first exactly (same shape and values), or all are None."""
     first = tensors[0]

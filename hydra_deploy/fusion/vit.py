@@ -18,6 +18,7 @@ from hydra_deploy.fusion.layers import (
     merge_mlps,
     stream_norm,
     stream_scale,
+    token_mean,
 )
 from hydra_deploy.fusion.model import HydraModel
 from hydra_deploy.specs import HydraSpec
@@ -252,10 +253,15 @@ class HydraViT(HydraModel):
             x = block(x)  # [M, B, N, D]
         x = self.norm(x)
         S, B, N, D = x.shape
-        pooled = global_pool_nlc(
-            x.reshape(S * B, N, D), pool_type=self.global_pool,
-            num_prefix_tokens=self.num_prefix_tokens, reduce_include_prefix=self.pool_include_prefix,
-        ).view(S, B, D)  # fmt: skip
+        if self.global_pool == "avg":
+            tokens = x if self.pool_include_prefix else x[:, :, self.num_prefix_tokens :]
+            pooled = token_mean(tokens, dim=2)  # [S, B, D]
+        else:
+            pooled = global_pool_nlc(
+                x.reshape(S * B, N, D), pool_type=self.global_pool,
+                num_prefix_tokens=self.num_prefix_tokens,
+                reduce_include_prefix=self.pool_include_prefix,
+            ).view(S, B, D)  # fmt: skip
         logits = self.head(self.fc_norm(pooled))  # [S, B, C]
         if S != M:
             logits = logits.expand(M, -1, -1)

@@ -1,0 +1,275 @@
+"""The fused Hydra OpenCLIP: M head-pruned image towers in one network, one shared text classifier.
+
+Layout as in :mod:`hydra_deploy.fusion.vit`: residual streams [S, B, N, D], a shared trunk of
+leading layers where every member is identical, then one stream per member. After the last layer
+each stream is pooled (class token or mean of the patch tokens), normalised by ``ln_post`` and
+projected into the joint image-text space (``ln_post`` / ``proj`` shared or per member); its
+normalised features meet the zero-shot class weights that every member shares:
+
+    member_logits[:, m] = logit_scale.exp() * normalize(features_m) @ class_weights.T (+ bias)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.openclip import zero_shot_logits
+from hydra_deploy.errors import FusionError
+from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.layers import (
+    FusedAttention,
+    FusedBlock,
+    all_equal,
+    merge_mlps,
+    stream_norm,
+    stream_scale,
+    token_mean,
+)
+from hydra_deploy.fusion.model import HydraModel
+from hydra_deploy.specs import HydraSpec
+
+
+class OpenClipEmbedding(nn.Module):
+    """conv1 patchify, class token, position embedding and ln_pre of an open_clip image tower."""
+
+    def __init__(self, visual: nn.Module) -> None:
+        super().__init__()
+        conv = visual.conv1
+        self.conv1 = nn.Conv2d(
+            conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+            bias=conv.bias is not None,
+        )  # fmt: skip
+        self.conv1.load_state_dict(conv.state_dict())
+        self.class_embedding = nn.Parameter(visual.class_embedding.detach().clone())  # [D]
+        self.positional_embedding = nn.Parameter(visual.positional_embedding.detach().clone())
+        self.ln_pre = stream_norm([visual.ln_pre])
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.conv1(pixel_values)  # [B, D, gh, gw]
+        x = x.flatten(2).transpose(1, 2)  # [B, P, D]
+        cls = self.class_embedding.view(1, 1, -1).expand(x.shape[0], -1, -1)  # [B, 1, D]
+        x = torch.cat([cls, x], dim=1) + self.positional_embedding  # [B, N, D]
+        return self.ln_pre(x)
+
+
+class SharedProjection(nn.Module):
+    """The projection into the joint space when every member has the same one: [S, B, D] @ [D, E]."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # [D, E]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+def _embedding_tensors(visual: nn.Module) -> list[torch.Tensor | None]:
+    tensors = [visual.class_embedding, visual.positional_embedding]
+    return tensors + list(visual.conv1.parameters()) + list(visual.ln_pre.parameters())
+
+
+def _architecture_signature(member: BackboneAdapter) -> tuple:
+    visual = member.module.visual
+    shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in member.module.state_dict().items())
+    flags = (visual.pool_type, bool(visual.final_ln_after_pool), member.module.logit_bias is None)
+    return repr(visual), flags, shapes
+
+
+def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
+    """Members must be one architecture (weights may differ) sharing one zero-shot classifier."""
+    reference = _architecture_signature(members[0])
+    for index, member in enumerate(members[1:], start=1):
+        signature = _architecture_signature(member)
+        if signature != reference:
+            what = {True: "module structure", False: "pooling or weight shapes"}[
+                signature[0] != reference[0]
+            ]
+            raise FusionError(
+                f"member {index} is not the same architecture as member 0 (its {what} differ); "
+                "members must be copies of one OpenCLIP backbone that differ only in weight values"
+            )
+    for name in ("class_weights", "logit_scale", "logit_bias"):
+        if not all_equal([getattr(m.module, name) for m in members]):
+            raise FusionError(
+                f"members differ in their zero-shot classifier ({name}); Hydra members share the "
+                "text side: build them with the same classes, templates and text tower"
+            )
+
+
+def _kept_attention_tensors(weights: AttentionWeights, heads: Sequence[int]) -> list:
+    idx = torch.as_tensor(list(heads), dtype=torch.long)
+    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
+    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
+    return out
+
+
+class HydraOpenClip(HydraModel):
+    """Fused Hydra OpenCLIP. forward(pixel_values [B, 3, H, W]) -> member logits [B, M, C]."""
+
+    family = "openclip"
+
+    def __init__(
+        self,
+        members: Sequence[BackboneAdapter],
+        spec: HydraSpec,
+        lowering: str = "bmm",
+        shared_trunk: bool = True,
+    ) -> None:
+        super().__init__()
+        check_same_architecture(members)
+        visuals = [member.module.visual for member in members]
+        first, classifier = members[0], members[0].module
+        M = spec.num_members
+        self.spec = spec
+        self.num_members = M
+        self.num_classes = first.num_classes
+        self.lowering = lowering
+        self.input_size = (first.in_chans, *first.img_size)
+        self.input_names = ("pixel_values",)
+        self.preprocessing = first.data_config()
+        self.class_names = None if first.class_names is None else list(first.class_names)
+        self.backbone_kwargs = first.backbone_kwargs()
+
+        # embeddings: shared when every member has the same weights
+        embeds = [_embedding_tensors(visual) for visual in visuals]
+        embed_shared = all(all_equal([e[i] for e in embeds]) for i in range(len(embeds[0])))
+        self.embed = OpenClipEmbedding(visuals[0]) if embed_shared else None
+        self.member_embeds = (
+            None if embed_shared else nn.ModuleList(OpenClipEmbedding(v) for v in visuals)
+        )
+
+        # blocks: a shared trunk while all members are identical, then M streams
+        trunk, blocks, layer_heads = [], [], []
+        mlp_kinds, norm_kinds = set(), set()
+        in_trunk = shared_trunk and embed_shared
+        for layer in range(spec.num_layers):
+            heads = [spec.members[m].heads[layer] for m in range(M)]
+            layer_blocks = [visual.transformer.resblocks[layer] for visual in visuals]
+            weights = [member.attention_weights(layer) for member in members]
+            in_trunk = in_trunk and self._layer_identical(
+                layer_blocks, weights, heads, spec.mlp_merge
+            )
+            streams = 1 if in_trunk else M
+            block, mlp_kind = self._fused_block(
+                layer_blocks, weights[:streams], heads[:streams], spec.mlp_merge, lowering
+            )
+            mlp_kinds.add(mlp_kind)
+            norm_kinds.update(getattr(n, "per_stream", None) for n in (block.norm1, block.norm2))
+            (trunk if in_trunk else blocks).append(block)
+            layer_heads.append([len(h) for h in heads[:streams]])
+        self.trunk = nn.ModuleList(trunk)
+        self.blocks = nn.ModuleList(blocks)
+        self.trunk_layers = len(trunk)
+
+        # pooling, ln_post and the projection into the joint space
+        self.pool_type = visuals[0].pool_type
+        self.final_ln_after_pool = bool(visuals[0].final_ln_after_pool)
+        self.ln_post = stream_norm([visual.ln_post for visual in visuals])
+        projections = [visual.proj for visual in visuals]
+        if all_equal(projections):
+            self.proj = SharedProjection(projections[0])
+            proj_kind = "shared"
+        else:
+            stacked = torch.stack([p.detach() for p in projections])  # [M, D, E]
+            self.proj = GroupedLinear.from_weights(stacked, None, lowering)
+            proj_kind = "per-member"
+        # the zero-shot classifier: shared by every member (check_same_architecture)
+        self.register_buffer("class_weights", classifier.class_weights.detach().clone())
+        self.register_buffer("logit_scale", classifier.logit_scale.detach().clone())
+        bias = classifier.logit_bias
+        self.register_buffer("logit_bias", None if bias is None else bias.detach().clone())
+
+        ln_post_per_stream = bool(getattr(self.ln_post, "per_stream", False))
+        self.final_shared = proj_kind == "shared" and not ln_post_per_stream
+        final_streams = M if (self.blocks or not self.final_shared) else 1
+        norm_kinds.add(getattr(self.ln_post, "per_stream", None))
+        norm_kinds.discard(None)
+        self.merge = {
+            "embeddings": "shared" if embed_shared else "per-member",
+            "norms": "per-member" if True in norm_kinds else "shared",
+            "mlp": "+".join(sorted(mlp_kinds)),
+            "projection": proj_kind,
+            "classifier": "shared (zero-shot text embeddings)",
+            "trunk_layers": self.trunk_layers,
+            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
+        }
+        single = first.macs()
+        self.macs = {
+            "hydra": first.macs(layer_heads, 1 if embed_shared else M, final_streams),
+            "single": single,
+            "deep_ensemble": M * single,
+        }
+        self.eval()
+
+    @staticmethod
+    def _layer_identical(layer_blocks, weights, heads, mlp_merge: str) -> bool:
+        """All members keep the same heads with the same weights (and the same MLP if grouped)."""
+        if any(tuple(h) != tuple(heads[0]) for h in heads):
+            return False
+        groups = list(zip(*[_kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
+        modules = ["ln_1", "ln_2", "ls_1", "ls_2"] + (["mlp"] if mlp_merge == "grouped" else [])
+        for name in modules:
+            params = [list(getattr(b, name).parameters()) for b in layer_blocks]
+            groups += list(zip(*params, strict=True))
+        return all(all_equal(list(group)) for group in groups)
+
+    @staticmethod
+    def _fused_block(layer_blocks, weights, heads, mlp_merge: str, lowering: str):
+        streams = len(weights)
+        norm_blocks = layer_blocks[:streams]
+        mlp, mlp_kind = merge_mlps(
+            [b.mlp.c_fc for b in layer_blocks], [b.mlp[1] for b in layer_blocks],
+            [b.mlp.c_proj for b in layer_blocks], mlp_merge, lowering,
+        )  # fmt: skip
+        if streams == 1 and mlp_kind == "grouped":
+            raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
+        block = FusedBlock(
+            norm1=stream_norm([b.ln_1 for b in norm_blocks]),
+            attn=FusedAttention(weights, heads, lowering),
+            ls1=stream_scale([b.ls_1 for b in norm_blocks]),
+            norm2=stream_norm([b.ln_2 for b in norm_blocks]),
+            mlp=mlp,
+            ls2=stream_scale([b.ls_2 for b in norm_blocks]),
+        )
+        return block, mlp_kind
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        """Random ``pixel_values`` [batch, 3, H, W] (seeded), for tracing and validation."""
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, *self.input_size, generator=generator)
+
+    def _pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """[S, B, N, D] -> [S, B, D], ln_post included (it is per token, so the class token can be
+        taken first and normalised alone: the same numbers as open_clip's normalise-then-take)."""
+        if self.pool_type == "tok":
+            return self.ln_post(x[:, :, 0])
+        if self.final_ln_after_pool:
+            return self.ln_post(token_mean(x[:, :, 1:], dim=2))
+        return token_mean(self.ln_post(x)[:, :, 1:], dim=2)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        M = self.num_members
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != self.input_size:
+            raise FusionError(
+                f"pixel_values must be [batch, {', '.join(map(str, self.input_size))}], got "
+                f"{list(pixel_values.shape)}; resize the images to the backbone's input size"
+            )
+        if self.embed is not None:
+            x = self.embed(pixel_values).unsqueeze(0)  # [1, B, N, D]
+        else:
+            x = torch.stack([embed(pixel_values) for embed in self.member_embeds])  # [M, B, N, D]
+        for block in self.trunk:  # computed once for all members
+            x = block(x)
+        if x.shape[0] != M and (self.blocks or not self.final_shared):
+            x = x.expand(M, -1, -1, -1)  # the members split here
+        for block in self.blocks:
+            x = block(x)  # [M, B, N, D]
+        features = self.proj(self._pooled(x))  # [S, B, E]
+        logits = zero_shot_logits(features, self.class_weights, self.logit_scale, self.logit_bias)
+        if logits.shape[0] != M:
+            logits = logits.expand(M, -1, -1)  # [M, B, C]
+        return logits.transpose(0, 1)  # [B, M, C]
