@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hydra_deploy.backbones import load_backbone
-from hydra_deploy.backbones.hf_bert import HfBertAdapter
+from hydra_deploy.backbones.hf_bert import HfBertAdapter, rebuild_bert
 from hydra_deploy.errors import BackboneError, FusionError, SpecError, UnsupportedModelError
 from hydra_deploy.fusion import fuse
 from hydra_deploy.fusion.bert import HydraBert
@@ -26,14 +26,24 @@ SEQ = 12  # tokens of the random test batches (rows after the first are padded)
 
 TINY_BERT = {
     "segments": dict(num_hidden_layers=3, type_vocab_size=2, num_labels=5, hidden_act="gelu"),
-    "one_segment": dict(num_hidden_layers=2, type_vocab_size=1, num_labels=3,
-                        hidden_act="gelu_new", layer_norm_eps=1e-5),
-}  # fmt: skip
+    "one_segment": dict(
+        num_hidden_layers=2,
+        type_vocab_size=1,
+        num_labels=3,
+        hidden_act="gelu_new",
+        layer_norm_eps=1e-5,
+    ),
+}
 
 
 def bert_config(**overrides) -> transformers.BertConfig:
-    base = dict(vocab_size=100, hidden_size=32, num_attention_heads=4, intermediate_size=48,
-                max_position_embeddings=64)  # fmt: skip
+    base = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+    )
     return transformers.BertConfig(**{**base, **overrides})
 
 
@@ -72,8 +82,11 @@ def fused_inputs(hydra: HydraBert, inputs: dict) -> tuple:
 def assert_members_match(hydra, references, spec, inputs, atol=ATOL):
     with torch.no_grad():
         fused = hydra(*fused_inputs(hydra, inputs))
-        assert fused.shape == (inputs["input_ids"].shape[0], spec.num_members,
-                               references[0].num_classes)  # fmt: skip
+        assert fused.shape == (
+            inputs["input_ids"].shape[0],
+            spec.num_members,
+            references[0].num_classes,
+        )
         for m in range(spec.num_members):
             expected = references[m](inputs, spec.head_mask(m))
             error = (fused[:, m] - expected).abs().max().item()
@@ -135,8 +148,11 @@ def test_input_forms_give_the_same_logits(tiny_berts):
         for form in (tuple(x[n] for n in names), stacked, {**x}):
             torch.testing.assert_close(backbone(form), reference, atol=0, rtol=0)
         ids_only = {"input_ids": x["input_ids"]}
-        full = {**ids_only, "attention_mask": torch.ones_like(x["input_ids"]),
-                "token_type_ids": torch.zeros_like(x["input_ids"])}  # fmt: skip
+        full = {
+            **ids_only,
+            "attention_mask": torch.ones_like(x["input_ids"]),
+            "token_type_ids": torch.zeros_like(x["input_ids"]),
+        }
         torch.testing.assert_close(backbone(x["input_ids"]), backbone(full), atol=0, rtol=0)
         torch.testing.assert_close(backbone(ids_only), backbone(full), atol=0, rtol=0)
         hf = backbone.module(**x).logits
@@ -186,7 +202,7 @@ def test_embed_run_layers_classify_equal_forward(tiny_berts):
                 backbone.classify(backbone.run_layers(middle[i : i + 2], 1, 3))
                 for i in range(0, 5, 2)
             ]
-        )  # fmt: skip  (pruning's _batched)
+        )  # sliced like pruning._batched
         reference = backbone.module(**x).logits
     torch.testing.assert_close(logits, reference, atol=1e-6, rtol=0)
     torch.testing.assert_close(sliced, reference, atol=1e-6, rtol=0)
@@ -253,8 +269,9 @@ def test_average_differs_from_grouped_for_finetuned_members(tiny_berts):
 def test_padding_changes_nothing(tiny_berts, config):
     """A padded row equals the same row unpadded (shorter); pad ids and types do not matter."""
     backbone = tiny_berts[config]
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, 4, 8, members=3,
-                            heads_per_member=[2, 3, 1], seed=1)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name, backbone.num_layers, 4, 8, members=3, heads_per_member=[2, 3, 1], seed=1
+    )
     members = perturbed_members(backbone, 3, seed=3)
     hydra = fuse(members, spec, "grouped")
     x = backbone.example_inputs(4, seed=7, seq_len=SEQ)
@@ -269,11 +286,14 @@ def test_padding_changes_nothing(tiny_berts, config):
         for row in range(1, 4):
             length = int(x["attention_mask"][row].sum())
             alone = {k: v[row : row + 1, :length] for k, v in x.items()}
-            torch.testing.assert_close(hydra(*fused_inputs(hydra, alone))[0], padded[row],
-                                       atol=ATOL, rtol=0)  # fmt: skip
-            torch.testing.assert_close(members[0](alone, spec.head_mask(0))[0], padded[row, 0],
-                                       atol=ATOL, rtol=0)  # fmt: skip
-        without_mask = hydra(x["input_ids"][:1])  # row 0 has no padding
+            torch.testing.assert_close(
+                hydra(*fused_inputs(hydra, alone))[0], padded[row], atol=ATOL, rtol=0
+            )
+            torch.testing.assert_close(
+                members[0](alone, spec.head_mask(0))[0], padded[row, 0], atol=ATOL, rtol=0
+            )
+        types = x.get("token_type_ids")  # row 0 has no padding: no mask needed
+        without_mask = hydra(x["input_ids"][:1], None, None if types is None else types[:1])
         torch.testing.assert_close(without_mask, padded[:1], atol=1e-6, rtol=0)
         # the mask matters: ignoring it changes the padded rows
         unmasked = hydra(x["input_ids"], None, x.get("token_type_ids"))
@@ -288,9 +308,12 @@ def test_token_types_default_to_zeros(tiny_berts):
         zeros = torch.zeros_like(x["input_ids"])
         torch.testing.assert_close(
             hydra(x["input_ids"], x["attention_mask"]),
-            hydra(input_ids=x["input_ids"], attention_mask=x["attention_mask"], token_type_ids=zeros),
-            atol=0, rtol=0,
-        )  # fmt: skip
+            hydra(
+                input_ids=x["input_ids"], attention_mask=x["attention_mask"], token_type_ids=zeros
+            ),
+            atol=0,
+            rtol=0,
+        )
         assert (
             hydra(*fused_inputs(hydra, x)) - hydra(x["input_ids"], x["attention_mask"])
         ).abs().max() > 0
@@ -299,15 +322,20 @@ def test_token_types_default_to_zeros(tiny_berts):
 @pytest.mark.parametrize("shared", [0, 2])
 def test_shared_trunk_is_exact_and_cheaper(tiny_berts, shared):
     backbone = tiny_berts["segments"]
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2,
-                            shared_layers=shared, seed=3)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name, 3, 4, 8, members=3, heads_per_member=2, shared_layers=shared, seed=3
+    )
     with_trunk, without = fuse(backbone, spec), fuse(backbone, spec, shared_trunk=False)
     assert with_trunk.trunk_layers == spec.shared_prefix_layers() >= shared
     assert without.trunk_layers == 0
     x = backbone.example_inputs(3, seed=9, seq_len=SEQ)
     with torch.no_grad():
-        torch.testing.assert_close(with_trunk(*fused_inputs(with_trunk, x)),
-                                   without(*fused_inputs(without, x)), atol=1e-6, rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            with_trunk(*fused_inputs(with_trunk, x)),
+            without(*fused_inputs(without, x)),
+            atol=1e-6,
+            rtol=0,
+        )
     assert_members_match(with_trunk, [backbone] * 3, spec, x)
     if with_trunk.trunk_layers:
         assert with_trunk.macs["hydra"] < without.macs["hydra"]
@@ -333,8 +361,9 @@ def test_layer_where_no_member_keeps_a_head(tiny_berts):
 
 def test_export_attributes(tiny_berts):
     for backbone in tiny_berts.values():
-        spec = HydraSpec.random(backbone.name, backbone.num_layers, 4, 8, members=2,
-                                heads_per_member=1)  # fmt: skip
+        spec = HydraSpec.random(
+            backbone.name, backbone.num_layers, 4, 8, members=2, heads_per_member=1
+        )
         hydra = fuse(backbone, spec)
         assert hydra.family == "bert" and hydra.num_members == 2
         assert hydra.num_classes == backbone.num_classes and hydra.preprocessing is None
@@ -349,6 +378,12 @@ def test_export_attributes(tiny_berts):
         assert rebuilt.type_vocab_size == backbone.type_vocab_size
         assert hydra.macs["single"] == backbone.macs() and hydra.tokenizer_dir is None
         assert "pooler=shared" in hydra.summary()
+        # an export folder can rebuild the structure and load the weights (no checkpoint)
+        recorded = json.loads(json.dumps(hydra.backbone_kwargs))
+        rebuilt_hydra = fuse(rebuild_bert(recorded), spec)
+        rebuilt_hydra.load_state_dict(hydra.state_dict(), strict=True)
+        with torch.no_grad():
+            torch.testing.assert_close(rebuilt_hydra(*example), hydra(*example), atol=0, rtol=0)
 
 
 # --- refusals ------------------------------------------------------------------------------------
@@ -390,7 +425,7 @@ def test_unsupported_models_are_refused(tmp_path):
             num_hidden_layers=1,
             num_attention_heads=4,
             intermediate_size=48,
-        )  # fmt: skip
+        )
     )
     with pytest.raises(UnsupportedModelError, match="RobertaForSequenceClassification"):
         load_backbone(roberta)
@@ -400,8 +435,9 @@ def test_unsupported_models_are_refused(tmp_path):
     masked_lm = transformers.BertForMaskedLM(bert_config(num_hidden_layers=1))
     with pytest.raises(UnsupportedModelError, match="BertForMaskedLM"):
         load_backbone(masked_lm)
-    decoder = transformers.BertForSequenceClassification(bert_config(num_hidden_layers=1,
-                                                                     is_decoder=True))  # fmt: skip
+    decoder = transformers.BertForSequenceClassification(
+        bert_config(num_hidden_layers=1, is_decoder=True)
+    )
     with pytest.raises(UnsupportedModelError, match="decoder"):
         load_backbone(decoder)
 
@@ -447,8 +483,9 @@ def test_folders_and_checkpoints_round_trip(tiny_berts, tmp_path):
     again = load_backbone(f"hf:{tmp_path / 'encoder'}", num_classes=3)
     other = load_backbone(f"hf:{tmp_path / 'encoder'}", num_classes=3, seed=1)
     assert first.num_classes == 3 and first.seq_len == 16
-    torch.testing.assert_close(first.module.bert.pooler.dense.weight,
-                               backbone.module.bert.pooler.dense.weight)  # fmt: skip
+    torch.testing.assert_close(
+        first.module.bert.pooler.dense.weight, backbone.module.bert.pooler.dense.weight
+    )
     assert first.module.classifier.weight.equal(again.module.classifier.weight)
     assert not first.module.classifier.weight.equal(other.module.classifier.weight)
     resized = load_backbone(f"hf:{tmp_path / 'classifier'}", num_classes=2)  # new classifier
@@ -457,16 +494,18 @@ def test_folders_and_checkpoints_round_trip(tiny_berts, tmp_path):
     # checkpoint: the classifier's state dict over the encoder folder's architecture
     state = {k: v.contiguous() for k, v in backbone.module.state_dict().items()}
     save_file(state, str(tmp_path / "weights.safetensors"))
-    restored = load_backbone(f"hf:{tmp_path / 'encoder'}", checkpoint=tmp_path / "weights.safetensors",
-                             num_classes=5)  # fmt: skip
+    restored = load_backbone(
+        f"hf:{tmp_path / 'encoder'}", checkpoint=tmp_path / "weights.safetensors", num_classes=5
+    )
     with torch.no_grad():
         torch.testing.assert_close(restored(x), backbone(x), atol=0, rtol=0)
     wrong = load_backbone(f"hf:{tmp_path / 'encoder'}", num_classes=3)
     from hydra_deploy.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="classifier"):
-        load_backbone(f"hf:{tmp_path / 'encoder'}", checkpoint=tmp_path / "weights.safetensors",
-                      num_classes=3)  # fmt: skip
+        load_backbone(
+            f"hf:{tmp_path / 'encoder'}", checkpoint=tmp_path / "weights.safetensors", num_classes=3
+        )
     assert wrong.num_classes == 3
 
 

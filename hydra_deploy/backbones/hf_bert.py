@@ -245,6 +245,28 @@ def _load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike) -> None:
     load_into(model, state_dict, str(checkpoint))
 
 
+def rebuild_bert(backbone_kwargs: Mapping[str, Any]) -> HfBertAdapter:
+    """An adapter of a recorded architecture (``HydraBert.backbone_kwargs``), placeholder weights.
+
+    For reloading an export folder: build, fuse, then load the saved state dict.
+    """
+    from transformers import BertConfig, BertForSequenceClassification
+
+    try:
+        config = BertConfig.from_dict(dict(backbone_kwargs["config"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise BackboneError(
+            f"cannot rebuild a BERT from {str(backbone_kwargs)[:200]}: {err}"
+        ) from err
+    _check_model_type(config, "the recorded backbone")
+    torch_dtype = getattr(torch, str(backbone_kwargs.get("dtype", "float32")), torch.float32)
+    model = BertForSequenceClassification(config).to(torch_dtype)
+    return HfBertAdapter(
+        model, name=backbone_kwargs.get("name"), weights="export",
+        seq_len=backbone_kwargs.get("seq_len"),
+    )  # fmt: skip
+
+
 def check_supported(model: nn.Module) -> None:
     """Raise UnsupportedModelError naming what the fused BERT cannot express in ``model``."""
     from transformers import BertForSequenceClassification
@@ -327,6 +349,12 @@ class HfBertAdapter(BackboneAdapter):
         self.input_names: tuple[str, ...] = ("input_ids", "attention_mask")
         if self.type_vocab_size > 1:
             self.input_names += ("token_type_ids",)
+
+    def backbone_kwargs(self) -> dict[str, Any]:
+        """What :func:`rebuild_bert` needs to rebuild this architecture (JSON-able)."""
+        dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
+        return {"config": self.config.to_dict(), "name": self.name, "seq_len": self.seq_len,
+                "dtype": dtype}  # fmt: skip
 
     # --- inputs ------------------------------------------------------------------------------------
     def text_inputs(self, inputs: TextInputs) -> dict[str, torch.Tensor]:

@@ -74,6 +74,18 @@ class StreamLinear(nn.Module):
         return self.linear(x)
 
 
+def padding_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive key-padding mask [B, N]: 0 for tokens, the dtype's most negative value for padding.
+
+    Added to the attention scores before the softmax it gives padded keys exactly zero weight (as
+    transformers' masks do). An additive float mask, not a boolean one, keeps the exported graph
+    MatMul -> Add -> Softmax -> MatMul (a boolean mask makes the exporter add a NaN guard after the
+    Softmax); a row with no token at all gets uniform weights instead of NaN.
+    """
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill(attention_mask == 0, torch.finfo(dtype).min)
+
+
 def _tracing() -> bool:
     """True while torch.jit traces or torch.export / torch.compile capture the forward."""
     compiler = torch.compiler
@@ -157,6 +169,7 @@ class HydraBert(HydraModel):
         self.preprocessing = None
         self.tokenizer_dir = first_adapter.tokenizer_dir
         self.backbone_config = first.config.to_dict()
+        self.backbone_kwargs = first_adapter.backbone_kwargs()  # rebuild_bert(backbone_kwargs)
         self.max_position = first_adapter.max_position
         self.seq_len = first_adapter.seq_len
         self.vocab_size = first_adapter.vocab_size
@@ -293,11 +306,11 @@ class HydraBert(HydraModel):
         M = self.num_members
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        key_mask = None if attention_mask is None else attention_mask.bool()  # [B, N], True = token
         if self.embed is not None:
             x = self.embed(input_ids, token_type_ids).unsqueeze(0)  # [1, B, N, D]
         else:
             x = torch.stack([embed(input_ids, token_type_ids) for embed in self.member_embeds])
+        key_mask = None if attention_mask is None else padding_bias(attention_mask, x.dtype)
         for block in self.trunk:  # computed once for all members
             x = block(x, key_mask)
         if x.shape[0] != M and (self.blocks or not self.final_shared):
