@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import perturbed_members
+from test_bert import tiny_bert
 from test_openclip import member_copy, tiny_adapter
 
 from hydra_deploy.export import export_onnx, load_export
@@ -32,3 +34,38 @@ def test_openclip_exports_and_reloads(config, finetuned, tmp_path):
         np.testing.assert_allclose(rebuilt(x).numpy(), hydra(x).numpy(), atol=1e-5, rtol=0)
     saved = json.loads((out / "hydra.json").read_text())
     assert saved["backbone_kwargs"]["model_name"] == hydra.backbone_kwargs["model_name"]
+
+
+# --- BERT ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("precision", "finetuned"), [("fp32", False), ("fp32", True),
+                                                      ("fp16", False), ("bf16", True)])  # fmt: skip
+def test_bert_exports_with_padding_and_reloads(precision, finetuned, tmp_path):
+    """ORT equals PyTorch at batch 1, 3, 4 and lengths 5 and 23 (padded rows); folder reloads."""
+    import onnx
+
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.export.precision import attention_casts
+
+    backbone = tiny_bert("segments")
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=3, heads_per_member=2, seed=2)  # fmt: skip
+    members = perturbed_members(backbone, 3, seed=3) if finetuned else backbone
+    hydra = fuse(members, spec, "grouped" if finetuned else "average")
+    out = tmp_path / "bert"
+    info = export_onnx(hydra, out, batch=(1, 2, 4), precision=precision, uq_outputs=True)
+    assert info["validation"]["passed"] and info["exporter"] == "dynamo"
+    assert list(info["validation"]["batches"]) == ["1", "3", "4", "3x5", "3x23"]
+    assert info["graph_passes"]["fold_attention_scale"] == backbone.num_layers  # through the mask
+    assert [i["name"] for i in info["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert all(i["shape"] == ["batch", "sequence"] and i["dtype"] == "int64" for i in info["inputs"])
+    model = onnx.load(str(out / "model.onnx"))
+    assert attention_casts(model) == 0
+    rebuilt = load_export(out)  # checked against model.onnx in the file's precision
+    x = hydra.example_inputs(3, seed=9, seq_len=11)
+    with torch.no_grad():
+        np.testing.assert_allclose(rebuilt(*x).numpy(), hydra(*x).numpy(), atol=1e-5, rtol=0)
+    if precision == "fp32":  # the runner feeds the three int64 inputs by name
+        runner = load_runner(out)
+        got = runner(dict(zip(hydra.input_names, (t.numpy() for t in x), strict=True)))
+        with torch.no_grad():
+            np.testing.assert_allclose(got["member_logits"], hydra(*x).numpy(), atol=1e-4, rtol=0)

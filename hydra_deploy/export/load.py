@@ -20,7 +20,8 @@ import torch
 from hydra_deploy.errors import ExportError
 
 # Where each component of a fused model comes from in one member, per family: the fused model's
-# state-dict names (left) and the member module's names (right). ``{}`` is the layer index.
+# state-dict names (left) and the member module's names (right); ``{}`` is the layer index; a final
+# component is per member when its saved weight has the given number of dimensions.
 MEMBER_LAYOUT: dict[str, dict[str, Any]] = {
     "vit": {
         "embeds": ("patch_embed", "norm_pre", "cls_token", "reg_token", "pos_embed"),
@@ -28,7 +29,7 @@ MEMBER_LAYOUT: dict[str, dict[str, Any]] = {
         "block": "blocks.{}",
         "block_parts": {"norm1": "norm1", "norm2": "norm2", "ls1": "ls1", "ls2": "ls2",
                         "attn": "attn", "mlp": "mlp"},
-        "final": {"norm": "norm", "fc_norm": "fc_norm", "head": "head"},
+        "final": {"norm": ("norm", 2), "fc_norm": ("fc_norm", 2), "head": ("head", 3)},
     },
     "openclip": {
         "embeds": ("visual.conv1", "visual.ln_pre", "visual.class_embedding",
@@ -37,7 +38,16 @@ MEMBER_LAYOUT: dict[str, dict[str, Any]] = {
         "block": "visual.transformer.resblocks.{}",
         "block_parts": {"norm1": "ln_1", "norm2": "ln_2", "ls1": "ls_1", "ls2": "ls_2",
                         "attn": "attn", "mlp": "mlp"},
-        "final": {"ln_post": "visual.ln_post", "proj": "visual.proj"},
+        "final": {"ln_post": ("visual.ln_post", 2), "proj": ("visual.proj", 3)},
+    },
+    "bert": {
+        "embeds": ("bert.embeddings",),
+        "embed_params": (),
+        "block": "bert.encoder.layer.{}",
+        "block_parts": {"norm1": "attention.output.LayerNorm", "norm2": "output.LayerNorm",
+                        "attn": "attention.self", "mlp": "intermediate"},
+        "final": {"pooler.linear": ("bert.pooler.dense", 3),
+                  "classifier.linear": ("classifier", 3)},
     },
 }  # fmt: skip
 
@@ -53,6 +63,10 @@ def _rebuild_base(info: dict[str, Any]):
         from hydra_deploy.backbones.openclip import rebuild_openclip
 
         return rebuild_openclip(info["backbone_kwargs"]).module
+    if family == "bert":
+        from hydra_deploy.backbones.hf_bert import rebuild_bert
+
+        return rebuild_bert(info["backbone_kwargs"]).module
     raise ExportError(f"re-loading a {family!r} export is not supported yet")
 
 
@@ -123,9 +137,9 @@ def _make_members_differ(members: list, weights: dict[str, torch.Tensor], layout
                 targets.append(f"{block}.{parts[part]}")
         if weights[f"blocks.{j}.mlp.fc1.weight"].dim() == 3:
             targets.append(f"{block}.{parts['mlp']}")
-    for fused, source in layout["final"].items():
+    for fused, (source, per_member_dims) in layout["final"].items():
         tensor = weights.get(f"{fused}.weight")
-        if tensor is not None and tensor.dim() == (3 if fused in ("head", "proj") else 2):
+        if tensor is not None and tensor.dim() == per_member_dims:
             targets.append(source)
     with torch.no_grad():
         for index, member in enumerate(members[1:], start=1):

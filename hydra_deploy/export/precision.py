@@ -61,6 +61,19 @@ def _numpy_type(elem_type: int):
     return {_FLOAT: np.float32, _FLOAT16: np.float16, _BFLOAT16: ml_dtypes.bfloat16}[elem_type]
 
 
+def _to_type(values: np.ndarray, elem_type: int) -> np.ndarray:
+    """float32 values in ``elem_type``, rounded to nearest; beyond its range they saturate at its
+    largest finite value (an additive mask's float32 minimum would become -inf in FP16, and an
+    all-masked row NaN), so the file holds no infinity it was not given."""
+    import ml_dtypes
+
+    kind = _numpy_type(elem_type)
+    info = ml_dtypes.finfo(kind)
+    finite = np.isfinite(values)
+    clipped = np.where(finite, np.clip(values, float(info.min), float(info.max)), values)
+    return clipped.astype(kind)
+
+
 def _elem_type(tensor) -> int | None:
     """The ONNX element type of a gs tensor (None when unknown)."""
     import onnx
@@ -140,7 +153,7 @@ def to_low_precision(
                 return tensor
             key = (tensor.name, target)
             if key not in versions:
-                values = np.asarray(tensor.values, dtype=np.float32).astype(_numpy_type(target))
+                values = _to_type(np.asarray(tensor.values, dtype=np.float32), target)
                 versions[key] = gs.Constant(f"{tensor.name}_{_NAMES[target]}", values)
                 report["constants"] += 1
             return versions[key]
@@ -246,7 +259,7 @@ def _retarget_attributes(node, target: int) -> None:
         value = node.attrs.get("value")
         if isinstance(value, gs.Constant) and _elem_type(value) in _FLOAT_TYPES:
             node.attrs["value"] = gs.Constant(
-                value.name, np.asarray(value.values, np.float32).astype(_numpy_type(target))
+                value.name, _to_type(np.asarray(value.values, np.float32), target)
             )
 
 

@@ -3,8 +3,9 @@
 Each pass takes a ``gs.Graph``, edits it in place and returns how many places it changed:
 
 - ``fold_attention_scale``: torch decomposes scaled-dot-product attention as
-  ``MatMul(q * sqrt(s), k^T * sqrt(s)) -> Softmax -> MatMul``; the pass moves the whole scale onto
-  Q (``MatMul(q * s, k^T)``), the pattern TensorRT fuses into its attention kernels. It needs the
+  ``MatMul(q * sqrt(s), k^T * sqrt(s)) -> [Add(mask)] -> Softmax -> MatMul``; the pass moves the
+  whole scale onto Q (``MatMul(q * s, k^T)``), the pattern TensorRT fuses into its attention
+  kernels (and one rounded constant instead of two in FP16/BF16 graphs). It needs the
   scale as a constant: the dynamo exporter's graphs have it; the TorchScript exporter computes it
   from runtime shapes, and there the pass changes nothing (its report says 0);
 - ``cleanup``: constant folding, dead nodes removed, topological order, stable node names
@@ -41,6 +42,9 @@ def fold_attention_scale(graph) -> int:
     changed = 0
     for softmax in [n for n in graph.nodes if n.op == "Softmax"]:
         scores = _producer(softmax.inputs[0])
+        if scores is not None and scores.op == "Add":  # an additive (padding) mask: look through
+            scores = next((p for p in map(_producer, scores.inputs)
+                           if p is not None and p.op == "MatMul"), None)  # fmt: skip
         if scores is None or scores.op != "MatMul":
             continue
         q_mul, k_mul = (_producer(t) for t in scores.inputs)
