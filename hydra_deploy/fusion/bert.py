@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +19,14 @@ from torch import nn
 from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
-from hydra_deploy.fusion.layers import FusedAttention, all_equal, merge_mlps, stream_norm
+from hydra_deploy.fusion.layers import (
+    FusedAttention,
+    LayerStack,
+    all_equal,
+    embeddings_shared,
+    merge_mlps,
+    stream_norm,
+)
 from hydra_deploy.fusion.model import HydraModel
 from hydra_deploy.specs import HydraSpec
 
@@ -125,13 +131,6 @@ def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
         )
 
 
-def _kept_attention_tensors(weights: Any, heads: Sequence[int]) -> list[torch.Tensor | None]:
-    idx = torch.as_tensor(list(heads), dtype=torch.long)
-    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
-    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
-    return out
-
-
 def _embedding_tensors(module: nn.Module) -> list[torch.Tensor]:
     embeddings = module.bert.embeddings
     return [embeddings.word_embeddings.weight, embeddings.position_embeddings.weight,
@@ -177,33 +176,27 @@ class HydraBert(HydraModel):
         self.type_vocab_size = first_adapter.type_vocab_size
 
         # embeddings: shared when every member has the same weights
-        embeds = [_embedding_tensors(model) for model in models]
-        embed_shared = all(all_equal([e[i] for e in embeds]) for i in range(len(embeds[0])))
+        embed_shared = embeddings_shared([_embedding_tensors(model) for model in models])
         self.embed = BertEmbedding(first.bert.embeddings) if embed_shared else None
         self.member_embeds = None if embed_shared else nn.ModuleList(
             BertEmbedding(model.bert.embeddings) for model in models
         )  # fmt: skip
 
         # layers: a shared trunk while all members are identical, then M streams
-        trunk, blocks, layer_heads = [], [], []
-        mlp_kinds, norm_kinds = set(), set()
-        in_trunk = shared_trunk and embed_shared
-        for layer in range(spec.num_layers):
-            heads = [spec.members[m].heads[layer] for m in range(M)]
-            layers = [model.bert.encoder.layer[layer] for model in models]
-            weights = [member.attention_weights(layer) for member in members]
-            in_trunk = in_trunk and self._layer_identical(layers, weights, heads, spec.mlp_merge)
-            streams = 1 if in_trunk else M
-            block, mlp_kind = self._fused_block(
-                layers, weights[:streams], heads[:streams], spec.mlp_merge, lowering
-            )
-            mlp_kinds.add(mlp_kind)
-            norm_kinds.update(getattr(n, "per_stream", None) for n in (block.norm1, block.norm2))
-            (trunk if in_trunk else blocks).append(block)
-            layer_heads.append([len(h) for h in heads[:streams]])
-        self.trunk = nn.ModuleList(trunk)
-        self.blocks = nn.ModuleList(blocks)
-        self.trunk_layers = len(trunk)
+        names = ["attention.output.LayerNorm", "output.LayerNorm"]
+        if spec.mlp_merge == "grouped":
+            names += ["intermediate.dense", "output.dense"]
+        stack = LayerStack(
+            members, spec,
+            layer_blocks=lambda layer: [model.bert.encoder.layer[layer] for model in models],
+            identical_modules=names,
+            fused_block=lambda layers, weights, heads: self._fused_block(
+                layers, weights, heads, spec.mlp_merge, lowering),
+            shared_trunk=shared_trunk and embed_shared,
+        )  # fmt: skip
+        self.trunk, self.blocks = stack.trunk, stack.blocks
+        self.trunk_layers = len(stack.trunk)
+        layer_heads = stack.layer_heads
 
         # pooler (dense + tanh on token 0) and classifier
         self.pooler = StreamLinear([model.bert.pooler.dense for model in models], lowering)
@@ -213,13 +206,9 @@ class HydraBert(HydraModel):
         final_streams = M if (self.blocks or head_per_member) else 1
 
         self.merge = {
-            "embeddings": "shared" if embed_shared else "per-member",
-            "norms": "per-member" if True in norm_kinds else "shared",
-            "mlp": "+".join(sorted(mlp_kinds)),
+            **stack.merge(embed_shared),
             "pooler": "per-member" if self.pooler.per_stream else "shared",
             "classifier": "per-member" if self.classifier.per_stream else "shared",
-            "trunk_layers": self.trunk_layers,
-            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
         }
         single = first_adapter.macs()
         self.macs = {
@@ -231,20 +220,6 @@ class HydraBert(HydraModel):
         self.eval()
 
     @staticmethod
-    def _layer_identical(layers, weights, heads, mlp_merge: str) -> bool:
-        """All members keep the same heads with the same weights (and the same MLP if grouped)."""
-        if any(tuple(h) != tuple(heads[0]) for h in heads):
-            return False
-        groups = list(zip(*[_kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
-        modules = ["attention.output.LayerNorm", "output.LayerNorm"]
-        if mlp_merge == "grouped":
-            modules += ["intermediate.dense", "output.dense"]
-        for name in modules:
-            params = [list(layer.get_submodule(name).parameters()) for layer in layers]
-            groups += list(zip(*params, strict=True))
-        return all(all_equal(list(group)) for group in groups)
-
-    @staticmethod
     def _fused_block(layers, weights, heads, mlp_merge: str, lowering: str):
         streams = len(weights)
         mlp, mlp_kind = merge_mlps(
@@ -252,8 +227,6 @@ class HydraBert(HydraModel):
             [layer.intermediate.intermediate_act_fn for layer in layers],
             [layer.output.dense for layer in layers], mlp_merge, lowering,
         )  # fmt: skip
-        if streams == 1 and mlp_kind == "grouped":
-            raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
         block = FusedPostNormBlock(
             attn=FusedAttention(weights, heads, lowering),
             norm1=stream_norm([layer.attention.output.LayerNorm for layer in layers[:streams]]),

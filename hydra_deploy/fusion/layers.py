@@ -7,7 +7,8 @@ broadcast over streams) and *per-stream* otherwise (a leading S axis on its weig
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -282,3 +283,83 @@ class FusedBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [S, B, N, D]
         x = x + self.ls1(self.attn(self.norm1(x)))
         return x + self.ls2(self.mlp(self.norm2(x)))
+
+
+# --- the layer stack every family shares -----------------------------------------------------------
+def kept_attention_tensors(weights: AttentionWeights, heads: Sequence[int]) -> list:
+    """The attention tensors of the kept ``heads`` only (what a member's layer computes with)."""
+    idx = torch.as_tensor(list(heads), dtype=torch.long)
+    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
+    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
+    return out
+
+
+def layers_identical(
+    layer_blocks: Sequence[nn.Module], weights: Sequence[AttentionWeights],
+    heads: Sequence[Sequence[int]], module_names: Sequence[str],
+) -> bool:  # fmt: skip
+    """All members keep the same heads with the same attention weights, and the named submodules
+    (norms, LayerScale, the MLP when grouped) of their layers hold the same parameters."""
+    if any(tuple(h) != tuple(heads[0]) for h in heads):
+        return False
+    groups = list(zip(*[kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
+    for name in module_names:
+        params = [list(block.get_submodule(name).parameters()) for block in layer_blocks]
+        groups += list(zip(*params, strict=True))
+    return all(all_equal(list(group)) for group in groups)
+
+
+def embeddings_shared(tensors_per_member: Sequence[Sequence[torch.Tensor | None]]) -> bool:
+    """Whether every member's embedding tensors equal the first member's."""
+    return all(
+        all_equal([t[i] for t in tensors_per_member]) for i in range(len(tensors_per_member[0]))
+    )
+
+
+class LayerStack:
+    """A fused encoder: leading layers all members share run once (the trunk), then M streams.
+
+    ``layer_blocks(layer)`` gives the members' modules of one layer, ``identical_modules`` the
+    names (inside those modules) whose weights must also match for the layer to be shared, and
+    ``fused_block(layer_blocks, weights, heads)`` builds one fused block and says how its MLP was
+    merged. The result: ``trunk`` and ``blocks`` (module lists), ``layer_heads`` (kept heads per
+    stream and layer, for counting), and the merge kinds of MLPs and norms.
+    """
+
+    def __init__(
+        self, members: Sequence[Any], spec: Any, *, layer_blocks: Callable[[int], list],
+        identical_modules: Sequence[str], fused_block: Callable, shared_trunk: bool,
+    ) -> None:  # fmt: skip
+        M = spec.num_members
+        trunk, blocks, self.layer_heads = [], [], []
+        self.mlp_kinds: set[str] = set()
+        self.norm_kinds: set[bool | None] = set()
+        in_trunk = shared_trunk
+        for layer in range(spec.num_layers):
+            heads = [spec.members[m].heads[layer] for m in range(M)]
+            modules = layer_blocks(layer)
+            weights = [member.attention_weights(layer) for member in members]
+            in_trunk = in_trunk and layers_identical(modules, weights, heads, identical_modules)
+            streams = 1 if in_trunk else M
+            block, mlp_kind = fused_block(modules, weights[:streams], heads[:streams])
+            if streams == 1 and mlp_kind == "grouped":
+                raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
+            self.mlp_kinds.add(mlp_kind)
+            self.norm_kinds.update(
+                getattr(n, "per_stream", None) for n in (block.norm1, block.norm2)
+            )
+            (trunk if in_trunk else blocks).append(block)
+            self.layer_heads.append([len(h) for h in heads[:streams]])
+        self.trunk = nn.ModuleList(trunk)
+        self.blocks = nn.ModuleList(blocks)
+
+    def merge(self, embed_shared: bool, final_norms: Sequence[nn.Module] = ()) -> dict[str, Any]:
+        """The merge report entries every family shares (embeddings, norms, MLP, trunk, padding)."""
+        kinds = self.norm_kinds | {getattr(n, "per_stream", None) for n in final_norms}
+        return {
+            "embeddings": "shared" if embed_shared else "per-member",
+            "norms": "per-member" if True in kinds else "shared",
+            "mlp": "+".join(sorted(self.mlp_kinds)),
+            "trunk_layers": len(self.trunk),
+            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
+        }

@@ -16,14 +16,16 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.base import BackboneAdapter
 from hydra_deploy.backbones.openclip import zero_shot_logits
 from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import (
     FusedAttention,
     FusedBlock,
+    LayerStack,
     all_equal,
+    embeddings_shared,
     merge_mlps,
     stream_norm,
     stream_scale,
@@ -100,13 +102,6 @@ def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
             )
 
 
-def _kept_attention_tensors(weights: AttentionWeights, heads: Sequence[int]) -> list:
-    idx = torch.as_tensor(list(heads), dtype=torch.long)
-    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
-    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
-    return out
-
-
 class HydraOpenClip(HydraModel):
     """Fused Hydra OpenCLIP. forward(pixel_values [B, 3, H, W]) -> member logits [B, M, C]."""
 
@@ -135,35 +130,25 @@ class HydraOpenClip(HydraModel):
         self.backbone_kwargs = first.backbone_kwargs()
 
         # embeddings: shared when every member has the same weights
-        embeds = [_embedding_tensors(visual) for visual in visuals]
-        embed_shared = all(all_equal([e[i] for e in embeds]) for i in range(len(embeds[0])))
+        embed_shared = embeddings_shared([_embedding_tensors(visual) for visual in visuals])
         self.embed = OpenClipEmbedding(visuals[0]) if embed_shared else None
         self.member_embeds = (
             None if embed_shared else nn.ModuleList(OpenClipEmbedding(v) for v in visuals)
         )
 
         # blocks: a shared trunk while all members are identical, then M streams
-        trunk, blocks, layer_heads = [], [], []
-        mlp_kinds, norm_kinds = set(), set()
-        in_trunk = shared_trunk and embed_shared
-        for layer in range(spec.num_layers):
-            heads = [spec.members[m].heads[layer] for m in range(M)]
-            layer_blocks = [visual.transformer.resblocks[layer] for visual in visuals]
-            weights = [member.attention_weights(layer) for member in members]
-            in_trunk = in_trunk and self._layer_identical(
-                layer_blocks, weights, heads, spec.mlp_merge
-            )
-            streams = 1 if in_trunk else M
-            block, mlp_kind = self._fused_block(
-                layer_blocks, weights[:streams], heads[:streams], spec.mlp_merge, lowering
-            )
-            mlp_kinds.add(mlp_kind)
-            norm_kinds.update(getattr(n, "per_stream", None) for n in (block.norm1, block.norm2))
-            (trunk if in_trunk else blocks).append(block)
-            layer_heads.append([len(h) for h in heads[:streams]])
-        self.trunk = nn.ModuleList(trunk)
-        self.blocks = nn.ModuleList(blocks)
-        self.trunk_layers = len(trunk)
+        grouped = spec.mlp_merge == "grouped"
+        stack = LayerStack(
+            members, spec,
+            layer_blocks=lambda layer: [v.transformer.resblocks[layer] for v in visuals],
+            identical_modules=["ln_1", "ln_2", "ls_1", "ls_2"] + (["mlp"] if grouped else []),
+            fused_block=lambda blocks, weights, heads: self._fused_block(
+                blocks, weights, heads, spec.mlp_merge, lowering),
+            shared_trunk=shared_trunk and embed_shared,
+        )  # fmt: skip
+        self.trunk, self.blocks = stack.trunk, stack.blocks
+        self.trunk_layers = len(stack.trunk)
+        layer_heads = stack.layer_heads
 
         # pooling, ln_post and the projection into the joint space
         self.pool_type = visuals[0].pool_type
@@ -186,16 +171,10 @@ class HydraOpenClip(HydraModel):
         ln_post_per_stream = bool(getattr(self.ln_post, "per_stream", False))
         self.final_shared = proj_kind == "shared" and not ln_post_per_stream
         final_streams = M if (self.blocks or not self.final_shared) else 1
-        norm_kinds.add(getattr(self.ln_post, "per_stream", None))
-        norm_kinds.discard(None)
         self.merge = {
-            "embeddings": "shared" if embed_shared else "per-member",
-            "norms": "per-member" if True in norm_kinds else "shared",
-            "mlp": "+".join(sorted(mlp_kinds)),
+            **stack.merge(embed_shared, (self.ln_post,)),
             "projection": proj_kind,
             "classifier": "shared (zero-shot text embeddings)",
-            "trunk_layers": self.trunk_layers,
-            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
         }
         single = first.macs()
         self.macs = {
@@ -206,18 +185,6 @@ class HydraOpenClip(HydraModel):
         self.eval()
 
     @staticmethod
-    def _layer_identical(layer_blocks, weights, heads, mlp_merge: str) -> bool:
-        """All members keep the same heads with the same weights (and the same MLP if grouped)."""
-        if any(tuple(h) != tuple(heads[0]) for h in heads):
-            return False
-        groups = list(zip(*[_kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
-        modules = ["ln_1", "ln_2", "ls_1", "ls_2"] + (["mlp"] if mlp_merge == "grouped" else [])
-        for name in modules:
-            params = [list(getattr(b, name).parameters()) for b in layer_blocks]
-            groups += list(zip(*params, strict=True))
-        return all(all_equal(list(group)) for group in groups)
-
-    @staticmethod
     def _fused_block(layer_blocks, weights, heads, mlp_merge: str, lowering: str):
         streams = len(weights)
         norm_blocks = layer_blocks[:streams]
@@ -225,8 +192,6 @@ class HydraOpenClip(HydraModel):
             [b.mlp.c_fc for b in layer_blocks], [b.mlp[1] for b in layer_blocks],
             [b.mlp.c_proj for b in layer_blocks], mlp_merge, lowering,
         )  # fmt: skip
-        if streams == 1 and mlp_kind == "grouped":
-            raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
         block = FusedBlock(
             norm1=stream_norm([b.ln_1 for b in norm_blocks]),
             attn=FusedAttention(weights, heads, lowering),

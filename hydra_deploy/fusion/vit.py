@@ -14,7 +14,9 @@ from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import (
     FusedAttention,
     FusedBlock,
+    LayerStack,
     all_equal,
+    embeddings_shared,
     merge_mlps,
     stream_norm,
     stream_scale,
@@ -93,13 +95,6 @@ def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
         )
 
 
-def _kept_attention_tensors(weights, heads: Sequence[int]) -> list[torch.Tensor | None]:
-    idx = torch.as_tensor(list(heads), dtype=torch.long)
-    out = [weights.q[idx], weights.k[idx], weights.v[idx], weights.proj[:, idx], weights.proj_bias]
-    out += [None if b is None else b[idx] for b in (weights.q_bias, weights.k_bias, weights.v_bias)]
-    return out
-
-
 class HydraViT(HydraModel):
     """Fused Hydra ViT. forward(pixel_values [B, C, H, W]) -> member logits [B, M, C]."""
 
@@ -127,35 +122,24 @@ class HydraViT(HydraModel):
         self.backbone_kwargs = members[0].constructor_kwargs()
 
         # embeddings: shared when every member has the same weights
-        embeds = [_embedding_tensors(model) for model in models]
-        embed_shared = all(all_equal([e[i] for e in embeds]) for i in range(len(embeds[0])))
+        embed_shared = embeddings_shared([_embedding_tensors(model) for model in models])
         self.embed = VitEmbedding(first) if embed_shared else None
         self.member_embeds = (
             None if embed_shared else nn.ModuleList(VitEmbedding(m) for m in models)
         )
 
         # blocks: a shared trunk while all members are identical, then M streams
-        trunk, blocks, layer_heads = [], [], []
-        mlp_kinds, norm_kinds = set(), set()
-        in_trunk = shared_trunk and embed_shared
-        for layer in range(spec.num_layers):
-            heads = [spec.members[m].heads[layer] for m in range(M)]
-            layer_blocks = [model.blocks[layer] for model in models]
-            weights = [member.attention_weights(layer) for member in members]
-            in_trunk = in_trunk and self._layer_identical(
-                layer_blocks, weights, heads, spec.mlp_merge
-            )
-            streams = 1 if in_trunk else M
-            block, mlp_kind = self._fused_block(
-                layer_blocks, weights[:streams], heads[:streams], spec.mlp_merge, lowering
-            )
-            mlp_kinds.add(mlp_kind)
-            norm_kinds.update(getattr(n, "per_stream", None) for n in (block.norm1, block.norm2))
-            (trunk if in_trunk else blocks).append(block)
-            layer_heads.append([len(h) for h in heads[:streams]])
-        self.trunk = nn.ModuleList(trunk)
-        self.blocks = nn.ModuleList(blocks)
-        self.trunk_layers = len(trunk)
+        grouped = spec.mlp_merge == "grouped"
+        stack = LayerStack(
+            members, spec, layer_blocks=lambda layer: [model.blocks[layer] for model in models],
+            identical_modules=["norm1", "norm2", "ls1", "ls2"] + (["mlp"] if grouped else []),
+            fused_block=lambda blocks, weights, heads: self._fused_block(
+                blocks, weights, heads, spec.mlp_merge, lowering),
+            shared_trunk=shared_trunk and embed_shared,
+        )  # fmt: skip
+        self.trunk, self.blocks = stack.trunk, stack.blocks
+        self.trunk_layers = len(stack.trunk)
+        layer_heads = stack.layer_heads
 
         # final norms, pooling and classifier
         self.norm = stream_norm([model.norm for model in models])
@@ -177,16 +161,8 @@ class HydraViT(HydraModel):
         self.final_shared = head_kind == "shared" and not any(final_per_stream)
         final_streams = M if (self.blocks or not self.final_shared) else 1
 
-        norm_kinds.update(getattr(n, "per_stream", None) for n in (self.norm, self.fc_norm))
-        norm_kinds.discard(None)
-        self.merge = {
-            "embeddings": "shared" if embed_shared else "per-member",
-            "norms": "per-member" if True in norm_kinds else "shared",
-            "mlp": "+".join(sorted(mlp_kinds)),
-            "classifier": head_kind,
-            "trunk_layers": self.trunk_layers,
-            "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
-        }
+        self.merge = {**stack.merge(embed_shared, (self.norm, self.fc_norm)),
+                      "classifier": head_kind}  # fmt: skip
         single = members[0].macs()
         self.macs = {
             "hydra": members[0].macs(layer_heads, 1 if embed_shared else M, final_streams),
@@ -196,18 +172,6 @@ class HydraViT(HydraModel):
         self.eval()
 
     @staticmethod
-    def _layer_identical(layer_blocks, weights, heads, mlp_merge: str) -> bool:
-        """All members keep the same heads with the same weights (and the same MLP if grouped)."""
-        if any(tuple(h) != tuple(heads[0]) for h in heads):
-            return False
-        groups = list(zip(*[_kept_attention_tensors(w, heads[0]) for w in weights], strict=True))
-        modules = ["norm1", "norm2", "ls1", "ls2"] + (["mlp"] if mlp_merge == "grouped" else [])
-        for name in modules:
-            params = [list(getattr(b, name).parameters()) for b in layer_blocks]
-            groups += list(zip(*params, strict=True))
-        return all(all_equal(list(group)) for group in groups)
-
-    @staticmethod
     def _fused_block(layer_blocks, weights, heads, mlp_merge: str, lowering: str):
         streams = len(weights)
         norm_blocks = layer_blocks[:streams]
@@ -215,8 +179,6 @@ class HydraViT(HydraModel):
             [b.mlp.fc1 for b in layer_blocks], [b.mlp.act for b in layer_blocks],
             [b.mlp.fc2 for b in layer_blocks], mlp_merge, lowering,
         )  # fmt: skip
-        if streams == 1 and mlp_kind == "grouped":
-            raise FusionError("internal: a trunk layer cannot hold grouped MLPs")
         block = FusedBlock(
             norm1=stream_norm([b.norm1 for b in norm_blocks]),
             attn=FusedAttention(weights, heads, lowering),

@@ -6,24 +6,64 @@ class, torchvision ``ImageFolder`` layout, preprocessed with the backbone's timm
 ``DataLoader`` (its dataset is used when it is map-style), or any iterable of ``(inputs, labels)``
 batches (read once into memory). Inputs are checked against the backbone (shape) and labels against
 the classifier (integers in ``[0, num_classes)``); empty data is refused.
+
+Text (a backbone with token inputs, family ``bert``) is stored as one int64 tensor per example,
+``[2 or 3, L]``: ``input_ids``, ``attention_mask`` (1 = token, 0 = padding) and, when given,
+``token_type_ids``, padded to one length ``L`` for the whole set; batches are ``[B, 2|3, L]``, the
+stacked form the adapter takes, so batching, subsets and bootstrap resampling work as for images.
+Text data can be:
+
+- a ``.npz`` with ``input_ids`` [N, L], ``y`` [N] and optionally ``attention_mask`` (default: all
+  ones) and ``token_type_ids``; or with ``x`` already stacked [N, 2|3, L] (int) and ``y``;
+- an ``(inputs, y)`` pair: ``inputs`` a dict of int arrays/tensors (``input_ids``,
+  ``attention_mask``, ``token_type_ids``, e.g. a tokenizer's output), the stacked [N, 2|3, L] int
+  tensor, or bare ``input_ids`` [N, L] (no padding); or one dict that also holds ``labels``/``label``;
+- a map-style ``Dataset`` (or a ``DataLoader`` over one) whose items are ``(inputs, label)`` (inputs
+  as above, without the batch axis) or dicts with a ``label``/``labels`` entry; a ``DataLoader`` or
+  iterable yielding such batches (lengths may differ between batches: all are padded to the longest);
+- a labelled text file ``.tsv``: one example per line, ``label<TAB>text`` (or
+  ``label<TAB>text<TAB>second text`` for sentence pairs, on every line), blank lines skipped,
+  tokenized with ``AutoTokenizer.from_pretrained(backbone.tokenizer_dir)``, truncated to
+  ``backbone.seq_len`` tokens and padded to the longest line of the file. A label is a class index
+  (``0``..``C-1``) or a class name. Class names map to indices through the model's
+  ``config.id2label`` when the checkpoint names its classes (anything but the default
+  ``LABEL_<i>``); otherwise the distinct names in sorted order are classes ``0, 1, ...`` (as an
+  image folder's sorted sub-folders are) and ``LabelledData.classes`` lists them. One file uses
+  either indices or names on every line.
+
+:func:`load_inputs` reads inputs alone (labels ignored or absent; OOD sets): the same formats, plus
+arrays/dicts/tensors without labels and, for text, a ``.txt`` file with one text per line.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from hydra_deploy.errors import DataError
 
+logger = logging.getLogger("hydra_deploy")
+
+#: The text inputs, in the order of the stacked [N, 2|3, L] form.
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+#: Keys of a dict item/batch that hold its labels (Hugging Face datasets use "label"/"labels").
+LABEL_KEYS = ("labels", "label", "y")
+
 
 class LabelledData:
-    """Labelled examples: a map-style dataset of ``(x [C, H, W] float, y int)`` items."""
+    """Labelled examples: a map-style dataset of ``(x, y int)`` items.
+
+    ``x`` is a float image ``[C, H, W]`` or, for text, the int64 stack ``[2 or 3, L]`` of
+    ``input_ids``, ``attention_mask`` (and ``token_type_ids``), every example padded to one ``L``.
+    """
 
     def __init__(
         self, dataset: Dataset, name: str = "data", classes: list[str] | None = None
@@ -92,31 +132,96 @@ def load_data(
 ) -> LabelledData:
     """Turn any supported data input into checked ``LabelledData`` (see the module docstring).
 
-    ``backbone`` (an adapter) gives the expected input shape and the number of classes;
-    ``num_classes`` overrides the latter; ``max_examples`` keeps the first N examples.
+    ``backbone`` (an adapter) gives the expected input shape (or, for text, the vocabulary, the
+    positions and the tokenizer) and the number of classes; ``num_classes`` overrides the latter;
+    ``max_examples`` keeps the first N examples.
     """
+    labelled = _load(data, backbone, max_examples, name)
+    if num_classes is None and backbone is not None:
+        num_classes = backbone.num_classes
+    _check(labelled, backbone, num_classes)
+    return labelled
+
+
+def load_inputs(
+    data: Any, backbone: Any = None, *, max_examples: int | None = None, name: str = "inputs"
+) -> torch.Tensor:
+    """Inputs alone as one tensor (labels ignored, and not needed): OOD sets.
+
+    Takes what :func:`load_data` takes, plus an array/tensor (or, for text, a dict of token arrays)
+    of inputs without labels, a ``.npz`` without ``y`` and, for a text backbone, a ``.txt`` file
+    (one text per line) or a ``.tsv`` whose labels may be any strings. Text comes back stacked
+    [N, 2|3, L] int64; images [N, C, H, W] float32. Inputs are checked against ``backbone``.
+    """
+    text = is_text_backbone(backbone)
+    if isinstance(data, (str, os.PathLike)) and Path(data).suffix.lower() in (
+        ".npz",
+        ".txt",
+        ".tsv",
+    ):
+        path = Path(data)
+        if not path.is_file():
+            raise DataError(f"{name}: {str(path)!r} does not exist")
+        if path.suffix.lower() == ".npz":
+            x = _npz_arrays(path, name, text, need_labels=False)[0]
+        else:
+            x = _from_text_file(path, backbone, name, labelled=False).dataset.tensors[0]
+    elif isinstance(data, Mapping) and not any(key in data for key in LABEL_KEYS):
+        x = _stack_text(data, name)
+    elif _is_array(data):
+        x = torch.as_tensor(np.asarray(data) if isinstance(data, np.ndarray) else data)
+        x = _stack_text(x, name, backbone) if text or not x.is_floating_point() else x.float()
+    else:
+        x = _tensors_of(_load(data, backbone, max_examples, name))
+    x = x[:max_examples] if max_examples else x
+    if x.shape[0] == 0:
+        raise DataError(f"{name} is empty")
+    if x.is_floating_point() and text:
+        _refuse_floats_for_text(x, backbone, name)
+    if not x.is_floating_point():
+        _check_text(x, backbone, name)
+    return x
+
+
+def is_text_backbone(backbone: Any) -> bool:
+    """Whether ``backbone`` takes token inputs (an adapter with ``text_inputs``: family bert)."""
+    return backbone is not None and callable(getattr(backbone, "text_inputs", None))
+
+
+def _load(data: Any, backbone: Any, max_examples: int | None, name: str) -> LabelledData:
+    """``data`` as LabelledData (first ``max_examples``), before the checks against the backbone."""
+    text = is_text_backbone(backbone)
     if isinstance(data, LabelledData):
         labelled = data
     elif isinstance(data, (str, os.PathLike)):
         labelled = _from_path(Path(data), backbone, name)
-    elif isinstance(data, (tuple, list)) and len(data) == 2 and _is_array(data[0]):
-        labelled = _from_arrays(data[0], data[1], name)
+    elif (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and (_is_array(data[0]) or isinstance(data[0], Mapping))
+    ):
+        labelled = _from_arrays(data[0], data[1], name, backbone)
+    elif isinstance(data, Mapping):
+        inputs, labels = _split_labels(data, name, "the dict")
+        labelled = _from_arrays(inputs, labels, name, backbone)
+    elif text and isinstance(data, DataLoader):
+        labelled = _text_from_loader(data, name, max_examples)
+    elif text and isinstance(data, Dataset) and _is_map_style(data):
+        labelled = _text_from_dataset(data, name, max_examples)
     elif isinstance(data, DataLoader) and _is_map_style(data.dataset):
         labelled = LabelledData(data.dataset, name)
     elif isinstance(data, Dataset) and _is_map_style(data):
         labelled = LabelledData(data, name)
     elif isinstance(data, Iterable):
-        labelled = _from_batches(data, name, max_examples)
+        labelled = _from_batches(data, name, max_examples, backbone)
     else:
         raise DataError(
             f"{name}: cannot use {type(data).__name__} as data; pass an image folder, a .npz file "
             "with x/y, an (x, y) pair, a Dataset, a DataLoader or an iterable of (inputs, labels)"
-        )
-    labelled = labelled.head(max_examples)
-    if num_classes is None and backbone is not None:
-        num_classes = backbone.num_classes
-    _check(labelled, backbone, num_classes)
-    return labelled
+            + ("; for text also a .tsv file (label<TAB>text per line) or (dict of token arrays, y)"
+               if text else "")
+        )  # fmt: skip
+    return labelled.head(max_examples)
 
 
 def _is_array(value: Any) -> bool:
@@ -127,8 +232,37 @@ def _is_map_style(dataset: Any) -> bool:
     return hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
 
 
-def _from_arrays(x: Any, y: Any, name: str) -> LabelledData:
+def _labels_tensor(y: Any, count: int, name: str) -> torch.Tensor:
+    y = torch.as_tensor(np.asarray(y) if isinstance(y, (np.ndarray, list, tuple)) else y)
+    if count != (y.shape[0] if y.dim() else 1):
+        raise DataError(f"{name}: {count} inputs but {y.shape[0] if y.dim() else 1} labels")
+    if y.dim() != 1:
+        raise DataError(
+            f"{name}: labels must be a 1-D array of class indices, got shape {list(y.shape)}"
+        )
+    if y.is_floating_point() and not bool((y == y.round()).all()):
+        raise DataError(f"{name}: labels must be integer class indices, got fractional values")
+    return y.long()
+
+
+def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledData:
+    text = is_text_backbone(backbone)
+    if isinstance(x, Mapping) and backbone is not None and not text:
+        raise DataError(
+            f"{name}: text inputs (a dict with keys {sorted(x)}) were given to a "
+            f"{getattr(backbone, 'family', '?')} backbone, which takes images; use a bert backbone "
+            "(load_backbone('hf:<folder>'))"
+        )
+    if isinstance(x, Mapping):
+        return LabelledData(
+            TensorDataset(_stack_text(x, name), _labels_tensor(y, _rows(x), name)), name
+        )
     x = torch.as_tensor(np.asarray(x) if isinstance(x, np.ndarray) else x)
+    if text or (backbone is None and _looks_like_tokens(x)):
+        if x.is_floating_point():
+            _refuse_floats_for_text(x, backbone, name)
+        x = _stack_text(x, name, backbone)
+        return LabelledData(TensorDataset(x, _labels_tensor(y, x.shape[0], name)), name)
     y = torch.as_tensor(np.asarray(y) if isinstance(y, np.ndarray) else y)
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
@@ -142,30 +276,369 @@ def _from_arrays(x: Any, y: Any, name: str) -> LabelledData:
         raise DataError(
             f"{name}: inputs must be float arrays already preprocessed (got {x.dtype}); scale and "
             "normalise images as the backbone expects, or pass an image folder"
-        )
+            + ("; integer token inputs (input_ids, attention_mask) need a text backbone "
+               "(family bert)" if backbone is not None else "")
+        )  # fmt: skip
     return LabelledData(TensorDataset(x.float(), y.long()), name)
 
 
 def _from_path(path: Path, backbone: Any, name: str) -> LabelledData:
     if not path.exists():
         raise DataError(f"{name}: {str(path)!r} does not exist")
+    text = is_text_backbone(backbone)
     if path.is_dir():
+        if text:
+            raise DataError(
+                f"{name}: {str(path)!r} is a folder (image data) but the backbone is a text model "
+                "(family bert); pass a .tsv file (label<TAB>text per line) or a .npz with "
+                "input_ids, attention_mask and y"
+            )
         return _from_image_folder(path, backbone, name)
-    if path.suffix.lower() == ".npz":
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        x, y = _npz_arrays(path, name, text, need_labels=True)
+        return _from_arrays(x, y, name, backbone)
+    if suffix == ".tsv":
+        return _from_text_file(path, backbone, name, labelled=True)
+    if suffix == ".txt" and text:
+        raise DataError(
+            f"{name}: {str(path)!r} is a .txt file without labels; labelled text is a .tsv file "
+            "with label<TAB>text on each line"
+        )
+    raise DataError(
+        f"{name}: {str(path)!r} is neither an image folder nor a .npz file"
+        + (" (text data: a .tsv file of label<TAB>text lines)" if text else "")
+    )
+
+
+def _npz_arrays(path: Path, name: str, text: bool, need_labels: bool) -> tuple[Any, Any]:
+    """(inputs, labels or None) of a .npz: ``x`` (any backbone) or the text keys (text)."""
+    try:
+        with np.load(path) as archive:
+            files = set(archive.files)
+            labels = archive["y"] if "y" in files else None
+            if text and "input_ids" in files:
+                x: Any = {key: archive[key] for key in TEXT_KEYS if key in files}
+            elif "x" in files:
+                x = archive["x"]
+            else:
+                wanted = ["input_ids", "y"] if text else ["x", "y"]
+                missing = sorted(set(wanted if need_labels else wanted[:1]) - files)
+                hint = ("np.savez(path, input_ids=..., attention_mask=..., y=labels)" if text
+                        else "np.savez(path, x=inputs, y=labels)")  # fmt: skip
+                raise DataError(
+                    f"{name}: {str(path)!r} lacks {missing} (has {archive.files}); save it with "
+                    f"{hint}"
+                )
+            if need_labels and labels is None:
+                raise DataError(
+                    f"{name}: {str(path)!r} lacks ['y'] (has {archive.files}); save it with "
+                    "np.savez(path, x=inputs, y=labels)"
+                )
+            return x, labels
+    except DataError:
+        raise
+    except Exception as err:
+        raise DataError(f"{name}: cannot read {str(path)!r}: {err}") from err
+
+
+# --- text -----------------------------------------------------------------------------------------
+def _looks_like_tokens(x: torch.Tensor) -> bool:
+    """Integer [N, L] ids or [N, 2|3, L] stacked tokens (with no backbone to ask)."""
+    return not x.is_floating_point() and (x.dim() == 2 or (x.dim() == 3 and x.shape[1] in (2, 3)))
+
+
+def _rows(inputs: Mapping[str, Any]) -> int:
+    ids = inputs.get("input_ids")
+    return int(np.shape(ids)[0]) if ids is not None and np.ndim(ids) >= 1 else 0
+
+
+def _refuse_floats_for_text(x: torch.Tensor, backbone: Any, name: str) -> None:
+    raise DataError(
+        f"{name}: float inputs {list(x.shape)} ({x.dtype}) were given to a text backbone "
+        f"({getattr(backbone, 'family', 'bert')}), which takes integer token ids: pass "
+        "input_ids/attention_mask (int) or the stacked [N, 2|3, L] int64 tensor, or a .tsv file"
+    )
+
+
+def _int_tensor(value: Any, key: str, name: str) -> torch.Tensor:
+    tensor = torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value)
+    if tensor.is_floating_point():
+        raise DataError(f"{name}: {key} must be integers, got {tensor.dtype}")
+    return tensor.long()
+
+
+def _stack_text(inputs: Any, name: str, backbone: Any = None) -> torch.Tensor:
+    """Any text input form with a batch axis -> the stacked int64 tensor [N, 2|3, L]."""
+    if isinstance(inputs, Mapping):
+        unknown = sorted(set(inputs) - set(TEXT_KEYS))
+        if unknown or "input_ids" not in inputs:
+            raise DataError(
+                f"{name}: text inputs need 'input_ids' (and optionally 'attention_mask', "
+                f"'token_type_ids'); got keys {sorted(inputs)}"
+            )
+        ids = _int_tensor(inputs["input_ids"], "input_ids", name)
+        if ids.dim() != 2:
+            raise DataError(f"{name}: input_ids must be [examples, tokens], got {list(ids.shape)}")
+        channels = [ids]
+        for key in TEXT_KEYS[1:]:
+            value = inputs.get(key)
+            if value is None:
+                if key == "attention_mask":
+                    channels.append(torch.ones_like(ids))
+                continue
+            value = _int_tensor(value, key, name)
+            if tuple(value.shape) != tuple(ids.shape):
+                raise DataError(
+                    f"{name}: {key} has shape {list(value.shape)}, input_ids {list(ids.shape)}; "
+                    "they must match"
+                )
+            channels.append(value)
+        return torch.stack(channels, dim=1)
+    x = torch.as_tensor(np.asarray(inputs) if isinstance(inputs, np.ndarray) else inputs)
+    if x.is_floating_point():
+        _refuse_floats_for_text(x, backbone, name)
+    if x.dim() == 2:  # bare input_ids: no padding
+        return torch.stack([x.long(), torch.ones_like(x, dtype=torch.long)], dim=1)
+    if x.dim() == 3 and x.shape[1] in (2, 3):
+        return x.long()
+    raise DataError(
+        f"{name}: text inputs have shape {list(x.shape)}; expected input_ids [N, L] or the stacked "
+        "[N, 2 or 3, L] (input_ids, attention_mask[, token_type_ids])"
+    )
+
+
+def _pad_cat(parts: list[torch.Tensor], name: str) -> torch.Tensor:
+    """Concatenate stacked text batches [B, C, L_b], padding every one to the longest L."""
+    channels = {p.shape[1] for p in parts}
+    if len(channels) > 1:
+        raise DataError(
+            f"{name}: some batches have token_type_ids and some do not ({sorted(channels)} "
+            "channels); give them in every batch or in none"
+        )
+    length = max(p.shape[2] for p in parts)
+    # pad value 0 everywhere: attention_mask 0 marks padding; ids and types there never matter
+    return torch.cat([F.pad(p, (0, length - p.shape[2])) for p in parts])
+
+
+def _split_labels(item: Mapping[str, Any], name: str, what: str) -> tuple[dict[str, Any], Any]:
+    keys = [key for key in LABEL_KEYS if key in item]
+    if not keys:
+        raise DataError(
+            f"{name}: {what} has no labels (keys {sorted(item)}); add 'labels' or pass "
+            "(inputs, labels)"
+        )
+    return {k: v for k, v in item.items() if k not in LABEL_KEYS}, item[keys[0]]
+
+
+def _text_example(item: Any, name: str, index: int) -> tuple[torch.Tensor, int]:
+    """One dataset item -> (stacked tokens [C, L], label)."""
+    if isinstance(item, Mapping):
+        inputs, label = _split_labels(item, name, f"item {index}")
+    elif isinstance(item, (tuple, list)) and len(item) == 2:
+        inputs, label = item
+    else:
+        raise DataError(
+            f"{name}: item {index} is not an (inputs, label) pair or a dict with labels"
+        )
+    if isinstance(inputs, Mapping):
+        batched = {k: torch.as_tensor(np.asarray(v)).unsqueeze(0) for k, v in inputs.items()}
+    else:
+        batched = torch.as_tensor(np.asarray(inputs) if not _is_array(inputs) else inputs)
+        batched = batched.unsqueeze(0)
+    label_tensor = torch.as_tensor(label)
+    if label_tensor.numel() != 1:
+        raise DataError(f"{name}: item {index} has {label_tensor.numel()} labels, expected one")
+    return _stack_text(batched, name)[0], int(label_tensor.reshape(()).item())
+
+
+def _text_from_dataset(dataset: Dataset, name: str, max_examples: int | None) -> LabelledData:
+    """A map-style dataset of text items, read into the stacked form (padded to the longest)."""
+    count = len(dataset) if max_examples is None else min(len(dataset), max_examples)
+    if count == 0:
+        raise DataError(f"{name} is empty")
+    examples = [_text_example(dataset[i], name, i) for i in range(count)]
+    x = _pad_cat([e[0].unsqueeze(0) for e in examples], name)
+    y = torch.tensor([e[1] for e in examples], dtype=torch.long)
+    return LabelledData(TensorDataset(x, y), name)
+
+
+def _text_from_loader(loader: DataLoader, name: str, max_examples: int | None) -> LabelledData:
+    """A DataLoader of text: its map-style dataset's items when they are examples (stable order),
+    else its batches (e.g. a collate_fn that tokenizes)."""
+    dataset = loader.dataset
+    if _is_map_style(dataset) and len(dataset) > 0:
         try:
-            with np.load(path) as archive:
-                missing = {"x", "y"} - set(archive.files)
-                if missing:
-                    raise DataError(
-                        f"{name}: {str(path)!r} lacks {sorted(missing)} (has {archive.files}); save "
-                        "it with np.savez(path, x=inputs, y=labels)"
-                    )
-                return _from_arrays(archive["x"], archive["y"], name)
-        except DataError:
-            raise
-        except Exception as err:
-            raise DataError(f"{name}: cannot read {str(path)!r}: {err}") from err
-    raise DataError(f"{name}: {str(path)!r} is neither an image folder nor a .npz file")
+            _text_example(dataset[0], name, 0)
+        except (DataError, TypeError, ValueError, RuntimeError):
+            pass
+        else:
+            return _text_from_dataset(dataset, name, max_examples)
+    return _from_batches(loader, name, max_examples, text=True)
+
+
+def _class_order(backbone: Any, names: list[str], source: str, name: str) -> list[str]:
+    """Class names by index for a text file's named labels (see the module docstring)."""
+    config = getattr(backbone, "config", None)
+    id2label = dict(getattr(config, "id2label", None) or {})
+    default = all(str(v) == f"LABEL_{int(k)}" for k, v in id2label.items())
+    if id2label and not default:
+        order = [str(id2label[i]) for i in sorted(id2label, key=int)]
+        unknown = sorted(set(names) - set(order))
+        if unknown:
+            raise DataError(
+                f"{name}: {source} has labels {unknown[:8]} that are not the model's class names "
+                f"({', '.join(order[:8])}{', ...' if len(order) > 8 else ''}; config.id2label)"
+            )
+        return order
+    order = sorted(set(names))
+    logger.info(
+        "%s: class names of %s in sorted order are classes 0..%d: %s",
+        name, source, len(order) - 1, ", ".join(order[:10]),
+    )  # fmt: skip
+    return order
+
+
+def _load_tokenizer(backbone: Any, name: str, source: str) -> Any:
+    tokenizer_dir = getattr(backbone, "tokenizer_dir", None)
+    if tokenizer_dir is None:
+        raise DataError(
+            f"{name}: {source} holds text, but the backbone has no tokenizer (tokenizer_dir is "
+            "None); load the model from a folder that holds its tokenizer files "
+            "(tokenizer.json / vocab.txt) or pass tokenizer_dir=... to load_backbone, or give "
+            "token ids (a .npz with input_ids, attention_mask and y)"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    except Exception as err:  # missing files, unknown tokenizer class, ...
+        raise DataError(
+            f"{name}: cannot load the tokenizer in {str(tokenizer_dir)!r} "
+            f"({type(err).__name__}: {str(err)[:200]})"
+        ) from err
+    vocab_size = getattr(backbone, "vocab_size", None)
+    if vocab_size is not None and len(tokenizer) > vocab_size:
+        raise DataError(
+            f"{name}: the tokenizer in {str(tokenizer_dir)!r} has {len(tokenizer)} tokens but the "
+            f"model's vocabulary has {vocab_size}: the tokenizer does not match the model"
+        )
+    return tokenizer
+
+
+def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> LabelledData:
+    """A ``.tsv`` (label<TAB>text[<TAB>text pair]) or, unlabelled, ``.txt`` (text) tokenized."""
+    source = repr(str(path))
+    if not is_text_backbone(backbone):
+        family = "no backbone" if backbone is None else f"a {backbone.family} backbone"
+        raise DataError(
+            f"{name}: {source} is a text file, which needs a text backbone with a tokenizer "
+            f"(family bert), got {family}"
+        )
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{name}: cannot read {source}: {err}") from err
+    labels, texts, pairs = [], [], []
+    tabbed = path.suffix.lower() == ".tsv"
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t", 2) if tabbed else ["", line]
+        if len(fields) < 2:
+            raise DataError(
+                f"{name}: {source} line {number} has no tab; write label<TAB>text on each line"
+            )
+        labels.append(fields[0].strip())
+        texts.append(fields[1])
+        pairs.append(fields[2] if len(fields) > 2 else None)
+    if not texts:
+        raise DataError(f"{name} is empty: {source} has no text lines")
+    if any(p is None for p in pairs) and any(p is not None for p in pairs):
+        raise DataError(
+            f"{name}: {source} mixes lines with one text and with a text pair (two tabs); use one "
+            "form on every line"
+        )
+    tokenizer = _load_tokenizer(backbone, name, source)
+    try:
+        encoded = tokenizer(
+            texts, None if pairs[0] is None else pairs, padding="longest", truncation=True,
+            max_length=int(backbone.seq_len), return_tensors="pt",
+        )  # fmt: skip
+    except Exception as err:
+        raise DataError(f"{name}: tokenizing {source} failed: {err}") from err
+    inputs = {k: encoded[k] for k in TEXT_KEYS if k in encoded}
+    if "token_type_ids" in inputs and "token_type_ids" not in getattr(backbone, "input_names", ()):
+        del inputs["token_type_ids"]  # one-segment model: all zeros, nothing to carry
+    x = _stack_text(inputs, name)
+    classes = None
+    if not labelled:
+        y = torch.zeros(len(texts), dtype=torch.long)
+    elif all(_is_int_string(label) for label in labels):
+        y = torch.tensor([int(label) for label in labels], dtype=torch.long)
+    elif any(_is_int_string(label) for label in labels):
+        first = next(label for label in labels if _is_int_string(label))
+        raise DataError(
+            f"{name}: {source} mixes class indices (e.g. {first!r}) and class names; use one on "
+            "every line"
+        )
+    else:
+        classes = _class_order(backbone, labels, source, name)
+        index = {cls: i for i, cls in enumerate(classes)}
+        y = torch.tensor([index[label] for label in labels], dtype=torch.long)
+    return LabelledData(TensorDataset(x, y), name, classes)
+
+
+def _is_int_string(value: str) -> bool:
+    return value.lstrip("+-").isdigit()
+
+
+def _check_text(x: torch.Tensor, backbone: Any, name: str) -> None:
+    """Stacked tokens [N, 2|3, L] (or one example [2|3, L]): shape, ids, mask, types, length."""
+    x = x.unsqueeze(0) if x.dim() == 2 else x
+    if x.dim() != 3 or x.shape[1] not in (2, 3) or x.is_floating_point():
+        raise DataError(
+            f"{name}: text examples must be int64 [2 or 3, L] (input_ids, attention_mask"
+            f"[, token_type_ids]), got {x.dtype} {list(x.shape[1:])}"
+        )
+    if backbone is not None and not is_text_backbone(backbone):
+        raise DataError(
+            f"{name}: integer token inputs were given to a {getattr(backbone, 'family', '?')} "
+            "backbone, which takes float images; use a text backbone (family bert)"
+        )
+    ids, mask = x[:, 0], x[:, 1]
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise DataError(f"{name}: attention_mask must hold only 0 (padding) and 1 (token)")
+    empty = torch.nonzero(mask.sum(1) == 0).flatten()
+    if empty.numel():
+        raise DataError(
+            f"{name}: {empty.numel()} example(s) have no real token (attention_mask all 0, e.g. "
+            f"example {int(empty[0])})"
+        )
+    if backbone is None:
+        return
+    max_position = getattr(backbone, "max_position", None)
+    if max_position is not None and x.shape[2] > max_position:
+        raise DataError(
+            f"{name}: sequences of {x.shape[2]} tokens exceed the model's {max_position} positions; "
+            "truncate them"
+        )
+    vocab_size = getattr(backbone, "vocab_size", None)
+    real = ids[mask.bool()]
+    if vocab_size is not None and real.numel() and (real.min() < 0 or real.max() >= vocab_size):
+        bad = int(real.max()) if real.max() >= vocab_size else int(real.min())
+        raise DataError(
+            f"{name}: token id {bad} is outside the model's vocabulary 0..{vocab_size - 1}; "
+            "tokenize with the checkpoint's own tokenizer"
+        )
+    type_vocab = getattr(backbone, "type_vocab_size", None)
+    if x.shape[1] == 3 and type_vocab is not None:
+        types = x[:, 2][mask.bool()]
+        if types.numel() and (types.min() < 0 or types.max() >= type_vocab):
+            raise DataError(
+                f"{name}: token_type_ids hold {int(types.max())}, the model has {type_vocab} "
+                "segment type(s)"
+            )
 
 
 class _ImageLoader:
@@ -248,12 +721,21 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
     return LabelledData(dataset, name, list(dataset.classes))
 
 
-def _from_batches(batches: Iterable, name: str, max_examples: int | None) -> LabelledData:
+def _from_batches(
+    batches: Iterable, name: str, max_examples: int | None, backbone: Any = None, text: bool = False
+) -> LabelledData:
+    text = text or is_text_backbone(backbone)
     xs, ys, count = [], [], 0
     for index, batch in enumerate(batches):
+        if text and isinstance(batch, Mapping):
+            batch = _split_labels(batch, name, f"batch {index}")
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             raise DataError(f"{name}: batch {index} is not an (inputs, labels) pair")
-        x, y = (torch.as_tensor(v) for v in batch)
+        if text or isinstance(batch[0], Mapping):
+            x = _stack_text(batch[0], name, backbone)
+            y = torch.as_tensor(np.asarray(batch[1]) if not _is_array(batch[1]) else batch[1])
+        else:
+            x, y = (torch.as_tensor(v) for v in batch)
         xs.append(x)
         ys.append(y.reshape(-1))
         count += x.shape[0]
@@ -261,7 +743,12 @@ def _from_batches(batches: Iterable, name: str, max_examples: int | None) -> Lab
             break
     if not xs:
         raise DataError(f"{name} is empty: the iterable gave no batches")
-    return _from_arrays(torch.cat(xs), torch.cat(ys), name)
+    if xs[0].dim() == 3 and not xs[0].is_floating_point() and (text or backbone is None):
+        x_all = _pad_cat(xs, name)
+        return LabelledData(
+            TensorDataset(x_all, _labels_tensor(torch.cat(ys), len(x_all), name)), name
+        )
+    return _from_arrays(torch.cat(xs), torch.cat(ys), name, backbone)
 
 
 def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> None:
@@ -269,6 +756,10 @@ def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> No
         raise DataError(f"{labelled.name} is empty")
     x, _ = labelled.dataset[0]
     x = torch.as_tensor(x)
+    if is_text_backbone(backbone) and x.is_floating_point():
+        _refuse_floats_for_text(x, backbone, labelled.name)
+    if not x.is_floating_point():
+        _check_text(_all_inputs(labelled), backbone, labelled.name)
     if backbone is not None and hasattr(backbone, "img_size"):
         expected = (backbone.in_chans, *backbone.img_size)
         if tuple(x.shape) != expected:
@@ -294,12 +785,31 @@ def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> No
             )
 
 
-def _all_labels(labelled: LabelledData) -> np.ndarray:
+def _unwrap(labelled: LabelledData) -> tuple[Dataset, list[int] | None]:
+    """The dataset under any Subsets, and the indices into it (None: all, in order)."""
     dataset = labelled.dataset
     indices = None
     while isinstance(dataset, Subset):
         indices = dataset.indices if indices is None else [dataset.indices[i] for i in indices]
         dataset = dataset.dataset
+    return dataset, indices
+
+
+def _all_inputs(labelled: LabelledData) -> torch.Tensor:
+    """Every input, stacked (text checks; read from the tensor when there is one)."""
+    dataset, indices = _unwrap(labelled)
+    if isinstance(dataset, TensorDataset):
+        x = dataset.tensors[0]
+        return x if indices is None else x[torch.as_tensor(indices, dtype=torch.long)]
+    return torch.stack([torch.as_tensor(labelled.dataset[i][0]) for i in range(len(labelled))])
+
+
+def _tensors_of(labelled: LabelledData) -> torch.Tensor:
+    return torch.cat([x for x, _ in labelled.loader(256)])
+
+
+def _all_labels(labelled: LabelledData) -> np.ndarray:
+    dataset, indices = _unwrap(labelled)
     if isinstance(dataset, TensorDataset):
         labels = dataset.tensors[1].numpy()
     elif hasattr(dataset, "targets"):

@@ -1,10 +1,14 @@
 """Fine-tuning the members one by one, each with its pruned heads held at zero.
 
 Member ``m`` starts as a copy of the backbone. Its pruned heads (those not in
-``spec.members[m].heads[l]``) are zeroed in the weights (their Q/K/V rows of ``attn.qkv`` and their
-columns of ``attn.proj``) and gated off in every forward, and the zeroed slices are written back to
-zero after every optimizer step, so neither weight decay nor momentum can revive them. The result
-is M timm modules ready for ``fuse(members, spec, "grouped")``.
+``spec.members[m].heads[l]``) are zeroed in the weights (timm ViT: their Q/K/V rows of
+``attn.qkv`` and their columns of ``attn.proj``; BERT: their rows of ``attention.self.query/key/
+value`` and their columns of ``attention.output.dense``) and gated off in every forward, and the
+zeroed slices are written back to zero after every optimizer step, so neither weight decay nor
+momentum can revive them. The result is M modules of the backbone's own class (timm
+``VisionTransformer`` or transformers ``BertForSequenceClassification``) ready for
+``fuse(members, spec, "grouped")``. Text data is anything ``load_data`` takes for a text backbone
+(a .tsv file, token arrays, ...); batches are the stacked [B, 2|3, L] token tensor.
 
 Recipe: cross-entropy, AdamW (weight decay on matrices only, not on biases, norms, position
 embeddings or class tokens), linear warm-up for ``warmup_steps`` then cosine decay to 0. Member m
@@ -56,7 +60,8 @@ _FINGERPRINT_SAMPLE = 64  # examples hashed to recognise the training data
 
 
 class FinetunedMembers(list):
-    """The M fine-tuned member modules (timm ``VisionTransformer``s in eval mode), in member order.
+    """The M fine-tuned member modules (the backbone's class, e.g. timm ``VisionTransformer`` or
+    transformers ``BertForSequenceClassification``, in eval mode), in member order.
 
     ``history[m]`` describes how member m was obtained: ``member``, ``steps``, ``epochs`` (epochs
     actually trained, ``steps / steps_per_epoch``), ``lr``, ``seed`` (the member's own seed),
@@ -73,11 +78,58 @@ class FinetunedMembers(list):
 # zeroing
 
 
-def _attention_modules(module: nn.Module) -> list[nn.Module]:
+#: A tensor viewing one layer's weights with a head axis, and the index of that axis.
+HeadView = tuple[torch.Tensor, int]
+
+
+def _head_views(module: nn.Module) -> tuple[int, list[list[HeadView]]]:
+    """(heads per layer, per layer the views of every weight that holds one slice per head).
+
+    timm ViT: ``attn.qkv`` weight/bias [3, H, hd, ...] (Q, K and V rows) and ``attn.proj.weight``
+    [D, H, hd] (columns). Hugging Face BERT: ``attention.self.query/key/value`` weight/bias
+    [H, hd, ...] and ``attention.output.dense.weight`` [D, H, hd]. The views share storage with the
+    parameters (detached), so writing into them writes the weights.
+    """
     blocks = getattr(module, "blocks", None)
-    if blocks is None:
-        raise FinetuneError(f"{type(module).__name__} has no .blocks; expected a timm ViT")
-    return [block.attn for block in blocks]
+    if blocks is not None:
+        attn0 = blocks[0].attn
+        views = []
+        for block in blocks:
+            attn = block.attn
+            H, hd = attn.num_heads, attn.head_dim
+            layer = [
+                (attn.qkv.weight.detach().view(3, H, hd, -1), 1),
+                (attn.proj.weight.detach().view(attn.proj.weight.shape[0], H, hd), 1),
+            ]
+            if attn.qkv.bias is not None:
+                layer.append((attn.qkv.bias.detach().view(3, H, hd), 1))
+            views.append(layer)
+        return attn0.num_heads, views
+    encoder = getattr(getattr(module, "bert", None), "encoder", None)
+    if encoder is not None:
+        H = module.config.num_attention_heads
+        hd = module.config.hidden_size // H
+        views = []
+        for block in encoder.layer:
+            attention = block.attention
+            layer = []
+            for linear in (attention.self.query, attention.self.key, attention.self.value):
+                layer.append((linear.weight.detach().view(H, hd, -1), 0))
+                if linear.bias is not None:
+                    layer.append((linear.bias.detach().view(H, hd), 0))
+            dense = attention.output.dense.weight.detach()
+            layer.append((dense.view(dense.shape[0], H, hd), 1))
+            views.append(layer)
+        return H, views
+    raise FinetuneError(
+        f"{type(module).__name__} has neither .blocks (a timm ViT) nor .bert.encoder (a "
+        "transformers BERT classifier); fine-tuning supports those two"
+    )
+
+
+def _head_slice(axis: int, heads: list[int]) -> tuple:
+    """The index selecting ``heads`` along dimension ``axis``."""
+    return (slice(None),) * axis + (heads,)
 
 
 def _pruned_heads(kept_heads: Sequence[Sequence[int]], num_heads: int) -> list[list[int]]:
@@ -86,50 +138,38 @@ def _pruned_heads(kept_heads: Sequence[Sequence[int]], num_heads: int) -> list[l
 
 @torch.no_grad()
 def zero_pruned_heads(module: nn.Module, kept_heads: Sequence[Sequence[int]]) -> nn.Module:
-    """Zero, in place, every head not in ``kept_heads[l]`` of a timm ViT; returns ``module``.
+    """Zero, in place, every head not in ``kept_heads[l]``; returns ``module``.
 
-    A pruned head's Q, K and V rows of ``blocks[l].attn.qkv.weight`` (and ``.bias``) and its columns
-    of ``blocks[l].attn.proj.weight`` become 0, so it contributes nothing with or without a gate.
+    timm ViT: a pruned head's Q, K and V rows of ``blocks[l].attn.qkv.weight`` (and ``.bias``) and
+    its columns of ``blocks[l].attn.proj.weight`` become 0. Hugging Face BERT: its rows of
+    ``attention.self.query/key/value`` (weights and biases) and its columns of
+    ``attention.output.dense.weight``. It then contributes nothing, with or without a gate.
     ``kept_heads`` is ``spec.members[m].heads`` (one sequence of head indices per layer).
     """
-    attns = _attention_modules(module)
-    if len(kept_heads) != len(attns):
+    H, views = _head_views(module)
+    if len(kept_heads) != len(views):
         raise SpecError(
-            f"kept_heads lists {len(kept_heads)} layers but the model has {len(attns)} blocks"
+            f"kept_heads lists {len(kept_heads)} layers but the model has {len(views)} blocks"
         )
-    for layer, (attn, pruned) in enumerate(
-        zip(attns, _pruned_heads(kept_heads, attns[0].num_heads), strict=True)
+    for layer, (layer_views, pruned) in enumerate(
+        zip(views, _pruned_heads(kept_heads, H), strict=True)
     ):
-        H, hd = attn.num_heads, attn.head_dim
         bad = [h for h in kept_heads[layer] if not 0 <= int(h) < H]
         if bad:
             raise SpecError(f"layer {layer}: head(s) {bad} out of range 0..{H - 1}")
         if not pruned:
             continue
-        qkv_w = attn.qkv.weight.view(3, H, hd, -1)
-        qkv_w[:, pruned] = 0
-        if attn.qkv.bias is not None:
-            attn.qkv.bias.view(3, H, hd)[:, pruned] = 0
-        attn.proj.weight.view(attn.proj.weight.shape[0], H, hd)[:, pruned] = 0
+        for tensor, axis in layer_views:
+            tensor[_head_slice(axis, pruned)] = 0
     return module
 
 
 def _pruned_slices_are_zero(module: nn.Module, kept_heads: Sequence[Sequence[int]]) -> bool:
-    for attn, pruned in zip(
-        _attention_modules(module),
-        _pruned_heads(kept_heads, _attention_modules(module)[0].num_heads),
-        strict=True,
-    ):
+    H, views = _head_views(module)
+    for layer_views, pruned in zip(views, _pruned_heads(kept_heads, H), strict=True):
         if not pruned:
             continue
-        H, hd = attn.num_heads, attn.head_dim
-        slices = [
-            attn.qkv.weight.view(3, H, hd, -1)[:, pruned],
-            attn.proj.weight.view(attn.proj.weight.shape[0], H, hd)[:, pruned],
-        ]
-        if attn.qkv.bias is not None:
-            slices.append(attn.qkv.bias.view(3, H, hd)[:, pruned])
-        if any(bool(s.any()) for s in slices):
+        if any(bool(t[_head_slice(axis, pruned)].any()) for t, axis in layer_views):
             return False
     return True
 
@@ -296,7 +336,8 @@ def _train_member(
     ):
         while step < total_steps:
             for x, y in loader:  # each pass over the loader is a new seeded shuffle
-                loss = nn.functional.cross_entropy(module(x.to(device)), y.to(device))
+                logits = adapter(x.to(device))  # the adapter reads any input form (text too)
+                loss = nn.functional.cross_entropy(logits, y.to(device))
                 loss_value = loss.item()
                 if not math.isfinite(loss_value):
                     raise FinetuneError(
@@ -449,7 +490,7 @@ def finetune_members(
     loss before and after. With ``save_dir``, finished members are saved and, with ``resume``,
     reused when their saved settings match (a mismatch is logged and the member retrained).
 
-    Returns a :class:`FinetunedMembers` list of M timm modules in eval mode.
+    Returns a :class:`FinetunedMembers` list of M modules of the backbone's class in eval mode.
     """
     adapter = load_backbone(backbone)
     adapter.check_spec(spec, "finetune_members")

@@ -1,7 +1,8 @@
 """Head importance: which attention heads a classifier relies on.
 
 - ``taylor`` (Michel et al. 2019): a gate on every head's output; the importance of head h is the
-  mean over examples of ``|dLoss/dgate_h|``, divided by the tokens per example, optionally
+  mean over examples of ``|dLoss/dgate_h|``, divided by the tokens per example (text: each
+  example's real tokens, the sum of its attention mask; padding never counts), optionally
   L2-normalised per layer. First-order: it predicts the loss change of switching the head off.
 - ``circuit`` (HeadMap-style, forward passes only): layer by layer, each head is switched off on
   top of the heads already pruned in earlier layers, and scored by how much the objective worsens;
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import DataError, HydraError
-from hydra_deploy.pruning.data import LabelledData, load_data
+from hydra_deploy.pruning.data import LabelledData, is_text_backbone, load_data, load_inputs
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -99,24 +100,34 @@ def taylor_importance(
     base_mask: np.ndarray | None = None,
     batch_size: int = 32,
 ) -> np.ndarray:
-    """Mean over examples of ``|dLoss/dgate|`` per head and token; per-layer L2 norm if asked."""
+    """Mean over examples of ``|dLoss/dgate|`` per head and token; per-layer L2 norm if asked.
+
+    Tokens per example: ``backbone.num_tokens`` for images; for text each example's own count of
+    real tokens (its attention mask summed), so padding does not dilute the scores.
+    """
     L, H = backbone.num_layers, backbone.num_heads
     mask = _mask_tensor(backbone, base_mask)
     total = torch.zeros(L, H, dtype=torch.float64)
     examples = 0
+    text = is_text_backbone(backbone)
     was_training = backbone.module.training
     backbone.module.eval()
     try:
         for x, y in data.loader(batch_size):
             gates = mask.expand(x.shape[0], L, H).clone().requires_grad_(True)  # one per example
             with backbone.head_gates(gates):
-                loss = F.cross_entropy(backbone.module(x), y, reduction="sum")
+                loss = F.cross_entropy(backbone(x), y, reduction="sum")
             (grad,) = torch.autograd.grad(loss, gates)
-            total += grad.abs().sum(0).double()
+            if text:  # per token of each example: divide by its real-token count
+                tokens = _real_tokens(backbone, x).double()
+                total += (grad.abs().double() / tokens[:, None, None]).sum(0)
+            else:
+                total += grad.abs().sum(0).double()
             examples += x.shape[0]
     finally:
         backbone.module.train(was_training)
-    importance = (total / (examples * backbone.num_tokens)).numpy()
+    per_token = examples if text else examples * backbone.num_tokens
+    importance = (total / per_token).numpy()
     if normalize:
         norms = np.linalg.norm(importance, axis=1, keepdims=True)
         importance = importance / np.where(norms > 0, norms, 1.0)
@@ -212,7 +223,7 @@ def _ensemble_probs(backbone, masks, inputs, batch_size: int):
     for mask in masks:
         with backbone.head_gates(mask):
             for i, x in enumerate(inputs):
-                sums[i] = sums[i] + _batched(backbone.module, x, batch_size).softmax(-1)
+                sums[i] = sums[i] + _batched(backbone, x, batch_size).softmax(-1)
     return sums[0], sums[1], len(masks)
 
 
@@ -232,7 +243,7 @@ def _most_confident(backbone, x, y, mask, fraction: float, batch_size: int):
     if not 0.0 < fraction <= 1.0:
         raise HydraError(f"confident_fraction must be in (0, 1], got {fraction}")
     with backbone.head_gates(mask):
-        logits = _batched(backbone.module, x, batch_size)
+        logits = _batched(backbone, x, batch_size)
     losses = F.cross_entropy(logits, y, reduction="none")
     count = max(1, round(fraction * len(y)))
     order = torch.argsort(losses)[:count]
@@ -263,6 +274,11 @@ def _tensors(data: LabelledData) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(xs), torch.cat(ys)
 
 
+def _real_tokens(backbone: BackboneAdapter, x: torch.Tensor) -> torch.Tensor:
+    """Real (non-padding) tokens of each text example [B]: its attention mask summed."""
+    return backbone.text_inputs(x)["attention_mask"].sum(1).clamp(min=1)
+
+
 def _npz_inputs(path) -> np.ndarray:
     try:
         with np.load(path) as archive:
@@ -276,9 +292,15 @@ def _npz_inputs(path) -> np.ndarray:
 
 
 def _ood_inputs(ood_data: Any, backbone: BackboneAdapter, max_examples: int | None):
-    """OOD inputs as a tensor: an array of inputs, or any labelled data (labels ignored)."""
+    """OOD inputs as a tensor: an array of inputs, or any labelled data (labels ignored).
+
+    Text backbones take the text formats of :func:`~hydra_deploy.pruning.data.load_inputs` (a
+    .tsv/.txt file, a .npz, token arrays or dicts, labelled data) and give [N, 2|3, L] int64.
+    """
     if ood_data is None:
         return None
+    if is_text_backbone(backbone):
+        return load_inputs(ood_data, backbone, max_examples=max_examples, name="ood_data")
     if isinstance(ood_data, (str, os.PathLike)) and str(ood_data).endswith(".npz"):
         ood_data = _npz_inputs(ood_data)  # OOD sets need no labels: x alone is enough
     if isinstance(ood_data, (np.ndarray, torch.Tensor)):
