@@ -363,3 +363,27 @@ class LayerStack:
             "trunk_layers": len(self.trunk),
             "padded_heads": sum(b.attn.padded_heads for b in [*self.trunk, *self.blocks]),
         }
+
+
+def fused_prenorm_block(
+    layer_blocks: Sequence[nn.Module], weights: Sequence[AttentionWeights],
+    heads: Sequence[Sequence[int]], names: dict[str, str], mlp_merge: str, lowering: str,
+) -> tuple[FusedBlock, str]:  # fmt: skip
+    """A pre-norm block (ViT, OpenCLIP) from the members' blocks; ``names`` maps the roles
+    ``norm1, ls1, norm2, ls2, fc1, act, fc2`` to submodule names in one member's block."""
+    norm_blocks = layer_blocks[: len(weights)]
+
+    def parts(role: str, blocks: Sequence[nn.Module]) -> list[nn.Module]:
+        return [block.get_submodule(names[role]) for block in blocks]
+
+    mlp, mlp_kind = merge_mlps(parts("fc1", layer_blocks), parts("act", layer_blocks),
+                               parts("fc2", layer_blocks), mlp_merge, lowering)  # fmt: skip
+    block = FusedBlock(
+        norm1=stream_norm(parts("norm1", norm_blocks)),
+        attn=FusedAttention(weights, heads, lowering),
+        ls1=stream_scale(parts("ls1", norm_blocks)),
+        norm2=stream_norm(parts("norm2", norm_blocks)),
+        mlp=mlp,
+        ls2=stream_scale(parts("ls2", norm_blocks)),
+    )
+    return block, mlp_kind

@@ -21,18 +21,26 @@ from hydra_deploy.backbones.openclip import zero_shot_logits
 from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import (
-    FusedAttention,
-    FusedBlock,
     LayerStack,
     all_equal,
     embeddings_shared,
-    merge_mlps,
+    fused_prenorm_block,
     stream_norm,
-    stream_scale,
     token_mean,
 )
 from hydra_deploy.fusion.model import HydraModel
 from hydra_deploy.specs import HydraSpec
+
+# an open_clip ResidualAttentionBlock's parts by role (see fused_prenorm_block)
+BLOCK_PARTS = {
+    "norm1": "ln_1",
+    "ls1": "ls_1",
+    "norm2": "ln_2",
+    "ls2": "ls_2",
+    "fc1": "mlp.c_fc",
+    "act": "mlp.gelu",
+    "fc2": "mlp.c_proj",
+}
 
 
 class OpenClipEmbedding(nn.Module):
@@ -142,8 +150,8 @@ class HydraOpenClip(HydraModel):
             members, spec,
             layer_blocks=lambda layer: [v.transformer.resblocks[layer] for v in visuals],
             identical_modules=["ln_1", "ln_2", "ls_1", "ls_2"] + (["mlp"] if grouped else []),
-            fused_block=lambda blocks, weights, heads: self._fused_block(
-                blocks, weights, heads, spec.mlp_merge, lowering),
+            fused_block=lambda blocks, weights, heads: fused_prenorm_block(
+                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering),
             shared_trunk=shared_trunk and embed_shared,
         )  # fmt: skip
         self.trunk, self.blocks = stack.trunk, stack.blocks
@@ -183,24 +191,6 @@ class HydraOpenClip(HydraModel):
             "deep_ensemble": M * single,
         }
         self.eval()
-
-    @staticmethod
-    def _fused_block(layer_blocks, weights, heads, mlp_merge: str, lowering: str):
-        streams = len(weights)
-        norm_blocks = layer_blocks[:streams]
-        mlp, mlp_kind = merge_mlps(
-            [b.mlp.c_fc for b in layer_blocks], [b.mlp[1] for b in layer_blocks],
-            [b.mlp.c_proj for b in layer_blocks], mlp_merge, lowering,
-        )  # fmt: skip
-        block = FusedBlock(
-            norm1=stream_norm([b.ln_1 for b in norm_blocks]),
-            attn=FusedAttention(weights, heads, lowering),
-            ls1=stream_scale([b.ls_1 for b in norm_blocks]),
-            norm2=stream_norm([b.ln_2 for b in norm_blocks]),
-            mlp=mlp,
-            ls2=stream_scale([b.ls_2 for b in norm_blocks]),
-        )
-        return block, mlp_kind
 
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         """Random ``pixel_values`` [batch, 3, H, W] (seeded), for tracing and validation."""

@@ -12,18 +12,26 @@ from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import (
-    FusedAttention,
-    FusedBlock,
     LayerStack,
     all_equal,
     embeddings_shared,
-    merge_mlps,
+    fused_prenorm_block,
     stream_norm,
-    stream_scale,
     token_mean,
 )
 from hydra_deploy.fusion.model import HydraModel
 from hydra_deploy.specs import HydraSpec
+
+# a timm block's parts by role (see fused_prenorm_block)
+BLOCK_PARTS = {
+    "norm1": "norm1",
+    "ls1": "ls1",
+    "norm2": "norm2",
+    "ls2": "ls2",
+    "fc1": "mlp.fc1",
+    "act": "mlp.act",
+    "fc2": "mlp.fc2",
+}
 
 
 class VitEmbedding(nn.Module):
@@ -133,8 +141,8 @@ class HydraViT(HydraModel):
         stack = LayerStack(
             members, spec, layer_blocks=lambda layer: [model.blocks[layer] for model in models],
             identical_modules=["norm1", "norm2", "ls1", "ls2"] + (["mlp"] if grouped else []),
-            fused_block=lambda blocks, weights, heads: self._fused_block(
-                blocks, weights, heads, spec.mlp_merge, lowering),
+            fused_block=lambda blocks, weights, heads: fused_prenorm_block(
+                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering),
             shared_trunk=shared_trunk and embed_shared,
         )  # fmt: skip
         self.trunk, self.blocks = stack.trunk, stack.blocks
@@ -170,24 +178,6 @@ class HydraViT(HydraModel):
             "deep_ensemble": M * single,
         }
         self.eval()
-
-    @staticmethod
-    def _fused_block(layer_blocks, weights, heads, mlp_merge: str, lowering: str):
-        streams = len(weights)
-        norm_blocks = layer_blocks[:streams]
-        mlp, mlp_kind = merge_mlps(
-            [b.mlp.fc1 for b in layer_blocks], [b.mlp.act for b in layer_blocks],
-            [b.mlp.fc2 for b in layer_blocks], mlp_merge, lowering,
-        )  # fmt: skip
-        block = FusedBlock(
-            norm1=stream_norm([b.norm1 for b in norm_blocks]),
-            attn=FusedAttention(weights, heads, lowering),
-            ls1=stream_scale([b.ls1 for b in norm_blocks]),
-            norm2=stream_norm([b.norm2 for b in norm_blocks]),
-            mlp=mlp,
-            ls2=stream_scale([b.ls2 for b in norm_blocks]),
-        )
-        return block, mlp_kind
 
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
