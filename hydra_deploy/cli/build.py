@@ -66,9 +66,14 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     members.add_argument(
         "--calib",
         help="labelled data to score heads on: image folder (class "
-        "per sub-folder) or .npz with x (preprocessed floats) and y (labels)",
+        "per sub-folder) or .npz with x (preprocessed floats) and y (labels); text models: .tsv "
+        "(label<TAB>text) or .npz with input_ids, attention_mask and y",
     )
-    members.add_argument("--ood", help="OOD inputs for the circuit OOD objective: folder or .npz")
+    members.add_argument(
+        "--ood",
+        help="OOD inputs for the circuit OOD objective: folder or .npz; text models also .txt "
+        "(one text per line) or .tsv",
+    )
     members.add_argument(
         "--objective",
         choices=("loss", "ood"),
@@ -102,7 +107,7 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     tune.add_argument(
         "--finetune",
         metavar="DATA",
-        help="fine-tune every member on this labelled data (folder or .npz)",
+        help="fine-tune every member on this labelled data (folder or .npz; text: .tsv or .npz)",
     )
     tune.add_argument("--epochs", type=float, default=1.0, help="fine-tuning epochs (default 1)")
     tune.add_argument("--finetune-steps", type=int, help="stop each member after this many steps")
@@ -137,7 +142,9 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
         return HydraSpec.from_json(args.spec)
     importance = args.importance or ("taylor" if args.calib else "random")
     if importance != "random" and not args.calib:
-        raise HydraError(f"--importance {importance} needs --calib (an image folder or .npz)")
+        raise HydraError(
+            f"--importance {importance} needs --calib (an image folder or .npz; text: .tsv or .npz)"
+        )
     if importance == "random" and not args.importance:
         logging.getLogger("hydra_deploy").info(
             "no --calib data: heads are drawn at random (seed %d); pass --calib DATA to choose "
