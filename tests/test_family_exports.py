@@ -170,3 +170,44 @@ def test_trtexec_profile_of_a_text_model(minilm_export):
     assert "--minShapes=input_ids:1x1,attention_mask:1x1,token_type_ids:1x1" in line
     assert "--optShapes=input_ids:4x128,attention_mask:4x128,token_type_ids:4x128" in line
     assert "--maxShapes=input_ids:4x512,attention_mask:4x512,token_type_ids:4x512" in line
+
+
+def test_unknown_family_is_refused():
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.errors import BackboneError
+
+    with pytest.raises(BackboneError, match=r"unknown backbone family 'bart'.*'hf:<folder>'"):
+        load_backbone("bart:facebook/bart-base")
+
+
+def test_hydra_run_scores_images_with_an_openclip_export(tmp_path, capsys):
+    """Images -> timm-style preprocessing from hydra.json -> ORT -> scores, with class names."""
+    from PIL import Image
+
+    from hydra_deploy.cli.run import main as run_main
+    from hydra_deploy.engines.preprocess import preprocess_images
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.uncertainty import ensemble_scores
+
+    backbone, _ = tiny_adapter("tok")
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=2, heads_per_member=2, seed=0)  # fmt: skip
+    out = tmp_path / "clip"
+    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript")
+    rng = np.random.default_rng(0)
+    images = tmp_path / "images"
+    images.mkdir()
+    for index in range(3):
+        pixels = rng.integers(0, 255, size=(40, 48, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(images / f"{index}.png")
+    assert run_main([str(out), str(images), "--json", "-"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    runner = load_runner(out)
+    paths = sorted(images.iterdir())
+    expected = ensemble_scores(
+        runner(preprocess_images(paths, runner.preprocessing))["member_logits"]
+    )
+    assert [r["label"] for r in results] == [
+        backbone.class_names[p] for p in expected["prediction"]
+    ]
+    np.testing.assert_allclose([r["msp"] for r in results], expected["msp"], atol=1e-6)
