@@ -279,17 +279,9 @@ class HydraBert(HydraModel):
         M = self.num_members
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        if self.embed is not None:
-            x = self.embed(input_ids, token_type_ids).unsqueeze(0)  # [1, B, N, D]
-        else:
-            x = torch.stack([embed(input_ids, token_type_ids) for embed in self.member_embeds])
-        key_mask = None if attention_mask is None else padding_bias(attention_mask, x.dtype)
-        for block in self.trunk:  # computed once for all members
-            x = block(x, key_mask)
-        if x.shape[0] != M and (self.blocks or not self.final_shared):
-            x = x.expand(M, -1, -1, -1)  # the members split here
-        for block in self.blocks:
-            x = block(x, key_mask)  # [M, B, N, D]
+        dtype = (self.embed or self.member_embeds[0]).word_embeddings.weight.dtype
+        key_mask = None if attention_mask is None else padding_bias(attention_mask, dtype)
+        x = self.encode(input_ids, token_type_ids, key_mask=key_mask)  # [S, B, N, D]
         pooled = torch.tanh(self.pooler(x[:, :, 0]))  # [S, B, D]: token 0
         logits = self.classifier(pooled)  # [S, B, C]
         if logits.shape[0] != M:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
@@ -28,6 +29,33 @@ class HydraModel(nn.Module):
     trunk_layers: int
     merge: dict[str, Any]
     macs: dict[str, int]
+
+    def encode(self, *embed_inputs: torch.Tensor, **block_kwargs: Any) -> torch.Tensor:
+        """Embeddings (shared, or one per member), the shared trunk once, then the members' streams.
+
+        Returns the hidden states [S, B, N, D]: S = M after the split, 1 when every layer and the
+        final components are shared. ``block_kwargs`` go to every block (BERT's padding mask).
+        """
+        M = self.num_members
+        if self.embed is not None:
+            x = self.embed(*embed_inputs).unsqueeze(0)  # [1, B, N, D]
+        else:
+            x = torch.stack([embed(*embed_inputs) for embed in self.member_embeds])  # [M, B, N, D]
+        for block in self.trunk:  # computed once for all members
+            x = block(x, **block_kwargs)
+        if x.shape[0] != M and (self.blocks or not self.final_shared):
+            x = x.expand(M, -1, -1, -1)  # the members split here
+        for block in self.blocks:
+            x = block(x, **block_kwargs)  # [M, B, N, D]
+        return x
+
+    def check_pixel_values(self, pixel_values: torch.Tensor) -> None:
+        """Vision models: ``pixel_values`` must be [batch, *input_size]."""
+        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != self.input_size:
+            raise FusionError(
+                f"pixel_values must be [batch, {', '.join(map(str, self.input_size))}], got "
+                f"{list(pixel_values.shape)}; resize the images to the backbone's input size"
+            )
 
     def num_parameters(self) -> int:
         """Stored parameters (padding zeros of heads included)."""

@@ -208,21 +208,8 @@ class HydraOpenClip(HydraModel):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         M = self.num_members
-        if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != self.input_size:
-            raise FusionError(
-                f"pixel_values must be [batch, {', '.join(map(str, self.input_size))}], got "
-                f"{list(pixel_values.shape)}; resize the images to the backbone's input size"
-            )
-        if self.embed is not None:
-            x = self.embed(pixel_values).unsqueeze(0)  # [1, B, N, D]
-        else:
-            x = torch.stack([embed(pixel_values) for embed in self.member_embeds])  # [M, B, N, D]
-        for block in self.trunk:  # computed once for all members
-            x = block(x)
-        if x.shape[0] != M and (self.blocks or not self.final_shared):
-            x = x.expand(M, -1, -1, -1)  # the members split here
-        for block in self.blocks:
-            x = block(x)  # [M, B, N, D]
+        self.check_pixel_values(pixel_values)
+        x = self.encode(pixel_values)  # [S, B, N, D]
         features = self.proj(self._pooled(x))  # [S, B, E]
         logits = zero_shot_logits(features, self.class_weights, self.logit_scale, self.logit_bias)
         if logits.shape[0] != M:
