@@ -211,3 +211,20 @@ def test_hydra_run_scores_images_with_an_openclip_export(tmp_path, capsys):
         backbone.class_names[p] for p in expected["prediction"]
     ]
     np.testing.assert_allclose([r["msp"] for r in results], expected["msp"], atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_hydra_compare_on_a_bert_export(precision, tmp_path):
+    """Parity of a text export: the model's own padded token ids through PyTorch and ORT."""
+    from hydra_deploy.engines.compare import compare_export
+
+    backbone = tiny_bert("segments")
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=2, heads_per_member=2, seed=4)  # fmt: skip
+    out = tmp_path / "bert"
+    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), precision=precision)
+    report = compare_export(out, batch=3, seed=1)
+    assert report.passed and report.batch == 3
+    assert "example inputs" in report.inputs
+    ort = report.backends[0]
+    assert ort.backend == "onnxruntime" and ort.status == "compared" and ort.passed

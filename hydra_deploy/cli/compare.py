@@ -29,8 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="a hydra-export folder")
     p.add_argument("--engine", type=Path, metavar="FILE", help="a TensorRT engine built from it")
     p.add_argument("--inputs", type=Path, metavar="FILE",
-                   help="preprocessed inputs (.npy, or .npz with key 'x' or the input name); "
-                   "default: --batch random normal examples")  # fmt: skip
+                   help="preprocessed inputs (.npy, or .npz with key 'x' or the input name; text "
+                        "models: .npz with input_ids, attention_mask[, token_type_ids]); default: "
+                        "--batch of the model's own seeded examples (random pixels, or token ids "
+                        "with padded rows)")  # fmt: skip
     p.add_argument("--batch", type=int, default=8, help="random examples when no --inputs (8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
     p.add_argument("--providers", help="ONNX Runtime providers, comma-separated (default: CUDA, CPU)")  # fmt: skip

@@ -215,34 +215,44 @@ def _max_abs(delta: np.ndarray) -> float:
 
 
 def _load_inputs(
-    inputs: Any, info: dict[str, Any], batch: int, seed: int
-) -> tuple[np.ndarray, str]:
-    spec = info["inputs"][0]
+    inputs: Any, info: dict[str, Any], hydra: Any, batch: int, seed: int
+) -> tuple[dict[str, np.ndarray], str]:
+    """The inputs by name: given (array, .npy, .npz), or the model's own seeded example inputs
+    (random pixels; random token ids with padded rows for text models)."""
+    names = [spec["name"] for spec in info["inputs"]]
     if inputs is None:
-        shape = spec["shape"][1:]
-        if not all(isinstance(d, int) for d in shape):
-            raise HydraError(f"input {spec['name']} has dynamic dims {shape}; pass --inputs")
-        rng = np.random.default_rng(seed)
-        return rng.standard_normal((batch, *shape)).astype(
-            np.float32
-        ), f"random normal, seed {seed}"
+        example = hydra.example_inputs(batch, seed)
+        example = (example,) if not isinstance(example, (tuple, list)) else example
+        arrays = {name: t.numpy() for name, t in zip(names, example, strict=True)}
+        return arrays, f"the model's example inputs, seed {seed}"
     if isinstance(inputs, np.ndarray):
-        return inputs.astype(np.float32, copy=False), "array"
+        if len(names) > 1:
+            raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
+        return {names[0]: inputs.astype(np.float32, copy=False)}, "array"
     path = Path(inputs)
     try:
         if path.suffix.lower() == ".npz":
             with np.load(path, allow_pickle=False) as archive:
-                key = spec["name"] if spec["name"] in archive else "x"
+                if len(names) > 1:
+                    missing = [n for n in names if n not in archive and n != "token_type_ids"]
+                    if missing:
+                        raise HydraError(f"{path} holds {list(archive.keys())}; it needs {names}")
+                    arrays = {n: archive[n].astype(np.int64) if n in archive else
+                              np.zeros_like(archive[names[0]], dtype=np.int64) for n in names}  # fmt: skip
+                    return arrays, str(path)
+                key = names[0] if names[0] in archive else "x"
                 if key not in archive:
-                    raise HydraError(f"{path} holds {list(archive.keys())}; name the array 'x' or {spec['name']!r}")  # fmt: skip
+                    raise HydraError(f"{path} holds {list(archive.keys())}; name the array 'x' or {names[0]!r}")  # fmt: skip
                 array = archive[key]
         else:
+            if len(names) > 1:
+                raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
             array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise HydraError(f"cannot read the inputs {path}: {err}") from err
-    if array.ndim == len(spec["shape"]) - 1:
+    if array.ndim == len(info["inputs"][0]["shape"]) - 1:
         array = array[None]
-    return np.asarray(array, dtype=np.float32), str(path)
+    return {names[0]: np.asarray(array, dtype=np.float32)}, str(path)
 
 
 def compare_export(
@@ -274,13 +284,13 @@ def compare_export(
     if batch < 1:
         raise HydraError(f"batch must be at least 1, got {batch}")
     precision = str(info.get("precision") or "fp32")
-    x, source = _load_inputs(inputs, info, batch, seed)
-    if len(x) == 0:
-        raise HydraError("the inputs are an empty batch; give at least one example")
-
     hydra = load_export(folder, check=False).float().eval()
+    x, source = _load_inputs(inputs, info, hydra, batch, seed)
+    if len(next(iter(x.values()))) == 0:
+        raise HydraError("the inputs are an empty batch; give at least one example")
     with torch.no_grad():
-        reference = hydra(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in x.values()]
+        reference = hydra(*tensors).numpy()
     if not np.isfinite(reference).all():
         raise HydraError("the PyTorch reference returns NaN/inf for these inputs; check the inputs")
 
@@ -308,7 +318,8 @@ def compare_export(
             trt_report = BackendReport("tensorrt", str(engine), engine_precision, "skipped")
             _fill(trt_report, reference, runner(x), tolerance or tolerance_for(engine_precision))
         reports.append(trt_report)
-    return CompareReport(str(folder), precision, "pytorch fp32", len(x), source, reports)
+    count = len(next(iter(x.values())))
+    return CompareReport(str(folder), precision, "pytorch fp32", count, source, reports)
 
 
 def _fill(report: BackendReport, reference: np.ndarray, outputs: dict[str, np.ndarray],
