@@ -1,0 +1,106 @@
+"""hydra-eval: calibration and OOD detection of an exported Hydra ensemble, as a report folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from hydra_deploy.cli import common
+from hydra_deploy.errors import HydraError
+
+log = logging.getLogger("hydra_deploy.eval")
+
+EXAMPLES = """\
+  hydra-eval export/vit-m3 --id test.npz --ood noise=noise.npz --out reports/vit-m3
+  hydra-eval export/vit-m3 --id images/test/ --ood svhn=svhn/ --ood textures=dtd/ --out rep --bins 10
+  hydra-eval engines/vit-m3.fp16.engine --id test.npz --ood far=far.npz --out rep --overwrite --json
+  hydra-eval export/minilm-m3 --id glosses.tsv --ood other=other.txt --out rep   # text model
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser(
+        "hydra-eval",
+        "Evaluate a Hydra ensemble (export folder, .onnx file or TensorRT engine) on labelled "
+        "in-distribution data and one or more OOD sets. Writes REPORT_DIR/report.json and "
+        "report.md (accuracy, NLL, Brier, ECE, AURC on the ID data; AUROC, AUPR and FPR95 per OOD "
+        "set and score, OOD positive), reliability.png and hist_<score>.png. Data: a .npz with x "
+        "(or the model's input names) and y (y is needed for --id only), a .npy array (OOD), an "
+        "image folder (--id: one sub-folder per class, labels are the sorted sub-folder names), or "
+        "for text models a .tsv (label<TAB>text, --id) or .txt (one text a line, OOD).",
+        EXAMPLES,
+    )
+    p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")
+    p.add_argument("--id", dest="id_data", type=Path, required=True, metavar="DATA",
+                   help="labelled in-distribution data")  # fmt: skip
+    p.add_argument("--ood", action="append", required=True, metavar="NAME=DATA",
+                   help="an OOD set and its name (repeat for more)")  # fmt: skip
+    p.add_argument("--out", type=Path, required=True, metavar="REPORT_DIR",
+                   help="report folder to write (refused if it exists, unless --overwrite)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="examples per forward pass (default: the model's max batch, else 32)")  # fmt: skip
+    p.add_argument("--bins", type=int, default=15, help="ECE / reliability bins (default 15)")
+    p.add_argument("--scores", default="msp,predictive_entropy,mutual_information",
+                   help="comma-separated OOD scores (default: msp,predictive_entropy,"
+                        "mutual_information; also expected_entropy, disagreement)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace an existing REPORT_DIR")
+    p.add_argument("--json", action="store_true", help="also print report.json on stdout")
+    return p
+
+
+def parse_ood(items: list[str]) -> dict[str, Path]:
+    """``NAME=DATA`` arguments as ``{name: path}``; refuses a malformed or repeated one."""
+    sets: dict[str, Path] = {}
+    for item in items:
+        name, eq, data = item.partition("=")
+        name = name.strip()
+        if not eq or not name or not data:
+            raise HydraError(
+                f"--ood {item!r} is malformed: expected NAME=DATA, e.g. noise=noise.npz"
+            )
+        if name in sets:
+            raise HydraError(f"--ood names must differ: {name!r} is given twice")
+        sets[name] = Path(data)
+    return sets
+
+
+def main_body(args: argparse.Namespace) -> int:
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.uncertainty.evaluate import evaluate, write_report
+
+    if args.batch_size is not None and args.batch_size < 1:
+        raise HydraError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.bins < 1:
+        raise HydraError(f"--bins must be at least 1, got {args.bins}")
+    ood = parse_ood(args.ood)
+    scores = [s.strip() for s in args.scores.split(",") if s.strip()]
+    common.refuse_existing(args.out, args.overwrite)
+    with load_runner(args.model) as runner:
+        report, arrays = evaluate(runner, args.id_data, ood, batch_size=args.batch_size,
+                                  bins=args.bins, scores=scores, return_scores=True)  # fmt: skip
+    report["model"] = str(args.model)
+    write_report(report, arrays, args.out, overwrite=args.overwrite)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    if not args.quiet:
+        c = report["id"]["classification"]
+        log.info("ID: accuracy %.4f, ECE %.4f (%d bins), NLL %.4f", c["accuracy"], c["ece"],
+                 args.bins, c["nll"])  # fmt: skip
+        for name, entry in report["ood"].items():
+            parts = ", ".join(f"{s} AUROC {m['auroc']:.4f}" for s, m in entry["scores"].items())
+            log.info("OOD %s: %s", name, parts)
+        log.info("wrote %s", args.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``hydra-eval``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return common.run(main_body, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""Evaluate a Hydra ensemble on in-distribution data and OOD sets (numpy only at import).
+
+:func:`evaluate` runs any runner (an export folder, ``.onnx`` or engine path, or an object called
+as ``runner(inputs) -> {"member_logits": [B, M, C], ...}``) over the data, scores the outputs with
+:func:`~hydra_deploy.uncertainty.scores.ensemble_scores` and returns a JSON-ready report:
+
+- on the ID data: :func:`~hydra_deploy.uncertainty.metrics.classification_metrics` of the ensemble
+  probabilities (ECE with ``bins`` equal-width bins on the max probability), the reliability table,
+  and AURC / E-AURC with each score as the confidence;
+- per OOD set and per score: AUROC, AUPR and FPR95 with **OOD as the positive class** and the score
+  turned into an OOD score by :func:`~hydra_deploy.uncertainty.metrics.ood_score` (``-msp``).
+
+:func:`write_report` writes ``report.json``, ``report.md``, ``reliability.png`` and one
+``hist_<score>.png`` per score into a folder, built in a temporary folder and renamed into place.
+
+Data (ID must be labelled, OOD sets need no labels):
+
+- a ``.npz`` with ``x`` (or the model's input name, or ``input_ids``/``attention_mask`` for text
+  models) and, for ID, ``y``; a ``.npy`` array (OOD only);
+- an image folder: for ID, one sub-folder per class, the labels being the sorted sub-folder names
+  (mapped to the export's class names when they all appear there, else by sorted position); for
+  OOD, every image under the folder; images are preprocessed from the export's ``hydra.json``;
+- text models: a ``.tsv`` (``label<TAB>text`` per line) for ID, a ``.txt`` (one text a line) for OOD;
+- in memory: an array (OOD), a dict of arrays, or a tuple ``(x, y)``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import HydraError
+from hydra_deploy.uncertainty.metrics import (
+    ECE_BINS,
+    classification_metrics,
+    ood_metrics,
+    ood_score,
+    reliability_bins,
+)
+from hydra_deploy.uncertainty.scores import SCALAR_SCORES, ensemble_scores
+
+DEFAULT_SCORES = ("msp", "predictive_entropy", "mutual_information")
+REPORT_FILES = ("report.json", "report.md", "reliability.png")
+
+
+@dataclass
+class EvalData:
+    """One data set ready to run: arrays, a dict of arrays, image paths or texts; labels or None."""
+
+    name: str
+    source: str
+    kind: str  # "array" | "images" | "text"
+    count: int
+    array: Any = None
+    images: list[Path] | None = None
+    texts: list[str] | None = None
+    labels: np.ndarray | None = None
+    class_names: list[str] | None = field(default=None)
+
+    def batches(self, runner: Any, size: int) -> Iterator[Any]:
+        for start in range(0, self.count, size):
+            stop = start + size
+            if self.kind == "images":
+                from hydra_deploy.engines.preprocess import preprocess_images
+
+                yield preprocess_images(self.images[start:stop], runner.preprocessing)
+            elif self.kind == "text":
+                yield runner.text_encoder()(self.texts[start:stop])
+            elif isinstance(self.array, Mapping):
+                yield {k: v[start:stop] for k, v in self.array.items()}
+            else:
+                yield self.array[start:stop]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading data
+# ---------------------------------------------------------------------------------------------
+
+
+def _input_names(runner: Any) -> tuple[str, ...]:
+    return tuple(getattr(runner, "input_names", ()) or ())
+
+
+def _rank(runner: Any) -> int | None:
+    inputs = getattr(runner, "inputs", None)
+    return inputs[0].rank if inputs else None
+
+
+def _rows(value: Any, name: str) -> int:
+    if isinstance(value, Mapping):
+        counts = {k: len(v) for k, v in value.items()}
+        if len(set(counts.values())) != 1:
+            raise HydraError(f"{name}: the input arrays differ in length: {counts}")
+        return next(iter(counts.values()))
+    return len(value)
+
+
+def _pick_inputs(arrays: Mapping[str, Any], runner: Any, name: str) -> Any:
+    names = _input_names(runner)
+    keys = list(arrays)
+    if len(names) > 1 and set(names) - {"token_type_ids"} <= set(keys):
+        return {k: np.asarray(arrays[k]) for k in names if k in keys}
+    if names and names[0] in keys:
+        return np.asarray(arrays[names[0]])
+    if "x" in keys:
+        return np.asarray(arrays["x"])
+    if {"input_ids", "attention_mask"} <= set(keys):
+        return {k: np.asarray(arrays[k]) for k in ("input_ids", "attention_mask", "token_type_ids")
+                if k in keys}  # fmt: skip
+    wanted = f"'x' or {names[0]!r} (the model's input)" if names else "'x'"
+    raise HydraError(f"{name} holds arrays {keys}; name the input array {wanted}")
+
+
+def _labels(y: Any, count: int, name: str) -> np.ndarray:
+    labels = np.asarray(y)
+    if labels.ndim != 1 or labels.shape[0] != count:
+        raise HydraError(
+            f"{name}: labels 'y' must be 1-D with one label per example ({count}), got shape "
+            f"{labels.shape}"
+        )
+    if labels.dtype == np.bool_ or not np.issubdtype(labels.dtype, np.integer):
+        if np.issubdtype(labels.dtype, np.floating) and np.all(labels == np.round(labels)):
+            labels = labels.astype(np.int64)
+        else:
+            raise HydraError(
+                f"{name}: labels 'y' must be integer class indices, got {labels.dtype}"
+            )
+    return labels.astype(np.int64)
+
+
+def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalData:
+    if isinstance(x, Mapping):
+        x = _pick_inputs(x, runner, name)
+    else:
+        x = np.asarray(x)
+        rank = _rank(runner)
+        if rank is not None and x.ndim == rank - 1:  # one example without its batch axis
+            x = x[None]
+    count = _rows(x, name)
+    if count == 0:
+        raise HydraError(f"{name} ({source}) is empty: it holds no examples")
+    labels = None if y is None else _labels(y, count, name)
+    return EvalData(name, source, "array", count, array=x, labels=labels)
+
+
+def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
+    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
+
+    if labelled:
+        classes = sorted(p.name for p in path.iterdir() if p.is_dir())
+        if not classes:
+            raise HydraError(
+                f"{name}: the image folder {str(path)!r} has no class sub-folders; labelled "
+                "images are one sub-folder per class"
+            )
+        known = getattr(runner, "class_names", None) or []
+        index = ({c: known.index(c) for c in classes} if set(classes) <= set(known)
+                 else {c: i for i, c in enumerate(classes)})  # fmt: skip
+        images: list[Path] = []
+        labels: list[int] = []
+        for cls in classes:
+            found = sorted(p for p in (path / cls).rglob("*")
+                           if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)  # fmt: skip
+            images += found
+            labels += [index[cls]] * len(found)
+        if not images:
+            raise HydraError(f"{name}: the image folder {str(path)!r} holds no images")
+        return EvalData(name, str(path), "images", len(images), images=images,
+                        labels=np.asarray(labels, np.int64), class_names=classes)  # fmt: skip
+    try:
+        images = find_images([path])
+    except HydraError as err:
+        raise HydraError(f"{name}: {err}") from err
+    return EvalData(name, str(path), "images", len(images), images=images)
+
+
+def _read_lines(path: Path, name: str) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise HydraError(f"{name}: cannot read {path}: {err}") from err
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
+    lines = _read_lines(path, name)
+    if not lines:
+        raise HydraError(f"{name} ({path}) is empty: it holds no examples")
+    if path.suffix.lower() != ".tsv":
+        if labelled:
+            raise HydraError(
+                f"{name}: {path} holds no labels; labelled text is a .tsv file (label<TAB>text)"
+            )
+        return EvalData(name, str(path), "text", len(lines), texts=lines)
+    pairs = []
+    for number, line in enumerate(lines, start=1):
+        label, tab, text = line.partition("\t")
+        if not tab:
+            raise HydraError(f"{name}: {path}:{number} is not label<TAB>text")
+        pairs.append((label.strip(), text))
+    names = [p[0] for p in pairs]
+    known = getattr(runner, "class_names", None) or []
+    if set(names) <= set(known):
+        labels = [known.index(n) for n in names]
+    elif all(n.lstrip("-").isdigit() for n in names):
+        labels = [int(n) for n in names]
+    else:
+        order = sorted(set(names))
+        labels = [order.index(n) for n in names]
+    data = EvalData(name, str(path), "text", len(pairs), texts=[p[1] for p in pairs],
+                    labels=np.asarray(labels, np.int64))  # fmt: skip
+    return data if labelled else EvalData(name, str(path), "text", len(pairs), texts=data.texts)
+
+
+def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> EvalData:
+    """Read one data set (a path or in-memory arrays); ID data (``labelled``) must carry labels."""
+    if isinstance(data, EvalData):
+        return data
+    if isinstance(data, tuple):
+        if len(data) != 2:
+            raise HydraError(f"{name}: a tuple of data must be (x, y), got {len(data)} items")
+        x, y = data
+        return _from_arrays(x, y if labelled else None, runner, name, "arrays")
+    if isinstance(data, Mapping):
+        arrays = dict(data)
+        y = arrays.pop("y", None)
+        if labelled and y is None:
+            raise HydraError(f"{name}: in-distribution data needs labels 'y'")
+        return _from_arrays(arrays, y if labelled else None, runner, name, "arrays")
+    if isinstance(data, np.ndarray):
+        if labelled:
+            raise HydraError(f"{name}: in-distribution data needs labels: pass (x, y)")
+        return _from_arrays(data, None, runner, name, "array")
+    if not isinstance(data, (str, os.PathLike)):
+        raise HydraError(f"{name}: cannot read data of type {type(data).__name__}")
+    path = Path(data)
+    if not path.exists():
+        raise HydraError(f"{name}: {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    family = getattr(runner, "family", None) or "vit"
+    if path.is_dir():
+        if family == "bert":
+            raise HydraError(f"{name}: {path} is an image folder, but MODEL is a text model")
+        return _image_folder(path, runner, name, labelled)
+    if suffix in (".txt", ".tsv"):
+        if family != "bert":
+            raise HydraError(f"{name}: {path} is text, but MODEL is a {family} model")
+        return _text_file(path, runner, name, labelled)
+    if suffix not in (".npz", ".npy"):
+        raise HydraError(
+            f"{name}: cannot tell what {str(path)!r} is: give a .npz (x and y), an image folder"
+            + (" or a .tsv/.txt text file" if family == "bert" else "")
+        )
+    try:
+        if suffix == ".npy":
+            if labelled:
+                raise HydraError(
+                    f"{name}: {path} is a .npy array without labels; in-distribution data is a "
+                    ".npz with x and y"
+                )
+            return _from_arrays(np.load(path, allow_pickle=False), None, runner, name, str(path))
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError) as err:
+        raise HydraError(f"{name}: cannot read {path}: {err}") from err
+    y = arrays.pop("y", None)
+    if labelled and y is None:
+        raise HydraError(f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)})")
+    if not arrays:
+        raise HydraError(f"{name}: {path} holds no input arrays")
+    return _from_arrays(arrays, y if labelled else None, runner, name, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Running and scoring
+# ---------------------------------------------------------------------------------------------
+
+
+def member_logits(runner: Any, data: EvalData, batch_size: int | None = None) -> np.ndarray:
+    """The runner's ``member_logits`` [N, M, C] over ``data``, batch by batch."""
+    if data.kind == "images" and not getattr(runner, "preprocessing", None):
+        raise HydraError(
+            f"{data.name}: the model comes without its hydra.json, so images cannot be "
+            "preprocessed for it: run the export folder, or pass .npz arrays"
+        )
+    size = batch_size or getattr(runner, "max_batch", None) or 32
+    parts = []
+    for batch in data.batches(runner, size):
+        outputs = runner(batch, batch_size=batch_size) if batch_size else runner(batch)
+        if "member_logits" not in outputs:
+            raise HydraError(
+                f"the model has no 'member_logits' output (outputs: {list(outputs)}); is it a "
+                "Hydra export?"
+            )
+        parts.append(np.asarray(outputs["member_logits"]))
+    return np.concatenate(parts)
+
+
+def _jsonable_bins(table: Mapping[str, np.ndarray]) -> dict[str, list]:
+    def clean(values: np.ndarray) -> list:
+        return [None if not np.isfinite(v) else float(v) for v in np.asarray(values, np.float64)]
+
+    return {"edges": clean(table["edges"]), "count": [int(c) for c in table["count"]],
+            "accuracy": clean(table["accuracy"]), "confidence": clean(table["confidence"])}  # fmt: skip
+
+
+def _check_scores(scores: Sequence[str]) -> tuple[str, ...]:
+    names = tuple(scores)
+    if not names:
+        raise HydraError("give at least one score")
+    unknown = [s for s in names if s not in SCALAR_SCORES]
+    if unknown:
+        raise HydraError(f"unknown score(s) {unknown}; choose from {list(SCALAR_SCORES)}")
+    return tuple(dict.fromkeys(names))
+
+
+def evaluate(
+    runner_or_path: Any,
+    id_data: Any,
+    ood: Mapping[str, Any] | None = None,
+    *,
+    batch_size: int | None = None,
+    bins: int = ECE_BINS,
+    scores: Sequence[str] = DEFAULT_SCORES,
+    return_scores: bool = False,
+) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
+    """Report of a Hydra ensemble on ``id_data`` (labelled) and the OOD sets ``ood`` by name.
+
+    ``runner_or_path``: a runner (anything called as ``runner(inputs)`` returning a dict holding
+    ``member_logits`` [B, M, C]) or a path for :func:`~hydra_deploy.engines.load_runner` (opened
+    and closed here). ``bins``: ECE/reliability bins. ``scores``: which of ``SCALAR_SCORES`` rank
+    examples for OOD detection (OOD positive; see :func:`ood_score`) and misclassification.
+
+    With ``return_scores`` also returns the per-example arrays (``{"id": ensemble_scores + labels,
+    "ood": {name: ensemble_scores}}``) that :func:`write_report` plots.
+    """
+    names = _check_scores(scores)
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise HydraError(f"bins must be a positive integer, got {bins!r}")
+    if batch_size is not None and int(batch_size) < 1:
+        raise HydraError(f"batch size must be at least 1, got {batch_size}")
+    ood = dict(ood or {})
+    if isinstance(runner_or_path, (str, os.PathLike)):
+        from hydra_deploy.engines.runner import load_runner
+
+        with load_runner(runner_or_path) as runner:
+            return evaluate(runner, id_data, ood, batch_size=batch_size, bins=bins, scores=names,
+                            return_scores=return_scores)  # fmt: skip
+    runner = runner_or_path
+    id_set = load_eval_data(id_data, runner, name="ID data", labelled=True)
+    ood_sets = {n: load_eval_data(d, runner, name=f"OOD set {n!r}", labelled=False)
+                for n, d in ood.items()}  # fmt: skip
+
+    id_scores = ensemble_scores(member_logits(runner, id_set, batch_size))
+    probs = id_scores["probs"]
+    members, classes = id_scores["member_probs"].shape[1:]
+    labels = id_set.labels
+    bad = (labels < 0) | (labels >= classes)
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise HydraError(
+            f"ID data: labels must lie in [0, {classes - 1}] (the model has {classes} classes); "
+            f"{int(bad.sum())} do not (first: label {labels[first]} at index {first})"
+        )
+    classification = classification_metrics(probs, labels, bins)
+    selective = {}
+    for score in names:
+        conf = -ood_score(id_scores, score)
+        metrics = classification_metrics(probs, labels, bins, confidence=conf)
+        selective[score] = {"aurc": metrics["aurc"], "eaurc": metrics["eaurc"]}
+    table = reliability_bins(probs, labels, bins)
+
+    ood_report: dict[str, Any] = {}
+    ood_arrays: dict[str, Any] = {}
+    for name, data in ood_sets.items():
+        got = ensemble_scores(member_logits(runner, data, batch_size))
+        if got["member_probs"].shape[1:] != (members, classes):
+            raise HydraError(f"OOD set {name!r}: the model gave a different output shape")
+        ood_arrays[name] = got
+        ood_report[name] = {
+            "data": data.source,
+            "count": data.count,
+            "mean_scores": {s: float(np.mean(got[s], dtype=np.float64)) for s in names},
+            "scores": {s: ood_metrics(ood_score(id_scores, s), ood_score(got, s)) for s in names},
+        }
+
+    report: dict[str, Any] = {
+        "model": str(getattr(runner, "export_dir", None) or getattr(runner, "path", "") or runner),
+        "backend": getattr(runner, "backend", None),
+        "precision": getattr(runner, "precision", None),
+        "family": getattr(runner, "family", None),
+        "members": int(members),
+        "classes": int(classes),
+        "class_names": getattr(runner, "class_names", None),
+        "counts": {"id": id_set.count, "ood": {n: d.count for n, d in ood_sets.items()}},
+        "scores": list(names),
+        "conventions": {
+            "probs": "mean over members of the member softmax",
+            "ece": f"{bins} equal-width bins of [0, 1] on the max probability, right-closed",
+            "ood": "OOD is the positive class; the OOD score is -msp for msp, the score as it is "
+            "otherwise; FPR95 is the FPR at the first threshold with TPR >= 0.95",
+            "selective": "AURC/E-AURC with the score as confidence (msp as it is, minus the others)",
+        },
+        "id": {
+            "data": id_set.source,
+            "count": id_set.count,
+            "ece_bins": int(bins),
+            "classification": classification,
+            "selective": selective,
+            "mean_scores": {s: float(np.mean(id_scores[s], dtype=np.float64)) for s in names},
+            "reliability": _jsonable_bins(table),
+        },
+        "ood": ood_report,
+    }
+    if return_scores:
+        return report, {"id": {**id_scores, "labels": labels}, "ood": ood_arrays}
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing the report folder
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The report as markdown tables."""
+    ident = report["id"]
+    lines = [
+        f"# hydra-eval: {report['model']}",
+        "",
+        f"- backend: {report.get('backend')}, precision: {report.get('precision')}, members: "
+        f"{report['members']}, classes: {report['classes']}",
+        f"- ID data: `{ident['data']}` ({ident['count']} examples)",
+        *(
+            f"- OOD set {n}: `{o['data']}` ({o['count']} examples)"
+            for n, o in report["ood"].items()
+        ),
+        "",
+        f"## In-distribution classification (ECE: {ident['ece_bins']} equal-width bins)",
+        "",
+        "| metric | value |",
+        "|---|---:|",
+        *(f"| {k} | {_fmt(v)} |" for k, v in ident["classification"].items()),
+        "",
+        "## Misclassification detection (score as confidence)",
+        "",
+        "| score | AURC | E-AURC |",
+        "|---|---:|---:|",
+        *(
+            f"| {s} | {_fmt(v['aurc'])} | {_fmt(v['eaurc'])} |"
+            for s, v in ident["selective"].items()
+        ),
+        "",
+        "## OOD detection (OOD positive)",
+        "",
+        "| OOD set | score | AUROC | AUPR | FPR95 |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name, entry in report["ood"].items():
+        for score, m in entry["scores"].items():
+            lines.append(f"| {name} | {score} | {_fmt(m['auroc'])} | {_fmt(m['aupr'])} | "
+                         f"{_fmt(m['fpr95'])} |")  # fmt: skip
+    lines += ["", "## Mean scores", "", "| data | " + " | ".join(report["scores"]) + " |",
+              "|---|" + "---:|" * len(report["scores"]),
+              "| ID | " + " | ".join(_fmt(ident["mean_scores"][s]) for s in report["scores"]) + " |"]  # fmt: skip
+    for name, entry in report["ood"].items():
+        lines.append(f"| {name} | "
+                     + " | ".join(_fmt(entry["mean_scores"][s]) for s in report["scores"]) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    report: Mapping[str, Any],
+    arrays: Mapping[str, Any],
+    out_dir: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``report.json``, ``report.md``, ``reliability.png`` and ``hist_<score>.png`` per
+    score into ``out_dir``: built in a temporary folder beside it and renamed into place. An
+    existing ``out_dir`` is refused unless ``overwrite`` (then replaced as a whole)."""
+    from hydra_deploy.atomic import atomic_write_json, atomic_write_text
+    from hydra_deploy.uncertainty import plots
+
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise HydraError(f"{str(out)!r} exists; pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise HydraError(f"{str(out)!r} exists and is not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as err:
+        raise HydraError(f"cannot create the report folder {out}: {err}") from err
+    try:
+        atomic_write_json(tmp / "report.json", dict(report))
+        atomic_write_text(tmp / "report.md", markdown(report))
+        plots.reliability_diagram(report["id"]["reliability"], tmp / "reliability.png")
+        for score in report["scores"]:
+            plots.score_histograms(
+                arrays["id"][score],
+                {name: got[score] for name, got in arrays["ood"].items()},
+                score,
+                tmp / f"hist_{score}.png",
+            )
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise HydraError(f"cannot write the report folder {out}: {err}") from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

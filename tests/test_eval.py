@@ -1,0 +1,155 @@
+"""hydra-eval: the report equals the metrics computed directly; plots, markdown, one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+from conftest import tiny_vit
+from PIL import Image
+
+from hydra_deploy.cli.eval import build_parser, main
+from hydra_deploy.engines import load_runner
+from hydra_deploy.export import export_onnx
+from hydra_deploy.fusion import fuse
+from hydra_deploy.specs import HydraSpec
+from hydra_deploy.uncertainty import (
+    classification_metrics,
+    ensemble_scores,
+    ood_metrics,
+    ood_score,
+    reliability_bins,
+)
+from hydra_deploy.uncertainty.evaluate import evaluate
+
+PNG = b"\x89PNG\r\n\x1a\n"
+SCORES = ("msp", "predictive_entropy", "mutual_information")
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=1)
+    out = tmp_path_factory.mktemp("eval") / "export"
+    export_onnx(fuse(backbone, spec), out, batch=(1, 4, 8), exporter="torchscript", validate=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((21, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 5, 21)
+    np.savez(folder / "id.npz", x=x, y=y)
+    np.savez(folder / "noise.npz", x=(3 * rng.standard_normal((13, 3, 16, 16))).astype(np.float32))
+    np.savez(folder / "flat.npz", x=np.full((9, 3, 16, 16), 0.5, np.float32) + rng.random((9, 1, 1, 1), np.float32))  # fmt: skip
+    np.savez(folder / "empty.npz", x=np.zeros((0, 3, 16, 16), np.float32))
+    np.savez(folder / "bad_labels.npz", x=x, y=np.where(y == 0, 7, y))
+    return folder
+
+
+def invoke(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_report_equals_direct_metrics(export_dir, data, tmp_path):
+    out = tmp_path / "report"
+    code, stdout, stderr = invoke(str(export_dir), "--id", str(data / "id.npz"),
+                                  "--ood", f"noise={data / 'noise.npz'}",
+                                  "--ood", f"flat={data / 'flat.npz'}",
+                                  "--out", str(out), "--batch-size", "4", "--bins", "10", "--json")  # fmt: skip
+    assert code == 0, stderr
+    report = json.loads((out / "report.json").read_text())
+    assert json.loads(stdout) == report
+    assert report["counts"] == {"id": 21, "ood": {"noise": 13, "flat": 9}}
+    assert report["precision"] == "fp32" and report["members"] == 3 and report["classes"] == 5
+    assert report["id"]["ece_bins"] == 10 and report["scores"] == list(SCORES)
+
+    with np.load(data / "id.npz") as f:
+        x, y = f["x"], f["y"]
+    with load_runner(export_dir) as runner:
+        ident = ensemble_scores(runner(x, batch_size=8)["member_logits"])
+        oods = {n: ensemble_scores(runner(np.load(data / f"{n}.npz")["x"])["member_logits"])
+                for n in ("noise", "flat")}  # fmt: skip
+    expected = classification_metrics(ident["probs"], y, bins=10)
+    for key, value in expected.items():
+        assert report["id"]["classification"][key] == pytest.approx(value, abs=1e-6), key
+    table = reliability_bins(ident["probs"], y, bins=10)
+    assert report["id"]["reliability"]["count"] == table["count"].tolist()
+    for name, got in oods.items():
+        for score in SCORES:
+            direct = ood_metrics(ood_score(ident, score), ood_score(got, score))
+            for key, value in direct.items():
+                assert report["ood"][name]["scores"][score][key] == pytest.approx(value, abs=1e-6)
+    conf = -ood_score(ident, "mutual_information")
+    direct = classification_metrics(ident["probs"], y, bins=10, confidence=conf)
+    assert report["id"]["selective"]["mutual_information"]["aurc"] == pytest.approx(direct["aurc"])
+
+    for png in ["reliability.png", *(f"hist_{s}.png" for s in SCORES)]:
+        assert (out / png).read_bytes()[:8] == PNG, png
+        assert Image.open(out / png).size[0] > 100
+    md = (out / "report.md").read_text()
+    assert "| OOD set | score | AUROC | AUPR | FPR95 |" in md
+    auroc = report["ood"]["noise"]["scores"]["msp"]["auroc"]
+    assert f"| noise | msp | {auroc:.4f} |" in md
+    assert sorted(p.name for p in out.parent.iterdir()) == ["report"]  # no temporary left
+
+    code, _, err = invoke(str(export_dir), "--id", str(data / "id.npz"),
+                          "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
+    assert code == 1 and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    code, _, err = invoke(str(export_dir), "--id", str(data / "id.npz"), "--quiet", "--overwrite",
+                          "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
+    assert code == 0 and err == ""
+    assert list(json.loads((out / "report.json").read_text())["ood"]) == ["noise"]
+
+
+def test_library_and_image_folder(export_dir, tmp_path):
+    rng = np.random.default_rng(1)
+    for cls in ("ant", "cat"):
+        (tmp_path / "id" / cls).mkdir(parents=True)
+        for i in range(3):
+            pixels = rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "id" / cls / f"{i}.png")
+    with load_runner(export_dir) as runner:
+        report = evaluate(runner, tmp_path / "id", {"noise": rng.standard_normal((5, 3, 16, 16)).astype(np.float32)})  # fmt: skip
+    assert report["counts"] == {"id": 6, "ood": {"noise": 5}}
+    assert report["id"]["ece_bins"] == 15
+    assert set(report["ood"]["noise"]["scores"]) == set(SCORES)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--ood": "noise"}, "malformed"),
+        ({"--ood": "=x.npz"}, "malformed"),
+        ({"--ood": "e=empty.npz"}, "empty"),
+        ({"--ood": "gone=missing.npz"}, "does not exist"),
+        ({"--id": "missing.npz"}, "does not exist"),
+        ({"--id": "noise.npz"}, "labels"),
+        ({"--id": "bad_labels.npz"}, "labels must lie in [0, 4]"),
+    ],
+)
+def test_errors_are_one_line(export_dir, data, tmp_path, change, message):
+    args = {"--id": "id.npz", "--ood": "noise=noise.npz"}
+    args.update(change)
+    ood = args["--ood"]
+    if "=" in ood and ood.split("=", 1)[0]:
+        ood = f"{ood.split('=', 1)[0]}={data / ood.split('=', 1)[1]}"
+    code, _, err = invoke(str(export_dir), "--id", str(data / args["--id"]), "--ood", ood,
+                          "--out", str(tmp_path / "rep"))  # fmt: skip
+    assert code == 1 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert not (tmp_path / "rep").exists()
+
+
+def test_parser_help_lists_the_options():
+    text = build_parser().format_help()
+    for option in ("--id", "--ood", "--out", "--batch-size", "--bins", "--overwrite", "--json"):
+        assert option in text
