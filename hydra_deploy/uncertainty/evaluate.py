@@ -181,18 +181,10 @@ def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalDat
     return EvalData(name, str(path), "images", len(images), images=images)
 
 
-def _read_lines(path: Path, name: str) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise HydraError(f"{name}: cannot read {path}: {err}") from err
-    return [line for line in text.splitlines() if line.strip()]
-
-
 def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
-    lines = _read_lines(path, name)
-    if not lines:
-        raise HydraError(f"{name} ({path}) is empty: it holds no examples")
+    from hydra_deploy.engines.text import read_lines
+
+    lines = read_lines(path)  # refuses a file with no text
     if path.suffix.lower() != ".tsv":
         if labelled:
             raise HydraError(
