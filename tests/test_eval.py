@@ -153,3 +153,54 @@ def test_parser_help_lists_the_options():
     text = build_parser().format_help()
     for option in ("--id", "--ood", "--out", "--batch-size", "--bins", "--overwrite", "--json"):
         assert option in text
+
+
+def test_a_pytorch_hydra_model_evaluates_like_its_export(export_dir, data):
+    """evaluate() takes the fused PyTorch model itself; its report equals the ONNX export's."""
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=1)
+    model = fuse(backbone, spec)
+    ood = {"noise": data / "noise.npz"}
+    from_torch = evaluate(model, data / "id.npz", ood, batch_size=8)
+    from_onnx = evaluate(export_dir, data / "id.npz", ood, batch_size=8)
+    for key, value in from_onnx["id"]["classification"].items():
+        assert from_torch["id"]["classification"][key] == pytest.approx(value, abs=1e-5), key
+    for score in SCORES:
+        for key, value in from_onnx["ood"]["noise"]["scores"][score].items():
+            assert from_torch["ood"]["noise"]["scores"][score][key] == pytest.approx(
+                value, abs=1e-5
+            )
+
+
+def test_a_pytorch_text_model_takes_token_arrays(tmp_path):
+    """A fused BERT runs from input_ids/attention_mask arrays; a text file is refused plainly."""
+    from test_bert import tiny_bert
+
+    from hydra_deploy.errors import HydraError
+    from hydra_deploy.uncertainty.evaluate import TorchRunner
+
+    backbone = tiny_bert()
+    L, H = backbone.num_layers, backbone.num_heads
+    spec = HydraSpec.random(backbone.name, L, H, backbone.head_dim, members=2,
+                            heads_per_member=1, seed=0)  # fmt: skip
+    model = fuse(backbone, spec)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 90, (6, 7))
+    mask = np.ones_like(ids)
+    mask[:3, 5:] = 0
+    report = evaluate(model, ({"input_ids": ids, "attention_mask": mask}, rng.integers(0, 2, 6)),
+                      {"rand": {"input_ids": ids[:, ::-1].copy(), "attention_mask": mask}})  # fmt: skip
+    assert report["counts"] == {"id": 6, "ood": {"rand": 6}}
+    import torch
+
+    with torch.inference_mode():
+        direct = model(torch.as_tensor(ids), torch.as_tensor(mask)).numpy()
+    runner = TorchRunner(model)
+    np.testing.assert_allclose(
+        runner({"input_ids": ids, "attention_mask": mask})["member_logits"], direct, atol=1e-6
+    )
+    (tmp_path / "id.tsv").write_text("0\ta text\n")
+    with pytest.raises(HydraError, match="no tokenizer"):
+        evaluate(model, tmp_path / "id.tsv")
+    with pytest.raises(HydraError, match="not a fused Hydra model"):
+        TorchRunner(torch.nn.Linear(2, 2))

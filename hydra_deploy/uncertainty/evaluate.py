@@ -313,6 +313,67 @@ def _check_scores(scores: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _is_torch_module(obj: Any) -> bool:
+    """A torch ``nn.Module`` (checked without importing torch: this module is numpy-only)."""
+    return any(
+        cls.__module__ == "torch.nn.modules.module" and cls.__name__ == "Module"
+        for cls in type(obj).__mro__
+    )
+
+
+class TorchRunner:
+    """A fused PyTorch Hydra model (``fuse(...)``'s ``HydraModel``) called like an engine runner.
+
+    ``runner(inputs)`` takes numpy arrays (pixel values, or a dict of ``input_ids`` /
+    ``attention_mask`` / ``token_type_ids`` for text models) and returns ``{"member_logits":
+    [B, M, C]}`` in float32, computed under ``torch.inference_mode()`` on the model's device.
+    Text files need a tokenizer, which a bare PyTorch model lacks: pass token arrays instead.
+    """
+
+    def __init__(self, model: Any) -> None:
+        if not hasattr(model, "num_members") or not hasattr(model, "spec"):
+            raise HydraError(
+                f"{type(model).__name__} is not a fused Hydra model (hydra_deploy.fusion.fuse "
+                "returns one); wrap other models in a callable returning {'member_logits': ...}"
+            )
+        self.model = model.eval()
+        self.family = getattr(model, "family", None)
+        text = self.family == "bert"
+        self.input_names = ("input_ids", "attention_mask", "token_type_ids") if text else ()
+        self.preprocessing = None
+
+    def __call__(self, inputs: Any, batch_size: int | None = None) -> dict[str, np.ndarray]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        if isinstance(inputs, Mapping):
+            missing = "input_ids" not in inputs
+            if missing or not self.input_names:
+                raise HydraError(
+                    f"this {type(self.model).__name__} takes "
+                    + ("input_ids (and attention_mask)" if self.input_names else "one image array")
+                    + f", got the arrays {sorted(inputs)}"
+                )
+            args = [torch.as_tensor(np.asarray(inputs[k]), device=device)
+                    if k in inputs else None for k in self.input_names]  # fmt: skip
+        else:
+            if self.input_names:
+                raise HydraError(
+                    "a text model needs a dict of input_ids and attention_mask arrays, got one "
+                    "array; pass {'input_ids': ..., 'attention_mask': ...}"
+                )
+            args = [torch.as_tensor(np.asarray(inputs, dtype=np.float32), device=device)]
+        with torch.inference_mode():
+            logits = self.model(*args)
+        return {"member_logits": logits.float().cpu().numpy()}
+
+    def text_encoder(self) -> Any:
+        raise HydraError(
+            "a PyTorch Hydra model has no tokenizer: evaluate text as token arrays (a .npz or a "
+            "dict with input_ids and attention_mask), or evaluate the export folder"
+        )
+
+
 def evaluate(
     runner_or_path: Any,
     id_data: Any,
@@ -326,8 +387,9 @@ def evaluate(
     """Report of a Hydra ensemble on ``id_data`` (labelled) and the OOD sets ``ood`` by name.
 
     ``runner_or_path``: a runner (anything called as ``runner(inputs)`` returning a dict holding
-    ``member_logits`` [B, M, C]) or a path for :func:`~hydra_deploy.engines.load_runner` (opened
-    and closed here). ``bins``: ECE/reliability bins. ``scores``: which of ``SCALAR_SCORES`` rank
+    ``member_logits`` [B, M, C]), a fused PyTorch ``HydraModel`` (run through
+    :class:`TorchRunner`) or a path for :func:`~hydra_deploy.engines.load_runner` (opened and
+    closed here). ``bins``: ECE/reliability bins. ``scores``: which of ``SCALAR_SCORES`` rank
     examples for OOD detection (OOD positive; see :func:`ood_score`) and misclassification.
 
     With ``return_scores`` also returns the per-example arrays (``{"id": ensemble_scores + labels,
@@ -346,6 +408,8 @@ def evaluate(
             return evaluate(runner, id_data, ood, batch_size=batch_size, bins=bins, scores=names,
                             return_scores=return_scores)  # fmt: skip
     runner = runner_or_path
+    if _is_torch_module(runner):
+        runner = TorchRunner(runner)
     id_set = load_eval_data(id_data, runner, name="ID data", labelled=True)
     ood_sets = {n: load_eval_data(d, runner, name=f"OOD set {n!r}", labelled=False)
                 for n, d in ood.items()}  # fmt: skip
