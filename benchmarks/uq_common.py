@@ -452,105 +452,26 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-CLAIMS = (
-    # (claim, row, against, metric path, the paper's source)
-    (
-        "Hydra (circuit) detects OOD better than the deep ensemble",
-        "Hydra (circuit)",
-        "deep ensemble",
-        ("ood_mean", "msp", "auroc"),
-    ),
-    (
-        "Hydra (circuit) has a lower FPR95 than the deep ensemble",
-        "Hydra (circuit)",
-        "deep ensemble",
-        ("ood_mean", "msp", "fpr95"),
-    ),
-    (
-        "Hydra (circuit) is better calibrated than the deep ensemble",
-        "Hydra (circuit)",
-        "deep ensemble",
-        ("id", "ece"),
-    ),
-    (
-        "Hydra (Taylor) detects OOD better than the deep ensemble",
-        "Hydra (Taylor)",
-        "deep ensemble",
-        ("ood_mean", "msp", "auroc"),
-    ),
-    (
-        "Hydra (Taylor) has a lower FPR95 than the deep ensemble",
-        "Hydra (Taylor)",
-        "deep ensemble",
-        ("ood_mean", "msp", "fpr95"),
-    ),
-    (
-        "Hydra (Taylor) is better calibrated than the deep ensemble",
-        "Hydra (Taylor)",
-        "deep ensemble",
-        ("id", "ece"),
-    ),
-    (
-        "Hydra (circuit, fine-tuned) detects OOD better than the deep ensemble",
-        "Hydra (circuit, fine-tuned)",
-        "deep ensemble",
-        ("ood_mean", "msp", "auroc"),
-    ),
-    (
-        "Hydra (circuit, fine-tuned) detects OOD better than the single model",
-        "Hydra (circuit, fine-tuned)",
-        "single",
-        ("ood_mean", "msp", "auroc"),
-    ),
-    (
-        "Hydra (circuit) detects OOD better than the single model",
-        "Hydra (circuit)",
-        "single",
-        ("ood_mean", "msp", "auroc"),
-    ),
-    (
-        "Hydra (circuit) has a lower FPR95 than the single model",
-        "Hydra (circuit)",
-        "single",
-        ("ood_mean", "msp", "fpr95"),
-    ),
-    (
-        "Hydra (circuit) is better calibrated than the single model",
-        "Hydra (circuit)",
-        "single",
-        ("id", "ece"),
-    ),
-    (
-        "Hydra (Taylor) detects OOD better than the single model",
-        "Hydra (Taylor)",
-        "single",
-        ("ood_mean", "msp", "auroc"),
-    ),
-    (
-        "Hydra (Taylor) has a lower FPR95 than the single model",
-        "Hydra (Taylor)",
-        "single",
-        ("ood_mean", "msp", "fpr95"),
-    ),
-    (
-        "Hydra (Taylor) is better calibrated than the single model",
-        "Hydra (Taylor)",
-        "single",
-        ("id", "ece"),
-    ),
-    (
-        "Taylor pruning hurts calibration under shift (ECE)",
-        "single",
-        "single Taylor-pruned",
-        ("shift", "ece"),
-    ),
-    (
-        "Taylor pruning hurts calibration under shift (NLL)",
-        "single",
-        "single Taylor-pruned",
-        ("shift", "nll"),
-    ),
+HYDRA_ROWS = ("Hydra (circuit)", "Hydra (Taylor)", "Hydra (circuit, fine-tuned)")
+CLAIM_METRICS = (
+    (("ood_mean", "msp", "auroc"), "detects OOD better than"),
+    (("ood_mean", "msp", "fpr95"), "has a lower FPR95 than"),
+    (("id", "ece"), "is better calibrated than"),
 )
+# (claim, row, against, metric path): Hydra against the deep ensemble and the single model on
+# AUROC, FPR95 and ECE; the Taylor-pruned single model against the unpruned one under shift.
+CLAIMS = (
+    *(
+        (f"{row} {verb} the {name}", row, against, path)
+        for against, name in (("deep ensemble", "deep ensemble"), ("single", "single model"))
+        for row in HYDRA_ROWS
+        for path, verb in CLAIM_METRICS
+    ),
+    ("Taylor pruning hurts calibration under shift (ECE)", "single", "single Taylor-pruned",
+     ("shift", "ece")),
+    ("Taylor pruning hurts calibration under shift (NLL)", "single", "single Taylor-pruned",
+     ("shift", "nll")),
+)  # fmt: skip
 
 
 def _get(tree: dict, path: tuple) -> float:
