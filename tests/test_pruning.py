@@ -178,7 +178,17 @@ def test_selection_is_seeded_and_members_differ(digits_vit, method):
     assert spec.num_members == 3 and spec.importance == method and spec.seed == 0
     assert spec.heads_per_layer().tolist() == [[2, 2, 2]] * 3
     assert spec == select_members(backbone, 3, heads_per_member=2, method=method, data=val, seed=0)
-    assert spec != select_members(backbone, 3, heads_per_member=2, method=method, data=val, seed=1)
+    # Another seed draws other members. With 2 of 4 heads per layer a draw may also make two
+    # members identical, which select_members refuses by design; so try a few seeds.
+    others = []
+    for seed in (1, 2, 3):
+        try:
+            others.append(
+                select_members(backbone, 3, heads_per_member=2, method=method, data=val, seed=seed)
+            )
+        except SpecError as error:
+            assert "identical heads" in str(error)
+    assert any(other != spec for other in others)
     overlap = np.asarray(spec.meta["overlap"])
     off_diagonal = overlap[~np.eye(3, dtype=bool)]
     assert (off_diagonal < 1).all()  # a trained model, and the members are all different
