@@ -1,0 +1,45 @@
+"""Latency benchmarks: Hydra against one model and a deep ensemble, and a regression guard.
+
+- :mod:`hydra_deploy.bench.latency`: builds the variants (``single``, ``hydra``, ``hydra_trunk``,
+  ``deep_ensemble_seq``, ``deep_ensemble_batched``), times them on every backend present (PyTorch
+  eager, ONNX Runtime CPU, PyTorch CUDA BF16/FP16 with CUDA graphs, TensorRT) and reports medians,
+  spreads, ratios to the single model and the analytic FLOPs beside them (needs torch).
+- :mod:`hydra_deploy.bench.check`: baselines of those ratios and the comparison that fails on a
+  regression (JSON only; no torch).
+
+``hydra-bench`` (:mod:`hydra_deploy.cli.bench`) is the command over both. Names resolve lazily so
+that ``import hydra_deploy.bench`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hydra_deploy.errors import HydraError
+
+
+class BenchError(HydraError, ValueError):
+    """A benchmark setting is invalid, a backend is missing, or a baseline does not fit the run."""
+
+
+_LAZY = {
+    "BenchConfig": "hydra_deploy.bench.latency",
+    "BACKENDS": "hydra_deploy.bench.latency",
+    "VARIANTS": "hydra_deploy.bench.latency",
+    "available_backends": "hydra_deploy.bench.latency",
+    "build_variants": "hydra_deploy.bench.latency",
+    "run_benchmark": "hydra_deploy.bench.latency",
+    "make_baseline": "hydra_deploy.bench.check",
+    "load_baseline": "hydra_deploy.bench.check",
+    "compare": "hydra_deploy.bench.check",
+    "claims": "hydra_deploy.bench.check",
+}
+
+__all__ = sorted([*_LAZY, "BenchError"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hydra_deploy.bench' has no attribute {name!r}")

@@ -1,0 +1,313 @@
+"""Regression guard for latency: baselines of ratios, and the comparison against one.
+
+A baseline holds, per backend, batch and variant, the latency ratio to the single model measured
+on one kind of machine (never absolute times: they do not carry across machines or runs). A run
+checked against it fails when a ratio is more than ``tolerance`` (relative) above the baseline's.
+
+Baseline file (``hydra-bench --write-baseline PATH``)::
+
+    {"format": "hydra-bench-baseline/1", "created": "...", "backbone": "vit_s16", "members": 3,
+     "heads_per_member": 2, "trunk_layers": 6, "img_size": null, "seq_len": null, "classes": null,
+     "batches": [1, 2], "backends": ["torch", "ort"], "threads": 2,
+     "tolerance": 0.5, "tolerance_note": "...", "command": "hydra-bench ...",
+     "machine": {...}, "ratios": {"ort": {"1": {"hydra": 2.41, ...}, ...}, ...}}
+
+This module needs no torch: it reads and compares JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hydra_deploy.atomic import atomic_write_json
+from hydra_deploy.bench import BenchError
+
+BASELINE_FORMAT = "hydra-bench-baseline/1"
+DEFAULT_TOLERANCE = 0.15
+#: Settings that change what a ratio means: a baseline for other values is refused.
+CONFIG_KEYS = ("backbone", "members", "heads_per_member", "trunk_layers", "img_size", "seq_len",
+               "classes")  # fmt: skip
+MACHINE_KEYS = ("cpu_model", "cpu_count", "platform", "python", "versions", "gpu")
+
+
+# --------------------------------------------------------------------------------------------------
+# baselines
+
+
+def run_settings(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The CONFIG_KEYS of a result, with the values the run resolved (trunk layers, seq_len)."""
+    config, model = result["config"], result["model"]
+    return {
+        "backbone": config["backbone"], "members": config["members"],
+        "heads_per_member": config["heads_per_member"], "trunk_layers": model["trunk_layers"],
+        "img_size": config.get("img_size"), "seq_len": model.get("seq_len"),
+        "classes": config.get("classes"),
+    }  # fmt: skip
+
+
+def ratios_of(result: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """{backend: {batch: {variant: ratio to single}}} of a result (``single`` left out)."""
+    return {
+        backend: {
+            batch: {name: row["ratio_vs_single"] for name, row in rows.items() if name != "single"}
+            for batch, rows in batches.items()
+        }
+        for backend, batches in result["results"].items()
+    }
+
+
+def make_baseline(
+    result: Mapping[str, Any],
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    tolerance_note: str | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """A baseline of ``result``'s ratios, with the run's settings, machine and a tolerance."""
+    check_tolerance(tolerance)
+    env = result["environment"]
+    return {
+        "format": BASELINE_FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **run_settings(result),
+        "batches": [int(b) for b in result["config"]["batches"]],
+        "backends": list(result["results"]),
+        "threads": result["config"]["threads"],
+        "rounds": result["config"]["rounds"],
+        "tolerance": tolerance,
+        "tolerance_note": tolerance_note
+        or f"a ratio more than {tolerance:.0%} above the baseline's is a regression",
+        "command": command,
+        "machine": {key: env.get(key) for key in MACHINE_KEYS},
+        "ratios": ratios_of(result),
+    }
+
+
+def write_baseline(path: str | os.PathLike, baseline: Mapping[str, Any]) -> None:
+    try:
+        atomic_write_json(path, baseline)
+    except OSError as err:
+        raise BenchError(f"cannot write the baseline {str(path)!r}: {err}") from err
+
+
+def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a baseline file; BenchError when it is missing, not JSON or not a baseline."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchError(
+            f"baseline {str(path)!r} does not exist; write one with hydra-bench ... "
+            "--write-baseline PATH (or see benchmarks/baselines/)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise BenchError(
+            f"baseline {str(path)!r} is not a JSON file ({err}); rewrite it with hydra-bench ... "
+            "--write-baseline PATH"
+        ) from err
+    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise BenchError(
+            f"{str(path)!r} is not a hydra-bench baseline (format {found!r}, expected "
+            f"{BASELINE_FORMAT!r}); write one with hydra-bench ... --write-baseline PATH"
+        )
+    missing = [
+        key for key in ("backbone", "members", "heads_per_member", "ratios") if key not in data
+    ]
+    if missing or not isinstance(data["ratios"], dict):
+        raise BenchError(
+            f"baseline {str(path)!r} lacks {', '.join(missing) or 'a ratios table'}; rewrite it "
+            "with hydra-bench ... --write-baseline PATH"
+        )
+    return data
+
+
+def check_tolerance(tolerance: float) -> float:
+    if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 10:
+        raise BenchError(f"the tolerance must be a fraction > 0 (0.15 = 15%), got {tolerance!r}")
+    return float(tolerance)
+
+
+def refuse_mismatch(baseline: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
+    """BenchError when the baseline was measured with other settings than ``settings``.
+
+    A setting that is None in ``settings`` (not known before the run) is not compared.
+    """
+    wrong = [
+        f"{key} {settings[key]!r} (baseline: {baseline.get(key)!r})"
+        for key in CONFIG_KEYS
+        if settings.get(key) is not None and key in baseline and baseline[key] != settings[key]
+    ]
+    if wrong:
+        flags = " ".join(
+            f"--{key.replace('_', '-')} {baseline[key]}"
+            for key in CONFIG_KEYS
+            if baseline.get(key) is not None
+        )
+        raise BenchError(
+            f"the baseline was measured with other settings: {'; '.join(wrong)}; run with the "
+            f"baseline's settings ({flags}) or write a new baseline with --write-baseline"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# comparison
+
+
+@dataclass(frozen=True)
+class Finding:
+    backend: str
+    batch: str
+    variant: str
+    ratio: float
+    baseline: float
+
+    @property
+    def change(self) -> float:
+        """Relative change of the ratio against the baseline (+0.2: 20% slower relative to single)."""
+        return self.ratio / self.baseline - 1.0
+
+    def line(self, kind: str, tolerance: float) -> str:
+        return (f"{kind}: {self.backend} batch {self.batch} {self.variant}: ratio {self.ratio:.3f} "
+                f"vs baseline {self.baseline:.3f} ({self.change:+.1%}, tolerance {tolerance:.0%})")  # fmt: skip
+
+
+@dataclass
+class CheckReport:
+    """Every baseline entry sorted into regressions, improvements, within tolerance and not
+    checked (not measured in this run); entries measured now but absent from the baseline too."""
+
+    tolerance: float
+    regressions: list[Finding] = field(default_factory=list)
+    improvements: list[Finding] = field(default_factory=list)
+    within: list[Finding] = field(default_factory=list)
+    not_checked: list[str] = field(default_factory=list)
+    not_in_baseline: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+    def lines(self) -> list[str]:
+        out = [f.line("REGRESSION", self.tolerance) for f in self.regressions]
+        out += [f.line("improvement", self.tolerance) for f in self.improvements]
+        out += [
+            f"not checked: {entry} (in the baseline, not measured now)"
+            for entry in self.not_checked
+        ]
+        out += [f"not in baseline: {entry}" for entry in self.not_in_baseline]
+        out += [f"note: {note}" for note in self.notes]
+        verdict = "FAILED" if self.regressions else "passed"
+        out.append(
+            f"check {verdict}: {len(self.regressions)} regression(s), {len(self.improvements)} "
+            f"improvement(s), {len(self.within)} within {self.tolerance:.0%}, "
+            f"{len(self.not_checked)} not checked"
+        )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        def rows(items: Sequence[Finding]) -> list[dict[str, Any]]:
+            return [{"backend": f.backend, "batch": f.batch, "variant": f.variant, "ratio": f.ratio,
+                     "baseline": f.baseline, "change": f.change} for f in items]  # fmt: skip
+
+        return {"passed": self.passed, "tolerance": self.tolerance,
+                "regressions": rows(self.regressions), "improvements": rows(self.improvements),
+                "within": rows(self.within), "not_checked": self.not_checked,
+                "not_in_baseline": self.not_in_baseline, "notes": self.notes}  # fmt: skip
+
+
+def compare(
+    result: Mapping[str, Any], baseline: Mapping[str, Any], tolerance: float | None = None
+) -> CheckReport:
+    """Compare a run's ratios with a baseline's (``tolerance`` None: the baseline's, else 0.15).
+
+    A ratio above ``baseline * (1 + tolerance)`` is a regression; below
+    ``baseline * (1 - tolerance)`` an improvement (refresh the baseline to keep it). Raises
+    BenchError when the baseline was measured with other settings.
+    """
+    refuse_mismatch(baseline, run_settings(result))
+    tolerance = check_tolerance(
+        tolerance if tolerance is not None else baseline.get("tolerance", DEFAULT_TOLERANCE)
+    )
+    report = CheckReport(tolerance)
+    now = ratios_of(result)
+    for backend, batches in baseline["ratios"].items():
+        for batch, variants in batches.items():
+            for variant, expected in variants.items():
+                measured = now.get(backend, {}).get(str(batch), {}).get(variant)
+                if measured is None:
+                    report.not_checked.append(f"{backend} batch {batch} {variant}")
+                    continue
+                finding = Finding(backend, str(batch), variant, measured, float(expected))
+                if measured > expected * (1 + tolerance):
+                    report.regressions.append(finding)
+                elif measured < expected * (1 - tolerance):
+                    report.improvements.append(finding)
+                else:
+                    report.within.append(finding)
+    for backend, batches in now.items():
+        for batch, variants in batches.items():
+            for variant in variants:
+                if variant not in baseline["ratios"].get(backend, {}).get(batch, {}):
+                    report.not_in_baseline.append(f"{backend} batch {batch} {variant}")
+    threads = baseline.get("threads")
+    if threads is not None and threads != result["config"]["threads"]:
+        report.notes.append(f"the baseline ran with {threads} threads, this run with "
+                            f"{result['config']['threads']}; ratios can shift with threads")  # fmt: skip
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# the issue's claims
+
+
+def claims(
+    result: Mapping[str, Any], *, max_gap: float = 1.10, gap_batch: int = 8
+) -> list[dict[str, Any]]:
+    """The latency claims, per backend and batch, from one result's ratios:
+
+    - ``hydra gap <= max_gap`` (at ``gap_batch`` only): Hydra's latency ratio is at most
+      ``max_gap`` x its FLOPs ratio;
+    - ``hydra < deep ensemble``: Hydra's ratio is below the faster deep ensemble's
+      (sequential or batched, whichever was measured and is faster);
+    - ``hydra_trunk < hydra``: the shared trunk is faster than plain Hydra.
+    """
+    out: list[dict[str, Any]] = []
+    for backend, batches in result["results"].items():
+        for batch, rows in batches.items():
+            out += _batch_claims(backend, batch, rows, max_gap, gap_batch)
+    return out
+
+
+def _batch_claims(
+    backend: str, batch: str, rows: Mapping[str, Any], max_gap: float, gap_batch: int
+) -> list[dict[str, Any]]:
+    def claim(text: str, passed: bool, detail: str) -> dict[str, Any]:
+        return {"backend": backend, "batch": int(batch), "claim": text, "passed": bool(passed),
+                "detail": detail}  # fmt: skip
+
+    out: list[dict[str, Any]] = []
+    hydra = rows.get("hydra")
+    if hydra is None:
+        return out
+    if int(batch) == gap_batch:
+        out.append(claim(f"hydra gap <= {max_gap:g}", hydra["gap"] <= max_gap,
+                         f"ratio {hydra['ratio_vs_single']:.3f} / FLOPs ratio "
+                         f"{hydra['flops_ratio']:.3f} = {hydra['gap']:.3f}"))  # fmt: skip
+    ensembles = {n: rows[n] for n in ("deep_ensemble_seq", "deep_ensemble_batched") if n in rows}
+    if ensembles:
+        name, best = min(ensembles.items(), key=lambda kv: kv[1]["ratio_vs_single"])
+        out.append(claim("hydra < deep ensemble", hydra["ratio_vs_single"] < best["ratio_vs_single"],
+                         f"{hydra['ratio_vs_single']:.3f} vs {name} {best['ratio_vs_single']:.3f}"))  # fmt: skip
+    trunk = rows.get("hydra_trunk")
+    if trunk is not None:
+        out.append(claim("hydra_trunk < hydra", trunk["ratio_vs_single"] < hydra["ratio_vs_single"],
+                         f"{trunk['ratio_vs_single']:.3f} vs {hydra['ratio_vs_single']:.3f}"))  # fmt: skip
+    return out
