@@ -291,3 +291,11 @@ def test_vit_s16_fused_equals_members(vit_s16):
     members = perturbed_members(backbone, 3, seed=0, scale=0.01)
     assert_members_match(fuse(members, spec, "grouped"), members, spec,
                          backbone.example_inputs(1), atol=1e-4)  # fmt: skip
+
+
+def test_cli_lowerings_mirror_the_fusion_module():
+    from hydra_deploy.cli import build
+    from hydra_deploy.fusion import DEFAULT_LOWERING
+
+    assert build.LOWERINGS == LOWERINGS and build.DEFAULT_LOWERING == DEFAULT_LOWERING == "loop"
+    assert fuse.__kwdefaults__["lowering"] == DEFAULT_LOWERING

@@ -58,7 +58,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.bench import BenchError
-from hydra_deploy.fusion import HydraModel, fuse
+from hydra_deploy.fusion import DEFAULT_LOWERING, LOWERINGS, HydraModel, fuse
 from hydra_deploy.specs import HydraSpec
 
 log = logging.getLogger("hydra_deploy.bench")
@@ -87,6 +87,8 @@ class BenchConfig:
     ``classes`` None: the backbone's default (timm: 1000; ``minilm``: 2). ``img_size``: a timm
     ViT's input resolution (smaller inputs make quick checks). ``seq_len``: text models' tokens.
     ``cuda_replays``: CUDA-graph replays per timed run (their mean is the time).
+    ``lowering``: how the fused variants' grouped projections run and export
+    (:mod:`hydra_deploy.fusion.grouped`; default ``loop``, the fastest on the CPU).
     ``ort_spinning``: let ONNX Runtime's idle intra-op threads spin (ORT's default); off by
     default, because the sessions of the other variants (and the M sessions of the sequential
     ensemble) would otherwise spin against the one being timed.
@@ -109,6 +111,7 @@ class BenchConfig:
     cuda_replays: int = 10
     ort_spinning: bool = False
     seed: int = 0
+    lowering: str = DEFAULT_LOWERING
 
     def __post_init__(self) -> None:
         for name in ("members", "heads_per_member", "rounds", "seq_len", "cuda_replays"):
@@ -135,6 +138,10 @@ class BenchConfig:
         if self.exporter not in EXPORTERS:
             raise BenchError(
                 f"unknown exporter {self.exporter!r}; choose from {', '.join(EXPORTERS)}"
+            )
+        if self.lowering not in LOWERINGS:
+            raise BenchError(
+                f"unknown lowering {self.lowering!r}; choose from {', '.join(LOWERINGS)}"
             )
         if not isinstance(self.backbone, str) or not self.backbone:
             raise BenchError("name a backbone: vit_s16, vit_b16, minilm, a timm ViT or hf:<folder>")
@@ -478,12 +485,12 @@ def build_variants(
         info["seq_len"] = adapter.seq_len
     if "hydra" in wanted:
         spec = random_spec(adapter, config, shared_layers=0)
-        hydra = fuse(adapter, spec, shared_trunk=False)
+        hydra = fuse(adapter, spec, shared_trunk=False, lowering=config.lowering)
         variants.append(_fused("hydra", hydra, single_macs))
         info.update(hydra_spec=spec.to_dict(), hydra_merge=hydra.merge)
     if "hydra_trunk" in wanted:
         spec = random_spec(adapter, config, shared_layers=trunk_layers)
-        trunk = fuse(adapter, spec, shared_trunk=True)
+        trunk = fuse(adapter, spec, shared_trunk=True, lowering=config.lowering)
         if trunk.trunk_layers < trunk_layers:
             raise BenchError(
                 f"hydra_trunk computes {trunk.trunk_layers} shared layer(s) once, expected "
@@ -518,7 +525,8 @@ def ensemble_variants(
                               adapter.head_dim, members=M)  # fmt: skip
         # no shared trunk: members loaded from one pretrained folder (the MiniLM) share their
         # encoder weights, and fuse would compute those layers once -- not a deep ensemble
-        batched = fuse(members, spec, mlp_merge="grouped", shared_trunk=False)
+        batched = fuse(members, spec, mlp_merge="grouped", shared_trunk=False,
+                       lowering=config.lowering)  # fmt: skip
         out.append(_fused("deep_ensemble_batched", batched, single_macs))
     return out
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hydra_deploy.cli import common
+from hydra_deploy.cli.build import DEFAULT_LOWERING, LOWERINGS
 
 log = logging.getLogger("hydra_deploy.bench")
 
@@ -79,6 +80,9 @@ def build_parser(prog: str = "hydra-bench", **defaults: Any) -> argparse.Argumen
                         help="CUDA-graph replays per timed run (default 10)")  # fmt: skip
     timing.add_argument("--ort-spinning", action="store_true",
                         help="let ONNX Runtime's idle threads spin (its default; off here)")  # fmt: skip
+    timing.add_argument("--lowering", default=DEFAULT_LOWERING, choices=LOWERINGS,
+                        help="how the fused variants' grouped projections run and export "
+                             f"(default {DEFAULT_LOWERING}; bmm: one batched MatMul)")  # fmt: skip
     timing.add_argument("--seed", type=int, default=0, help="seed of weights, specs and inputs")
 
     output = p.add_argument_group("output and regression check")
@@ -110,7 +114,7 @@ def config_from_args(args: argparse.Namespace):
         trunk_layers=args.trunk_layers, rounds=args.rounds, warmup=args.warmup,
         threads=args.threads, seq_len=args.seq_len, classes=args.classes, img_size=args.img_size,
         exporter=args.exporter, cuda_replays=args.cuda_replays, ort_spinning=args.ort_spinning,
-        seed=args.seed,
+        seed=args.seed, lowering=args.lowering,
     )  # fmt: skip
 
 
@@ -134,6 +138,8 @@ def command_for(config, threads: int, backends: list[str], prog: str = "hydra-be
         argv += ["--exporter", config.exporter]
     if config.ort_spinning:
         argv.append("--ort-spinning")
+    if config.lowering != DEFAULT_LOWERING:
+        argv += ["--lowering", config.lowering]
     return f"{prog} {shlex.join(str(a) for a in argv)}"
 
 

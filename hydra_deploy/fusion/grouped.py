@@ -4,8 +4,12 @@
 one: ``y[g] = x[g] @ weight[g] + bias[g]`` with ``x`` [G, ..., in], ``weight`` [G, in, out]. It has
 several lowerings (how the math becomes kernels / ONNX nodes), all proven equal in the tests:
 
-- ``bmm`` (default): one batched matrix product over the [G, in, out] weight (ONNX: one MatMul);
-- ``loop``: G separate products, concatenated (the plain reference);
+- ``loop`` (default): G separate products on 2-D weights, stacked (ONNX: G MatMuls on 2-D
+  initializers, then a Concat). Measured fastest on the CPU: ONNX Runtime prepacks a 2-D constant
+  weight, and ViT-B/16's per-member Q/K/V and output projections ran 38% / 52% slower per FLOP as
+  one 3-D batched MatMul (``benchmarks/profile_ort.py``);
+- ``bmm``: one batched matrix product over the [G, in, out] weight (ONNX: one MatMul; one kernel
+  for all groups, which may suit a GPU at small batch better: unmeasured here);
 - ``dense``: one product with the block-diagonal [G*in, G*out] matrix (G x the multiply-adds);
 - ``conv1d``: a grouped 1x1 convolution (``groups=G``);
 - ``einsum``: ``torch.einsum`` (exports as an ONNX ``Einsum``; kept for comparison).
@@ -22,13 +26,14 @@ from torch import nn
 from hydra_deploy.errors import FusionError
 
 LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
+DEFAULT_LOWERING = "loop"
 
 
 def grouped_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    lowering: str = "bmm",
+    lowering: str = DEFAULT_LOWERING,
 ) -> torch.Tensor:
     """``x`` [G, *, in], ``weight`` [G, in, out], ``bias`` [G, out] -> [G, *, out]."""
     groups, in_features, out_features = weight.shape
@@ -46,12 +51,12 @@ def grouped_linear(
         else:
             out = torch.baddbmm(bias.unsqueeze(1), flat, weight)
     elif lowering == "loop":
+        # x @ W (+ b), not F.linear: exports as MatMul (+ Add) on a 2-D constant weight, which
+        # ONNX Runtime prepacks and runs in FP16 too (its CPU Gemm has no FP16 kernel)
         out = torch.stack(
-            [
-                F.linear(flat[g], weight[g].t(), None if bias is None else bias[g])
-                for g in range(groups)
-            ]
-        )
+            [flat[g] @ weight[g] if bias is None else flat[g] @ weight[g] + bias[g]
+             for g in range(groups)]
+        )  # fmt: skip
     elif lowering == "dense":
         block = torch.block_diag(*weight.unbind(0))  # [G*in, G*out]
         out = flat.transpose(0, 1).reshape(rows, groups * in_features) @ block  # [R, G*out]
@@ -83,7 +88,7 @@ class GroupedLinear(nn.Module):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        lowering: str = "bmm",
+        lowering: str = DEFAULT_LOWERING,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
         _init: bool = True,
@@ -108,7 +113,10 @@ class GroupedLinear(nn.Module):
 
     @classmethod
     def from_weights(
-        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, lowering: str = "bmm"
+        cls,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        lowering: str = DEFAULT_LOWERING,
     ) -> GroupedLinear:
         """Wrap existing weights: ``weight`` [G, in, out], ``bias`` [G, out] or None."""
         groups, in_features, out_features = weight.shape

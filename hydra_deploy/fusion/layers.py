@@ -16,7 +16,7 @@ from torch import nn
 
 from hydra_deploy.backbones.base import AttentionWeights
 from hydra_deploy.errors import FusionError
-from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.grouped import DEFAULT_LOWERING, GroupedLinear
 
 
 def token_mean(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -190,7 +190,7 @@ class FusedAttention(nn.Module):
         self,
         weights: Sequence[AttentionWeights],
         kept_heads: Sequence[Sequence[int]],
-        lowering: str = "bmm",
+        lowering: str = DEFAULT_LOWERING,
     ) -> None:
         super().__init__()
         if len(weights) != len(kept_heads):

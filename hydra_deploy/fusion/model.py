@@ -10,6 +10,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import FusionError, SpecError
+from hydra_deploy.fusion.grouped import DEFAULT_LOWERING
 from hydra_deploy.specs import HydraSpec
 
 
@@ -80,7 +81,7 @@ def fuse(
     spec: HydraSpec,
     mlp_merge: str | None = None,
     *,
-    lowering: str = "bmm",
+    lowering: str = DEFAULT_LOWERING,
     shared_trunk: bool = True,
 ) -> HydraModel:
     """Fuse M members into one network whose forward returns member logits [B, M, C].

@@ -10,7 +10,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.errors import FusionError
-from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.grouped import DEFAULT_LOWERING, GroupedLinear
 from hydra_deploy.fusion.layers import (
     LayerStack,
     all_equal,
@@ -112,7 +112,7 @@ class HydraViT(HydraModel):
         self,
         members: Sequence[BackboneAdapter],
         spec: HydraSpec,
-        lowering: str = "bmm",
+        lowering: str = DEFAULT_LOWERING,
         shared_trunk: bool = True,
     ) -> None:
         super().__init__()
