@@ -12,24 +12,11 @@ import os
 import platform
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from hydra_deploy.bench.latency import cpu_model, load_average
 
-def cpu_model() -> str | None:
-    with contextlib.suppress(OSError):
-        for text_line in Path("/proc/cpuinfo").read_text().splitlines():
-            if text_line.startswith("model name"):
-                return text_line.split(":", 1)[1].strip()
-    return platform.processor() or None
-
-
-def load_average() -> list[float] | None:
-    """1, 5 and 15 minute load averages (None where the platform has none)."""
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+__all__ = ["cpu_model", "load_average", "machine", "note", "progress_bar"]
 
 
 def machine() -> dict[str, Any]:

@@ -537,13 +537,19 @@ def ensemble_variants(
 
 class Timer:
     """One variant on one batch, ready to run: ``timer()`` runs it once and returns seconds;
-    ``output()`` returns its logits as float32 numpy ([B, C] single, [B, M, C] otherwise)."""
+    ``output()`` returns its logits as float32 numpy ([B, C] single, [B, M, C] otherwise).
+    By default both call ``run()`` (host-side runtimes); device timers override them."""
+
+    def run(self) -> np.ndarray:
+        raise NotImplementedError
 
     def __call__(self) -> float:
-        raise NotImplementedError
+        start = time.perf_counter()
+        self.run()
+        return time.perf_counter() - start
 
     def output(self) -> np.ndarray:
-        raise NotImplementedError
+        return self.run().astype(np.float32)
 
 
 def rotated(names: Sequence[str], shift: int) -> list[str]:
@@ -770,14 +776,6 @@ class OrtTimer(Timer):
         outputs = [s.run(None, f)[0] for s, f in zip(self.sessions, self.feeds, strict=True)]
         return np.stack(outputs, axis=1) if self.sequential else outputs[0]
 
-    def __call__(self) -> float:
-        start = time.perf_counter()
-        self.run()
-        return time.perf_counter() - start
-
-    def output(self) -> np.ndarray:
-        return self.run().astype(np.float32)
-
 
 class OrtBackend(ExportingBackend):
     """ONNX Runtime, CPU execution provider, intra-op threads set explicitly."""
@@ -952,14 +950,6 @@ class TensorRTTimer(Timer):
             named = runner(self.inputs)
             outputs.append(named.get("member_logits", named.get("logits")))
         return np.stack(outputs, axis=1) if self.sequential else outputs[0]
-
-    def __call__(self) -> float:
-        start = time.perf_counter()
-        self.run()
-        return time.perf_counter() - start
-
-    def output(self) -> np.ndarray:
-        return self.run().astype(np.float32)
 
 
 class TensorRTBackend(ExportingBackend):
