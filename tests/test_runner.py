@@ -89,6 +89,50 @@ def test_hydra_json_of_another_file_is_ignored(export_dir, tmp_path, caplog):
     assert "describes another ONNX file" in caplog.text
 
 
+def _copy_export(export_dir, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(export_dir, folder)
+    return folder, json.loads((folder / "hydra.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda info: info["spec"]["members"].pop(), "hydra.json says 2 members"),
+        (lambda info: info.update(class_names=["a", "b"]), "hydra.json says 2 classes"),
+        (lambda info: info.update(spec=[1, 2]), "the spec in hydra.json is malformed"),
+        (lambda info: info.update(class_names="cat"), "class_names in hydra.json is not a list"),
+    ],
+    ids=["member-count", "class-count", "malformed-spec", "class-names-not-a-list"],
+)
+def test_metadata_that_disagrees_with_the_graph_is_refused(export_dir, tmp_path, edit, message):
+    folder, info = _copy_export(export_dir, tmp_path)
+    edit(info)
+    (folder / "hydra.json").write_text(json.dumps(info))
+    with pytest.raises(RunnerError, match=message) as caught:
+        load_runner(folder)
+    assert "member_logits" in str(caught.value) or "re-export" in str(caught.value)
+
+
+def test_onnx_metadata_that_disagrees_with_the_graph_is_refused(export_dir, tmp_path):
+    model = onnx.load(str(export_dir / "model.onnx"))
+    prop = next(p for p in model.metadata_props if p.key == "hydra_spec")
+    spec = json.loads(prop.value)
+    spec["members"] = spec["members"][:2]
+    prop.value = json.dumps(spec)
+    onnx.save(
+        model, str(tmp_path / "model.onnx")
+    )  # no hydra.json beside it: the file's own metadata
+    with pytest.raises(
+        RunnerError, match="the file's hydra_spec metadata says 2 members, but the graph"
+    ):
+        load_runner(tmp_path / "model.onnx")
+    prop.value = "{not json"
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    with pytest.raises(RunnerError, match="hydra_spec metadata is not JSON"):
+        load_runner(tmp_path / "model.onnx")
+
+
 def test_big_batches_are_split_and_equal_one_pass(runner, export_dir):
     x = inputs(11, seed=2)
     split = runner(x)  # max batch 4: chunks of 4, 4, 3

@@ -138,6 +138,62 @@ class Runner:
         self.engine_info = engine_info
         #: the folder holding ``hydra.json`` (and, for text models, ``tokenizer/``), if known
         self.export_dir: Path | None = None
+        self.check_metadata(self._embedded_metadata())
+
+    def _embedded_metadata(self) -> dict[str, str]:
+        """The model file's own key/value metadata (ONNX ``metadata_props``); none by default."""
+        return {}
+
+    def check_metadata(self, embedded: dict[str, str] | None = None) -> None:
+        """RunnerError when what the metadata says disagrees with the graph: the member count
+        and class count of ``member_logits`` [batch, M, C] against the HydraSpec and class names
+        of hydra.json / the engine sidecar / the model file's own metadata (``embedded``: the
+        ONNX ``metadata_props``). A dynamic dimension or an absent key is not compared."""
+        logits = next((t for t in self.outputs if t.name == "member_logits"), None)
+        if logits is None or logits.rank != 3:
+            return
+        members, classes = logits.shape[1], logits.shape[2]
+        sources: list[tuple[str, dict[str, Any]]] = [
+            (name, data) for name, data in (("hydra.json", self.info),
+                                            ("the engine's JSON sidecar", self.engine_info))
+            if isinstance(data, dict)
+        ]  # fmt: skip
+        if embedded and embedded.get("hydra_spec"):
+            try:
+                sources.append(("the file's hydra_spec metadata",
+                                {"spec": json.loads(embedded["hydra_spec"])}))  # fmt: skip
+            except ValueError as err:
+                raise RunnerError(
+                    f"{self.path}: its hydra_spec metadata is not JSON ({err}); re-export the model "
+                    "with hydra-export"
+                ) from err
+        for source, data in sources:
+            spec, names = data.get("spec"), data.get("class_names")
+            declared_members = None
+            if spec is not None:
+                if not isinstance(spec, dict) or not isinstance(spec.get("members"), list):
+                    raise RunnerError(
+                        f"{self.path}: the spec in {source} is malformed (no 'members' list); "
+                        "restore it or re-export the model with hydra-export"
+                    )
+                declared_members = len(spec["members"])
+            declared_classes = None
+            if names is not None:
+                if not isinstance(names, list):
+                    raise RunnerError(
+                        f"{self.path}: class_names in {source} is not a list; restore it or "
+                        "re-export the model with hydra-export"
+                    )
+                declared_classes = len(names)
+            for what, declared, actual in (("members", declared_members, members),
+                                           ("classes", declared_classes, classes)):  # fmt: skip
+                if declared is not None and _is_fixed(actual) and declared != actual:
+                    raise RunnerError(
+                        f"{self.path}: {source} says {declared} {what}, but the graph's "
+                        f"member_logits is {logits.describe()}; the metadata belongs to another "
+                        "model or the file was edited: re-export with hydra-export (or remove the "
+                        "stale hydra.json)"
+                    )
 
     # --- what the model is -------------------------------------------------------------------
     @property
@@ -445,6 +501,9 @@ class OrtRunner(Runner):
         wanted = [p if isinstance(p, str) else p[0] for p in asked]
         if wanted[0] not in self.providers:
             logger.warning("ONNX Runtime fell back from %s to %s", wanted[0], self.providers[0])
+
+    def _embedded_metadata(self) -> dict[str, str]:
+        return dict(self.session.get_modelmeta().custom_metadata_map)
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
