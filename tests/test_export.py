@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -420,3 +421,40 @@ def test_exports_are_reproducible_across_processes(exporter, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         digests.append([line for line in done.stdout.splitlines() if line.count(" ") == 1])
     assert len(digests[0]) == 3 and digests[0] == digests[1]
+
+
+INTERRUPT_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from conftest import tiny_vit
+import hydra_deploy.export.exporter as exporter
+from hydra_deploy.fusion import fuse
+from hydra_deploy.specs import HydraSpec
+def slow_validation(*args, **kwargs):  # the model file is written: wait here to be interrupted
+    print("validating", flush=True)
+    time.sleep(60)
+exporter.validate_onnx = slow_validation
+backbone = tiny_vit("token")
+spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=0)
+exporter.export_onnx(fuse(backbone, spec), sys.argv[1], exporter="torchscript")
+"""
+
+
+def test_an_interrupted_export_leaves_nothing_behind(tmp_path):
+    """SIGINT while validating (model.onnx already written in the staging folder): no export
+    folder appears under the output name and the staging folder is removed."""
+    out = tmp_path / "export"
+    script = INTERRUPT_SCRIPT.format(tests=str(Path(__file__).parent))
+    proc = subprocess.Popen([sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # blocks until validation starts
+        assert line.strip() == "validating", proc.stderr.read()[-2000:]
+        staged = list(tmp_path.glob(".export.*.tmp"))
+        assert len(staged) == 1 and (staged[0] / "model.onnx").is_file()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
