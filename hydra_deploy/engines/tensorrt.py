@@ -24,7 +24,6 @@ import importlib
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,25 +312,9 @@ def _cuda_runtime_version() -> str | None:
     return f"{value.value // 1000}.{value.value % 1000 // 10}"
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, rename: never a half-written engine."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     """Build the engine a :class:`BuildPlan` describes; returns the sidecar's contents."""
-    from hydra_deploy.atomic import atomic_write_json
+    from hydra_deploy.atomic import atomic_write_bytes, atomic_write_json
 
     trt, poly = _import_polygraphy_trt()
     if plan.engine_path.exists() and not overwrite:
@@ -379,7 +362,7 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     if not engine_bytes:
         raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
-    _atomic_write_bytes(plan.engine_path, bytes(engine_bytes))
+    atomic_write_bytes(plan.engine_path, bytes(engine_bytes))  # never a half-written engine
     sidecar = plan.sidecar(
         built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(seconds, 2),

@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -366,18 +365,11 @@ def _save_weights(module: nn.Module, path: Path) -> None:
     """``safetensors.torch.save_file`` to a temporary name in the folder, fsync, ``os.replace``."""
     from safetensors.torch import save_file
 
+    from hydra_deploy.atomic import atomic_path
+
     state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"format": FORMAT})
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={"format": FORMAT})
 
 
 def _delete_hint(path: Path) -> str:
