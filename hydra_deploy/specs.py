@@ -53,6 +53,7 @@ _REQUIRED_KEYS = ("format", "backbone", "num_layers", "num_heads", "head_dim", "
 _OPTIONAL_KEYS = ("mlp_merge", "importance", "seed", "meta")
 _ALL_KEYS = _REQUIRED_KEYS + _OPTIONAL_KEYS
 _MAX_RESAMPLES = 1000
+_MAX_META_DEPTH = 100  # nesting levels of meta (deeper would exhaust the stack)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,8 +110,10 @@ def _and_list(items: Sequence[object], limit: int = 6) -> str:
     return ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def _check_json_value(value: object, where: str) -> Any:
+def _check_json_value(value: object, where: str, depth: int = 0) -> Any:
     """Return a deep copy of a JSON-able value (tuples become lists); SpecError otherwise."""
+    if depth > _MAX_META_DEPTH:
+        _fail("", f"meta is nested more than {_MAX_META_DEPTH} levels deep; keep it shallow")
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
@@ -120,13 +123,13 @@ def _check_json_value(value: object, where: str) -> Any:
             _fail("", f"{where} is {value!r}, which JSON cannot store; use a finite number or None")
         return value
     if isinstance(value, (list, tuple)):
-        return [_check_json_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_check_json_value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
                 _fail("", f"{where} has key {_describe(k)}; JSON object keys must be str")
-            out[k] = _check_json_value(v, f"{where}[{k!r}]")
+            out[k] = _check_json_value(v, f"{where}[{k!r}]", depth + 1)
         return out
     _fail("", f"{where} is {_describe(value)}, which JSON cannot store; use plain JSON values")
 
@@ -476,6 +479,11 @@ class HydraSpec:
                 raise SpecError(f"spec file '{path}' is not UTF-8 text: {e}") from None
             except OSError as e:
                 raise SpecError(f"cannot read spec file '{path}': {e.strerror or e}") from None
+            except ValueError as e:  # a NUL byte or a lone surrogate: no file can have this name
+                raise SpecError(
+                    f"cannot read spec file {str(path)[:80]!r}: not a usable file name ({e}); pass "
+                    "a path, or JSON text starting with '{'"
+                ) from None
         else:
             raise SpecError(f"from_json expects JSON text or a path, got {_describe(source)}")
         origin = f"spec file '{path}'" if path is not None else "spec JSON"
@@ -484,6 +492,13 @@ class HydraSpec:
         except json.JSONDecodeError as e:
             raise SpecError(
                 f"invalid JSON in {origin} at line {e.lineno}, column {e.colno}: {e.msg}"
+            ) from None
+        except ValueError as e:  # an integer with more digits than Python converts
+            raise SpecError(f"cannot parse {origin}: {e}") from None
+        except RecursionError:
+            raise SpecError(
+                f"{origin} is nested too deeply to parse; a spec is an object holding lists of "
+                "head indices"
             ) from None
         if path is None:
             return cls.from_dict(data)

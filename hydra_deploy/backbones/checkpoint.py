@@ -56,6 +56,13 @@ def read_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     from timm.models import load_state_dict
 
     path = weights_file(checkpoint)
+    try:  # safetensors reports an unreadable file as "No such file or directory"
+        path.open("rb").close()
+    except OSError as err:
+        raise CheckpointError(
+            f"cannot read checkpoint {str(path)!r}: {err.strerror or err}; check the file's "
+            "permissions"
+        ) from err
     try:
         state_dict = load_state_dict(str(path), use_ema=True, device="cpu", weights_only=True)
     except Exception as err:  # corrupt file, pickle refused by weights_only, truncated safetensors
@@ -94,11 +101,12 @@ def load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], sourc
             parts.append(f"{len(missing)} missing keys (e.g. {', '.join(missing[:4])})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:4])})")
-        hint = "check that the backbone name matches the checkpoint's architecture"
-        if any(k.startswith("head.") for k in wrong_shape) or any(
-            s.startswith("head.") for s in wrong_shape
-        ):
-            hint = "pass num_classes matching the checkpoint's classifier (or leave it None)"
+        hint = "check that the backbone name (--backbone) matches the checkpoint's architecture"
+        if not missing and not unexpected and all(s.startswith("head.") for s in wrong_shape):
+            hint = (
+                "pass num_classes (--num-classes) matching the checkpoint's classifier, or leave "
+                "it out to size the classifier from the checkpoint"
+            )
         raise CheckpointError(
             f"checkpoint {source!r} does not fit the model: {'; '.join(parts)}; {hint}"
         )

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, SpecError
 
 # hydra_deploy.fusion.grouped's, repeated so that parsing arguments needs no torch (tested equal)
 LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
@@ -142,7 +142,21 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
     from hydra_deploy.specs import HydraSpec
 
     if args.spec is not None:
-        return HydraSpec.from_json(args.spec)
+        spec = HydraSpec.from_json(args.spec)
+        wrong = [f"{k}={getattr(spec, k)} (backbone has {getattr(backbone, k)})"
+                 for k in ("num_layers", "num_heads", "head_dim")
+                 if getattr(spec, k) != getattr(backbone, k)]  # fmt: skip
+        if wrong:
+            made_for = (f"it was made for {spec.backbone!r}: pass --backbone {spec.backbone}, or "
+                        if spec.backbone != args.backbone else "")  # fmt: skip
+            raise SpecError(
+                f"--spec {args.spec} does not fit --backbone {args.backbone}: {', '.join(wrong)}; "
+                f"{made_for}write a spec for this backbone with hydra-fuse --backbone "
+                f"{args.backbone} ... --save-spec FILE"
+            )
+        return spec
+    if args.members < 1:
+        raise HydraError(f"--members must be at least 1, got {args.members}")
     importance = args.importance or ("taylor" if args.calib else "random")
     if importance != "random" and not args.calib:
         raise HydraError(

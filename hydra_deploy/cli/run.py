@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,8 +108,10 @@ def _load_array(path: Path, runner) -> np.ndarray | dict[str, np.ndarray]:
                         f"{path} holds arrays {keys}; name the input array 'x' or "
                         f"{names[0]!r} (the model's input)"
                     )
-    except (OSError, ValueError) as err:
-        raise RunnerError(f"cannot read the array file {path}: {err}") from err
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
+               "give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays")  # fmt: skip
+        raise RunnerError(f"cannot read the array file {path} ({err}); {fix}") from err
     if isinstance(data, dict):
         return data
     rank = runner.inputs[0].rank
@@ -134,7 +137,13 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
             sources.append(_Source("images", [str(p) for p in images], images=images))
         elif suffix in ARRAY_SUFFIXES:
             data = _load_array(path, runner)
-            count = len(next(iter(data.values())) if isinstance(data, dict) else data)
+            first = next(iter(data.values())) if isinstance(data, dict) else data
+            count = len(first) if first.ndim else 0
+            if count == 0:
+                raise RunnerError(
+                    f"the array file {path} holds no examples (shape {first.shape}); give 1 or "
+                    "more examples"
+                )
             labels = [f"{path}[{i}]" for i in range(count)]
             sources.append(_Source("array", labels, array=data))
         elif suffix == ".txt" and family == "bert":

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,8 @@ def _load_inputs(
             raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
         return {names[0]: inputs.astype(np.float32, copy=False)}, "array"
     path = Path(inputs)
+    if not path.exists():
+        raise HydraError(f"the inputs file {str(path)!r} does not exist; check the path")
     try:
         if path.suffix.lower() == ".npz":
             with np.load(path, allow_pickle=False) as archive:
@@ -248,8 +251,16 @@ def _load_inputs(
             if len(names) > 1:
                 raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
             array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise HydraError(f"cannot read the inputs {path}: {err}") from err
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
+               "give a complete .npy (np.save) or .npz (np.savez) of preprocessed arrays")  # fmt: skip
+        raise HydraError(f"cannot read the inputs {path} ({err}); {fix}") from err
+    if array.dtype.kind != "f":
+        raise HydraError(
+            f"the inputs {path} are {array.dtype}, not floats"
+            + (" (raw pixels?)" if array.dtype == np.uint8 else "")
+            + "; give preprocessed float inputs, as hydra-run feeds the model"
+        )
     if array.ndim == len(info["inputs"][0]["shape"]) - 1:
         array = array[None]
     return {names[0]: np.asarray(array, dtype=np.float32)}, str(path)
@@ -278,9 +289,16 @@ def compare_export(
     from hydra_deploy.export import load_export
 
     folder = Path(export_dir)
+    if not folder.exists():
+        raise HydraError(
+            f"{str(folder)!r} does not exist; give the folder hydra-export wrote (--out DIR)"
+        )
     info = _read_json(folder / "hydra.json")
     if info is None or not (folder / "model.onnx").is_file():
-        raise HydraError(f"{str(folder)!r} is not an export folder (hydra.json and model.onnx)")
+        raise HydraError(
+            f"{str(folder)!r} is not an export folder (hydra.json and model.onnx); give the "
+            "folder hydra-export wrote (--out DIR)"
+        )
     if batch < 1:
         raise HydraError(f"batch must be at least 1, got {batch}")
     precision = str(info.get("precision") or "fp32")
@@ -288,6 +306,11 @@ def compare_export(
     x, source = _load_inputs(inputs, info, hydra, batch, seed)
     if len(next(iter(x.values()))) == 0:
         raise HydraError("the inputs are an empty batch; give at least one example")
+    bad = [n for n, a in x.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
+    if bad:
+        raise HydraError(
+            f"the inputs ({source}) hold NaN or infinite values in {bad[0]!r}; fix the data"
+        )
     with torch.no_grad():
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in x.values()]
         reference = hydra(*tensors).numpy()

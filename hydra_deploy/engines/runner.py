@@ -288,6 +288,10 @@ class Runner:
     def _chunk_size(self, batch_size: int | None) -> int:
         if batch_size is None:
             return self.max_batch or np.iinfo(np.int64).max
+        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(
+            batch_size, (int, np.integer)
+        ):
+            raise RunnerError(f"batch_size must be an int, got {batch_size!r}")
         if int(batch_size) < 1:
             raise RunnerError(f"batch_size must be at least 1, got {batch_size}")
         if self.max_batch is not None and batch_size > self.max_batch:
@@ -337,7 +341,7 @@ class Runner:
                     np.asarray(given["input_ids"])
                 )  # one segment
             missing = [n for n in names if n not in given]
-            extra = sorted(set(given) - set(names))
+            extra = sorted(set(given) - set(names), key=repr)
             if missing or extra:
                 raise RunnerError(
                     "inputs do not match the model: "
@@ -373,8 +377,14 @@ class Runner:
 
 
 def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarray:
-    array = np.asarray(value)
     name = spec.name
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:  # ragged nested lists, objects numpy cannot hold
+        raise RunnerError(
+            f"input {name!r} is not an array numpy can hold ({err}); pass a numpy array of shape "
+            f"{list(spec.shape)}"
+        ) from None
     if array.ndim != spec.rank:
         hint = " (add the batch axis: x[None])" if array.ndim == spec.rank - 1 else ""
         raise RunnerError(
@@ -389,8 +399,14 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
                 f"input {name!r} must have size {want} on axis {axis} (shape {list(spec.shape)}), "
                 f"got shape {array.shape}"
             )
-    array = _cast(spec, array)
+    given, array = array, _cast(spec, array)
     if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
+        if given.dtype.kind == "f" and np.isfinite(given).all():
+            raise RunnerError(
+                f"input {name!r} holds values up to {np.abs(given).max():.3g}, beyond the range "
+                f"of {spec.dtype} (+/-{np.finfo(array.dtype).max:.3g}): they would become "
+                "infinite; scale the data as the model was trained (hydra-run preprocesses images)"
+            )
         bad = int((~np.isfinite(array)).reshape(len(array), -1).any(axis=1).sum())
         raise RunnerError(
             f"input {name!r} holds NaN or infinite values in {bad} of {len(array)} example(s); "
@@ -495,7 +511,7 @@ class OrtRunner(Runner):
         if _is_fixed(first) and first > 0:  # a fixed-batch file: run exactly that batch
             min_batch = max_batch = int(first)
         elif info and info.get("batch_profile"):
-            max_batch = int(info["batch_profile"]["max"])
+            max_batch = _profile_max(info["batch_profile"], onnx_path)
         super().__init__(onnx_path, inputs, outputs, providers=self.session.get_providers(),
                          min_batch=min_batch, max_batch=max_batch, info=info)  # fmt: skip
         wanted = [p if isinstance(p, str) else p[0] for p in asked]
@@ -514,6 +530,18 @@ class OrtRunner(Runner):
 
     def close(self) -> None:
         self.session = None
+
+
+def _profile_max(profile: Any, onnx_path: Path) -> int:
+    """The ``max`` of hydra.json's ``batch_profile`` ``{"min", "opt", "max"}``, checked."""
+    value = profile.get("max") if isinstance(profile, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RunnerError(
+            f"the hydra.json beside {onnx_path} has a malformed batch_profile {profile!r:.100} "
+            '(expected {"min": 1, "opt": 8, "max": 32}, ints); restore it or re-export the model '
+            "with hydra-export"
+        )
+    return value
 
 
 def _session_error(path: Path, err: Exception, info: dict[str, Any] | None) -> str:
@@ -641,6 +669,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise RunnerError(f"cannot read {path}: {err}; restore it or re-export the model") from err
+    except RecursionError:
+        raise RunnerError(
+            f"cannot read {path}: its JSON is nested too deeply; restore it or re-export the model"
+        ) from None
     return data if isinstance(data, dict) else None
 
 

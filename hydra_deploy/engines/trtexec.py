@@ -104,6 +104,8 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
             value, pos = buf[pos : pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > end:  # a length runs past the end: the file was cut short
+            raise ValueError("truncated: a field runs past the end of the data")
         yield number, value
 
 
@@ -272,6 +274,17 @@ class ExportSource:
     ) -> tuple[int, int, int]:
         """(min, opt, max): the arguments given, else hydra.json's profile, else (1, 8, 32)."""
         saved = (self.info or {}).get("batch_profile") or {"min": 1, "opt": 8, "max": 32}
+        asked = {"min": min_batch, "opt": opt_batch, "max": max_batch}
+        if not isinstance(saved, dict) or any(
+            value is None
+            and (isinstance(saved.get(key), bool) or not isinstance(saved.get(key), int))
+            for key, value in asked.items()
+        ):
+            raise EngineError(
+                f"{str(self.folder / 'hydra.json')!r} has a malformed batch_profile {saved!r:.100} "
+                '(expected {"min": 1, "opt": 8, "max": 32}); give --min-batch, --opt-batch and '
+                "--max-batch, or re-export the folder with hydra-export"
+            )
         lo = saved["min"] if min_batch is None else min_batch
         hi = saved["max"] if max_batch is None else max_batch
         opt = opt_batch if opt_batch is not None else min(max(saved["opt"], lo), hi)
@@ -280,17 +293,30 @@ class ExportSource:
     def input_shapes(self) -> list[tuple[str, list[int | str]]]:
         """(name, shape) of each model input; hydra.json's, else the ONNX file's."""
         if self.info and self.info.get("inputs"):
-            return [(i["name"], list(i["shape"])) for i in self.info["inputs"]]
+            inputs = self.info["inputs"]
+            if not isinstance(inputs, list) or not all(
+                isinstance(i, dict)
+                and isinstance(i.get("name"), str)
+                and isinstance(i.get("shape"), list)
+                for i in inputs
+            ):
+                raise EngineError(
+                    f"{str(self.folder / 'hydra.json')!r} has malformed inputs {inputs!r:.100} "
+                    '(expected [{"name": ..., "shape": [...]}, ...]); re-export the folder with '
+                    "hydra-export"
+                )
+            return [(i["name"], list(i["shape"])) for i in inputs]
         return [(i["name"], list(i["shape"])) for i in self.onnx.inputs]
 
     def sequence_profile(self) -> tuple[int, int, int]:
         """(min, opt, max) sequence length of a text model: 1, min(128, max), the tokenizer's
         maximum length (else the model's position embeddings)."""
         info = self.info or {}
-        longest = (info.get("tokenizer") or {}).get("max_length") or (
-            info.get("backbone_config") or {}
-        ).get("max_position_embeddings")
-        if not longest:
+        tokenizer, config = info.get("tokenizer"), info.get("backbone_config")
+        longest = (tokenizer.get("max_length") if isinstance(tokenizer, dict) else None) or (
+            config.get("max_position_embeddings") if isinstance(config, dict) else None
+        )
+        if isinstance(longest, bool) or not isinstance(longest, int) or longest < 1:
             raise EngineError(
                 f"{str(self.onnx_path)!r} has a dynamic sequence axis but its hydra.json records "
                 "no maximum length (tokenizer.max_length); re-export it with hydra-export"
@@ -307,7 +333,7 @@ class ExportSource:
                     "export with a dynamic batch (hydra-export does)"
                 )
             rest = shape[1:]
-            fixed = [d for d in rest if not (isinstance(d, int) and d > 0)]
+            fixed = [d for d in rest if not (type(d) is int and d > 0)]  # not True, not 3.0
             if any(d != "sequence" for d in fixed):
                 raise EngineError(
                     f"input {name!r} has shape {shape}: only the batch and a text model's sequence "
@@ -371,7 +397,7 @@ def load_source(path: str | Path) -> ExportSource:
     if info_path.is_file() and onnx_path.name == "model.onnx":
         try:
             info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             raise EngineError(
                 f"cannot read {str(info_path)!r} ({err}); re-export the folder with hydra-export"
             ) from err
@@ -383,7 +409,14 @@ def load_source(path: str | Path) -> ExportSource:
             )
     if not onnx_path.is_file():
         raise EngineError(f"{str(onnx_path)!r} is missing; re-export the folder with hydra-export")
-    return ExportSource(onnx_path=onnx_path, folder=folder, info=info, onnx=read_onnx(onnx_path))
+    onnx = read_onnx(onnx_path)
+    if info is None and "member_logits" not in onnx.outputs:
+        raise EngineError(
+            f"{str(onnx_path)!r} is not a Hydra export: it has no member_logits output (outputs: "
+            f"{list(onnx.outputs)}) and no hydra.json; build from a folder hydra-export wrote "
+            "(other models: run trtexec on them directly)"
+        )
+    return ExportSource(onnx_path=onnx_path, folder=folder, info=info, onnx=onnx)
 
 
 # --- precision rules ---------------------------------------------------------------------------------

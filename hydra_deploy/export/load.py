@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hydra_deploy.errors import ExportError
+from hydra_deploy.errors import ExportError, HydraError
 
 # Where each component of a fused model comes from in one member, per family: the fused model's
 # state-dict names (left) and the member module's names (right); ``{}`` is the layer index; a final
@@ -80,24 +80,52 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
     from hydra_deploy.specs import HydraSpec
 
     folder = Path(export_dir)
+    if not folder.exists():
+        raise ExportError(
+            f"{str(folder)!r} does not exist; give the folder hydra-export wrote (--out DIR)"
+        )
     info_path, weights_path = folder / "hydra.json", folder / "weights.safetensors"
     for path in (info_path, weights_path):
         if not path.is_file():
-            raise ExportError(f"{str(folder)!r} is not an export folder: {path.name} is missing")
+            raise ExportError(
+                f"{str(folder)!r} is not an export folder: {path.name} is missing; give the "
+                "folder hydra-export wrote (--out DIR)"
+            )
     try:
         info = json.loads(info_path.read_text())
         weights = load_file(str(weights_path))
     except Exception as err:
-        raise ExportError(f"cannot read the export in {str(folder)!r}: {err}") from err
-    if info.get("format") != FORMAT or info.get("family") not in MEMBER_LAYOUT:
         raise ExportError(
-            f"{info_path} has format {info.get('format')!r}, family {info.get('family')!r}; "
+            f"cannot read the export in {str(folder)!r}: {err}; restore its files or export the "
+            "model again with hydra-export"
+        ) from err
+    if not isinstance(info, dict):
+        raise ExportError(
+            f"{info_path} holds {type(info).__name__}, not a JSON object; restore it or re-export"
+        )
+    family = info.get("family")
+    if info.get("format") != FORMAT or not isinstance(family, str) or family not in MEMBER_LAYOUT:
+        raise ExportError(
+            f"{info_path} has format {info.get('format')!r}, family {family!r}; "
             f"this version reads {FORMAT!r} exports of the {', '.join(MEMBER_LAYOUT)} families"
         )
-    if not info.get("backbone_kwargs"):
+    if not isinstance(info.get("backbone_kwargs"), dict) or not info["backbone_kwargs"]:
         raise ExportError(f"{info_path} does not record the backbone's constructor arguments")
-    spec = HydraSpec.from_dict(info["spec"])
-    base = _rebuild_base(info)
+    if not isinstance(info.get("merge"), dict):
+        raise ExportError(f"{info_path} has no 'merge' record; restore it or re-export the model")
+    tokenizer = info.get("tokenizer")
+    if tokenizer and not (isinstance(tokenizer, dict) and isinstance(tokenizer.get("dir"), str)):
+        raise ExportError(f"{info_path} has a malformed 'tokenizer' entry (no 'dir'); re-export")
+    spec = HydraSpec.from_dict(info.get("spec"))
+    try:
+        base = _rebuild_base(info)
+    except HydraError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise ExportError(
+            f"{info_path}: its backbone_kwargs do not rebuild the backbone ({err!r}); restore the "
+            "file or re-export the model"
+        ) from err
     members = [copy.deepcopy(base) for _ in range(spec.num_members)]
     _make_members_differ(members, weights, MEMBER_LAYOUT[info["family"]])
     hydra = fuse([load_backbone(m) for m in members], spec, spec.mlp_merge)
@@ -164,6 +192,12 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
     from hydra_deploy.export.validate import validate_onnx
 
     module = WithEnsembleHead(hydra) if info.get("uq_outputs") else hydra
+    try:  # ONNX Runtime reports an unreadable file as "system error number 13"
+        path.open("rb").close()
+    except OSError as err:
+        raise ExportError(
+            f"cannot read {path}: {err.strerror or err}; check the file's permissions"
+        ) from err
     try:
         validate_onnx(path, module, hydra.example_inputs, [2],
                       precision=info.get("precision", "fp32"))  # fmt: skip
@@ -171,4 +205,9 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
         raise ExportError(
             f"the model rebuilt from {path.parent} differs from its model.onnx ({err}); "
             "the folder's files do not belong together"
+        ) from err
+    except Exception as err:  # ONNX Runtime's own errors: a truncated or foreign model.onnx
+        raise ExportError(
+            f"ONNX Runtime cannot load {path} ({type(err).__name__}: {str(err).strip()}); is the "
+            "file complete? restore it or export the model again with hydra-export"
         ) from err

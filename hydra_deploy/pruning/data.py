@@ -164,6 +164,16 @@ def load_inputs(
             raise DataError(f"{name}: {str(path)!r} does not exist")
         if path.suffix.lower() == ".npz":
             x = _npz_arrays(path, name, text, need_labels=False)[0]
+            if isinstance(x, Mapping):  # input_ids, attention_mask, ...
+                x = _stack_text(x, name)
+            else:
+                _refuse_non_numeric(x, "inputs", name)
+                x = torch.as_tensor(x)
+                x = (
+                    _stack_text(x, name, backbone)
+                    if text or not x.is_floating_point()
+                    else x.float()
+                )
         else:
             x = _from_text_file(path, backbone, name, labelled=False).dataset.tensors[0]
     elif isinstance(data, Mapping) and not any(key in data for key in LABEL_KEYS):
@@ -178,6 +188,8 @@ def load_inputs(
         raise DataError(f"{name} is empty")
     if x.is_floating_point() and text:
         _refuse_floats_for_text(x, backbone, name)
+    if x.is_floating_point():
+        _refuse_nonfinite(x, name)
     if not x.is_floating_point():
         _check_text(x, backbone, name)
     return x
@@ -232,7 +244,18 @@ def _is_map_style(dataset: Any) -> bool:
     return hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
 
 
+def _refuse_non_numeric(value: Any, what: str, name: str) -> None:
+    """DataError for a numpy array torch cannot hold (strings, objects): a traceback otherwise."""
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "biufc":
+        hint = ("map class names to indices 0..C-1 first" if what == "labels" else
+                "save preprocessed float inputs (text models: integer token ids)")  # fmt: skip
+        raise DataError(
+            f"{name}: {what} must be numbers, got an array of dtype {value.dtype}; {hint}"
+        )
+
+
 def _labels_tensor(y: Any, count: int, name: str) -> torch.Tensor:
+    _refuse_non_numeric(y, "labels", name)
     y = torch.as_tensor(np.asarray(y) if isinstance(y, (np.ndarray, list, tuple)) else y)
     if count != (y.shape[0] if y.dim() else 1):
         raise DataError(f"{name}: {count} inputs but {y.shape[0] if y.dim() else 1} labels")
@@ -247,6 +270,8 @@ def _labels_tensor(y: Any, count: int, name: str) -> torch.Tensor:
 
 def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledData:
     text = is_text_backbone(backbone)
+    _refuse_non_numeric(x, "inputs", name)
+    _refuse_non_numeric(y, "labels", name)
     if isinstance(x, Mapping) and backbone is not None and not text:
         raise DataError(
             f"{name}: text inputs (a dict with keys {sorted(x)}) were given to a "
@@ -339,7 +364,9 @@ def _npz_arrays(path: Path, name: str, text: bool, need_labels: bool) -> tuple[A
     except DataError:
         raise
     except Exception as err:
-        raise DataError(f"{name}: cannot read {str(path)!r}: {err}") from err
+        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
+               "is it a complete .npz written by np.savez(path, x=inputs, y=labels)?")  # fmt: skip
+        raise DataError(f"{name}: cannot read {str(path)!r} ({err}); {fix}") from err
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -753,7 +780,9 @@ def _from_batches(
 
 def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> None:
     if len(labelled) == 0:
-        raise DataError(f"{labelled.name} is empty")
+        raise DataError(
+            f"{labelled.name} is empty (0 examples); give at least one labelled example"
+        )
     x, _ = labelled.dataset[0]
     x = torch.as_tensor(x)
     if is_text_backbone(backbone) and x.is_floating_point():
@@ -765,8 +794,11 @@ def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> No
         if tuple(x.shape) != expected:
             raise DataError(
                 f"{labelled.name}: inputs have shape {list(x.shape)}, the backbone expects "
-                f"{list(expected)} per example"
+                f"{list(expected)} per example; preprocess them to the backbone's input size (or "
+                "pass an image folder)"
             )
+    if x.is_floating_point() and isinstance(_unwrap(labelled)[0], TensorDataset):
+        _refuse_nonfinite(_all_inputs(labelled), labelled.name)
     classes = labelled.classes
     if num_classes is not None and classes is not None and len(classes) > num_classes:
         shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
@@ -781,8 +813,18 @@ def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> No
         if bad.size:
             raise DataError(
                 f"{labelled.name}: {bad.size} label(s) outside 0..{num_classes - 1} (e.g. {int(bad[0])}); "
-                f"the classifier has {num_classes} classes"
+                f"the classifier has {num_classes} classes: relabel the data, or size the "
+                "classifier to it (num_classes, --num-classes)"
             )
+
+
+def _refuse_nonfinite(x: torch.Tensor, name: str) -> None:
+    finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
+    if not bool(finite.all()):
+        raise DataError(
+            f"{name}: {int((~finite).sum())} of {len(x)} input(s) hold NaN or infinite values; "
+            "fix or drop them"
+        )
 
 
 def _unwrap(labelled: LabelledData) -> tuple[Dataset, list[int] | None]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,8 +261,10 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
             return _from_arrays(np.load(path, allow_pickle=False), None, runner, name, str(path))
         with np.load(path, allow_pickle=False) as archive:
             arrays = {k: archive[k] for k in archive.files}
-    except (OSError, ValueError) as err:
-        raise HydraError(f"{name}: cannot read {path}: {err}") from err
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
+               "give a complete .npz (np.savez) or .npy")  # fmt: skip
+        raise HydraError(f"{name}: cannot read {path} ({err}); {fix}") from err
     y = arrays.pop("y", None)
     if labelled and y is None:
         raise HydraError(f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)})")

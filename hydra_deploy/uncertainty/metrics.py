@@ -23,6 +23,19 @@ import numpy as np
 from hydra_deploy.errors import HydraError
 
 
+def _as_array(values: object, name: str, dtype: type | None = None) -> np.ndarray:
+    """``np.asarray(values, dtype)``; HydraError for ragged lists or values that are not numbers."""
+    try:
+        array = np.asarray(values)
+        if dtype is not None and array.dtype.kind not in "biuf":  # not None -> NaN, not complex
+            raise TypeError(f"dtype {array.dtype} does not hold real numbers")
+        return array if dtype is None else array.astype(dtype)
+    except (ValueError, TypeError) as err:
+        raise HydraError(
+            f"{name} is not a numeric array ({err}); pass a numpy array of numbers"
+        ) from None
+
+
 def _average_ranks(values: np.ndarray) -> np.ndarray:
     """1-based ranks with ties given their average rank (as scipy.stats.rankdata)."""
     order = np.argsort(values, kind="mergesort")
@@ -43,8 +56,8 @@ def auroc(scores_negative: np.ndarray, scores_positive: np.ndarray) -> float:
     (the Mann-Whitney U statistic). Refuses an empty side. For OOD detection with OOD positive
     call ``auroc(scores_id, scores_ood)`` with OOD scores (or use :func:`ood_metrics`).
     """
-    neg = np.asarray(scores_negative, dtype=np.float64).ravel()
-    pos = np.asarray(scores_positive, dtype=np.float64).ravel()
+    neg = _as_array(scores_negative, "scores_negative", np.float64).ravel()
+    pos = _as_array(scores_positive, "scores_positive", np.float64).ravel()
     if neg.size == 0 or pos.size == 0:
         raise HydraError(
             f"AUROC needs both sides: got {neg.size} negatives and {pos.size} positives"
@@ -78,7 +91,7 @@ _OOD_SIGN = {
 
 
 def _finite_1d(values: np.ndarray, name: str, *, allow_empty: bool = False) -> np.ndarray:
-    array = np.asarray(values)
+    array = _as_array(values, name)
     if array.ndim != 1:
         raise HydraError(f"{name} must be a 1-D array, got shape {array.shape}")
     if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
@@ -98,7 +111,7 @@ def _finite_1d(values: np.ndarray, name: str, *, allow_empty: bool = False) -> n
 
 def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Validated ``probs`` [N, C] (float64) and ``labels`` [N] (int64)."""
-    p = np.asarray(probs)
+    p = _as_array(probs, "probs")
     if p.ndim != 2 or 0 in p.shape:
         raise HydraError(
             f"probs must be [examples, classes] with no empty axis, got shape {p.shape}"
@@ -126,7 +139,7 @@ def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
             f"probs rows must sum to 1 within {PROB_SUM_ATOL}: {int(off.sum())} row(s) do not "
             f"(first: row {row} sums to {sums[row]:.6g}); pass probabilities, not logits"
         )
-    y = np.asarray(labels)
+    y = _as_array(labels, "labels")
     if y.ndim != 1 or y.shape[0] != p.shape[0]:
         raise HydraError(
             f"labels must be 1-D with one label per row of probs ({p.shape[0]}), got shape "
@@ -134,15 +147,21 @@ def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
         )
     if not np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
         raise HydraError(f"labels must be integer class indices, got dtype {y.dtype}")
-    y = y.astype(np.int64)
-    out = (y < 0) | (y >= p.shape[1])
+    out = (y < 0) | (y >= p.shape[1])  # before the cast: uint64 labels above 2**63 stay themselves
     if out.any():
         raise HydraError(
             f"labels must lie in [0, {p.shape[1] - 1}] (probs has {p.shape[1]} classes); "
             f"{int(out.sum())} do not (first: label {y[int(np.argmax(out))]} at index "
             f"{int(np.argmax(out))})"
         )
-    return p, y
+    return p, y.astype(np.int64)
+
+
+def _is_real(value: object) -> bool:
+    """A real number (not a bool): what a tolerance or rate may be."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
 
 
 def _check_bins(bins: int) -> int:
@@ -172,8 +191,8 @@ def nll(probs: np.ndarray, labels: np.ndarray, eps: float = 1e-12) -> float:
     The probability of the label is clipped below at ``eps`` (so a zero gives ``-log(eps)``, about
     27.6 nats for the default, instead of infinity); rows are not renormalized.
     """
-    if not eps > 0:
-        raise HydraError(f"eps must be positive, got {eps!r}")
+    if not _is_real(eps) or not 0 < eps < 1:
+        raise HydraError(f"eps must be positive (and below 1), got {eps!r}")
     p, y = _check_probs_labels(probs, labels)
     picked = p[np.arange(len(y)), y]
     return float(-np.log(np.maximum(picked, eps)).mean())
@@ -243,10 +262,15 @@ def ood_score(scores: np.ndarray | Mapping[str, np.ndarray], name: str) -> np.nd
     ``scores`` is the score's array, or the dict of :func:`ensemble_scores` (``scores[name]`` is
     taken). Returns float64.
     """
-    if name not in _OOD_SIGN:
+    if not isinstance(name, str) or name not in _OOD_SIGN:
         raise HydraError(f"unknown score {name!r}; expected one of {sorted(_OOD_SIGN)}")
+    if isinstance(scores, Mapping) and name not in scores:
+        raise HydraError(
+            f"the scores hold no {name!r} (they hold {sorted(map(str, scores))}); pass the dict "
+            "ensemble_scores returns, or the score's array itself"
+        )
     values = scores[name] if isinstance(scores, Mapping) else scores
-    return _OOD_SIGN[name] * np.asarray(values, dtype=np.float64)
+    return _OOD_SIGN[name] * _as_array(values, name, np.float64)
 
 
 def _ood_sides(
@@ -314,7 +338,7 @@ def fpr_at_tpr(
     ``positive`` and the sign of the scores as in :func:`aupr`: higher = more positive; OOD is
     positive by default, so pass OOD scores (entropy, MI as they are; ``-msp`` for MSP).
     """
-    if not 0.0 < tpr <= 1.0:
+    if not _is_real(tpr) or not 0.0 < tpr <= 1.0:
         raise HydraError(f"tpr must lie in (0, 1], got {tpr!r}")
     negatives, positives = _ood_sides(scores_id, scores_ood, positive, "FPR@TPR")
     tps, fps = _positive_counts(negatives, positives)
@@ -346,7 +370,7 @@ def ood_metrics(
 
 def _check_selective(confidence: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     conf = _finite_1d(confidence, "confidence")
-    ok = np.asarray(correct)
+    ok = _as_array(correct, "correct")
     if ok.ndim != 1 or ok.shape[0] != conf.shape[0]:
         raise HydraError(
             f"correct must be 1-D with one entry per confidence ({conf.shape[0]}), got shape "

@@ -8,8 +8,8 @@ For member logits ``z[b, m, c]`` (batch, member, class):
 - mutual_information = predictive_entropy - expected_entropy, clipped at 0
 - disagreement = fraction of members whose argmax differs from the ensemble's prediction
 
-Everything is computed in float64 from a max-shifted log-softmax, so logits of +/-1e4 and float16
-arrays give finite scores; 0 log 0 counts as 0.
+Everything is computed in float64 from a max-shifted log-softmax, so any finite logits (+/-1e4,
+float16 arrays, float64 up to its maximum) give finite scores; 0 log 0 counts as 0.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ SCALAR_SCORES = ("msp", "predictive_entropy", "expected_entropy", "mutual_inform
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):  # -inf for logits ~9e307 apart: probability 0, as it should
+        shifted = logits - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
@@ -59,7 +60,13 @@ def ensemble_scores(
     examples holding them get NaN in every float score and prediction -1, and the others are
     scored as usual.
     """
-    logits = np.asarray(member_logits)
+    try:
+        logits = np.asarray(member_logits)
+    except (ValueError, TypeError) as err:  # ragged nested lists
+        raise HydraError(
+            f"member_logits is not an array numpy can hold ({err}); pass the runner's "
+            "outputs['member_logits']"
+        ) from None
     if logits.ndim != 3 or 0 in logits.shape:
         raise HydraError(
             f"member_logits must be [batch, members, classes] with no empty axis, got "
@@ -80,7 +87,10 @@ def ensemble_scores(
     with np.errstate(divide="ignore", invalid="ignore"):
         plogp = np.where(probs > 0, probs * np.log(probs), 0.0)
     predictive = -plogp.sum(axis=-1)
-    expected = -(member_probs * log_p).sum(axis=-1).mean(axis=1)
+    # 0 log 0 = 0 also where log_p is -inf (logits over ~9e307 apart overflow the shift)
+    with np.errstate(invalid="ignore"):
+        member_plogp = np.where(member_probs > 0, member_probs * log_p, 0.0)
+    expected = -member_plogp.sum(axis=-1).mean(axis=1)
     prediction = probs.argmax(axis=-1)
     votes = logits.argmax(axis=-1)  # [B, M]
     disagreement = (votes != prediction[:, None]).mean(axis=1)
