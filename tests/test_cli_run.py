@@ -197,6 +197,29 @@ def test_input_errors_are_one_line(export_dir, images, tmp_path):
     assert code == 1 and "exceeds the model's maximum batch 4" in err
 
 
+def test_nonfinite_inputs_are_refused_unless_allowed(export_dir, tmp_path):
+    batch = np.random.default_rng(3).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    batch[1, 0, 0, 0] = np.nan
+    np.save(tmp_path / "nan.npy", batch)
+    code, _, err = invoke(str(export_dir), str(tmp_path / "nan.npy"))
+    assert code == 1 and "NaN or infinite" in err and "--allow-nonfinite" in err
+    assert err.count("\n") == 1
+    target = tmp_path / "scores.json"
+    code, _, err = invoke(str(export_dir), str(tmp_path / "nan.npy"), "--allow-nonfinite",
+                          "--json", str(target), "--top-k", "2")  # fmt: skip
+    assert code == 0, err
+    results = json.loads(target.read_text())["results"]
+    assert results[1]["prediction"] == -1 and results[1]["label"] is None
+    assert all(results[1][name] is None for name in SCALAR_SCORES)
+    assert all(entry["prob"] is None for entry in results[1]["top_k"])
+    expected = _expected(export_dir, batch[[0, 2]])  # the finite rows score as usual
+    for got, row in ((results[0], 0), (results[2], 1)):
+        assert got["prediction"] == expected["prediction"][row]
+        assert got["msp"] == pytest.approx(float(expected["msp"][row]), abs=1e-6)
+    code, out, err = invoke(str(export_dir), str(tmp_path / "nan.npy"), "--allow-nonfinite")
+    assert code == 0 and "nan" in out.splitlines()[3], err  # the table prints nan, not a crash
+
+
 def test_bare_onnx_without_hydra_json_needs_arrays_for_images(export_dir, images, tmp_path):
     (tmp_path / "model.onnx").write_bytes((export_dir / "model.onnx").read_bytes())
     code, _, err = invoke(str(tmp_path / "model.onnx"), str(images / "china.jpg"))

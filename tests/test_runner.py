@@ -114,6 +114,25 @@ def test_metadata_that_disagrees_with_the_graph_is_refused(export_dir, tmp_path,
     assert "member_logits" in str(caught.value) or "re-export" in str(caught.value)
 
 
+def test_hydra_json_of_a_future_format_or_not_an_object_is_refused(export_dir, tmp_path):
+    folder, info = _copy_export(export_dir, tmp_path)
+    (folder / "hydra.json").write_text(json.dumps({**info, "format": "hydra-export/9"}))
+    with pytest.raises(RunnerError, match="has format 'hydra-export/9'; this hydra-deploy reads"):
+        load_runner(folder)
+    (folder / "hydra.json").write_text("[1, 2]")
+    with pytest.raises(RunnerError, match="is not a JSON object; restore it or re-export"):
+        load_runner(folder / "model.onnx")
+
+
+def test_a_truncated_onnx_file_says_to_re_export(export_dir, tmp_path):
+    data = (export_dir / "model.onnx").read_bytes()
+    (tmp_path / "model.onnx").write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        RunnerError, match=r"ONNX Runtime cannot load .*re-export it with hydra-export"
+    ):
+        load_runner(tmp_path / "model.onnx")
+
+
 def test_onnx_metadata_that_disagrees_with_the_graph_is_refused(export_dir, tmp_path):
     model = onnx.load(str(export_dir / "model.onnx"))
     prop = next(p for p in model.metadata_props if p.key == "hydra_spec")

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: TensorRT for engine files, ONNX Runtime otherwise")  # fmt: skip
     p.add_argument("--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json/--csv file")  # fmt: skip
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="run inputs holding NaN/inf and pass non-finite logits through (prediction "
+                        "-1, scores null in JSON, empty in CSV) instead of refusing them")  # fmt: skip
     return p
 
 
@@ -166,9 +169,22 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
     return sources
 
 
-def score_inputs(runner, paths: list[Path], batch_size: int | None = None,
-                 top_k: int = 1, texts: list[str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Run ``runner`` over the INPUT paths; one result dict per example, in input order."""
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def _fmt(value: float | None) -> str:
+    """A score in the printed table: 4 decimals, ``nan`` for a non-finite one."""
+    return "nan" if value is None else f"{value:.4f}"
+
+
+def score_inputs(runner, paths: list[Path], batch_size: int | None = None, top_k: int = 1,
+                 texts: list[str] | None = None,
+                 allow_nonfinite: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """Run ``runner`` over the INPUT paths; one result dict per example, in input order.
+
+    ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
+    example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
     from hydra_deploy.uncertainty import SCALAR_SCORES, ensemble_scores
 
     sources = collect_sources(runner, paths)
@@ -190,13 +206,13 @@ def score_inputs(runner, paths: list[Path], batch_size: int | None = None,
     results: list[dict[str, Any]] = []
     for source in sources:
         for labels, batch in source.batches(runner, size):
-            outputs = runner(batch, batch_size=batch_size)
+            outputs = runner(batch, batch_size=batch_size, allow_nonfinite=allow_nonfinite)
             if "member_logits" not in outputs:
                 raise RunnerError(
                     f"{runner.path} has no 'member_logits' output (outputs: "
                     f"{list(outputs)}); is it a Hydra export?"
                 )
-            scores = ensemble_scores(outputs["member_logits"])
+            scores = ensemble_scores(outputs["member_logits"], allow_nonfinite=allow_nonfinite)
             k = max(1, min(top_k, scores["probs"].shape[1]))
             top = np.argsort(-scores["probs"], axis=1, kind="stable")[:, :k]
             for row, label in enumerate(labels):
@@ -204,13 +220,13 @@ def score_inputs(runner, paths: list[Path], batch_size: int | None = None,
                 result: dict[str, Any] = {
                     "input": label,
                     "prediction": prediction,
-                    "label": names[prediction] if names else None,
+                    "label": names[prediction] if names and prediction >= 0 else None,
                 }
-                result.update({s: float(scores[s][row]) for s in SCALAR_SCORES})
+                result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
                 if top_k > 1:
                     result["top_k"] = [
                         {"class": int(c), "label": names[c] if names else None,
-                         "prob": float(scores["probs"][row, c])}
+                         "prob": _finite_or_none(scores["probs"][row, c])}
                         for c in top[row]
                     ]  # fmt: skip
                 results.append(result)
@@ -259,7 +275,8 @@ def main_body(args: argparse.Namespace) -> int:
         common.refuse_existing(target, args.overwrite)
     providers = args.providers.split(",") if args.providers else None
     with load_runner(args.model, backend=args.backend, providers=providers) as runner:
-        results = score_inputs(runner, args.inputs, args.batch_size, args.top_k, args.text)
+        results = score_inputs(runner, args.inputs, args.batch_size, args.top_k, args.text,
+                               allow_nonfinite=args.allow_nonfinite)  # fmt: skip
         meta = {"model": str(args.model), "backend": runner.backend,
                 "providers": list(runner.providers), "precision": runner.precision}  # fmt: skip
     if args.json is not None:
@@ -273,14 +290,14 @@ def main_body(args: argparse.Namespace) -> int:
             header.remove("expected_entropy")
             rows = [
                 [r["input"], r["label"] if r["label"] is not None else r["prediction"],
-                 *(f"{r[s]:.4f}" for s in header[2:])]
+                 *(_fmt(r[s]) for s in header[2:])]
                 for r in results
             ]  # fmt: skip
             print(common.print_table(rows, header))
             if args.top_k > 1:
                 for r in results:
                     print(f"{r['input']}: " + ", ".join(
-                        f"{e['label'] if e['label'] is not None else e['class']} {e['prob']:.4f}"
+                        f"{e['label'] if e['label'] is not None else e['class']} {_fmt(e['prob'])}"
                         for e in r["top_k"]))  # fmt: skip
     elif not args.quiet and str(target) != "-":
         print(f"wrote {len(results)} result(s) to {target} ({meta['backend']}, "

@@ -410,7 +410,7 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
         bad = int((~np.isfinite(array)).reshape(len(array), -1).any(axis=1).sum())
         raise RunnerError(
             f"input {name!r} holds NaN or infinite values in {bad} of {len(array)} example(s); "
-            "fix the data, or pass allow_nonfinite=True to run it anyway"
+            "fix the data, or pass allow_nonfinite=True (hydra-run --allow-nonfinite) to run it anyway"
         )
     return np.ascontiguousarray(array)
 
@@ -559,7 +559,12 @@ def _session_error(path: Path, err: Exception, info: dict[str, Any] | None) -> s
             f"({text.strip()}); try another provider, or another precision (ONNX Runtime's CPU "
             "kernels do not run BF16 MatMul)"
         )
-    return f"ONNX Runtime cannot load {path}: {text.strip()}"
+    lowered = text.lower()
+    if any(sign in lowered for sign in ("error number 13", "errno 13", "permission denied")):
+        fix = "check the file's permissions"
+    else:
+        fix = "is the file complete and an ONNX model? re-export it with hydra-export"
+    return f"ONNX Runtime cannot load {path}: {text.strip()}; {fix}"
 
 
 # --- TensorRT ------------------------------------------------------------------------------------
@@ -676,6 +681,25 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _read_export_info(path: Path) -> dict[str, Any] | None:
+    """An export's hydra.json (None where there is none); one that is not a JSON object or is of
+    another format than this version writes is refused rather than half-understood."""
+    from hydra_deploy.engines.trtexec import EXPORT_FORMAT
+
+    if not path.is_file():
+        return None
+    info = _read_json(path)
+    if info is None:
+        raise RunnerError(f"{path} is not a JSON object; restore it or re-export the model")
+    found = info.get("format")
+    if found is not None and found != EXPORT_FORMAT:
+        raise RunnerError(
+            f"{path} has format {found!r:.60}; this hydra-deploy reads {EXPORT_FORMAT!r}: upgrade "
+            "hydra-deploy, or re-export the model with this version"
+        )
+    return info
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -686,7 +710,7 @@ def _sha256(path: Path) -> str:
 
 def _info_beside_onnx(onnx_path: Path, trusted: bool) -> dict[str, Any] | None:
     """hydra.json beside a .onnx file, if it describes that file (its hash is checked)."""
-    info = _read_json(onnx_path.parent / "hydra.json")
+    info = _read_export_info(onnx_path.parent / "hydra.json")
     if info is None or trusted or not info.get("onnx_sha256"):
         return info
     if _sha256(onnx_path) != info["onnx_sha256"]:
@@ -712,7 +736,7 @@ def _info_for_engine(
                 where = engine_path.parent / where
             candidates.append((where if where.suffix != ".onnx" else where.parent) / "hydra.json")
     for candidate in candidates:
-        info = _read_json(candidate)
+        info = _read_export_info(candidate)
         if info is not None:
             return info, candidate.parent
     return None, None
@@ -761,7 +785,7 @@ def load_runner(
                     f"{str(target)!r} is not an export folder: model.onnx is missing (make one "
                     "with hydra-export --out DIR)"
                 )
-            runner = OrtRunner(onnx_path, providers, info=_read_json(target / "hydra.json"),
+            runner = OrtRunner(onnx_path, providers, info=_read_export_info(target / "hydra.json"),
                                threads=threads)  # fmt: skip
             runner.export_dir = target if runner.info is not None else None
             return runner

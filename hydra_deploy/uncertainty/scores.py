@@ -41,7 +41,7 @@ def _refuse_nonfinite(logits: np.ndarray) -> None:
     raise HydraError(
         f"member_logits holds NaN or infinite values in {count} of {logits.shape[0]} example(s) "
         f"(first: example {example}, member {member}); the model or engine overflowed (an FP16 "
-        "engine? compare it with hydra-compare), or pass allow_nonfinite=True to get NaN scores "
+        "engine? compare it with hydra-compare), or pass allow_nonfinite=True (hydra-run --allow-nonfinite) to get NaN scores "
         "and prediction -1 for those examples"
     )
 
