@@ -190,7 +190,7 @@ class Runner:
                 if declared is not None and _is_fixed(actual) and declared != actual:
                     raise RunnerError(
                         f"{self.path}: {source} says {declared} {what}, but the graph's "
-                        f"member_logits is {logits.describe()}; the metadata belongs to another "
+                        f"output is {logits.describe()}; the metadata belongs to another "
                         "model or the file was edited: re-export with hydra-export (or remove the "
                         "stale hydra.json)"
                     )
