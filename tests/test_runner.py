@@ -402,6 +402,42 @@ def test_engine_runner_reads_its_profile_pads_and_splits(fake_tensorrt, runner, 
     assert not engine._trt_runner.is_active
 
 
+SIDECAR = {"tensorrt_version": "10.13.0.35", "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("version", "capability", "message"),
+    [
+        ("10.13.0.35", "9.0", None),
+        ("10.13.0.1", "9.0", None),  # the build number does not matter
+        (None, None, None),  # nothing known here: TensorRT itself decides
+        ("10.3.0", "9.0", "built for TensorRT 10.13.0.35 (this machine has 10.3.0)"),
+        ("10.13.0.35", "8.7", "NVIDIA H200 of compute capability 9.0 (this GPU has 8.7)"),
+    ],
+)
+def test_engine_target_mismatch_reads_the_sidecar(version, capability, message):
+    found = runner_module.engine_target_mismatch(SIDECAR, version, capability)
+    if message is None:
+        assert found is None
+    else:
+        assert message in found and "rebuild it here with hydra-build EXPORT_DIR" in found
+    assert runner_module.engine_target_mismatch({"precision": "fp16"}, "8.6.1", "8.7") is None
+    assert runner_module.engine_target_mismatch(None, "8.6.1", "8.7") is None
+
+
+def test_an_engine_for_another_tensorrt_is_refused_before_loading(fake_tensorrt, export_dir, monkeypatch):  # fmt: skip
+    fake_tensorrt.__version__ = "10.3.0"
+    monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: "8.7")
+    engine_path = export_dir.parent / "other.engine"
+    engine_path.write_bytes(b"serialized")
+    engine_path.with_suffix(".json").write_text(json.dumps(SIDECAR))
+    with pytest.raises(RunnerError) as caught:
+        load_runner(engine_path)
+    text = str(caught.value)
+    assert "TensorRT 10.13.0.35 (this machine has 10.3.0) and NVIDIA H200 of compute capability 9.0 (this GPU has 8.7)" in text  # fmt: skip
+    assert "rebuild it here with hydra-build" in text
+
+
 @pytest.mark.skipif(not HAS_TENSORRT, reason="TensorRT is not installed: pip install 'hydra-deploy[trt]' on an NVIDIA GPU")  # fmt: skip
 def test_real_tensorrt_engine_equals_onnx_runtime(runner, export_dir, tmp_path):  # pragma: no cover
     from polygraphy.backend.trt import (

@@ -598,6 +598,52 @@ def _trt_dtype(trt: Any, dtype: Any) -> str:
         return str(dtype).rsplit(".", 1)[-1].lower()
 
 
+def engine_target_mismatch(
+    sidecar: Mapping[str, Any] | None, tensorrt_version: str | None, compute_capability: str | None
+) -> str | None:
+    """Why an engine cannot run here, from its JSON sidecar, before TensorRT is asked; None when
+    the sidecar matches (or says nothing). Engines are built without version or hardware
+    compatibility, so they need the TensorRT release (major.minor.patch) and the GPU compute
+    capability they were built with. A value unknown here (None) is not compared."""
+    if not isinstance(sidecar, Mapping):
+        return None
+    problems = []
+    built = sidecar.get("tensorrt_version")
+    if (
+        isinstance(built, str)
+        and tensorrt_version is not None
+        and built.split(".")[:3] != str(tensorrt_version).split(".")[:3]
+    ):
+        problems.append(f"TensorRT {built} (this machine has {tensorrt_version})")
+    gpu = sidecar.get("gpu")
+    built_cc = gpu.get("compute_capability") if isinstance(gpu, Mapping) else None
+    if (
+        isinstance(built_cc, str)
+        and compute_capability is not None
+        and built_cc != compute_capability
+    ):
+        name = gpu.get("name") or "a GPU"
+        problems.append(
+            f"{name} of compute capability {built_cc} (this GPU has {compute_capability})"
+        )
+    if not problems:
+        return None
+    return (
+        f"it was built for {' and '.join(problems)}: engines only run on the TensorRT version and "
+        "GPU they were built with; rebuild it here with hydra-build EXPORT_DIR"
+    )
+
+
+def _compute_capability_here() -> str | None:
+    from hydra_deploy.engines.tensorrt import detect_gpu
+    from hydra_deploy.errors import EngineError
+
+    try:
+        return detect_gpu().compute_capability
+    except EngineError:
+        return None
+
+
 class TensorRTRunner(Runner):
     """A TensorRT engine run through Polygraphy's ``TrtRunner`` (see the module docstring)."""
 
@@ -613,6 +659,10 @@ class TensorRTRunner(Runner):
     ) -> None:
         trt = _import_tensorrt()
         runner_class = _trt_runner_class()
+        mismatch = engine_target_mismatch(engine_info, getattr(trt, "__version__", None),
+                                          _compute_capability_here())  # fmt: skip
+        if mismatch:
+            raise RunnerError(f"cannot run the engine {engine_path}: {mismatch}")
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         try:
             engine = self._runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
