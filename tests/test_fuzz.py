@@ -43,6 +43,7 @@ from hydra_deploy.uncertainty.metrics import (
     nll,
     ood_metrics,
     ood_score,
+    reliability_bins,
 )
 
 
@@ -689,3 +690,17 @@ def test_metrics_refuse_junk(a, b, metric):
         assert isinstance(result, (HydraError, np.ndarray, np.floating)), result
     else:  # every junk value is refused in these places
         assert isinstance(result, HydraError), (metric, a, b)
+
+
+@examples(2)
+@given(st.integers() | st.sampled_from([10**12, 10_000, 10_001, 2**63, -(2**63)]), st.booleans())
+def test_ece_and_reliability_bins_take_any_bin_count(bins, table):
+    """A bin count of any size is used (1..MAX_BINS) or refused with its range, never a
+    MemoryError from allocating ``bins`` empty bins (``bins=10**12`` did)."""
+    probs, labels = np.array([[0.25, 0.75], [0.5, 0.5]]), np.array([1, 0])
+    result = outcome(lambda: (reliability_bins if table else ece)(probs, labels, bins=bins))
+    if 1 <= bins <= 10_000:
+        assert not isinstance(result, HydraError), result
+    else:
+        assert isinstance(result, HydraError)
+        assert "bins must be" in str(result) and (bins < 1 or "1..10000" in str(result))

@@ -222,6 +222,16 @@ def test_keep_ratio_rounds_per_layer_and_keeps_one_head(digits_vit):
     assert spec.meta["selection"]["keep_ratio"] == [0.5, 0.75, 0.25]
 
 
+@pytest.mark.parametrize("ratio", [0, 0.0, -0.25, 1.5, float("nan"), [0.5, 0.0, 0.5]])
+def test_keep_ratio_outside_zero_one_is_refused(ratio):
+    """keep_ratio=0 used to keep one head per layer (min_heads=1) instead of being refused."""
+    backbone = tiny_vit("token")
+    with pytest.raises(HydraError, match=r"keep_ratio must be within \(0, 1\]"):
+        heads_per_layer(backbone, None, ratio, min_heads=1)
+    with pytest.raises(HydraError, match=r"keep_ratio must be within \(0, 1\]"):
+        select_members(backbone, 2, keep_ratio=ratio, method="random")
+
+
 def test_ood_circuit_selection_builds_an_ensemble(digits_vit):
     backbone, _, val = digits_vit
     x_ood = torch.randn(100, 1, 16, 16, generator=torch.Generator().manual_seed(0))

@@ -157,6 +157,11 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
         return spec
     if args.members < 1:
         raise HydraError(f"--members must be at least 1, got {args.members}")
+    if args.keep_ratio is not None and not 0.0 < args.keep_ratio <= 1.0:
+        raise HydraError(
+            f"--keep-ratio must be within (0, 1] (the fraction of each layer's heads a member "
+            f"keeps; 1 keeps all), got {args.keep_ratio}"
+        )
     importance = args.importance or ("taylor" if args.calib else "random")
     if importance != "random" and not args.calib:
         raise HydraError(

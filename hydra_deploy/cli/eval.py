@@ -70,11 +70,14 @@ def parse_ood(items: list[str]) -> dict[str, Path]:
 def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.engines.runner import load_runner
     from hydra_deploy.uncertainty.evaluate import evaluate, write_report
+    from hydra_deploy.uncertainty.metrics import MAX_BINS
 
     if args.batch_size is not None and args.batch_size < 1:
         raise HydraError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.bins < 1:
-        raise HydraError(f"--bins must be at least 1, got {args.bins}")
+    if not 1 <= args.bins <= MAX_BINS:
+        raise HydraError(
+            f"--bins must be in 1..{MAX_BINS} (ECE / reliability bins), got {args.bins}"
+        )
     ood = parse_ood(args.ood)
     scores = [s.strip() for s in args.scores.split(",") if s.strip()]
     common.refuse_existing(args.out, args.overwrite)

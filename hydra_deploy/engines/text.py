@@ -19,6 +19,9 @@ import numpy as np
 from hydra_deploy.errors import RunnerError
 
 TOKENIZER_FILE = "tokenizer.json"
+#: The inputs a text export may take, in the order of its graph.
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+RESTORE = "restore the export's tokenizer/ folder and hydra.json, or re-export the model with hydra-export"
 
 
 class TextEncoder:
@@ -46,7 +49,10 @@ class TextEncoder:
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # the tokenizers library raises its own Exception types
-            raise RunnerError(f"{path} is not a tokenizers file: {err}") from err
+            raise RunnerError(
+                f"{path} is not a tokenizers file ({str(err)[:200]}); restore the export's "
+                f"tokenizer/ folder or re-export the model with hydra-export"
+            ) from err
         if vocab_size is not None and self.tokenizer.get_vocab_size() > vocab_size:
             raise RunnerError(
                 f"the tokenizer in {path.parent} has {self.tokenizer.get_vocab_size()} tokens but "
@@ -69,9 +75,43 @@ class TextEncoder:
                 f"{folder} holds no tokenizer (hydra.json has no 'tokenizer' entry); pass token "
                 "ids as a .npz with input_ids and attention_mask instead of text"
             )
-        names = [i["name"] for i in info.get("inputs", [])] or ["input_ids", "attention_mask"]
-        return cls(Path(folder) / entry["dir"] / TOKENIZER_FILE, max_length=entry["max_length"],
-                   vocab_size=entry.get("vocab_size"), input_names=names)  # fmt: skip
+        where, fix = Path(folder) / "hydra.json", RESTORE
+        if not isinstance(entry, dict):
+            raise RunnerError(
+                f"{where}: its 'tokenizer' entry is a {type(entry).__name__}, not an object; {fix}"
+            )
+        missing = [key for key in ("dir", "max_length") if key not in entry]
+        if missing:
+            raise RunnerError(f"{where}: its 'tokenizer' entry lacks {missing}; {fix}")
+        directory, max_length = entry["dir"], entry["max_length"]
+        vocab_size = entry.get("vocab_size")
+        if not isinstance(directory, str) or not directory:
+            raise RunnerError(
+                f"{where}: tokenizer 'dir' must be a folder name, got {directory!r}; {fix}"
+            )
+        for key, value in (("max_length", max_length), ("vocab_size", vocab_size)):
+            if value is not None and not _is_count(value):
+                raise RunnerError(
+                    f"{where}: tokenizer {key!r} must be a positive integer, got {value!r}; {fix}"
+                )
+        inputs = info.get("inputs") or []
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        names = [i.get("name") if isinstance(i, dict) else i for i in inputs]
+        if not all(isinstance(n, str) and n in TEXT_INPUTS for n in names):
+            raise RunnerError(
+                f"{where}: its 'inputs' ({names!r}) are not the text inputs "
+                f"{list(TEXT_INPUTS)}; restore hydra.json or re-export the model with hydra-export"
+            )
+        tokenizer_dir = Path(folder) / directory
+        if not tokenizer_dir.is_dir():
+            raise RunnerError(
+                f"the tokenizer folder {tokenizer_dir} (hydra.json's 'tokenizer' entry) is missing; "
+                f"{fix}"
+            )
+        if not (tokenizer_dir / TOKENIZER_FILE).is_file():
+            raise RunnerError(f"{tokenizer_dir} lacks {TOKENIZER_FILE}; {fix}")
+        return cls(tokenizer_dir / TOKENIZER_FILE, max_length=max_length, vocab_size=vocab_size,
+                   input_names=names or ["input_ids", "attention_mask"])  # fmt: skip
 
     def __call__(self, lines: Sequence[str]) -> dict[str, np.ndarray]:
         if isinstance(lines, str):
@@ -85,6 +125,10 @@ class TextEncoder:
             "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
         }
         return {name: arrays[name] for name in self.input_names}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _pad_token(tokenizer) -> tuple[str, int]:

@@ -188,7 +188,7 @@ def _parameters(module: torch.nn.Module, name: str) -> list[torch.Tensor]:
 
 def _check_against_onnx(hydra, path: Path, info: dict) -> None:
     """The rebuilt model must compute what the folder's file computes (in the file's precision)."""
-    from hydra_deploy.export.heads import WithEnsembleHead
+    from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
     from hydra_deploy.export.validate import validate_onnx
 
     module = WithEnsembleHead(hydra) if info.get("uq_outputs") else hydra
@@ -198,6 +198,15 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
         raise ExportError(
             f"cannot read {path}: {err.strerror or err}; check the file's permissions"
         ) from err
+    outputs = _onnx_output_names(path)
+    expected = ["member_logits", *(UQ_OUTPUTS if info.get("uq_outputs") else ())]
+    if outputs is not None and outputs != expected:
+        raise ExportError(
+            f"hydra.json and model.onnx in {path.parent} disagree about the uncertainty outputs: "
+            f"hydra.json has uq_outputs={info.get('uq_outputs')!r} (outputs {expected}), model.onnx "
+            f"has outputs {outputs}; the folder's files do not belong together: restore them or "
+            "export the model again with hydra-export"
+        )
     try:
         validate_onnx(path, module, hydra.example_inputs, [2],
                       precision=info.get("precision", "fp32"))  # fmt: skip
@@ -211,3 +220,14 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
             f"ONNX Runtime cannot load {path} ({type(err).__name__}: {str(err).strip()}); is the "
             "file complete? restore it or export the model again with hydra-export"
         ) from err
+
+
+def _onnx_output_names(path: Path) -> list[str] | None:
+    """The graph's output names; None when the file does not parse (ONNX Runtime reports it)."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # a truncated or foreign file: the session below says what is wrong
+        return None
+    return [output.name for output in model.graph.output]

@@ -297,6 +297,12 @@ def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledDat
         )
     if y.is_floating_point() and not bool((y == y.round()).all()):
         raise DataError(f"{name}: labels must be integer class indices, got fractional values")
+    _refuse_unpreprocessed(x, name, backbone)
+    return LabelledData(TensorDataset(x.float(), y.long()), name)
+
+
+def _refuse_unpreprocessed(x: torch.Tensor, name: str, backbone: Any = None) -> None:
+    """DataError for integer (raw pixel, token) inputs where preprocessed float images belong."""
     if not x.is_floating_point():
         raise DataError(
             f"{name}: inputs must be float arrays already preprocessed (got {x.dtype}); scale and "
@@ -304,7 +310,6 @@ def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledDat
             + ("; integer token inputs (input_ids, attention_mask) need a text backbone "
                "(family bert)" if backbone is not None else "")
         )  # fmt: skip
-    return LabelledData(TensorDataset(x.float(), y.long()), name)
 
 
 def _from_path(path: Path, backbone: Any, name: str) -> LabelledData:

@@ -27,7 +27,15 @@ import torch.nn.functional as F
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import DataError, HydraError
-from hydra_deploy.pruning.data import LabelledData, is_text_backbone, load_data, load_inputs
+from hydra_deploy.pruning.data import (
+    LabelledData,
+    _refuse_non_numeric,
+    _refuse_nonfinite,
+    _refuse_unpreprocessed,
+    is_text_backbone,
+    load_data,
+    load_inputs,
+)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -304,15 +312,20 @@ def _ood_inputs(ood_data: Any, backbone: BackboneAdapter, max_examples: int | No
     if isinstance(ood_data, (str, os.PathLike)) and str(ood_data).endswith(".npz"):
         ood_data = _npz_inputs(ood_data)  # OOD sets need no labels: x alone is enough
     if isinstance(ood_data, (np.ndarray, torch.Tensor)):
-        x = torch.as_tensor(ood_data, dtype=torch.float32)
-        x = x[:max_examples] if max_examples else x
+        _refuse_non_numeric(ood_data, "inputs", "ood_data")  # strings, objects
+        x = torch.as_tensor(ood_data)
+        _refuse_unpreprocessed(x, "ood_data", backbone)  # uint8 raw pixels, ints
+        x = x.float()
     else:
         x, _ = _tensors(load_data(ood_data, None, max_examples=max_examples, name="ood_data"))
     expected = (backbone.in_chans, *backbone.img_size)
-    if x.shape[0] == 0:
-        raise DataError("ood_data is empty")
-    if tuple(x.shape[1:]) != expected:
+    if x.dim() == 0 or tuple(x.shape[1:]) != expected:
         raise DataError(
-            f"ood_data inputs have shape {list(x.shape[1:])}, expected {list(expected)}"
+            f"ood_data inputs have shape {list(x.shape[1:])}, expected {list(expected)} per "
+            "example; preprocess them to the backbone's input size"
         )
+    x = x[:max_examples] if max_examples else x
+    if x.shape[0] == 0:
+        raise DataError("ood_data is empty (0 examples); give at least one input")
+    _refuse_nonfinite(x, "ood_data")
     return x

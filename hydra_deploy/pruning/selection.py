@@ -60,9 +60,12 @@ def heads_per_layer(
         counts = [int(c) for c in counts]
     else:
         ratios = [float(r) for r in _per_layer(keep_ratio, L, "keep_ratio")]
-        bad = [r for r in ratios if not 0.0 <= r <= 1.0]
+        bad = [r for r in ratios if not 0.0 < r <= 1.0]
         if bad:
-            raise HydraError(f"keep_ratio must be within [0, 1], got {bad[0]}")
+            raise HydraError(
+                f"keep_ratio must be within (0, 1] (the fraction of each layer's heads a member "
+                f"keeps; 1 keeps all), got {bad[0]}"
+            )
         counts = [max(min_heads, round(r * H)) for r in ratios]
     for layer, count in enumerate(counts):
         if not 0 <= count <= H:

@@ -40,6 +40,7 @@ import numpy as np
 from hydra_deploy.errors import HydraError
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
+    _check_bins,
     classification_metrics,
     ood_metrics,
     ood_score,
@@ -399,8 +400,7 @@ def evaluate(
     "ood": {name: ensemble_scores}}``) that :func:`write_report` plots.
     """
     names = _check_scores(scores)
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise HydraError(f"bins must be a positive integer, got {bins!r}")
+    bins = _check_bins(bins)  # before the model runs
     if batch_size is not None and int(batch_size) < 1:
         raise HydraError(f"batch size must be at least 1, got {batch_size}")
     ood = dict(ood or {})

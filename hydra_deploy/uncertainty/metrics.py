@@ -79,6 +79,9 @@ PROB_SUM_ATOL = 1e-3
 ECE_BINS = 15
 """Default number of equal-width confidence bins for :func:`ece` and :func:`reliability_bins`."""
 
+MAX_BINS = 10_000
+"""The most confidence bins :func:`ece` and :func:`reliability_bins` take (more is all empty bins)."""
+
 POSITIVE_CHOICES = ("ood", "id")
 
 _OOD_SIGN = {
@@ -167,6 +170,11 @@ def _is_real(value: object) -> bool:
 def _check_bins(bins: int) -> int:
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
         raise HydraError(f"bins must be a positive integer, got {bins!r}")
+    if bins > MAX_BINS:
+        raise HydraError(
+            f"bins must be in 1..{MAX_BINS} (equal-width confidence bins, {ECE_BINS} by "
+            f"default), got {bins!r}"
+        )
     return int(bins)
 
 
