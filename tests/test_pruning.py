@@ -278,3 +278,18 @@ def test_gumbel_chooser_prefers_important_heads():
     assert picks.count((3,)) > 400 and len(set(picks)) > 1
     top = gumbel_chooser(rng, temperature=0)
     assert top(np.arange(4), scores, 2).tolist() == [2, 3]
+
+
+def test_ood_image_folder_is_read_with_the_backbone_preprocessing(tmp_path):
+    from PIL import Image
+
+    from hydra_deploy.pruning.importance import _ood_inputs
+
+    backbone = tiny_vit("token")
+    for index in range(3):  # any class sub-folder name: OOD labels are ignored
+        folder = tmp_path / f"unrelated{index % 2}"
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(np.full((20, 24, 3), 60 * index, np.uint8)).save(folder / f"{index}.png")
+    x = _ood_inputs(tmp_path, backbone, max_examples=None)
+    assert tuple(x.shape) == (3, backbone.in_chans, *backbone.img_size) and x.dtype == torch.float32
+    assert torch.isfinite(x).all() and x.std() > 0

@@ -317,7 +317,8 @@ def _ood_inputs(ood_data: Any, backbone: BackboneAdapter, max_examples: int | No
         _refuse_unpreprocessed(x, "ood_data", backbone)  # uint8 raw pixels, ints
         x = x.float()
     else:
-        x, _ = _tensors(load_data(ood_data, None, max_examples=max_examples, name="ood_data"))
+        # image folders, labelled data: read with the backbone's preprocessing, labels ignored
+        x = load_inputs(ood_data, backbone, max_examples=max_examples, name="ood_data")
     expected = (backbone.in_chans, *backbone.img_size)
     if x.dim() == 0 or tuple(x.shape[1:]) != expected:
         raise DataError(
