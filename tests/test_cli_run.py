@@ -191,6 +191,8 @@ def test_input_errors_are_one_line(export_dir, images, tmp_path):
     for name, message in cases.items():
         code, _, err = invoke(str(export_dir), str(tmp_path / name))
         assert code == 1 and message in err and err.count("\n") == 1, (name, err)
+    code, _, err = invoke(str(export_dir), str(tmp_path / "wrong.npz"))
+    assert "cannot read" not in err  # a readable file with other arrays is not "unreadable"
     code, _, err = invoke(str(export_dir), str(images), "--top-k", "0")
     assert code == 1 and "--top-k must be at least 1" in err
     code, _, err = invoke(str(export_dir), str(images), "--batch-size", "5")

@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import sys
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,28 +92,26 @@ class _Source:
 
 
 def _load_array(path: Path, runner) -> np.ndarray | dict[str, np.ndarray]:
+    from hydra_deploy.arrays import read_array_file
+
     names = runner.input_names
-    try:
-        if path.suffix.lower() == ".npy":
-            data: Any = np.load(path, allow_pickle=False)
+    data: Any = read_array_file(
+        path, error=RunnerError,
+        hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays",
+    )  # fmt: skip
+    if isinstance(data, dict):
+        keys = list(data)
+        if len(names) > 1 and set(names) - {"token_type_ids"} <= set(keys):
+            data = {k: data[k] for k in names if k in keys}
+        elif names[0] in keys:
+            data = data[names[0]]
+        elif "x" in keys:
+            data = data["x"]
         else:
-            with np.load(path, allow_pickle=False) as archive:
-                keys = list(archive.keys())
-                if len(names) > 1 and set(names) - {"token_type_ids"} <= set(keys):
-                    data = {k: archive[k] for k in names if k in keys}
-                elif names[0] in keys:
-                    data = archive[names[0]]
-                elif "x" in keys:
-                    data = archive["x"]
-                else:
-                    raise RunnerError(
-                        f"{path} holds arrays {keys}; name the input array 'x' or "
-                        f"{names[0]!r} (the model's input)"
-                    )
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
-               "give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays")  # fmt: skip
-        raise RunnerError(f"cannot read the array file {path} ({err}); {fix}") from err
+            raise RunnerError(
+                f"{path} holds arrays {keys}; name the input array 'x' or {names[0]!r} (the "
+                "model's input)"
+            )
     if isinstance(data, dict):
         return data
     rank = runner.inputs[0].rank

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import math
 import os
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hydra_deploy.arrays import read_array_file
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.uncertainty.tolerances import PRECISION_TOLERANCES
 
@@ -233,28 +233,26 @@ def _load_inputs(
     path = Path(inputs)
     if not path.exists():
         raise HydraError(f"the inputs file {str(path)!r} does not exist; check the path")
-    try:
-        if path.suffix.lower() == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                if len(names) > 1:
-                    missing = [n for n in names if n not in archive and n != "token_type_ids"]
-                    if missing:
-                        raise HydraError(f"{path} holds {list(archive.keys())}; it needs {names}")
-                    arrays = {n: archive[n].astype(np.int64) if n in archive else
-                              np.zeros_like(archive[names[0]], dtype=np.int64) for n in names}  # fmt: skip
-                    return arrays, str(path)
-                key = names[0] if names[0] in archive else "x"
-                if key not in archive:
-                    raise HydraError(f"{path} holds {list(archive.keys())}; name the array 'x' or {names[0]!r}")  # fmt: skip
-                array = archive[key]
-        else:
-            if len(names) > 1:
-                raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
-            array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
-               "give a complete .npy (np.save) or .npz (np.savez) of preprocessed arrays")  # fmt: skip
-        raise HydraError(f"cannot read the inputs {path} ({err}); {fix}") from err
+    if path.suffix.lower() != ".npz" and len(names) > 1:
+        raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
+    loaded = read_array_file(
+        path, what="the inputs",
+        hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed arrays",
+    )  # fmt: skip
+    if isinstance(loaded, dict):
+        if len(names) > 1:
+            missing = [n for n in names if n not in loaded and n != "token_type_ids"]
+            if missing:
+                raise HydraError(f"{path} holds {list(loaded)}; it needs {names}")
+            arrays = {n: loaded[n].astype(np.int64) if n in loaded else
+                      np.zeros_like(loaded[names[0]], dtype=np.int64) for n in names}  # fmt: skip
+            return arrays, str(path)
+        key = names[0] if names[0] in loaded else "x"
+        if key not in loaded:
+            raise HydraError(f"{path} holds {list(loaded)}; name the array 'x' or {names[0]!r}")
+        array = loaded[key]
+    else:
+        array = loaded
     if array.dtype.kind != "f":
         raise HydraError(
             f"the inputs {path} are {array.dtype}, not floats"

@@ -343,35 +343,34 @@ def _from_path(path: Path, backbone: Any, name: str) -> LabelledData:
 
 def _npz_arrays(path: Path, name: str, text: bool, need_labels: bool) -> tuple[Any, Any]:
     """(inputs, labels or None) of a .npz: ``x`` (any backbone) or the text keys (text)."""
-    try:
-        with np.load(path) as archive:
-            files = set(archive.files)
-            labels = archive["y"] if "y" in files else None
-            if text and "input_ids" in files:
-                x: Any = {key: archive[key] for key in TEXT_KEYS if key in files}
-            elif "x" in files:
-                x = archive["x"]
-            else:
-                wanted = ["input_ids", "y"] if text else ["x", "y"]
-                missing = sorted(set(wanted if need_labels else wanted[:1]) - files)
-                hint = ("np.savez(path, input_ids=..., attention_mask=..., y=labels)" if text
-                        else "np.savez(path, x=inputs, y=labels)")  # fmt: skip
-                raise DataError(
-                    f"{name}: {str(path)!r} lacks {missing} (has {archive.files}); save it with "
-                    f"{hint}"
-                )
-            if need_labels and labels is None:
-                raise DataError(
-                    f"{name}: {str(path)!r} lacks ['y'] (has {archive.files}); save it with "
-                    "np.savez(path, x=inputs, y=labels)"
-                )
-            return x, labels
-    except DataError:
-        raise
-    except Exception as err:
-        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
-               "is it a complete .npz written by np.savez(path, x=inputs, y=labels)?")  # fmt: skip
-        raise DataError(f"{name}: cannot read {str(path)!r} ({err}); {fix}") from err
+    from hydra_deploy.arrays import read_array_file
+
+    archive = read_array_file(
+        path, error=DataError, prefix=f"{name}: ", what="",
+        hint="is it a complete .npz written by np.savez(path, x=inputs, y=labels)?",
+    )  # fmt: skip
+    if not isinstance(archive, dict):
+        raise DataError(f"{name}: {str(path)!r} is not a .npz archive; save it with np.savez")
+    files = set(archive)
+    labels = archive.get("y")
+    if text and "input_ids" in files:
+        x: Any = {key: archive[key] for key in TEXT_KEYS if key in files}
+    elif "x" in files:
+        x = archive["x"]
+    else:
+        wanted = ["input_ids", "y"] if text else ["x", "y"]
+        missing = sorted(set(wanted if need_labels else wanted[:1]) - files)
+        hint = ("np.savez(path, input_ids=..., attention_mask=..., y=labels)" if text
+                else "np.savez(path, x=inputs, y=labels)")  # fmt: skip
+        raise DataError(
+            f"{name}: {str(path)!r} lacks {missing} (has {sorted(files)}); save it with {hint}"
+        )
+    if need_labels and labels is None:
+        raise DataError(
+            f"{name}: {str(path)!r} lacks ['y'] (has {sorted(files)}); save it with "
+            "np.savez(path, x=inputs, y=labels)"
+        )
+    return x, labels
 
 
 # --- text -----------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,20 +251,18 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
             f"{name}: cannot tell what {str(path)!r} is: give a .npz (x and y), an image folder"
             + (" or a .tsv/.txt text file" if family == "bert" else "")
         )
-    try:
-        if suffix == ".npy":
-            if labelled:
-                raise HydraError(
-                    f"{name}: {path} is a .npy array without labels; in-distribution data is a "
-                    ".npz with x and y"
-                )
-            return _from_arrays(np.load(path, allow_pickle=False), None, runner, name, str(path))
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {k: archive[k] for k in archive.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        fix = ("check the file's permissions" if isinstance(err, PermissionError) else
-               "give a complete .npz (np.savez) or .npy")  # fmt: skip
-        raise HydraError(f"{name}: cannot read {path} ({err}); {fix}") from err
+    if suffix == ".npy" and labelled:
+        raise HydraError(
+            f"{name}: {path} is a .npy array without labels; in-distribution data is a .npz with "
+            "x and y"
+        )
+    from hydra_deploy.arrays import read_array_file
+
+    loaded = read_array_file(path, prefix=f"{name}: ", what="",
+                             hint="give a complete .npz (np.savez) or .npy")  # fmt: skip
+    if not isinstance(loaded, dict):
+        return _from_arrays(loaded, None, runner, name, str(path))
+    arrays = loaded
     y = arrays.pop("y", None)
     if labelled and y is None:
         raise HydraError(f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)})")
