@@ -45,6 +45,7 @@ from hydra_deploy.bench.latency import (
     versions,
 )
 from hydra_deploy.cli.common import print_table, refuse_existing
+from hydra_deploy.errors import HydraError
 from hydra_deploy.fusion import DEFAULT_LOWERING, LOWERINGS
 
 DEFAULT_OUT = Path("benchmarks/results/profile_ort.json")
@@ -65,6 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--members", type=int, default=3, help="M (default 3)")
     p.add_argument("--heads-per-member", type=int, default=4, help="k (default 4)")
     p.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    p.add_argument("--img-size", type=int, help="input resolution (default: the model's)")
     p.add_argument("--runs", type=int, default=5, help="profiled runs after 2 warm-ups (default 5)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     p.add_argument("--exporter", default="auto", choices=("auto", "dynamo", "torchscript"))
@@ -89,6 +91,7 @@ def node_roles(path: Path) -> dict[str, str]:
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
+    initializers = {t.name for t in graph.initializer}
     consumers: dict[str, list[Any]] = collections.defaultdict(list)
     for node in graph.node:
         for name in node.input:
@@ -142,7 +145,7 @@ def node_roles(path: Path) -> dict[str, str]:
                         if after.op_type in ("MatMul", "Gemm"):
                             # fc2's bias add follows it
                             for bias in consumers[after.output[0]]:
-                                if bias.op_type == "Add" and bias.input[1] in _initializers(graph):
+                                if bias.op_type == "Add" and bias.input[1] in initializers:
                                     roles.setdefault(bias.name, "mlp")
                             continue
                         nxt.extend(after.output)
@@ -166,16 +169,6 @@ def node_roles(path: Path) -> dict[str, str]:
     for node in graph.node:
         roles.setdefault(node.name, "residual" if node.op_type == "Add" else "other")
     return roles
-
-
-_INITS: dict[int, set[str]] = {}
-
-
-def _initializers(graph: Any) -> set[str]:
-    key = id(graph)
-    if key not in _INITS:
-        _INITS[key] = {t.name for t in graph.initializer}
-    return _INITS[key]
 
 
 def profile(path: Path, feed: dict[str, np.ndarray], runs: int, threads: int, workdir: Path):
@@ -236,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     config = BenchConfig(backbone=args.backbone, members=args.members,
                          heads_per_member=args.heads_per_member, batches=(args.batch,),
                          backends=("ort",), variants=("single", "hydra"), threads=args.threads,
-                         exporter=args.exporter, lowering=args.lowering)  # fmt: skip
+                         exporter=args.exporter, lowering=args.lowering,
+                         img_size=args.img_size)  # fmt: skip
     started = time.perf_counter()
     variants = build_variants(config)
     feed = feed_of(variants.input_names, variants.example_inputs(args.batch))
@@ -314,4 +308,8 @@ def role_flops_ratios(variants: Any) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except HydraError as err:  # a bad setting: one line, as the hydra-* commands answer
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -381,6 +381,9 @@ def test_markdown_report_holds_the_table_and_claims(tiny_result):
 
 
 def load_script(name: str):
+    folder = str(ROOT / "benchmarks")
+    if folder not in sys.path:  # the scripts import their shared `common` module, as when run
+        sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -402,6 +405,23 @@ def test_latency_script_writes_json_markdown_and_claims(tmp_path):
     markdown = (tmp_path / "l.md").read_text()
     assert markdown.count("| torch | 8 |") == 3
     assert ".venv/bin/python benchmarks/latency.py --backbone vit_ti16" in markdown
+
+
+def test_ort_profile_script_splits_every_kernel_into_roles(tmp_path, capsys):
+    script = load_script("profile_ort")
+    out = tmp_path / "p.json"
+    argv = ["--backbone", "vit_ti16", "--img-size", "32", "--heads-per-member", "1", "--batch",
+            "2", "--runs", "2", "--threads", "1", "--out", str(out), "--quiet"]  # fmt: skip
+    assert script.main(argv) == 0
+    result = json.loads(out.read_text())
+    for name in ("single", "hydra"):
+        variant = result["variants"][name]
+        roles, ops = variant["kernel_ms_by_role"], variant["kernel_ms_by_op"]
+        assert set(roles) == set(script.ROLES) and min(roles.values()) >= 0
+        assert sum(roles.values()) == pytest.approx(sum(ops.values()), rel=1e-9)  # nothing lost
+        assert roles["mlp"] > 0 and roles["qkv"] > 0 and roles["attention"] > 0
+        assert len(variant["wall_ms"]) == 2
+    assert "kernels (sum)" in capsys.readouterr().out
 
 
 def test_gpu_script_stops_with_the_reason_without_cuda(capsys):
