@@ -50,3 +50,7 @@ class EngineError(HydraError, RuntimeError):
 
 class RunnerError(HydraError, ValueError):
     """A model file cannot be run, or the inputs given to a runner do not fit the model."""
+
+
+class ServeError(HydraError, RuntimeError):
+    """Serving and distributed scoring: Triton repositories, hydra-serve, hydra-score-dataset."""

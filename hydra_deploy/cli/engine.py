@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from hydra_deploy.cli import common
+from hydra_deploy.cli import common, triton
 
 EXAMPLES = """\
   hydra-build export/vit_b16-m3                          # FP16 engine beside model.onnx
@@ -15,6 +15,8 @@ EXAMPLES = """\
   hydra-build export/vit_b16-m3 --trtexec                # trtexec lines for every TensorRT
   hydra-build export/vit_b16-m3 --trtexec --trt 10 --precision fp16   # JetPack 6 (TensorRT 10.3)
   hydra-build export/vit_b16-m3-fp16 --trtexec --trt 10.12            # strongly typed export
+  hydra-build export/vit_b16-m3-uq --triton models/      # engine + Triton repository (ONNX, plan)
+  hydra-build export/vit_b16-m3-uq --triton models/ --engine model.plan   # a trtexec-built engine
 """
 
 
@@ -77,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="rebuild an existing engine")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    triton.add_arguments(p, engine=True)
     return p
 
 
@@ -143,6 +146,19 @@ def main_body(args: argparse.Namespace) -> int:
         raise EngineError(
             "--gpu-tag names trtexec outputs; a Python build tags files with the detected GPU"
         )
+    triton.check_unused(args)
+    if args.triton is not None:
+        if args.trtexec:
+            raise EngineError(
+                "--triton needs an engine and --trtexec builds none here: run the trtexec line on "
+                "the target, then hydra-build EXPORT_DIR --triton REPO --engine FILE"
+            )
+        triton.preflight(args, args.export_dir, with_engine=True)
+        if args.engine is not None:
+            result = triton.write(args, args.export_dir, engine=args.engine)
+            if args.json:
+                print(json.dumps({"triton": result}, indent=2))
+            return 0
     if args.trtexec:
         return _trtexec(args)
 
@@ -155,8 +171,10 @@ def main_body(args: argparse.Namespace) -> int:
     )  # fmt: skip
     sidecar_path = engine.with_suffix(".json")
     sidecar = json.loads(sidecar_path.read_text(encoding="utf-8"))
+    repository = triton.write(args, args.export_dir, engine=engine) if args.triton else None
     if args.json:
-        print(json.dumps({"engine_path": str(engine), **sidecar}, indent=2))
+        extra = {} if repository is None else {"triton": repository}
+        print(json.dumps({"engine_path": str(engine), **sidecar, **extra}, indent=2))
     elif not args.quiet:
         profile = sidecar["batch_profile"]
         print(

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from hydra_deploy.cli import build, common
+from hydra_deploy.cli import build, common, triton
 
 EXAMPLES = """\\
   hydra-export --backbone vit_b16                  # writes export/vit_b16-m3
@@ -16,6 +16,7 @@ EXAMPLES = """\\
                --heads-per-member 4 --finetune train/ --epochs 1 --out export/vit_b16-m3
   hydra-export --backbone vit_s16 --spec spec.json --max-batch 64 --out export/vit_s16 --json
   hydra-export --from export/vit_b16-m3 --opset 18 --uq-outputs --out export/vit_b16-m3-uq
+  hydra-export --backbone vit_b16 --out export/vit_b16-m3 --triton models/   # + Triton repository
 """
 
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime check")
     out.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     out.add_argument("--json", action="store_true", help="print hydra.json's contents as JSON")
+    triton.add_arguments(p, engine=False)
     return p  # fmt: skip
 
 
@@ -140,6 +142,13 @@ def main_body(args: argparse.Namespace) -> int:
             raise HydraError("--from needs --out (a new folder for the re-export)")
         args.out = Path("export") / f"{default_name(args.backbone)}-m{args.members}"
     common.refuse_existing(args.out, args.overwrite)
+    triton.check_unused(args)
+    if args.triton is not None:
+        triton.preflight(args, args.out, with_engine=False)
+        if not args.uq_outputs:
+            log.info("--triton: the ensemble head goes in the graph (--uq-outputs), so Triton "
+                     "answers the uncertainty scores itself")  # fmt: skip
+            args.uq_outputs = True
     opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
     batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
     started = time.perf_counter()
@@ -161,8 +170,9 @@ def main_body(args: argparse.Namespace) -> int:
         exporter=args.exporter, validate=not args.no_validate, uq_outputs=args.uq_outputs,
         precision=args.precision, overwrite=args.overwrite,
     )  # fmt: skip
+    repository = triton.write(args, args.out) if args.triton is not None else None
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info if repository is None else {**info, "triton": repository}, indent=2))
         return 0
     if not args.quiet:
         print(

@@ -1,0 +1,541 @@
+"""Triton model repositories for an export folder: the ONNX model and, when built, its TensorRT plan.
+
+``write_triton_repository(export_dir, repo)`` adds to ``repo`` (a folder Triton's
+``--model-repository`` points at; made when absent, other models in it are left alone)::
+
+    REPO/
+      README.md                  how to start Triton on it, and what each model answers
+      <name>/                    platform onnxruntime_onnx
+        config.pbtxt
+        labels.txt               class names: Triton's classification extension on ``probs``
+        hydra.json               the export's record (Triton ignores files it does not know)
+        1/model.onnx
+      <name>-trt/                platform tensorrt_plan (with ``engine=``)
+        config.pbtxt, labels.txt, hydra.json, engine.json (the engine's sidecar)
+        1/model.plan
+
+Each ``config.pbtxt`` declares every input and output of the graph (names, Triton types, shapes
+without the batch axis; per-example scores of shape [batch] as ``dims: [1]`` reshaped to ``[]``),
+``max_batch_size`` (the export's or the engine's profile maximum), a dynamic batcher with preferred
+sizes (the profile's opt and max) and an instance group. The uncertainty scores must be computed in
+the graph (``hydra-export --uq-outputs``): Triton then answers them with no Python backend.
+
+The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
+installed, parsed with Triton's own ``ModelConfig`` protobuf before anything is written. Each model
+folder is assembled under a temporary name beside it and renamed into place, so a model folder with
+a ``config.pbtxt`` is always complete. Imports numpy-free stdlib only (plus the runner's hydra.json
+reader); never torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra_deploy.atomic import atomic_write_text
+from hydra_deploy.errors import ServeError
+
+logger = logging.getLogger("hydra_deploy")
+
+TRITON_TYPES = {
+    "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16",
+    "float64": "TYPE_FP64", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL",
+}  # fmt: skip
+KINDS = {"auto": "KIND_AUTO", "cpu": "KIND_CPU", "gpu": "KIND_GPU"}
+PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
+DEFAULT_FILES = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
+DEFAULT_QUEUE_DELAY_US = 100
+README_MARK = "<!-- written by hydra-deploy: hydra-export --triton / hydra-build --triton -->"
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+class Enum(str):
+    """A protobuf enum value in text format (written bare, not quoted)."""
+
+
+@dataclass
+class TritonModel:
+    """One model of a repository: what its ``config.pbtxt`` declares."""
+
+    name: str
+    platform: str
+    max_batch_size: int
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    preferred_batch_size: list[int]
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    instances: int = 1
+    kind: str = "auto"
+    labels: list[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def fields(self) -> list[tuple[str, Any]]:
+        """The config as ordered (field, value) pairs of Triton's ``ModelConfig`` message."""
+
+        def tensor(spec: dict[str, Any], is_output: bool) -> list[tuple[str, Any]]:
+            dims = [-1 if not isinstance(d, int) or d < 0 else d for d in spec["shape"][1:]]
+            entry: list[tuple[str, Any]] = [
+                ("name", spec["name"]),
+                ("data_type", Enum(TRITON_TYPES[spec["dtype"]])),
+            ]
+            if dims:
+                entry.append(("dims", dims))
+            else:  # one value per example: Triton wants a non-empty shape, the model gives [batch]
+                entry += [("dims", [1]), ("reshape", [("shape", [])])]
+            if is_output and self.labels and spec["name"] == "probs":
+                entry.append(("label_filename", "labels.txt"))
+            return entry
+
+        return [
+            ("name", self.name),
+            ("platform", self.platform),
+            ("max_batch_size", self.max_batch_size),
+            ("input", [tensor(s, False) for s in self.inputs]),
+            ("output", [tensor(s, True) for s in self.outputs]),
+            ("dynamic_batching", [
+                ("preferred_batch_size", list(self.preferred_batch_size)),
+                ("max_queue_delay_microseconds", self.queue_delay_us),
+            ]),
+            ("instance_group", [[("count", self.instances), ("kind", Enum(KINDS[self.kind]))]]),
+            ("default_model_filename", DEFAULT_FILES[self.platform]),
+        ]  # fmt: skip
+
+    def pbtxt(self) -> str:
+        """``config.pbtxt``: protobuf text format of the ``ModelConfig``."""
+        return _text_format(self.fields()) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, Enum):
+        return str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a C-style escaped, double-quoted string, as text format reads
+    raise TypeError(f"no text-format form for {value!r}")
+
+
+def _is_message(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, tuple) for v in value) and bool(value)
+
+
+def _text_format(fields: list[tuple[str, Any]], depth: int = 0) -> str:
+    """Protobuf text format of (field, value) pairs: scalars, lists of scalars, messages (lists of
+    pairs) and repeated messages (lists of messages)."""
+    pad = "  " * depth
+    lines = []
+    for key, value in fields:
+        if _is_message(value):
+            lines.append(f"{pad}{key} {{\n{_text_format(value, depth + 1)}\n{pad}}}")
+        elif isinstance(value, list) and value and all(_is_message(v) for v in value):
+            items = [f"{pad}  {{\n{_text_format(v, depth + 2)}\n{pad}  }}" for v in value]
+            lines.append(f"{pad}{key} [\n" + ",\n".join(items) + f"\n{pad}]")
+        elif isinstance(value, list) and key == "shape" and not value:
+            lines.append(f"{pad}{key}: []")
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}: [ {', '.join(_scalar(v) for v in value)} ]")
+        else:
+            lines.append(f"{pad}{key}: {_scalar(value)}")
+    return "\n".join(lines)
+
+
+def parse_config(text: str) -> Any:
+    """Parse ``config.pbtxt`` text with Triton's ``ModelConfig`` protobuf (needs ``tritonclient``).
+
+    Raises :class:`ServeError` naming the parser's complaint.
+    """
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as err:
+        raise ServeError(
+            f"parsing a Triton config needs tritonclient ({err}); pip install 'hydra-deploy[serve]'"
+        ) from err
+    try:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as err:
+        raise ServeError(
+            f"Triton's ModelConfig does not parse the generated config: {err}"
+        ) from err
+
+
+def _check_parses(model: TritonModel, text: str) -> None:
+    try:
+        import tritonclient.grpc.model_config_pb2  # noqa: F401
+    except ImportError:
+        logger.debug("tritonclient is not installed: config.pbtxt of %s not parsed", model.name)
+        return
+    parsed = parse_config(text)
+    if parsed.name != model.name or len(parsed.output) != len(model.outputs):
+        raise ServeError(f"the generated config of {model.name} parses to another model: {parsed}")
+
+
+# --- reading what the export and the engine declare ------------------------------------------------------
+def _read_export(export_dir: Path) -> dict[str, Any]:
+    from hydra_deploy.engines.runner import _read_export_info
+
+    if not export_dir.is_dir() or not (export_dir / "model.onnx").is_file():
+        raise ServeError(
+            f"{str(export_dir)!r} is not an export folder (model.onnx and hydra.json); make one "
+            "with hydra-export --out DIR"
+        )
+    info = _read_export_info(export_dir / "hydra.json")
+    if info is None:
+        raise ServeError(
+            f"{str(export_dir)!r} has no hydra.json; re-export it with hydra-export (Triton's "
+            "config is written from the export's record of its inputs and outputs)"
+        )
+    for key in ("inputs", "outputs"):
+        specs = info.get(key)
+        if not isinstance(specs, list) or not specs or not all(_is_tensor(s) for s in specs):
+            raise ServeError(
+                f"{export_dir / 'hydra.json'} has malformed {key} {specs!r:.100}; re-export the "
+                "model with hydra-export"
+            )
+    if not info.get("uq_outputs"):
+        raise ServeError(
+            f"{export_dir} has no uncertainty outputs in its graph; Triton serves what the graph "
+            f"computes, so re-export with them: hydra-export --from {export_dir} --uq-outputs "
+            "--out NEW_DIR (or pass --triton to hydra-export, which adds them)"
+        )
+    return info
+
+
+def _is_tensor(spec: Any) -> bool:
+    return (
+        isinstance(spec, dict)
+        and isinstance(spec.get("name"), str)
+        and isinstance(spec.get("shape"), list)
+        and len(spec["shape"]) >= 1
+        and spec.get("dtype") in TRITON_TYPES
+    )
+
+
+def _profile(where: str, profile: Any) -> tuple[int, int, int]:
+    keys = ("min", "opt", "max")
+    ok = isinstance(profile, dict) and all(
+        isinstance(profile.get(k), int) and not isinstance(profile.get(k), bool) for k in keys
+    )
+    if not ok or not 1 <= profile["min"] <= profile["opt"] <= profile["max"]:
+        raise ServeError(
+            f"{where} has a malformed batch_profile {profile!r:.100} (expected "
+            '{"min": 1, "opt": 8, "max": 32}); re-export or rebuild it'
+        )
+    return profile["min"], profile["opt"], profile["max"]
+
+
+def _engine_profile(engine: Path, info: dict[str, Any]) -> tuple[tuple[int, int, int], dict | None]:
+    """The engine's batch range from its JSON sidecar (hydra-build), else the export's profile
+    (what the trtexec recipes build by default)."""
+    sidecar_path = engine.with_suffix(".json")
+    if not sidecar_path.is_file():
+        logger.info("%s has no JSON sidecar: using the export's batch profile", engine.name)
+        return _profile("hydra.json", info.get("batch_profile")), None
+    try:
+        sidecar = json.loads(sidecar_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ServeError(f"cannot read the engine's sidecar {sidecar_path}: {err}") from err
+    if not isinstance(sidecar, dict):
+        raise ServeError(f"{sidecar_path} is not an engine sidecar (a JSON object)")
+    if sidecar.get("onnx_sha256") and sidecar["onnx_sha256"] != info.get("onnx_sha256"):
+        raise ServeError(
+            f"{engine} was built from another ONNX file (sidecar onnx_sha256 "
+            f"{str(sidecar['onnx_sha256'])[:12]}, export {str(info.get('onnx_sha256'))[:12]}); "
+            "rebuild it from this export with hydra-build"
+        )
+    return _profile(str(sidecar_path), sidecar.get("batch_profile")), sidecar
+
+
+# --- planning ------------------------------------------------------------------------------------------------
+def default_model_name(export_dir: str | os.PathLike) -> str:
+    """A Triton model name for an export folder: its name, with characters Triton's file-system
+    repository and URLs dislike replaced by ``_``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(os.path.abspath(export_dir)).name).lstrip(".-")
+    return name or "hydra"
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ServeError(
+            f"Triton model name {name!r} is not usable: use letters, digits, '_', '.' and '-' "
+            "(at most 128, not starting with '.' or '-')"
+        )
+    return name
+
+
+def _preferred(asked: list[int] | None, opt: int, max_batch: int, what: str) -> list[int]:
+    sizes = sorted({min(opt, max_batch), max_batch}) if asked is None else sorted(set(asked))
+    bad = [
+        s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= max_batch
+    ]
+    if bad or not sizes:
+        raise ServeError(
+            f"preferred batch sizes {asked} must be between 1 and the max batch {max_batch} "
+            f"({what})"
+        )
+    return sizes
+
+
+def _check_count(name: str, value: Any, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ServeError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def plan_repository(
+    export_dir: str | os.PathLike,
+    *,
+    engine: str | os.PathLike | None = None,
+    model_name: str | None = None,
+    max_batch: int | None = None,
+    preferred_batch: list[int] | None = None,
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    instances: int = 1,
+    kind: str = "auto",
+) -> list[TritonModel]:
+    """The models :func:`write_triton_repository` would write (nothing is written).
+
+    ``kind``: the ONNX model's instance kind, ``auto`` (GPU where Triton sees one, else CPU),
+    ``cpu`` or ``gpu``; a TensorRT plan always runs on the GPU. ``max_batch``: Triton's
+    ``max_batch_size`` (default: the profile maximum; at most that).
+    """
+    export_dir = Path(export_dir)
+    info = _read_export(export_dir)
+    name = check_name(model_name or default_model_name(export_dir))
+    if kind not in KINDS:
+        raise ServeError(f"unknown instance kind {kind!r}; use one of {', '.join(KINDS)}")
+    _check_count("instances", instances)
+    _check_count("queue delay (microseconds)", queue_delay_us, low=0)
+    dynamic = all(not isinstance(s["shape"][0], int) for s in info["inputs"] + info["outputs"])
+    if not dynamic:
+        raise ServeError(
+            f"{export_dir}'s model has a fixed batch axis; Triton's dynamic batcher needs a "
+            "dynamic one: re-export it with hydra-export (batch is dynamic by default)"
+        )
+    labels = info.get("class_names") if isinstance(info.get("class_names"), list) else None
+    if labels is not None:
+        labels = [" ".join(str(c).split()) for c in labels]  # one line each
+
+    def model(model_name: str, platform: str, profile: tuple[int, int, int], what: str,
+              model_kind: str) -> TritonModel:  # fmt: skip
+        top = profile[2] if max_batch is None else _check_count("max batch", max_batch)
+        if top > profile[2]:
+            raise ServeError(
+                f"max batch {top} is above the {what}'s profile maximum {profile[2]}; give at "
+                f"most {profile[2]}, or re-export/rebuild with a larger --max-batch"
+            )
+        notes = []
+        if profile[0] > 1:
+            notes.append(f"the {what} takes batches of {profile[0]} or more; Triton sends "
+                         "smaller ones as they come, which this model refuses")  # fmt: skip
+        return TritonModel(
+            name=model_name, platform=platform, max_batch_size=top,
+            inputs=info["inputs"], outputs=info["outputs"],
+            preferred_batch_size=_preferred(preferred_batch, profile[1], top, what),
+            queue_delay_us=queue_delay_us, instances=instances, kind=model_kind, labels=labels,
+            notes=notes,
+        )  # fmt: skip
+
+    models = [model(name, PLATFORMS["onnx"], _profile("hydra.json", info.get("batch_profile")),
+                    "export", kind)]  # fmt: skip
+    if engine is not None:
+        engine = Path(engine)
+        if not engine.is_file():
+            raise ServeError(
+                f"engine {str(engine)!r} does not exist; build it with hydra-build (or trtexec)"
+            )
+        profile, _ = _engine_profile(engine, info)
+        models.append(model(check_name(f"{name}-trt"), PLATFORMS["tensorrt"], profile, "engine",
+                            "gpu"))  # fmt: skip
+    return models
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+def refuse_existing_models(repo: Path, names: list[str], overwrite: bool) -> None:
+    """Refuse before any work when a model folder exists and ``overwrite`` is off."""
+    if repo.exists() and not repo.is_dir():
+        raise ServeError(f"Triton repository {str(repo)!r} is a file; give a folder")
+    taken = [n for n in names if (repo / n).exists()]
+    if taken and not overwrite:
+        raise ServeError(
+            f"{str(repo)!r} already holds model(s) {', '.join(taken)}; pass --overwrite to "
+            "replace them, or --triton-name NAME to add under another name"
+        )
+
+
+def _assemble(model: TritonModel, staging: Path, export_dir: Path, engine: Path | None) -> None:
+    version = staging / "1"
+    version.mkdir(parents=True)
+    if model.platform == PLATFORMS["onnx"]:
+        shutil.copy2(export_dir / "model.onnx", version / "model.onnx")
+    else:
+        shutil.copy2(engine, version / "model.plan")
+        sidecar = engine.with_suffix(".json")
+        if sidecar.is_file():
+            shutil.copy2(sidecar, staging / "engine.json")
+    shutil.copy2(export_dir / "hydra.json", staging / "hydra.json")
+    if model.labels:
+        (staging / "labels.txt").write_text("\n".join(model.labels) + "\n", encoding="utf-8")
+    (staging / "config.pbtxt").write_text(model.pbtxt(), encoding="utf-8")
+
+
+def _install(staging: Path, target: Path) -> None:
+    """Rename the assembled folder into place; an old one is moved aside first, then removed."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        os.replace(target, old / target.name)
+    try:
+        os.replace(staging, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old / target.name, target)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def write_triton_repository(
+    export_dir: str | os.PathLike,
+    repo: str | os.PathLike,
+    *,
+    engine: str | os.PathLike | None = None,
+    model_name: str | None = None,
+    max_batch: int | None = None,
+    preferred_batch: list[int] | None = None,
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    instances: int = 1,
+    kind: str = "auto",
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Add the export (and ``engine``, a TensorRT plan built from it) to the Triton model
+    repository ``repo``; see the module docstring. Returns ``{"repository", "models": [...]}``
+    with each model's name, platform, folder and config. Existing model folders of these names are
+    refused unless ``overwrite``; other models in ``repo`` are left as they are."""
+    export_dir, repo = Path(export_dir), Path(repo)
+    models = plan_repository(
+        export_dir, engine=engine, model_name=model_name, max_batch=max_batch,
+        preferred_batch=preferred_batch, queue_delay_us=queue_delay_us, instances=instances,
+        kind=kind,
+    )  # fmt: skip
+    refuse_existing_models(repo, [m.name for m in models], overwrite)
+    for model in models:
+        _check_parses(model, model.pbtxt())
+    try:
+        repo.mkdir(parents=True, exist_ok=True)
+        for model in models:
+            staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.", suffix=".partial", dir=repo))
+            try:
+                _assemble(model, staging, export_dir, Path(engine) if engine else None)
+                _install(staging, repo / model.name)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        atomic_write_text(repo / "README.md", repository_readme(repo))
+    except OSError as err:
+        raise ServeError(f"cannot write the Triton repository {str(repo)!r}: {err}") from err
+    for model in models:
+        for note in model.notes:
+            logger.warning("%s: %s", model.name, note)
+    return {
+        "repository": str(repo),
+        "models": [
+            {"name": m.name, "platform": m.platform, "path": str(repo / m.name),
+             "max_batch_size": m.max_batch_size, "preferred_batch_size": m.preferred_batch_size,
+             "instances": m.instances, "kind": KINDS[m.kind], "config": m.pbtxt()}
+            for m in models
+        ],
+    }  # fmt: skip
+
+
+def _models_in(repo: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """(name, hydra.json, engine sidecar) of each hydra model folder in ``repo``."""
+    found = []
+    for folder in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        with contextlib.suppress(OSError, ValueError):
+            info = json.loads((folder / "hydra.json").read_text(encoding="utf-8"))
+            sidecar = None
+            if (folder / "engine.json").is_file():
+                sidecar = json.loads((folder / "engine.json").read_text(encoding="utf-8"))
+            if (folder / "config.pbtxt").is_file() and isinstance(info, dict):
+                found.append((folder.name, info, sidecar if isinstance(sidecar, dict) else None))
+    return found
+
+
+def repository_readme(repo: Path) -> str:
+    """The repository's README: how to start Triton on it and query each hydra model."""
+    models = _models_in(repo)
+    rows, checks = [], []
+    for name, info, sidecar in models:
+        kind = "TensorRT plan" if sidecar is not None or (repo / name / "1" / "model.plan").exists() else "ONNX"  # fmt: skip
+        shape = ", ".join(
+            f"`{s['name']}` {s['shape']} {s['dtype']}" for s in info.get("inputs", [])
+        )
+        target = ""
+        if sidecar is not None:
+            gpu = (sidecar.get("gpu") or {}).get("name", "?")
+            target = f"; built for {gpu} with TensorRT {sidecar.get('tensorrt_version', '?')}"
+        rows.append(f"| `{name}` | {kind}{target} | {shape} |")
+        first = (info.get("inputs") or [{}])[0]
+        dims = ",".join(str(d) if isinstance(d, int) else "16" for d in first.get("shape", [])[1:])
+        checks.append(f"perf_analyzer -m {name} --concurrency-range 1:8 --shape {first.get('name')}:{dims}")  # fmt: skip
+    first_name = models[0][0] if models else "MODEL"
+    return f"""{README_MARK}
+# Triton model repository
+
+| model | backend | inputs (batch first) |
+|---|---|---|
+{chr(10).join(rows)}
+
+Every model answers `member_logits` [M, classes] per example and the uncertainty scores computed in
+its graph: `probs` [classes], `msp`, `predictive_entropy`, `expected_entropy`, `mutual_information`
+(one value each). `probs` carries the class names (`labels.txt`), so Triton's classification
+extension (`class_count` in a request) returns the top classes by name.
+
+## Start Triton on it
+
+```bash
+docker run --rm --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 \\
+  -v "$PWD/{repo.name}":/models nvcr.io/nvidia/tritonserver:<release>-py3 \\
+  tritonserver --model-repository=/models
+curl -s localhost:8000/v2/models/{first_name}/ready -o /dev/null -w "%{{http_code}}\\n"   # 200
+```
+
+On a CPU-only host drop `--gpus all`: the ONNX models' instance groups are `KIND_AUTO` unless the
+repository was written with `--triton-device cpu`. On a Jetson, run the `tritonserver` of the
+JetPack release's Triton tarball with the same `--model-repository`.
+
+A TensorRT plan loads only in a Triton whose TensorRT version is the one the engine was built with
+(see its `engine.json`) and on the same GPU model: pick the Triton release by NVIDIA's framework
+support matrix, or rebuild the engine inside that release's container (`hydra-build` there, or
+`trtexec` from `hydra-build --trtexec`).
+
+## Query it
+
+```python
+import numpy as np, tritonclient.http as http
+client = http.InferenceServerClient("localhost:8000")
+x = http.InferInput("pixel_values", [1, 3, 224, 224], "FP32")   # see the inputs above
+x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
+result = client.infer("{first_name}", [x])
+print(result.as_numpy("msp"), result.as_numpy("mutual_information"))
+```
+
+Load test (Triton's SDK container):
+
+```bash
+{chr(10).join(checks)}
+```
+"""
