@@ -258,11 +258,21 @@ def _engine_profile(engine: Path, info: dict[str, Any]) -> tuple[tuple[int, int,
 
 
 # --- planning ------------------------------------------------------------------------------------------------
-def default_model_name(export_dir: str | os.PathLike) -> str:
-    """A Triton model name for an export folder: its name, with characters Triton's file-system
-    repository and URLs dislike replaced by ``_``."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(os.path.abspath(export_dir)).name).lstrip(".-")
-    return name or "hydra"
+def sanitize_model_name(name: str) -> str:
+    """``name`` in the characters Triton's file-system repository and URLs accept (others become
+    ``_``); ``"hydra"`` if none is left."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")
+    return cleaned or "hydra"
+
+
+def default_model_name(path: str | os.PathLike) -> str:
+    """A Triton model name for an export folder (a model file: its name without suffix; the folder
+    need not exist yet), sanitised."""
+    target = Path(os.path.abspath(path))
+    model_file = (
+        target.suffix.lower() in (".onnx", ".engine", ".plan", ".trt") and not target.is_dir()
+    )
+    return sanitize_model_name(target.stem if model_file else target.name)
 
 
 def check_name(name: str) -> str:

@@ -1,0 +1,163 @@
+"""hydra-serve: a live Triton server (HTTP, gRPC, metrics) for an export folder, via PyTriton."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from hydra_deploy.cli import common
+from hydra_deploy.errors import ServeError
+
+EXAMPLES = """\
+  hydra-serve export/vit_b16-m3                      # HTTP :8000, gRPC :8001, metrics :8002
+  hydra-serve export/vit_b16-m3 --host 0.0.0.0 --port 9000 --instances 2 --threads 4
+  hydra-serve export/vit_b16-m3 --max-batch 16 --preferred-batch 8 16 --queue-delay-us 2000
+  hydra-serve export/minilm-m3 --model-name minilm --providers cuda,cpu --json --quiet
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser(
+        "hydra-serve",
+        "Serve a Hydra export with NVIDIA Triton Inference Server (through PyTriton) until "
+        "Ctrl-C / SIGTERM. One model, named after the export folder, answers every example's "
+        "member_logits [M, C], probs [C], msp, predictive_entropy, expected_entropy, "
+        "mutual_information, disagreement ([1] float32 each) and prediction ([1] int64), computed "
+        "by ONNX Runtime (or TensorRT for an engine file) and hydra-deploy's ensemble scores. "
+        "Triton's dynamic batcher gathers concurrent requests into batches up to --max-batch. "
+        "Needs pip install 'hydra-deploy[serve]' (Linux). Triton's own log goes to stderr.",
+        EXAMPLES,
+    )
+    p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR",
+                   help="export folder (hydra-export --out), or a .onnx / engine file")  # fmt: skip
+    net = p.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")  # fmt: skip
+    net.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    net.add_argument("--grpc-port", type=int, help="gRPC port (default: --port + 1)")
+    net.add_argument("--metrics-port", type=int,
+                     help="Prometheus metrics port (default: --port + 2)")  # fmt: skip
+    model = p.add_argument_group("model")
+    model.add_argument("--model-name", metavar="NAME",
+                       help="Triton model name (default: the export folder's name, in letters, "
+                            "digits, '.', '_', '-')")  # fmt: skip
+    model.add_argument("--max-batch", type=int, metavar="N",
+                       help="largest batch Triton forms or accepts (default: the export's "
+                            "batch_profile max; at most that)")  # fmt: skip
+    model.add_argument("--preferred-batch", type=int, nargs="+", metavar="N",
+                       help="batch sizes the dynamic batcher aims for (default: the profile's opt "
+                            "and max)")  # fmt: skip
+    model.add_argument("--queue-delay-us", type=int, default=1000, metavar="US",
+                       help="longest a request waits for others to batch with (default 1000)")  # fmt: skip
+    model.add_argument("--instances", type=int, default=1, metavar="N",
+                       help="model instances running batches in parallel, each its own ONNX "
+                            "Runtime session (default 1)")  # fmt: skip
+    model.add_argument("--threads", type=int, metavar="N",
+                       help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's; "
+                            "with --instances > 1: cores / instances)")  # fmt: skip
+    model.add_argument("--providers",
+                       help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)")  # fmt: skip
+    p.add_argument("--json", action="store_true",
+                   help="once ready, print the served model (endpoints, inputs, outputs, "
+                        "batching) as one JSON line on stdout")  # fmt: skip
+    return p
+
+
+class _TritonLog:
+    """Where Triton's log lines go: stderr (or nowhere with --quiet), the last ones kept."""
+
+    def __init__(self, quiet: bool, keep: int = 200) -> None:
+        self.quiet = quiet
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        if not self.quiet:
+            sys.stderr.write(text)
+        self._partial += text
+        *done, self._partial = self._partial.split("\n")
+        self.lines.extend(line for line in done if line.strip())
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.quiet:
+            sys.stderr.flush()
+
+    def errors(self, count: int = 3) -> list[str]:
+        """The last error lines (Triton's ``E...`` lines, Python errors), most recent last."""
+        found = [line.strip() for line in self.lines
+                 if line.startswith("E") or "Error" in line or "error:" in line]  # fmt: skip
+        return [line[:300] for line in found[-count:]]
+
+
+@contextlib.contextmanager
+def _triton_log_to(sink: _TritonLog) -> Iterator[TextIO]:
+    """PyTriton prints the Triton server's output on ``sys.stdout``; send it to ``sink`` so that
+    stdout carries only what hydra-serve prints (its --json line). Yields the real stdout."""
+    real = sys.stdout
+    with contextlib.redirect_stdout(sink):  # type: ignore[type-var]
+        yield real
+
+
+def _summary(info: dict) -> str:
+    inputs = ", ".join(f"{t['name']} {t['dims']} {t['dtype']}" for t in info["inputs"])
+    endpoints = info["endpoints"]
+    return (
+        f"serving {info['model']!r} ({info['family'] or 'model'}; {inputs}) from {info['export']}\n"
+        f"  HTTP {endpoints['http']}  gRPC {endpoints['grpc']}  metrics {endpoints['metrics']}\n"
+        f"  max batch {info['max_batch']}, preferred {info['preferred_batch']}, queue delay "
+        f"{info['queue_delay_us']} us, {info['instances']} instance(s), "
+        f"{', '.join(info['providers'])}; Ctrl-C to stop"
+    )
+
+
+def main_body(args: argparse.Namespace) -> int:
+    from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
+
+    config = ServeConfig(
+        export_dir=args.export_dir, host=args.host, http_port=args.port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, model_name=args.model_name,
+        max_batch=args.max_batch, preferred_batch=args.preferred_batch,
+        queue_delay_us=args.queue_delay_us, instances=args.instances, threads=args.threads,
+        providers=args.providers.split(",") if args.providers else None,
+    )  # fmt: skip
+    server = HydraServer(config)  # every check; nothing started yet
+    log = _TritonLog(quiet=args.quiet)
+    try:
+        with _triton_log_to(log) as stdout:
+            try:
+                server.start()
+            except ServeError as err:
+                details = log.errors(1)
+                if not args.quiet:
+                    where = "; Triton's log is above"
+                else:
+                    where = f"; Triton's last error: {details[0]}" if details else ""
+                raise ServeError(f"{err}{where}") from err
+            info = server.describe()
+            if args.json:
+                print(json.dumps(info), file=stdout, flush=True)
+            elif not args.quiet:
+                print(_summary(info), file=stdout, flush=True)
+            server.serve_forever()
+    finally:
+        server.close()
+    if not args.quiet:
+        print("stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``hydra-serve``; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return common.run(main_body, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

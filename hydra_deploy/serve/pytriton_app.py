@@ -1,0 +1,607 @@
+"""A live Triton Inference Server for one Hydra export, through PyTriton (``hydra-serve``).
+
+    from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
+
+    server = HydraServer(ServeConfig("export/vit_b16-m3", http_port=8000))  # checked, nothing runs
+    with server:                        # Triton started, the model loaded and ready
+        print(server.describe()["endpoints"])
+        server.serve_forever()          # until SIGINT / SIGTERM, then a clean stop
+
+The export is bound as one Triton model (named after its folder) whose Python callable runs
+``load_runner(export)`` and :func:`~hydra_deploy.uncertainty.ensemble_scores` in numpy and answers,
+per example: ``member_logits`` [M, C] and ``probs`` [C] (float32), ``msp``,
+``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``disagreement`` (float32)
+and ``prediction`` (int64). The per-example scores are declared with shape ``[1]``: Triton refuses
+an output without dims (``model output 'msp' must specify 'dims'``) when the model batches, so a
+client receives ``[batch, 1]`` for them. Inputs are the runner's (batch axis left out, dynamic
+dimensions -1): ``pixel_values`` [3, H, W] float32 for vision exports, ``input_ids``,
+``attention_mask`` (and ``token_type_ids`` where the model has it) [-1] int64 for text ones.
+
+Triton's dynamic batcher gathers concurrent requests into batches of at most ``max_batch`` (the
+export's ``batch_profile`` max by default; preferred sizes: its opt and max) waiting at most
+``queue_delay_us``; requests with other lengths of a dynamic axis are not batched together.
+Requests are refused by Triton itself, before they reach the model, when their shape or datatype
+does not fit the declared inputs or their batch is above ``max_batch`` (one cannot be split here:
+the model's batch limit is part of the contract a client sizes its requests by). Values the
+runner refuses (NaN/inf pixels, token ids out of range) come back to the client as a Triton error
+(HTTP 500; an error status on gRPC) whose text ends with the runner's :class:`RunnerError`
+message; the server keeps serving. A Triton batch succeeds or fails as a whole, so the other requests batched with a
+bad one fail too: their error says which request of the batch was bad.
+
+``instances`` > 1 binds one callable per instance, each with its own runner (its own ONNX Runtime
+session or TensorRT context), so that batches run in parallel.
+
+Runtime code: numpy, pytriton and this project's engines and uncertainty packages; never torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import sysconfig
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
+
+logger = logging.getLogger("hydra_deploy")
+
+INSTALL_HINT = "pip install 'hydra-deploy[serve]'"
+SCALAR_OUTPUTS = ("msp", "predictive_entropy", "expected_entropy", "mutual_information",
+                  "disagreement")  # fmt: skip
+OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
+#: seconds Triton waits for in-flight requests (and open client connections) when stopping;
+#: Triton's own default (30 s) makes every Ctrl-C of an idle server with a connected client wait 30 s
+EXIT_TIMEOUT_S = 5
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # what PyTriton / Triton accept as a model name
+
+
+# --- configuration -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServeConfig:
+    """What to serve and how; ``None`` takes the default described beside each field."""
+
+    export_dir: str | os.PathLike
+    host: str = "127.0.0.1"  # "0.0.0.0": every interface
+    http_port: int = 8000
+    grpc_port: int | None = None  # http_port + 1
+    metrics_port: int | None = None  # http_port + 2
+    model_name: str | None = None  # the export folder's name, sanitised
+    max_batch: int | None = None  # the export's batch_profile max (32 when it has none)
+    preferred_batch: Sequence[int] | None = None  # the profile's opt and max (<= max_batch)
+    queue_delay_us: int = 1000
+    instances: int = 1
+    threads: int | None = None  # ONNX Runtime's default; with instances > 1: cores / instances
+    providers: Sequence[str] | None = None  # ONNX Runtime providers (default: CUDA, then CPU)
+    exit_timeout_s: int = EXIT_TIMEOUT_S
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """The three ports by the command-line flag that sets them."""
+        base = self.http_port
+        return {
+            "--port": base,
+            "--grpc-port": base + 1 if self.grpc_port is None else self.grpc_port,
+            "--metrics-port": base + 2 if self.metrics_port is None else self.metrics_port,
+        }
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_config(config: ServeConfig) -> None:
+    """ServeError for a setting that cannot work, before anything is loaded or started."""
+    for flag, port in config.ports.items():
+        if not _is_int(port) or not 1 <= port <= 65535:
+            raise ServeError(f"{flag} {port} is not a TCP port; use 1..65535")
+    ports = list(config.ports.values())
+    if len(set(ports)) < len(ports):
+        raise ServeError(
+            f"HTTP, gRPC and metrics need three different ports, got {config.ports}; set "
+            "--grpc-port / --metrics-port"
+        )
+    for flag, value, low in (("--instances", config.instances, 1),
+                             ("--queue-delay-us", config.queue_delay_us, 0),
+                             ("--threads", config.threads, 1),
+                             ("--max-batch", config.max_batch, 1)):  # fmt: skip
+        if value is not None and (not _is_int(value) or value < low):
+            raise ServeError(f"{flag} must be an integer of at least {low}, got {value!r}")
+    if config.preferred_batch is not None and (
+        not config.preferred_batch or any(not _is_int(b) or b < 1 for b in config.preferred_batch)
+    ):
+        raise ServeError(f"--preferred-batch sizes must be integers >= 1, got {config.preferred_batch!r}")  # fmt: skip
+    if config.model_name is not None and not _MODEL_NAME.match(config.model_name):
+        raise ServeError(
+            f"--model-name {config.model_name!r} is not a Triton model name: use letters, digits, "
+            "'.', '_' and '-' only"
+        )
+
+
+def check_ports_free(host: str, ports: dict[str, int]) -> None:
+    """ServeError naming the first port something on ``host`` already listens on, and its flag."""
+    for flag, port in ports.items():
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]  # fmt: skip
+        except socket.gaierror as err:
+            raise ServeError(f"--host {host!r} is not an address of this machine ({err})") from None
+        with socket.socket(family, kind, proto) as probe:
+            # as Triton binds: SO_REUSEADDR, so a port left in TIME_WAIT by a stopped server is free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as err:
+                raise ServeError(
+                    f"port {port} on {host} is not free ({err.strerror}); stop what listens there "
+                    f"or choose another with {flag}"
+                ) from None
+
+
+# --- the Python that Triton's backend stub runs ------------------------------------------------
+def _import_pytriton():
+    try:
+        import pytriton  # noqa: F401
+        from pytriton.triton import Triton
+    except ImportError as err:
+        raise ServeError(
+            f"hydra-serve needs PyTriton ({err}): {INSTALL_HINT} (Linux; it brings the Triton "
+            "server binary)"
+        ) from None
+    return Triton
+
+
+def _stub_versions() -> list[str]:
+    import pytriton
+
+    stubs = Path(pytriton.__file__).parent / "tritonserver" / "python_backend_stubs"
+    found = [p.name for p in stubs.iterdir() if (p / "triton_python_backend_stub").is_file()] if stubs.is_dir() else []  # fmt: skip
+    return sorted(found, key=lambda v: tuple(int(part) for part in v.split(".") if part.isdigit()))
+
+
+def check_python_supported() -> None:
+    """ServeError unless PyTriton ships a Triton Python-backend stub for this Python."""
+    _import_pytriton()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    shipped = _stub_versions()
+    if version not in shipped:
+        raise ServeError(
+            f"PyTriton ships Triton Python-backend stubs for Python {', '.join(shipped) or 'none'}, "
+            f"not for this Python {version}: run hydra-serve from a virtual environment of one of "
+            "those versions"
+        )
+
+
+def prefer_own_libpython(environ: dict[str, str] | None = None) -> str | None:
+    """Put this interpreter's libpython first on ``LD_LIBRARY_PATH`` (before Triton starts).
+
+    Triton's Python-backend stub links ``libpythonX.Y.so.1.0`` and then imports the standard
+    library of *this* interpreter (the model's environment). Resolved the usual way, the library
+    can be another build of the same minor version (Debian's 3.11.2 beside pyenv's 3.11.7), whose
+    C objects do not fit this stdlib: model load fails with ``AttributeError: '_thread.RLock' object
+    has no attribute '_recursion_count'``. A shared build (``Py_ENABLE_SHARED``) has its own
+    library in ``LIBDIR``; the stub then loads that one. Returns the folder put first, or None
+    when this Python is not a shared build (the stub uses the system's library: warned, or a
+    ServeError when there is none).
+    """
+    environ = os.environ if environ is None else environ
+    soname = f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0"
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if (
+        sysconfig.get_config_var("Py_ENABLE_SHARED")
+        and libdir
+        and (Path(libdir) / soname).is_file()
+    ):
+        paths = [p for p in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        if not paths or paths[0] != libdir:
+            environ["LD_LIBRARY_PATH"] = os.pathsep.join([libdir, *(p for p in paths if p != libdir)])  # fmt: skip
+        return libdir
+    found = ctypes.util.find_library(f"python{sys.version_info.major}.{sys.version_info.minor}")
+    if not found:
+        raise ServeError(
+            f"Triton's Python backend needs {soname}, and this Python ({sys.executable}) is not a "
+            "shared build and none is installed: install the system's shared library (Debian/"
+            f"Ubuntu: apt install libpython{sys.version_info.major}.{sys.version_info.minor}) "
+            "or use a Python built with --enable-shared (pyenv: "
+            "PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install ...)"
+        )
+    logger.warning(
+        "this Python (%s) is not a shared build: Triton's Python backend will load the system's "
+        "%s; if the model then fails to load (an AttributeError in threading), use a Python built "
+        "with --enable-shared of the same version",
+        sys.executable,
+        found,
+    )
+    return None
+
+
+# --- the model: tensors and the inference callable -------------------------------------------------
+def _dims(shape: Sequence[Any]) -> tuple[int, ...]:
+    return tuple(int(d) if isinstance(d, int) and d >= 0 else -1 for d in shape)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A served input or output: name, dims without the batch axis (-1: dynamic), numpy dtype."""
+
+    name: str
+    dims: tuple[int, ...]
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype}
+
+
+def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The served inputs (the runner's) and outputs (``OUTPUT_NAMES``) of a Hydra runner."""
+    logits = next((t for t in runner.outputs if t.name == "member_logits"), None)
+    if logits is None or logits.rank != 3:
+        raise ServeError(
+            f"{runner.path} has no member_logits output [batch, M, C] (outputs: "
+            f"{[t.describe() for t in runner.outputs]}); is it a Hydra export (hydra-export)?"
+        )
+    inputs = []
+    for spec in runner.inputs:
+        if spec.dtype == "bfloat16" or spec.rank < 1:
+            raise ServeError(
+                f"input {spec.describe()} of {runner.path} cannot be served: inputs need a batch "
+                "axis and a numpy dtype (hydra-export keeps them float32 / int64)"
+            )
+        inputs.append(TensorInfo(spec.name, _dims(spec.shape[1:]), spec.dtype))
+    members, classes = _dims(logits.shape[1:])
+    outputs = [TensorInfo("member_logits", (members, classes), "float32"),
+               TensorInfo("probs", (classes,), "float32"),
+               *(TensorInfo(name, (1,), "float32") for name in SCALAR_OUTPUTS),
+               TensorInfo("prediction", (1,), "int64")]  # fmt: skip
+    return inputs, outputs
+
+
+def score_batch(runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What the server answers for a batch: member logits, probs and scores, shaped as served."""
+    from hydra_deploy.uncertainty import ensemble_scores
+
+    logits = runner(inputs)["member_logits"]
+    scores = ensemble_scores(logits)
+    answer = {
+        "member_logits": np.ascontiguousarray(logits, dtype=np.float32),
+        "probs": scores["probs"].astype(np.float32),
+    }
+    for name in SCALAR_OUTPUTS:
+        answer[name] = scores[name].astype(np.float32)[:, None]  # [batch, 1]: dims [1]
+    answer["prediction"] = scores["prediction"].astype(np.int64)[:, None]
+    return answer
+
+
+def _bad_requests(runner, requests: Sequence[Any]) -> list[tuple[int, str]]:
+    """(index, message) of the requests whose inputs the runner refuses on their own."""
+    bad = []
+    for index, request in enumerate(requests):
+        try:
+            runner.check_inputs({name: request[name] for name in request})
+        except RunnerError as err:
+            bad.append((index, str(err)))
+    return bad
+
+
+def make_infer_func(runner) -> Callable[[list], list]:
+    """The inference callable of one model instance: Triton requests in, responses out."""
+    from pytriton.decorators import batch
+
+    @batch
+    def infer_batch(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        return score_batch(runner, inputs)
+
+    def infer(requests: list) -> list:
+        try:
+            return infer_batch(requests)
+        except HydraError:
+            # the error reaches every client of this batch (Triton fails a batch as a whole);
+            # when several requests were batched, say which of them the runner refuses
+            if len(requests) < 2:
+                raise
+            bad = _bad_requests(runner, requests)
+            if not bad:
+                raise
+            which = ", ".join(str(i + 1) for i, _ in bad)
+            raise RunnerError(
+                f"request(s) {which} of the {len(requests)} requests batched together are refused "
+                f"(the others fail with them: send them again): {bad[0][1]}"
+            ) from None
+
+    return infer
+
+
+# --- the server -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Batching:
+    """The dynamic batcher's settings: max batch, preferred sizes, and the export's own limit."""
+
+    max_batch: int
+    preferred: list[int]
+    profile_max: int | None
+
+
+def resolve_batching(config: ServeConfig, runner) -> Batching:
+    """Max and preferred batch sizes: the config's, checked against the export's profile."""
+    profile = (runner.info or {}).get("batch_profile") or {}
+    profile_max = runner.max_batch
+    source = "its engine profile" if runner.backend == "tensorrt" else "hydra.json batch_profile"
+    if config.max_batch is None:
+        max_batch = profile_max or 32
+    elif profile_max is not None and config.max_batch > profile_max:
+        raise ServeError(
+            f"--max-batch {config.max_batch} is above the export's maximum batch {profile_max} "
+            f"({source}); use at most {profile_max}, or re-export with a larger batch profile "
+            "(hydra-export --batch MIN OPT MAX)"
+        )
+    else:
+        max_batch = config.max_batch
+    if config.preferred_batch is None:
+        opt = profile.get("opt") if isinstance(profile, dict) else None
+        wanted = [b for b in (opt, max_batch) if _is_int(b) and 1 <= b <= max_batch]
+    else:
+        wanted = [int(b) for b in config.preferred_batch]
+        above = [b for b in wanted if b > max_batch]
+        if above:
+            raise ServeError(
+                f"--preferred-batch {' '.join(map(str, above))} is above the max batch {max_batch}; "
+                f"use sizes of at most {max_batch} (or raise --max-batch)"
+            )
+    return Batching(max_batch, sorted(set(wanted)), profile_max)
+
+
+def _endpoints(host: str, ports: dict[str, int]) -> dict[str, str]:
+    shown = f"[{host}]" if ":" in host else host
+    return {
+        "http": f"http://{shown}:{ports['--port']}",
+        "grpc": f"{shown}:{ports['--grpc-port']}",
+        "metrics": f"http://{shown}:{ports['--metrics-port']}/metrics",
+    }
+
+
+#: Triton APIs PyTriton (>= 0.7) guards with an access token that only this process knows: model
+#: loading, shared memory, tracing and log settings. Statistics stay open to every client: they
+#: are read-only, the /metrics endpoint serves the same counts, and a load test reads the batch
+#: sizes the dynamic batcher formed from them.
+RESTRICTED_APIS = ("shared-memory", "model-repository", "trace", "logging")
+
+
+def _security_kwargs() -> dict[str, Any]:
+    try:
+        from pytriton.triton import TritonSecurityConfig
+    except ImportError:  # PyTriton < 0.7 restricts nothing
+        return {}
+    return {"security_config": TritonSecurityConfig(restricted_endpoints=list(RESTRICTED_APIS))}
+
+
+#: PyTriton (0.7) instances other than the first read their configuration from a Unix socket the
+#: first one opens; they look once, 1 s at most, and with instances started in parallel on a busy
+#: machine they can come too early ("Connection refused" / "Timeout occurred while waiting for
+#: config file"): the model load fails. Triton is then restarted, this many starts in all.
+START_ATTEMPTS = 3
+
+
+def _handshake_race(err: BaseException) -> bool:
+    text = str(err)
+    return "handshake" in text or "config.sock" in text or "waiting for config file" in text
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """A multi-line error (Triton passes tracebacks on) as one line: its first line and, when it
+    holds a traceback, the exception that ended it (``ConnectionRefusedError: ...``)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    found = [line for line in lines[1:] if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", line)]
+    summary = lines[0] if not found or found[-1] == lines[0] else f"{lines[0]} ... {found[-1]}"
+    return summary if len(summary) <= limit else summary[: limit - 3] + "..."
+
+
+class HydraServer:
+    """One export served by a local Triton server (see the module docstring).
+
+    Making one checks the settings, loads one runner per instance and checks the ports are free;
+    :meth:`start` starts Triton and waits until the model is ready; :meth:`serve_forever` blocks
+    until SIGINT/SIGTERM (or the server's death: ServeError); :meth:`stop` stops Triton and frees
+    the runners. A ``with`` block starts and stops it.
+    """
+
+    def __init__(self, config: ServeConfig) -> None:
+        from hydra_deploy.engines import load_runner
+
+        check_config(config)
+        check_ports_free(config.host, config.ports)
+        check_python_supported()
+        self.config = config
+        self.path = Path(config.export_dir)
+        threads = config.threads
+        if threads is None and config.instances > 1:  # instances share the cores, not each all
+            threads = max(1, (os.cpu_count() or 1) // config.instances)
+        self.threads = threads
+        providers = list(config.providers) if config.providers else None
+        self.runners = [load_runner(self.path, providers=providers, threads=threads)
+                        for _ in range(config.instances)]  # fmt: skip
+        runner = self.runners[0]
+        self.inputs, self.outputs = model_tensors(runner)
+        self.batching = resolve_batching(config, runner)
+        self.model_name = config.model_name or default_model_name(self.path)
+        self.ports = config.ports
+        self.endpoints = _endpoints(config.host, self.ports)
+        self._triton: Any = None
+        self._signal: int | None = None
+
+    # --- what is served ------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The served model, its endpoints and settings (what ``hydra-serve --json`` prints)."""
+        runner = self.runners[0]
+        return {
+            "model": self.model_name,
+            "export": str(self.path),
+            "family": runner.family,
+            "class_names": runner.class_names,
+            "endpoints": self.endpoints,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "max_batch": self.batching.max_batch,
+            "preferred_batch": self.batching.preferred,
+            "queue_delay_us": self.config.queue_delay_us,
+            "instances": self.config.instances,
+            "threads": self.threads,
+            "backend": runner.backend,
+            "providers": list(runner.providers),
+            "pid": os.getpid(),
+        }
+
+    # --- running -------------------------------------------------------------------------------
+    def _triton_config(self):
+        from pytriton.triton import TritonConfig
+
+        host = self.config.host
+        return TritonConfig(
+            http_address=host, http_port=self.ports["--port"],
+            grpc_address=host, grpc_port=self.ports["--grpc-port"],
+            metrics_address=host, metrics_port=self.ports["--metrics-port"],
+            exit_timeout_secs=int(self.config.exit_timeout_s), log_verbose=0,
+        )  # fmt: skip
+
+    def _bind(self, triton: Any) -> None:
+        from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+
+        def tensors(infos: list[TensorInfo]) -> list[Any]:
+            return [Tensor(name=t.name, dtype=np.dtype(t.dtype).type, shape=t.dims) for t in infos]
+
+        triton.bind(
+            model_name=self.model_name,
+            infer_func=[make_infer_func(runner) for runner in self.runners],
+            inputs=tensors(self.inputs),
+            outputs=tensors(self.outputs),
+            config=ModelConfig(
+                max_batch_size=self.batching.max_batch,
+                batcher=DynamicBatcher(
+                    preferred_batch_size=self.batching.preferred,
+                    max_queue_delay_microseconds=self.config.queue_delay_us,
+                ),
+            ),
+            strict=True,  # outputs checked against the declared dims and dtypes
+        )
+
+    def start(self) -> None:
+        """Start Triton and load the model; returns when it is ready (ServeError if it fails)."""
+        if self._triton is not None:
+            return
+        Triton = _import_pytriton()
+        prefer_own_libpython()  # before Triton's process (and its backend stub) starts
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._triton = Triton(config=self._triton_config(), **_security_kwargs())
+                self._bind(self._triton)
+                self._triton.run()
+                return
+            except HydraError:
+                self.stop()
+                raise
+            except Exception as err:  # PyTriton / tritonclient errors, TimeoutError
+                self.stop()
+                if attempt < START_ATTEMPTS and self.config.instances > 1 and _handshake_race(err):
+                    logger.warning(
+                        "a model instance missed PyTriton's configuration handshake (a race of "
+                        "PyTriton's when instances start in parallel); restarting Triton "
+                        "(attempt %d of %d)", attempt + 1, START_ATTEMPTS,
+                    )  # fmt: skip
+                    continue
+                raise ServeError(
+                    f"Triton did not start serving {self.model_name!r}: {type(err).__name__}: "
+                    f"{one_line(str(err))}"
+                ) from err
+
+    def serve_forever(self) -> None:
+        """Block until SIGINT or SIGTERM, then stop; ServeError when Triton dies on its own."""
+        self.start()
+        previous: dict[int, Any] = {}
+        with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, self._on_signal)
+        try:
+            self._triton.serve()  # PyTriton stops Triton on KeyboardInterrupt, or Triton died
+        except KeyboardInterrupt:  # a signal outside PyTriton's own try
+            pass
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.stop()
+        if self._signal is None:
+            raise ServeError(
+                f"the Triton server serving {self.model_name!r} exited on its own; see its log "
+                "(hydra-serve prints it on stderr unless --quiet)"
+            )
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signal = signum
+        raise KeyboardInterrupt  # what PyTriton's serve() stops on
+
+    def stop(self) -> None:
+        """Stop Triton (in-flight requests get ``exit_timeout_s``) and free the runners."""
+        triton, self._triton = self._triton, None
+        if triton is not None:
+            try:
+                triton.stop()
+            except Exception as err:  # stopping is best effort; the process is going anyway
+                logger.warning("stopping Triton: %s", err)
+
+    def close(self) -> None:
+        self.stop()
+        for runner in self.runners:
+            runner.close()
+
+    def __enter__(self) -> HydraServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(config: ServeConfig, on_ready: Callable[[HydraServer], None] | None = None) -> None:
+    """Serve ``config`` until SIGINT/SIGTERM; ``on_ready(server)`` is called once it is ready."""
+    server = HydraServer(config)
+    try:
+        server.start()
+        if on_ready is not None:
+            on_ready(server)
+        server.serve_forever()
+    finally:
+        server.close()
+
+
+__all__ = [
+    "EXIT_TIMEOUT_S",
+    "OUTPUT_NAMES",
+    "RESTRICTED_APIS",
+    "START_ATTEMPTS",
+    "Batching",
+    "HydraServer",
+    "ServeConfig",
+    "TensorInfo",
+    "check_config",
+    "check_ports_free",
+    "check_python_supported",
+    "default_model_name",
+    "make_infer_func",
+    "model_tensors",
+    "one_line",
+    "prefer_own_libpython",
+    "resolve_batching",
+    "sanitize_model_name",
+    "score_batch",
+    "serve",
+]
