@@ -33,3 +33,36 @@ def test_public_names_resolve_lazily():
     assert set(hydra_deploy.__all__) <= set(dir(hydra_deploy))
     with pytest.raises(AttributeError, match="no_such_name"):
         hydra_deploy.no_such_name  # noqa: B018
+
+
+def _console_scripts() -> dict[str, str]:
+    """The installed package's console scripts (pyproject's [project.scripts])."""
+    from importlib.metadata import distribution
+
+    points = distribution("hydra-deploy").entry_points
+    return {p.name: p.value for p in points if p.group == "console_scripts"}
+
+
+@pytest.mark.parametrize("script", sorted(_console_scripts()))
+def test_every_command_has_help_with_examples(script, capsys):
+    """Each console script resolves to a main() whose --help exits 0 and shows examples."""
+    import importlib
+
+    module, _, function = _console_scripts()[script].partition(":")
+    main = getattr(importlib.import_module(module), function)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: {script}") and "examples:" in text and "--debug" in text
+
+
+def test_serving_runtime_imports_without_torch():
+    """The Triton repository writer, hydra-serve and the Ray scorer are runtime code: numpy and
+    the serving library, never torch."""
+    modules = _imported_after(
+        "import hydra_deploy.serve.triton_repo, hydra_deploy.serve.pytriton_app, "
+        "hydra_deploy.distributed.ray_score, hydra_deploy.cli.serve, hydra_deploy.cli.score_dataset"
+    )
+    assert "hydra_deploy.serve.triton_repo" in modules
+    assert not {"torch", "timm", "transformers"} & modules
