@@ -12,11 +12,12 @@ import os
 import platform
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from hydra_deploy.bench.latency import cpu_model, load_average
 
-__all__ = ["cpu_model", "load_average", "machine", "note", "progress_bar"]
+__all__ = ["cpu_model", "load_average", "machine", "note", "progress_bar", "refuse_existing"]
 
 
 def machine() -> dict[str, Any]:
@@ -57,3 +58,14 @@ def note(args: argparse.Namespace, message: str) -> None:
     """A progress line on stderr unless --quiet."""
     if not args.quiet:
         print(message, file=sys.stderr)
+
+
+def refuse_existing(json_out: Path, overwrite: bool) -> Path | None:
+    """The report's markdown path beside ``json_out``; None (and one ``error:`` line on stderr)
+    when either exists and ``overwrite`` is off."""
+    markdown_out = json_out.with_suffix(".md")
+    for path in (json_out, markdown_out):
+        if path.exists() and not overwrite:
+            print(f"error: {path} exists; pass --overwrite to replace it", file=sys.stderr)
+            return None
+    return markdown_out

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import load_average, machine, note, progress_bar
+from common import load_average, machine, note, progress_bar, refuse_existing
 from torch import nn
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
@@ -617,11 +617,9 @@ def images_per_model(name: str, args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    markdown_out = args.out.with_suffix(".md")
-    for path in (args.out, markdown_out):
-        if path.exists() and not args.overwrite:
-            print(f"error: {path} exists; pass --overwrite to replace it", file=sys.stderr)
-            return 2
+    markdown_out = refuse_existing(args.out, args.overwrite)
+    if markdown_out is None:
+        return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logging.getLogger("hydra_deploy").setLevel(logging.ERROR if args.quiet else logging.WARNING)
     found = torch.get_num_threads()

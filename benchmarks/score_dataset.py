@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import load_average, machine, note
+from common import load_average, machine, note, refuse_existing
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.cli.common import print_table
@@ -208,11 +208,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    markdown_out = args.out.with_suffix(".md")
-    for path in (args.out, markdown_out):
-        if path.exists() and not args.overwrite:
-            print(f"error: {path} exists; pass --overwrite to replace it", file=sys.stderr)
-            return 2
+    markdown_out = refuse_existing(args.out, args.overwrite)
+    if markdown_out is None:
+        return 2
     logging.getLogger("hydra_deploy").setLevel(logging.ERROR)
     load_start = load_average()
     if load_start and load_start[0] > 0.5:

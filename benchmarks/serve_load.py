@@ -99,6 +99,15 @@ def is_running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
+def still_running(pids: Sequence[int], within_s: float = 10.0) -> list[int]:
+    """The ``pids`` still running after waiting up to ``within_s`` for them to end (the server's
+    children, reparented when it exits, finish their own shutdown a moment later)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(is_running(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if is_running(p)]
+
+
 @dataclass
 class ServerProcess:
     """``hydra-serve EXPORT`` as a subprocess on loopback ports; :meth:`start` waits until ready.
@@ -506,17 +515,15 @@ def _versions() -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from common import load_average, machine, note
+    from common import load_average, machine, note, refuse_existing
 
     from hydra_deploy.atomic import atomic_write_json, atomic_write_text
     from hydra_deploy.engines import load_runner
 
     args = parse_args(argv)
-    md_path = args.out.with_suffix(".md")
-    for path in (args.out, md_path):
-        if path.exists() and not args.overwrite:
-            print(f"error: {path} exists; pass --overwrite to replace it", file=sys.stderr)
-            return 1
+    md_path = refuse_existing(args.out, args.overwrite)
+    if md_path is None:
+        return 1
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="serve_load.") as scratch:
         folder = Path(scratch)

@@ -70,6 +70,32 @@ def tiny_bert(config: str = "segments", seed: int = 0) -> HfBertAdapter:
     return load_backbone(scramble_bert(model.eval(), seed))
 
 
+def tiny_text_export(root, batch=(1, 2, 4)):
+    """A tiny BERT export (vocabulary 100) with a 12-word WordLevel tokenizer in tokenizer/, written
+    to ``root / "export"``; returns that folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from hydra_deploy.export import export_onnx
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "a", "mat", "dog",
+             "ran"]  # fmt: skip
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    source = root / "tokenizer-source"
+    source.mkdir(parents=True)
+    tokenizer.save(str(source / "tokenizer.json"))
+    backbone = tiny_bert("segments")
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=2, heads_per_member=2, seed=0)  # fmt: skip
+    hydra = fuse(backbone, spec)
+    hydra.tokenizer_dir = str(source)
+    export_onnx(hydra, root / "export", batch=batch, validate=False)
+    return root / "export"
+
+
 @pytest.fixture(scope="module")
 def tiny_berts() -> dict[str, HfBertAdapter]:
     return {name: tiny_bert(name) for name in TINY_BERT}

@@ -70,27 +70,10 @@ def export_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_export(tmp_path_factory):
-    """A tiny BERT export with a 12-word WordLevel tokenizer (as tests/test_family_exports.py)."""
-    from test_bert import tiny_bert
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    """A tiny BERT export with a 12-word WordLevel tokenizer (test_bert.tiny_text_export)."""
+    from test_bert import tiny_text_export as make
 
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "a", "mat", "dog",
-             "ran"]  # fmt: skip
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
-    source = tmp_path_factory.mktemp("tokenizer")
-    tokenizer.save(str(source / "tokenizer.json"))
-    backbone = tiny_bert("segments")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=2, heads_per_member=2, seed=0)  # fmt: skip
-    hydra = fuse(backbone, spec)
-    hydra.tokenizer_dir = str(source)
-    out = tmp_path_factory.mktemp("text") / "export"
-    export_onnx(hydra, out, batch=(1, 2, 4), validate=False)
-    return out
+    return make(tmp_path_factory.mktemp("text"))
 
 
 def make_images(folder: Path, count: int, seed: int = 0) -> Path:

@@ -357,7 +357,7 @@ def test_text_export_with_two_instances_and_sigterm(tmp_path):
         children = serve_load.descendants(process.process.pid)
         code = process.stop(signal.SIGTERM, timeout_s=60)
     assert code == 0, process.log_tail()
-    assert not [pid for pid in children if serve_load.is_running(pid)]
+    assert not serve_load.still_running(children, within_s=10), "left running"
 
 
 # --- last: the shared server stops on SIGINT -----------------------------------------------------------
@@ -370,10 +370,7 @@ def test_sigint_stops_the_server_cleanly(server):
     took = time.monotonic() - started
     assert code == 0, server.log_tail()
     assert took < 30, f"stopping took {took:.1f} s"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(serve_load.is_running(p) for p in children):
-        time.sleep(0.1)
-    assert not [pid for pid in children if serve_load.is_running(pid)], "left running"
+    assert not serve_load.still_running(children, within_s=10), "left running"
     stdout = (server.log_dir / "stdout.txt").read_text().splitlines()
     assert len(stdout) == 1 and stdout[0].startswith('{"model"'), stdout[:3]  # Triton's log: stderr
     from hydra_deploy.serve.pytriton_app import check_ports_free

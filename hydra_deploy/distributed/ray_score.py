@@ -112,7 +112,7 @@ class ExportInfo:
 
     @classmethod
     def read(cls, export_dir: str | os.PathLike) -> ExportInfo:
-        from hydra_deploy.engines.runner import _sha256
+        from hydra_deploy.engines.runner import _read_export_info, _sha256
 
         folder = Path(export_dir)
         if not folder.exists():
@@ -126,17 +126,12 @@ class ExportInfo:
                 f"{str(folder)!r} is not an export folder: model.onnx is missing (make one with "
                 "hydra-export --out DIR)"
             )
-        if not info_path.is_file():
+        info = _read_export_info(info_path)  # refuses a foreign format or a non-object
+        if info is None:
             raise RunnerError(
                 f"{folder} lacks hydra.json (preprocessing, batch profile, class names); "
                 "re-export the model with hydra-export"
             )
-        try:
-            info = json.loads(info_path.read_text())
-        except (OSError, ValueError) as err:
-            raise RunnerError(f"cannot read {info_path}: {err}; restore it or re-export") from err
-        if not isinstance(info, dict):
-            raise RunnerError(f"{info_path} is not a JSON object; restore it or re-export")
         profile = info.get("batch_profile")
         profile = profile if isinstance(profile, dict) else {}
         batch_opt, batch_max = (v if isinstance(v, int) and not isinstance(v, bool) and v >= 1
