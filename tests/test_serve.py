@@ -71,7 +71,7 @@ def export_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(export_dir, tmp_path_factory):
     if UNAVAILABLE is not None:
-        pytest.skip(f"no Triton here: {UNAVAILABLE}")
+        pytest.skip(reason=f"no Triton here: {UNAVAILABLE}")
     process = serve_load.ServerProcess(export_dir, tmp_path_factory.mktemp("server-logs"))
     process.start(timeout_s=120)
     yield process
@@ -310,7 +310,7 @@ def test_model_names_and_libpython_path(tmp_path):
     assert default_model_name(tmp_path / "ex.port") == "ex.port"
     assert default_model_name(tmp_path / "model.onnx") == "model"
     if UNAVAILABLE is not None:
-        pytest.skip(f"no Triton here: {UNAVAILABLE}")
+        pytest.skip(reason=f"no Triton here: {UNAVAILABLE}")
     import sysconfig
 
     from hydra_deploy.serve.pytriton_app import prefer_own_libpython
