@@ -319,6 +319,11 @@ def test_hydra_build_triton_with_a_prebuilt_engine(exports, tmp_path):
     [
         (["--trtexec"], "--triton needs an engine and --trtexec builds none here"),
         (["--engine", "missing.plan"], "engine 'missing.plan' does not exist"),
+        (
+            ["--engine", "x.plan", "--precision", "fp16", "--max-batch", "8"],
+            "--engine adds an engine already built, so --precision, --max-batch (settings of a build) "
+            "would do nothing",
+        ),
     ],
 )
 def test_hydra_build_triton_refusals(exports, tmp_path, extra, message):

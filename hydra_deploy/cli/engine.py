@@ -153,6 +153,17 @@ def main_body(args: argparse.Namespace) -> int:
                 "--triton needs an engine and --trtexec builds none here: run the trtexec line on "
                 "the target, then hydra-build EXPORT_DIR --triton REPO --engine FILE"
             )
+        if args.engine is not None:
+            building = [flag for flag, value in (
+                ("--precision", args.precision), ("--out", args.out), ("--min-batch", args.min_batch),
+                ("--opt-batch", args.opt_batch), ("--max-batch", args.max_batch),
+                ("--timing-cache", args.timing_cache), ("--strongly-typed/--weakly-typed", args.strongly_typed),
+            ) if value is not None]  # fmt: skip
+            if building:
+                raise EngineError(
+                    f"--engine adds an engine already built, so {', '.join(building)} (settings of "
+                    "a build) would do nothing: drop them, or drop --engine to build one"
+                )
         triton.preflight(args, args.export_dir, with_engine=True)
         if args.engine is not None:
             result = triton.write(args, args.export_dir, engine=args.engine)

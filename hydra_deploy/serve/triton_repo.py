@@ -23,8 +23,8 @@ the graph (``hydra-export --uq-outputs``): Triton then answers them with no Pyth
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
 installed, parsed with Triton's own ``ModelConfig`` protobuf before anything is written. Each model
 folder is assembled under a temporary name beside it and renamed into place, so a model folder with
-a ``config.pbtxt`` is always complete. Imports numpy-free stdlib only (plus the runner's hydra.json
-reader); never torch.
+a ``config.pbtxt`` is always complete. Imports the standard library and the runner's hydra.json
+reader only; never torch.
 """
 
 from __future__ import annotations
