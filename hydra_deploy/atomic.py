@@ -42,6 +42,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def staging_dir(parent: str | os.PathLike, name: str, suffix: str = ".tmp") -> Path:
+    """A new hidden folder in ``parent`` to assemble an artifact folder in, then rename into place.
+
+    ``tempfile.mkdtemp`` makes it private (``drwx------``); the result is an ordinary folder, so
+    it gets the umask's mode like any ``mkdir``. Raises OSError.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=suffix, dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    return folder
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to a temporary file in the same folder, fsync it, then ``os.replace``.
 

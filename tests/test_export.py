@@ -458,3 +458,30 @@ def test_an_interrupted_export_leaves_nothing_behind(tmp_path):
         proc.kill()
     assert proc.returncode != 0 and "KeyboardInterrupt" in stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_constant_folding_prints_no_graphsurgeon_noise(capsys):
+    """Folding a weight transpose makes a large constant on purpose: no "Large tensors" warning and
+    no "colored module is not installed" note reach the user (issue 17, finding 9)."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    from hydra_deploy.export import surgery
+
+    weight = gs.Constant("weight", np.ones((1024, 512), np.float32))  # 2 MiB once transposed
+    x = gs.Variable("x", np.float32, (2, 512))
+    transposed = gs.Variable("transposed", np.float32, (512, 1024))
+    y = gs.Variable("y", np.float32, (2, 1024))
+    graph = gs.Graph(
+        nodes=[gs.Node("Transpose", inputs=[weight], outputs=[transposed], attrs={"perm": [1, 0]}),
+               gs.Node("MatMul", inputs=[x, transposed], outputs=[y])],
+        inputs=[x], outputs=[y],
+    )  # fmt: skip
+    G_LOGGER.once_logged.clear()  # the warning is logged once per process
+    severity, colors = G_LOGGER.severity, G_LOGGER.colors
+    surgery.cleanup(graph)
+    captured = capsys.readouterr()
+    assert "Large tensors" not in captured.out + captured.err
+    assert "colored" not in captured.out + captured.err
+    assert (G_LOGGER.severity, G_LOGGER.colors) == (severity, colors)  # restored
+    assert any(isinstance(t, gs.Constant) and t.shape == (512, 1024) for t in graph.tensors().values())

@@ -332,3 +332,50 @@ def test_backbone_is_not_modified(tuned):
     assert all(torch.equal(after[k], tuned["before"][k]) for k in after)
     assert not module.training
     assert all(not block.attn.proj._forward_pre_hooks for block in module.blocks)
+
+
+# --- 8. shared parts: kept equal across members, stored once in the fused model -----------------
+SHARED = ("cls_token", "pos_embed", "patch_embed.proj.weight", "norm.weight", "head.weight")
+
+
+@pytest.mark.parametrize("shared_parts", ["frozen", "averaged"])
+def test_shared_parts_stay_shared_and_the_fused_model_stores_them_once(
+    tuned, shared_parts, tmp_path
+):
+    backbone, spec, train = tuned["backbone"], tuned["spec"], tuned["train"]
+    members = finetune_members(backbone, spec, train, shared_parts=shared_parts,
+                               save_dir=tmp_path, **{**FAST, "max_steps": 10})  # fmt: skip
+    tables = [dict(m.named_parameters()) for m in members]
+    for name in SHARED:
+        assert all(torch.equal(t[name], tables[0][name]) for t in tables), name
+        frozen_equal = torch.equal(tables[0][name], dict(backbone.module.named_parameters())[name])
+        assert frozen_equal == (shared_parts == "frozen"), name  # averaged: tuned, then the mean
+    blocks = [t["blocks.0.mlp.fc1.weight"] for t in tables]
+    assert not torch.equal(blocks[0], blocks[1])  # the blocks are still each member's own
+    assert all(p.requires_grad for m in members for p in m.parameters())  # unfrozen afterwards
+    assert {e["shared_parts"] for e in members.history} == {shared_parts}
+
+    per_member = fuse(tuned["members"], spec, "grouped")
+    shared = fuse(members, spec, "grouped")
+    assert per_member.merge["embeddings"] == per_member.merge["classifier"] == "per-member"
+    assert shared.merge["embeddings"] == shared.merge["classifier"] == "shared"
+    assert shared.num_parameters() < per_member.num_parameters()
+    assert "per member: " in per_member.parameters_line()
+    assert "embeddings" not in shared.parameters_line().partition("per member:")[2]
+    # exact: the fused model equals each member run alone with its heads masked
+    x = train.dataset.tensors[0][:6]
+    with torch.no_grad():
+        fused = shared(x)
+        for m, module in enumerate(members):
+            alone = load_backbone(module)(x, spec.head_mask(m))
+            torch.testing.assert_close(fused[:, m], alone, atol=1e-5, rtol=1e-5)
+    # a saved run with other shared_parts is not reused
+    again = finetune_members(backbone, spec, train, shared_parts="per-member", save_dir=tmp_path,
+                             **{**FAST, "max_steps": 10})  # fmt: skip
+    assert not any(e["resumed"] for e in again.history)
+
+
+def test_bad_shared_parts_are_refused(digits_vit):
+    backbone, train, _ = digits_vit
+    with pytest.raises(FinetuneError, match="shared_parts must be one of"):
+        finetune_members(backbone, make_spec(backbone), train, shared_parts="shared", **FAST)

@@ -51,6 +51,10 @@ class BackboneAdapter(abc.ABC):
     head_dim: int
     embed_dim: int
     num_classes: int
+    #: Parameter-name prefixes (of ``module``) of the parts outside the attention blocks that the
+    #: fused model stores once when the members' copies are equal: embeddings, final norm, pooler,
+    #: classifier. ``finetune_members(shared_parts="frozen" | "averaged")`` keeps them equal.
+    shared_parameter_prefixes: tuple[str, ...] = ()
 
     # --- per-head gates --------------------------------------------------------------------------
     @abc.abstractmethod

@@ -314,6 +314,7 @@ class HfBertAdapter(BackboneAdapter):
     """
 
     family = "bert"
+    shared_parameter_prefixes = ("bert.embeddings.", "bert.pooler.", "classifier.")
 
     def __init__(
         self,

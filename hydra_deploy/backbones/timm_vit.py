@@ -108,6 +108,10 @@ class TimmVitAdapter(BackboneAdapter):
     """A timm VisionTransformer seen through the common adapter interface."""
 
     family = "vit"
+    shared_parameter_prefixes = (
+        "cls_token", "reg_token", "pos_embed", "patch_embed.", "norm_pre.", "norm.", "fc_norm.",
+        "head.",
+    )  # fmt: skip
 
     def __init__(self, model: nn.Module, name: str | None = None, weights: str = "random") -> None:
         check_supported(model)

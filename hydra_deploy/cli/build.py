@@ -118,6 +118,14 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     tune.add_argument(
         "--finetune-dir", type=Path, help="save members here and resume from them on a later run"
     )
+    tune.add_argument(
+        "--shared-parts",
+        choices=("per-member", "frozen", "averaged"),
+        default="per-member",
+        help="embeddings, final norm, pooler and classifier: fine-tuned in every member (default; "
+        "the export stores M copies), frozen, or fine-tuned then averaged (both: one copy, near "
+        "one model's size)",
+    )
 
     fusion = p.add_argument_group("fusion")
     fusion.add_argument(
@@ -162,6 +170,18 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
             f"--keep-ratio must be within (0, 1] (the fraction of each layer's heads a member "
             f"keeps; 1 keeps all), got {args.keep_ratio}"
         )
+    k = args.heads_per_member
+    if k is None and args.keep_ratio is None:
+        k = max(1, backbone.num_heads // max(args.members, 1))
+    keeps_all = (k if args.keep_ratio is None else args.keep_ratio * backbone.num_heads) >= (
+        backbone.num_heads
+    )
+    if args.members == 1 and keeps_all and args.importance is None:
+        logging.getLogger("hydra_deploy").info(
+            "one member keeping all %d heads per layer: the plain model (the single-model "
+            "baseline to compare a Hydra export with)", backbone.num_heads)  # fmt: skip
+        return HydraSpec.full(backbone.name, backbone.num_layers, backbone.num_heads,
+                              backbone.head_dim, members=1)  # fmt: skip
     importance = args.importance or ("taylor" if args.calib else "random")
     if importance != "random" and not args.calib:
         raise HydraError(
@@ -173,9 +193,6 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
             "them by importance", args.seed)  # fmt: skip
     if importance != "random" and (args.shared_layers or args.disjoint):
         raise HydraError("--shared-layers and --disjoint apply to --importance random only")
-    k = args.heads_per_member
-    if k is None and args.keep_ratio is None:
-        k = max(1, backbone.num_heads // max(args.members, 1))
     if importance == "random" and args.keep_ratio is None:
         return HydraSpec.random(
             backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim,
@@ -218,9 +235,9 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
         members = finetune_members(
             backbone, spec, args.finetune, epochs=args.epochs, lr=args.lr,
             batch_size=args.finetune_batch_size, max_steps=args.finetune_steps, seed=args.seed,
-            save_dir=args.finetune_dir, progress=progress,
+            save_dir=args.finetune_dir, progress=progress, shared_parts=args.shared_parts,
         )  # fmt: skip
-    elif args.finetune_steps or args.finetune_dir:
-        raise HydraError("--finetune-steps and --finetune-dir need --finetune DATA")
+    elif args.finetune_steps or args.finetune_dir or args.shared_parts != "per-member":
+        raise HydraError("--finetune-steps, --finetune-dir and --shared-parts need --finetune DATA")
     hydra = fuse(members, spec, args.mlp_merge, lowering=args.lowering)
-    return backbone, spec, members, hydra
+    return backbone, hydra.spec, members, hydra  # the spec as fused (its mlp_merge)

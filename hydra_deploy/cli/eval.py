@@ -93,7 +93,11 @@ def main_body(args: argparse.Namespace) -> int:
         log.info("ID: accuracy %.4f, ECE %.4f (%d bins), NLL %.4f", c["accuracy"], c["ece"],
                  args.bins, c["nll"])  # fmt: skip
         for name, entry in report["ood"].items():
-            parts = ", ".join(f"{s} AUROC {m['auroc']:.4f}" for s, m in entry["scores"].items())
+            parts = ", ".join(
+                f"{s} AUROC {m['auroc']:.4f}"
+                for s, m in entry["scores"].items()
+                if m["auroc"] is not None
+            )  # M = 1: no mutual information
             log.info("OOD %s: %s", name, parts)
         log.info("wrote %s", args.out)
     return 0

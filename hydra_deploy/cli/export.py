@@ -10,9 +10,9 @@ from pathlib import Path
 
 from hydra_deploy.cli import build, common, triton
 
-EXAMPLES = """\\
+EXAMPLES = """\
   hydra-export --backbone vit_b16                  # writes export/vit_b16-m3
-  hydra-export --backbone vit_b16 --checkpoint vit_b16.safetensors --calib train/ \\\\
+  hydra-export --backbone vit_b16 --checkpoint vit_b16.safetensors --calib train/ \\
                --heads-per-member 4 --finetune train/ --epochs 1 --out export/vit_b16-m3
   hydra-export --backbone vit_s16 --spec spec.json --max-batch 64 --out export/vit_s16 --json
   hydra-export --from export/vit_b16-m3 --opset 18 --uq-outputs --out export/vit_b16-m3-uq
@@ -161,10 +161,11 @@ def main_body(args: argparse.Namespace) -> int:
     else:
         _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
     macs = hydra.macs
-    log.info("built %d members (%s), %s parameters, %.2f x the single model's MACs",
-             spec.num_members, ", ".join(f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
-                                         for n in spec.heads_per_layer().sum(1)),
-             f"{hydra.num_parameters():,}", macs["hydra"] / macs["single"])  # fmt: skip
+    heads = ", ".join(f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
+                      for n in spec.heads_per_layer().sum(1))  # fmt: skip
+    log.info("built %d member%s (%s), %s, %.2f x the single model's MACs", spec.num_members,
+             "s" * (spec.num_members != 1), heads, hydra.parameters_line(),
+             macs["hydra"] / macs["single"])  # fmt: skip
     info = export_onnx(
         hydra, args.out, opset=args.opset, batch=batch,
         exporter=args.exporter, validate=not args.no_validate, uq_outputs=args.uq_outputs,

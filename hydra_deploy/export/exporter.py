@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hydra_deploy.atomic import staging_dir
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
 from hydra_deploy.export.precision import check_precision, compute_types
@@ -69,10 +69,7 @@ def export_onnx(
     batch = _check_arguments(hydra, out, opset, batch, overwrite)
     check_precision(precision)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+    staging = staging_dir(out.parent, out.name)
     try:
         started = time.perf_counter()
         model_path = staging / "model.onnx"
@@ -133,8 +130,9 @@ def export_onnx(
         info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
         (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
+        folder_mode = staging.stat().st_mode & 0o777  # the umask's, set by staging_dir
         for path in staging.rglob("*"):  # ordinary file modes (safetensors writes 0600)
-            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+            path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
         _move_into_place(staging, out, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -14,7 +14,8 @@ Each pass takes a ``gs.Graph``, edits it in place and returns how many places it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +66,32 @@ def fold_attention_scale(graph) -> int:
     return changed
 
 
+@contextlib.contextmanager
+def quiet_graphsurgeon() -> Iterator[None]:
+    """onnx-graphsurgeon's logger at ERROR, without colours, for the duration.
+
+    Folding weights (transposes, scale multiplications) makes large constants on purpose; its
+    "Large tensors" warning and the "colored module is not installed" note that comes with any
+    warning are noise a user can do nothing about.
+    """
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    severity, colors = G_LOGGER.severity, G_LOGGER.colors
+    G_LOGGER.severity, G_LOGGER.colors = G_LOGGER.ERROR, False
+    try:
+        yield
+    finally:
+        G_LOGGER.severity, G_LOGGER.colors = severity, colors
+
+
 def cleanup(graph) -> int:
     """Fold constants, drop dead nodes, sort topologically and give nodes stable names."""
     import onnxruntime
 
     before = len(graph.nodes)
     onnxruntime.set_default_logger_severity(3)  # constant folding runs ORT; keep its notes quiet
-    graph.fold_constants().cleanup().toposort()
+    with quiet_graphsurgeon():
+        graph.fold_constants().cleanup().toposort()
     stable_names(graph)
     return before - len(graph.nodes)
 

@@ -62,13 +62,27 @@ class HydraModel(nn.Module):
         """Stored parameters (padding zeros of heads included)."""
         return sum(p.numel() for p in self.parameters())
 
+    def per_member_parts(self) -> list[str]:
+        """The components of ``merge`` stored once per member (the rest are stored once)."""
+        return [k for k, v in self.merge.items() if isinstance(v, str) and "per-member" in v]
+
+    def parameters_line(self) -> str:
+        """Parameters, their ratio to one member's, and what is stored per member."""
+        line = f"{self.num_parameters():,} parameters"
+        single = getattr(self, "single_parameters", None)
+        if single:
+            line += f" ({self.num_parameters() / single:.2f} x the single model's {single:,})"
+        per_member = self.per_member_parts()
+        return line + (f"; per member: {', '.join(per_member)}" if per_member else "")
+
     def summary(self) -> str:
         macs = self.macs
+        members = f"{self.num_members} member{'s' * (self.num_members != 1)}"
         lines = [
-            f"HydraModel ({self.family}, {self.spec.backbone}): {self.num_members} members, "
+            f"HydraModel ({self.family}, {self.spec.backbone}): {members}, "
             f"{self.num_classes} classes, shared trunk of {self.trunk_layers} layer(s)",
             "merge: " + ", ".join(f"{k}={v}" for k, v in self.merge.items()),
-            f"parameters: {self.num_parameters():,}",
+            f"parameters: {self.parameters_line()}",
             f"GMACs per example: hydra {macs['hydra'] / 1e9:.3f}, single {macs['single'] / 1e9:.3f} "
             f"({macs['hydra'] / macs['single']:.2f} x), deep ensemble {macs['deep_ensemble'] / 1e9:.3f} "
             f"({macs['deep_ensemble'] / macs['single']:.2f} x)",
@@ -120,15 +134,13 @@ def fuse(
 
     family = families.pop()
     if family == "vit":
-        from hydra_deploy.fusion.vit import HydraViT
-
-        return HydraViT(members, spec, lowering=lowering, shared_trunk=shared_trunk)
-    if family == "bert":
-        from hydra_deploy.fusion.bert import HydraBert
-
-        return HydraBert(members, spec, lowering=lowering, shared_trunk=shared_trunk)
-    if family == "openclip":
-        from hydra_deploy.fusion.openclip import HydraOpenClip
-
-        return HydraOpenClip(members, spec, lowering=lowering, shared_trunk=shared_trunk)
-    raise FusionError(f"fusion is not implemented for the {family!r} family yet")
+        from hydra_deploy.fusion.vit import HydraViT as fused_class
+    elif family == "bert":
+        from hydra_deploy.fusion.bert import HydraBert as fused_class
+    elif family == "openclip":
+        from hydra_deploy.fusion.openclip import HydraOpenClip as fused_class
+    else:
+        raise FusionError(f"fusion is not implemented for the {family!r} family yet")
+    hydra = fused_class(members, spec, lowering=lowering, shared_trunk=shared_trunk)
+    hydra.single_parameters = members[0].num_parameters()  # the plain model, for the ratio
+    return hydra

@@ -53,8 +53,14 @@ FORMAT = "hydra-finetune/1"
 #: Settings that must match for a saved member to be reused.
 _MATCH_KEYS = (
     "heads", "epochs", "lr", "batch_size", "weight_decay", "seed", "max_steps", "warmup_steps",
-    "backbone", "data",
+    "backbone", "data", "shared_parts",
 )  # fmt: skip
+
+SHARED_PARTS = ("per-member", "frozen", "averaged")
+"""How ``finetune_members`` treats the parts outside the attention blocks (embeddings, final norm,
+pooler, classifier; ``BackboneAdapter.shared_parameter_prefixes``): ``"per-member"`` fine-tunes
+them in every member (the fused model then stores M copies), ``"frozen"`` keeps the backbone's
+(one copy), ``"averaged"`` fine-tunes them and then gives every member their mean (one copy)."""
 _FINGERPRINT_SAMPLE = 64  # examples hashed to recognise the training data
 
 
@@ -405,7 +411,8 @@ def _read_record(json_path: Path) -> dict[str, Any] | None:
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     out = []
     for key in _MATCH_KEYS:
-        old, new = saved.get(key), current[key]
+        old = saved.get(key, "per-member" if key == "shared_parts" else None)  # older records
+        new = current[key]
         if old == new or (key == "epochs" and current["max_steps"] is not None):
             continue  # with max_steps set, epochs does not change the training
         if key in ("heads", "backbone", "data"):
@@ -470,6 +477,7 @@ def finetune_members(
     resume: bool = True,
     progress: bool = True,
     eval_examples: int = 512,
+    shared_parts: str = "per-member",
 ) -> FinetunedMembers:
     """Fine-tune one copy of ``backbone`` per member of ``spec``, pruned heads held at zero.
 
@@ -481,6 +489,9 @@ def finetune_members(
     ``eval_examples`` fixed, evenly spaced examples of ``train_data`` measure each member's masked
     loss before and after. With ``save_dir``, finished members are saved and, with ``resume``,
     reused when their saved settings match (a mismatch is logged and the member retrained).
+    ``shared_parts`` (see ``SHARED_PARTS``): ``"frozen"`` or ``"averaged"`` keep the embeddings,
+    final norm, pooler and classifier equal across members, so the fused model stores them once
+    (near one model's size); ``"per-member"`` (default) fine-tunes every weight of every member.
 
     Returns a :class:`FinetunedMembers` list of M modules of the backbone's class in eval mode.
     """
@@ -489,6 +500,7 @@ def finetune_members(
     _check_settings(
         epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
     )
+    shared_names = _shared_names(adapter, shared_parts)
     data = load_data(train_data, adapter, name="train_data")
     steps_per_epoch = math.ceil(len(data) / batch_size)
     total_steps = _total_steps(epochs, max_steps, steps_per_epoch)
@@ -511,7 +523,7 @@ def finetune_members(
         "epochs": None if epochs is None else float(epochs), "lr": float(lr),
         "batch_size": int(batch_size), "weight_decay": float(weight_decay), "seed": int(seed),
         "max_steps": None if max_steps is None else int(max_steps),
-        "warmup_steps": int(warmup_steps),
+        "warmup_steps": int(warmup_steps), "shared_parts": shared_parts,
     }  # fmt: skip
     if folder is not None:
         common["backbone"] = _backbone_fingerprint(adapter.module)
@@ -519,9 +531,12 @@ def finetune_members(
 
     logger.info(
         "fine-tuning %d members of %s: %d steps each (%.3g epochs of %d examples, batch %d), "
-        "lr %g, weight decay %g, warm-up %d",
+        "lr %g, weight decay %g, warm-up %d; embeddings, final norm and classifier %s",
         spec.num_members, adapter.name, total_steps, total_steps / steps_per_epoch, n, batch_size,
         lr, weight_decay, warmup_steps,
+        {"per-member": "tuned per member (stored per member)",
+         "frozen": "frozen (stored once)", "averaged": "tuned, then averaged (stored once)"}[
+            shared_parts],
     )  # fmt: skip
     members, history = [], []
     # Eval loaders draw their base seed from the global RNG and training reseeds it: fork it.
@@ -561,11 +576,13 @@ def finetune_members(
             module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
             member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
             loss_before = _masked_loss(member, mask, eval_data, batch_size)
-            _train_member(
-                member, kept_heads, mask, data, total_steps=total_steps, lr=float(lr),
-                batch_size=batch_size, weight_decay=float(weight_decay), warmup_steps=warmup_steps,
-                seed=seed + m, desc=f"member {m}", progress=progress,
-            )  # fmt: skip
+            with _frozen(module, shared_names if shared_parts == "frozen" else ()):
+                _train_member(
+                    member, kept_heads, mask, data, total_steps=total_steps, lr=float(lr),
+                    batch_size=batch_size, weight_decay=float(weight_decay),
+                    warmup_steps=warmup_steps, seed=seed + m, desc=f"member {m}",
+                    progress=progress,
+                )  # fmt: skip
             loss_after = _masked_loss(member, mask, eval_data, batch_size)
             seconds = time.perf_counter() - start
             logger.info(
@@ -581,7 +598,53 @@ def finetune_members(
                 _save_member(module, weights_path, json_path, settings, entry, len(eval_data))
             members.append(module.eval())
             history.append(entry)
+    if shared_parts == "averaged":
+        _average(members, shared_names)
+    for entry in history:
+        entry["shared_parts"] = shared_parts
     return FinetunedMembers(members, history)
+
+
+def _shared_names(adapter: BackboneAdapter, shared_parts: Any) -> list[str]:
+    """Names of the parameters ``shared_parts`` keeps equal across members (none: per-member)."""
+    if shared_parts not in SHARED_PARTS:
+        raise FinetuneError(
+            f"shared_parts must be one of {', '.join(map(repr, SHARED_PARTS))}, got {shared_parts!r}"
+        )
+    if shared_parts == "per-member":
+        return []
+    prefixes = adapter.shared_parameter_prefixes
+    names = [name for name, _ in adapter.module.named_parameters() if name.startswith(prefixes)]
+    if not names:
+        raise FinetuneError(
+            f"shared_parts={shared_parts!r}: the {adapter.family} backbone {adapter.name} declares "
+            "no shared parts (embeddings, classifier); use shared_parts='per-member'"
+        )
+    return names
+
+
+@contextlib.contextmanager
+def _frozen(module: nn.Module, names: Sequence[str]):
+    """``requires_grad=False`` on the named parameters while the context is open."""
+    params = dict(module.named_parameters())
+    frozen = [params[name] for name in names if params[name].requires_grad]
+    for param in frozen:
+        param.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for param in frozen:
+            param.requires_grad_(True)
+
+
+@torch.no_grad()
+def _average(members: Sequence[nn.Module], names: Sequence[str]) -> None:
+    """Give every member the mean over members of each named parameter (in place)."""
+    tables = [dict(member.named_parameters()) for member in members]
+    for name in names:
+        mean = torch.stack([table[name].detach() for table in tables]).mean(0)
+        for table in tables:
+            table[name].copy_(mean)
 
 
 def _save_member(

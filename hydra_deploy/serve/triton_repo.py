@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.atomic import atomic_write_text
+from hydra_deploy.atomic import atomic_write_text, staging_dir
 from hydra_deploy.errors import ServeError
 
 logger = logging.getLogger("hydra_deploy")
@@ -446,7 +446,7 @@ def write_triton_repository(
     try:
         repo.mkdir(parents=True, exist_ok=True)
         for model in models:
-            staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.", suffix=".partial", dir=repo))
+            staging = staging_dir(repo, model.name, suffix=".partial")
             try:
                 _assemble(model, staging, export_dir, Path(engine) if engine else None)
                 _install(staging, repo / model.name)

@@ -48,6 +48,9 @@ from hydra_deploy.uncertainty.metrics import (
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES, ensemble_scores
 
 DEFAULT_SCORES = ("msp", "predictive_entropy", "mutual_information")
+#: Scores that measure how members differ: identically 0 for one member, so not applicable there.
+SPREAD_SCORES = ("mutual_information", "disagreement")
+NOT_APPLICABLE = "not applicable: one member, so the score is 0 for every example by definition"
 REPORT_FILES = ("report.json", "report.md", "reliability.png")
 
 
@@ -426,8 +429,12 @@ def evaluate(
             f"{int(bad.sum())} do not (first: label {labels[first]} at index {first})"
         )
     classification = classification_metrics(probs, labels, bins)
+    void = [s for s in names if members == 1 and s in SPREAD_SCORES]  # ranks nothing for M = 1
     selective = {}
     for score in names:
+        if score in void:
+            selective[score] = {"aurc": None, "eaurc": None, "note": NOT_APPLICABLE}
+            continue
         conf = -ood_score(id_scores, score)
         metrics = classification_metrics(probs, labels, bins, confidence=conf)
         selective[score] = {"aurc": metrics["aurc"], "eaurc": metrics["eaurc"]}
@@ -444,7 +451,12 @@ def evaluate(
             "data": data.source,
             "count": data.count,
             "mean_scores": {s: float(np.mean(got[s], dtype=np.float64)) for s in names},
-            "scores": {s: ood_metrics(ood_score(id_scores, s), ood_score(got, s)) for s in names},
+            "scores": {
+                s: {"auroc": None, "aupr": None, "fpr95": None, "note": NOT_APPLICABLE}
+                if s in void
+                else ood_metrics(ood_score(id_scores, s), ood_score(got, s))
+                for s in names
+            },
         }
 
     report: dict[str, Any] = {
@@ -457,6 +469,7 @@ def evaluate(
         "class_names": getattr(runner, "class_names", None),
         "counts": {"id": id_set.count, "ood": {n: d.count for n, d in ood_sets.items()}},
         "scores": list(names),
+        "not_applicable": {s: NOT_APPLICABLE for s in void},
         "conventions": {
             "probs": "mean over members of the member softmax",
             "ece": f"{bins} equal-width bins of [0, 1] on the max probability, right-closed",
@@ -527,6 +540,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         for score, m in entry["scores"].items():
             lines.append(f"| {name} | {score} | {_fmt(m['auroc'])} | {_fmt(m['aupr'])} | "
                          f"{_fmt(m['fpr95'])} |")  # fmt: skip
+    if report.get("not_applicable"):
+        lines += ["", *(f"- {s}: {why}" for s, why in report["not_applicable"].items())]
     lines += ["", "## Mean scores", "", "| data | " + " | ".join(report["scores"]) + " |",
               "|---|" + "---:|" * len(report["scores"]),
               "| ID | " + " | ".join(_fmt(ident["mean_scores"][s]) for s in report["scores"]) + " |"]  # fmt: skip
@@ -546,7 +561,7 @@ def write_report(
     """Write ``report.json``, ``report.md``, ``reliability.png`` and ``hist_<score>.png`` per
     score into ``out_dir``: built in a temporary folder beside it and renamed into place. An
     existing ``out_dir`` is refused unless ``overwrite`` (then replaced as a whole)."""
-    from hydra_deploy.atomic import atomic_write_json, atomic_write_text
+    from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
     from hydra_deploy.uncertainty import plots
 
     out = Path(out_dir)
@@ -556,7 +571,7 @@ def write_report(
         raise HydraError(f"{str(out)!r} exists and is not a folder")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        tmp = staging_dir(out.parent, out.name)
     except OSError as err:
         raise HydraError(f"cannot create the report folder {out}: {err}") from err
     try:
@@ -564,6 +579,8 @@ def write_report(
         atomic_write_text(tmp / "report.md", markdown(report))
         plots.reliability_diagram(report["id"]["reliability"], tmp / "reliability.png")
         for score in report["scores"]:
+            if score in report.get("not_applicable", {}):
+                continue  # one member: every example scores 0
             plots.score_histograms(
                 arrays["id"][score],
                 {name: got[score] for name, got in arrays["ood"].items()},
