@@ -254,3 +254,30 @@ def test_selection_options_are_checked(npz_data):
     assert code == 1 and "--importance random only" in err
     code, _, err = invoke("--backbone", BACKBONE, "--finetune-steps", "1")
     assert code == 1 and "need --finetune DATA" in err
+
+
+def test_one_member_is_the_plain_model(caplog):
+    """--members 1 is the single-model baseline: every head kept, said so, "1 member"."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hydra_deploy"):
+        code, out, err = invoke("--backbone", BACKBONE, "--members", "1", "--batch", "1")
+    assert code == 0, err
+    assert "drawn at random" not in caplog.text
+    assert "the plain model" in caplog.text and "all 3 heads" in caplog.text
+    assert "1 member," in out and "1 members" not in out
+    code, out, err = invoke("--backbone", BACKBONE, "--members", "1", "--batch", "1", "--json")
+    spec = HydraSpec.from_dict(json.loads(out)["spec"])
+    assert spec.importance == "manual"
+    assert all(h == tuple(range(HEADS)) for h in spec.members[0].heads)
+
+
+def test_build_hydra_returns_the_spec_as_fused():
+    """The spec build_hydra returns (and hydra-export logs and saves) says how it was fused."""
+    from hydra_deploy.cli import build
+    from hydra_deploy.cli.fuse import build_parser
+
+    args = build_parser().parse_args(["--backbone", BACKBONE, "--mlp-merge", "grouped"])
+    _, spec, _, hydra = build.build_hydra(args, progress=False)
+    assert spec.mlp_merge == hydra.spec.mlp_merge == "grouped"
+    assert "mlp_merge=grouped" in spec.summary()

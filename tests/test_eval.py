@@ -204,3 +204,36 @@ def test_a_pytorch_text_model_takes_token_arrays(tmp_path):
         evaluate(model, tmp_path / "id.tsv")
     with pytest.raises(HydraError, match="not a fused Hydra model"):
         TorchRunner(torch.nn.Linear(2, 2))
+
+
+def test_one_member_reports_mutual_information_as_not_applicable(data, tmp_path, caplog):
+    """M = 1 (the plain model exported as a baseline): mutual information and disagreement are 0
+    for every example, so their AUROC/FPR95/AURC are not applicable, not a meaningless 0.5."""
+    import os
+    import stat
+
+    backbone = tiny_vit("token")
+    spec = HydraSpec.full(backbone.name, 3, 4, 8, members=1)
+    single = tmp_path / "single"
+    export_onnx(fuse(backbone, spec), single, batch=(1, 4, 8), exporter="torchscript",
+                validate=False)  # fmt: skip
+    out = tmp_path / "report"
+    umask = os.umask(0o022)
+    try:
+        code, stdout, stderr = invoke(str(single), "--id", str(data / "id.npz"),
+                                      "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
+    finally:
+        os.umask(umask)
+    assert code == 0, stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["members"] == 1 and list(report["not_applicable"]) == ["mutual_information"]
+    mi = report["ood"]["noise"]["scores"]["mutual_information"]
+    assert mi["auroc"] is None and mi["fpr95"] is None and "not applicable" in mi["note"]
+    assert report["id"]["selective"]["mutual_information"]["aurc"] is None
+    assert report["ood"]["noise"]["scores"]["msp"]["auroc"] is not None
+    assert "mutual_information AUROC" not in caplog.text and "msp AUROC" in caplog.text
+    assert "not applicable" in (out / "report.md").read_text()
+    assert not (out / "hist_mutual_information.png").exists() and (out / "hist_msp.png").exists()
+    # the report folder is an ordinary folder (mkdtemp's drwx------ was kept before)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert stat.S_IMODE((out / "report.json").stat().st_mode) == 0o644

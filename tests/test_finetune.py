@@ -379,3 +379,18 @@ def test_bad_shared_parts_are_refused(digits_vit):
     backbone, train, _ = digits_vit
     with pytest.raises(FinetuneError, match="shared_parts must be one of"):
         finetune_members(backbone, make_spec(backbone), train, shared_parts="shared", **FAST)
+
+
+def test_no_progress_bars_in_a_log_file(digits_vit, capsys, caplog):
+    """stderr that is not a terminal (a log file, CI) gets one summary line per member, not a
+    progress bar redrawn per step (issue 17: 206 lines for one export)."""
+    import logging
+
+    backbone, train, _ = digits_vit
+    with caplog.at_level(logging.INFO, logger="hydra_deploy"):
+        finetune_members(backbone, make_spec(backbone, members=2), train,
+                         **{**FAST, "max_steps": 3, "progress": True})  # fmt: skip
+    err = capsys.readouterr().err
+    assert "it/s" not in err and "|" not in err
+    summaries = [r.getMessage() for r in caplog.records if "masked loss" in r.getMessage()]
+    assert len(summaries) == 2 and summaries[0].startswith("member 0: 3 steps")

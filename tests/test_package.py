@@ -55,6 +55,16 @@ def test_every_command_has_help_with_examples(script, capsys):
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith(f"usage: {script}") and "examples:" in text and "--debug" in text
+    examples = text.partition("examples:")[2].strip("\n").splitlines()
+    # every example pastes into a shell: a command per line, continued with one trailing backslash
+    continued = False
+    for line in examples:
+        if not line.strip():
+            continue
+        assert line.strip() != "\\" and not line.rstrip().endswith("\\\\"), (script, line)
+        assert continued or line.split()[0] in (script, "python"), (script, line)
+        continued = line.rstrip().endswith("\\")
+    assert not continued, (script, "the last example ends with a backslash")
 
 
 def test_serving_runtime_imports_without_torch():

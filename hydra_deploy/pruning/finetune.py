@@ -299,6 +299,14 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]
     ]
 
 
+def _is_terminal() -> bool:
+    """Whether stderr is a terminal (progress bars there; none in log files)."""
+    import sys
+
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
 def _lr_lambda(warmup_steps: int, total_steps: int):
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -336,7 +344,9 @@ def _train_member(
     step = 0
     torch.manual_seed(seed)  # dropout (the caller's RNG state is restored by finetune_members)
     with (
-        tqdm(total=total_steps, desc=desc, disable=not progress, leave=False) as bar,
+        tqdm(
+            total=total_steps, desc=desc, disable=not (progress and _is_terminal()), leave=False
+        ) as bar,  # a log file gets the one-line summary per member instead
         adapter.head_gates(mask),
     ):
         while step < total_steps:
