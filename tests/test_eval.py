@@ -220,7 +220,7 @@ def test_one_member_reports_mutual_information_as_not_applicable(data, tmp_path,
     out = tmp_path / "report"
     umask = os.umask(0o022)
     try:
-        code, stdout, stderr = invoke(str(single), "--id", str(data / "id.npz"),
+        code, _, stderr = invoke(str(single), "--id", str(data / "id.npz"),
                                       "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
     finally:
         os.umask(umask)
