@@ -18,7 +18,7 @@ training recipe) and call :func:`main`. Per seed, with ``M`` members:
    then the members fine-tuned exactly as Hydra (Taylor)'s are.
 
 Selection draws each member from its own bootstrap resample with Gumbel noise (temperature 0.5);
-when two members come out identical (possible with few heads) the next seed is used and recorded.
+a member that repeats an earlier one is changed by the cheapest head swap (``select_members``).
 
 Every deployed model has seen exactly ``base_steps + finetune_steps`` optimizer steps with the same
 recipe (AdamW, warm-up, cosine decay; ``finetune_members`` runs both stages), so the deep ensemble
@@ -51,7 +51,6 @@ from common import load_average, machine, note
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.backbones import load_backbone
-from hydra_deploy.errors import SpecError
 from hydra_deploy.fusion import HydraModel, fuse
 from hydra_deploy.pruning import finetune_members, select_members
 from hydra_deploy.specs import HydraSpec
@@ -308,19 +307,12 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
 
 def select(backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe,
            info: dict) -> HydraSpec:  # fmt: skip
-    """``select_members``; when two members come out identical, the next seed (recorded)."""
+    """``select_members`` with the recipe's counts (members come out distinct by construction)."""
     examples = recipe.taylor_examples if method == "taylor" else recipe.circuit_examples
-    for attempt in range(5):
-        try:
-            return select_members(
-                backbone, recipe.members, heads_per_member=recipe.heads_per_member,
-                method=method, data=data, seed=seed + 1000 * attempt, max_examples=examples,
-            )  # fmt: skip
-        except SpecError as err:
-            if "identical" not in str(err) or attempt == 4:
-                raise
-            info.setdefault("selection_retries", []).append(f"{method}: {err}")
-    raise AssertionError("unreachable")
+    return select_members(
+        backbone, recipe.members, heads_per_member=recipe.heads_per_member,
+        method=method, data=data, seed=seed, max_examples=examples,
+    )  # fmt: skip
 
 
 def _sub(cache: Path | None, name: str) -> Path | None:

@@ -114,7 +114,10 @@ def select_members(
     ``objective`` (circuit): ``"loss"`` (default) or ``"ood"`` (default when ``ood_data`` is given).
     ``temperature``: 0 keeps each member's top heads; higher draws more diverse members.
     ``resample``: estimate each member's importance on its own bootstrap resample.
-    Members identical to another raise SpecError (unless M = 1).
+    Members come out distinct by construction: a member that repeats an earlier one is changed
+    by the cheapest single swap (the kept head with the lowest score for the best pruned head of
+    the same layer) that makes it new. Only asking for more members than there are distinct head
+    subsets raises SpecError.
     """
     backbone = load_backbone(backbone)
     if not isinstance(members, (int, np.integer)) or isinstance(members, bool) or members < 1:
@@ -124,6 +127,7 @@ def select_members(
     if temperature < 0:
         raise HydraError(f"temperature must be >= 0, got {temperature}")
     counts = heads_per_layer(backbone, heads_per_member, keep_ratio, min_heads)
+    _refuse_too_many(members, backbone.num_heads, counts)
     objective = objective or ("ood" if ood_data is not None and method == "circuit" else "loss")
     if objective == "ood" and ood_data is not None:  # read once, not once per member
         ood_data = _ood_inputs(ood_data, backbone, max_examples)
@@ -144,7 +148,7 @@ def select_members(
         if labelled is not None and resample:
             member_data = labelled.resample(seed=int(rng.integers(2**31)))
         if method == "circuit":
-            _, mask = circuit_search(
+            scores, mask = circuit_search(
                 backbone, member_data, keep=counts, ood_data=ood_data, objective=objective,
                 ensemble_masks=chosen_masks if objective == "ood" else (), chooser=chooser, batch_size=batch_size,
                 max_examples=max_examples, confident_fraction=confident_fraction,
@@ -158,6 +162,10 @@ def select_members(
             for layer in range(L):
                 kept = chooser(np.arange(H), scores[layer], counts[layer])
                 mask[layer, kept] = 1.0
+        if any(np.array_equal(mask, other) for other in chosen_masks):
+            mask = _distinct(mask, scores, chosen_masks)
+            logger.info("member %d repeated an earlier member's heads: the cheapest swap made it "
+                        "distinct", member)  # fmt: skip
         chosen_masks.append(mask)
         logger.info("member %d: %d heads kept", member, int(mask.sum()))
 
@@ -177,6 +185,58 @@ def select_members(
     if isinstance(keep_ratio, Sequence):
         selection["keep_ratio"] = [float(r) for r in keep_ratio]
     return spec.replace(meta={"selection": selection, "overlap": spec.overlap().round(4).tolist()})
+
+
+def _refuse_too_many(members: int, num_heads: int, counts: Sequence[int]) -> None:
+    """SpecError when fewer distinct head subsets exist than ``members`` asks for."""
+    from math import comb, prod
+
+    distinct = prod(comb(num_heads, k) for k in counts)
+    if members > distinct:
+        raise SpecError(
+            f"{members} members cannot differ: keeping {counts[0] if len(set(counts)) == 1 else counts} "
+            f"of {num_heads} heads per layer allows only {distinct} distinct member(s); keep fewer "
+            "heads per member or ask for fewer members"
+        )
+
+
+def _distinct(mask: np.ndarray, scores: np.ndarray, taken: Sequence[np.ndarray]) -> np.ndarray:
+    """``mask`` changed as little as ``scores`` allow so that it equals no mask in ``taken``.
+
+    Tries single swaps (drop kept head ``a``, keep pruned head ``b`` of the same layer) in the
+    order of their cost ``scores[l, a] - scores[l, b]``; when every single swap repeats a taken
+    mask, swaps are applied to the cheapest new candidates in turn (breadth first). The caller has
+    checked that enough distinct masks exist.
+    """
+
+    def swaps(current: np.ndarray) -> list[np.ndarray]:
+        options = []
+        for layer in range(current.shape[0]):
+            kept, pruned = np.flatnonzero(current[layer]), np.flatnonzero(current[layer] == 0)
+            for a in kept:
+                for b in pruned:
+                    cost = float(scores[layer, a] - scores[layer, b])
+                    options.append((cost, layer, int(a), int(b)))
+        out = []
+        for _, layer, a, b in sorted(options):
+            new = current.copy()
+            new[layer, a], new[layer, b] = 0.0, 1.0
+            out.append(new)
+        return out
+
+    frontier, seen = [mask], {mask.tobytes()}
+    while frontier:
+        following = []
+        for current in frontier:
+            for candidate in swaps(current):
+                if candidate.tobytes() in seen:
+                    continue
+                if not any(np.array_equal(candidate, other) for other in taken):
+                    return candidate
+                seen.add(candidate.tobytes())
+                following.append(candidate)
+        frontier = following
+    raise SpecError("no distinct head subset is left for this member")  # excluded by the caller
 
 
 def _refuse_identical(heads: list) -> None:
