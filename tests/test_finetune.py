@@ -394,3 +394,28 @@ def test_no_progress_bars_in_a_log_file(digits_vit, capsys, caplog):
     assert "it/s" not in err and "|" not in err
     summaries = [r.getMessage() for r in caplog.records if "masked loss" in r.getMessage()]
     assert len(summaries) == 2 and summaries[0].startswith("member 0: 3 steps")
+
+
+def test_shared_layers_are_frozen_and_fused_once(tuned):
+    """A shared trunk: the first layers keep the same heads and weights in every member, so the
+    fused model computes them once; a spec whose members differ there is refused."""
+    backbone, train = tuned["backbone"], tuned["train"]
+    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
+                            backbone.head_dim, members=3, heads_per_member=2, shared_layers=1,
+                            seed=0)  # fmt: skip
+    members = finetune_members(backbone, spec, train, shared_layers=1,
+                               **{**FAST, "max_steps": 5})  # fmt: skip
+    base = dict(backbone.module.named_parameters())
+    tables = [dict(module.named_parameters()) for module in members]
+    trunk = [n for n in base if n.startswith(("blocks.0.", "patch_embed.", "pos_embed", "cls_token"))]
+    for params in tables:
+        assert all(torch.equal(params[n], tables[0][n]) for n in trunk)  # identical members
+        # frozen: as the backbone's, but for the pruned heads' attention slices (zeroed)
+        assert all(torch.equal(params[n], base[n]) for n in trunk if ".attn." not in n)
+        assert not torch.equal(params["blocks.1.mlp.fc1.weight"], base["blocks.1.mlp.fc1.weight"])
+    hydra = fuse(members, spec, "grouped")
+    assert hydra.trunk_layers == 1 and hydra.merge["embeddings"] == "shared"
+    with pytest.raises(FinetuneError, match=r"keep different heads in layer\(s\) \[0\]"):
+        finetune_members(backbone, tuned["spec"], train, shared_layers=1, **FAST)
+    with pytest.raises(FinetuneError, match=r"shared_layers must be an int in 0\.\.3"):
+        finetune_members(backbone, spec, train, shared_layers=4, **FAST)

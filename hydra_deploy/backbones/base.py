@@ -55,6 +55,10 @@ class BackboneAdapter(abc.ABC):
     #: fused model stores once when the members' copies are equal: embeddings, final norm, pooler,
     #: classifier. ``finetune_members(shared_parts="frozen" | "averaged")`` keeps them equal.
     shared_parameter_prefixes: tuple[str, ...] = ()
+    #: The embeddings' share of ``shared_parameter_prefixes`` (where a shared trunk starts).
+    embedding_parameter_prefixes: tuple[str, ...] = ()
+    #: ``layer_parameter_prefix.format(l)`` starts the names of layer ``l``'s parameters.
+    layer_parameter_prefix: str = ""
 
     # --- per-head gates --------------------------------------------------------------------------
     @abc.abstractmethod

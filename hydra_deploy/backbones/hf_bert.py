@@ -315,6 +315,8 @@ class HfBertAdapter(BackboneAdapter):
 
     family = "bert"
     shared_parameter_prefixes = ("bert.embeddings.", "bert.pooler.", "classifier.")
+    embedding_parameter_prefixes = ("bert.embeddings.",)
+    layer_parameter_prefix = "bert.encoder.layer.{}."
 
     def __init__(
         self,

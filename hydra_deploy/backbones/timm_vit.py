@@ -112,6 +112,10 @@ class TimmVitAdapter(BackboneAdapter):
         "cls_token", "reg_token", "pos_embed", "patch_embed.", "norm_pre.", "norm.", "fc_norm.",
         "head.",
     )  # fmt: skip
+    embedding_parameter_prefixes = (
+        "cls_token", "reg_token", "pos_embed", "patch_embed.", "norm_pre."
+    )  # fmt: skip
+    layer_parameter_prefix = "blocks.{}."
 
     def __init__(self, model: nn.Module, name: str | None = None, weights: str = "random") -> None:
         check_supported(model)

@@ -53,7 +53,7 @@ FORMAT = "hydra-finetune/1"
 #: Settings that must match for a saved member to be reused.
 _MATCH_KEYS = (
     "heads", "epochs", "lr", "batch_size", "weight_decay", "seed", "max_steps", "warmup_steps",
-    "backbone", "data", "shared_parts",
+    "backbone", "data", "shared_parts", "shared_layers",
 )  # fmt: skip
 
 SHARED_PARTS = ("per-member", "frozen", "averaged")
@@ -421,7 +421,7 @@ def _read_record(json_path: Path) -> dict[str, Any] | None:
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     out = []
     for key in _MATCH_KEYS:
-        old = saved.get(key, "per-member" if key == "shared_parts" else None)  # older records
+        old = saved.get(key, {"shared_parts": "per-member", "shared_layers": 0}.get(key))
         new = current[key]
         if old == new or (key == "epochs" and current["max_steps"] is not None):
             continue  # with max_steps set, epochs does not change the training
@@ -488,6 +488,7 @@ def finetune_members(
     progress: bool = True,
     eval_examples: int = 512,
     shared_parts: str = "per-member",
+    shared_layers: int = 0,
 ) -> FinetunedMembers:
     """Fine-tune one copy of ``backbone`` per member of ``spec``, pruned heads held at zero.
 
@@ -502,6 +503,9 @@ def finetune_members(
     ``shared_parts`` (see ``SHARED_PARTS``): ``"frozen"`` or ``"averaged"`` keep the embeddings,
     final norm, pooler and classifier equal across members, so the fused model stores them once
     (near one model's size); ``"per-member"`` (default) fine-tunes every weight of every member.
+    ``shared_layers``: the first n layers stay frozen; the spec's members must keep the same heads
+    there, so that the fused model computes those layers once (a shared trunk; with
+    ``shared_parts="per-member"`` the embeddings are frozen too, since the trunk starts there).
 
     Returns a :class:`FinetunedMembers` list of M modules of the backbone's class in eval mode.
     """
@@ -511,6 +515,8 @@ def finetune_members(
         epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
     )
     shared_names = _shared_names(adapter, shared_parts)
+    trunk_names = _trunk_names(adapter, spec, shared_layers)
+    frozen_names = sorted({*trunk_names, *(shared_names if shared_parts == "frozen" else ())})
     data = load_data(train_data, adapter, name="train_data")
     steps_per_epoch = math.ceil(len(data) / batch_size)
     total_steps = _total_steps(epochs, max_steps, steps_per_epoch)
@@ -534,6 +540,7 @@ def finetune_members(
         "batch_size": int(batch_size), "weight_decay": float(weight_decay), "seed": int(seed),
         "max_steps": None if max_steps is None else int(max_steps),
         "warmup_steps": int(warmup_steps), "shared_parts": shared_parts,
+        "shared_layers": int(shared_layers),
     }  # fmt: skip
     if folder is not None:
         common["backbone"] = _backbone_fingerprint(adapter.module)
@@ -586,7 +593,7 @@ def finetune_members(
             module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
             member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
             loss_before = _masked_loss(member, mask, eval_data, batch_size)
-            with _frozen(module, shared_names if shared_parts == "frozen" else ()):
+            with _frozen(module, frozen_names):
                 _train_member(
                     member, kept_heads, mask, data, total_steps=total_steps, lr=float(lr),
                     batch_size=batch_size, weight_decay=float(weight_decay),
@@ -611,8 +618,28 @@ def finetune_members(
     if shared_parts == "averaged":
         _average(members, shared_names)
     for entry in history:
-        entry["shared_parts"] = shared_parts
+        entry["shared_parts"], entry["shared_layers"] = shared_parts, int(shared_layers)
     return FinetunedMembers(members, history)
+
+
+def _trunk_names(adapter: BackboneAdapter, spec: HydraSpec, shared_layers: Any) -> list[str]:
+    """Parameters frozen for a shared trunk of ``shared_layers`` layers (and the embeddings)."""
+    L = adapter.num_layers
+    if not _is_int(shared_layers) or not 0 <= shared_layers <= L:
+        raise FinetuneError(f"shared_layers must be an int in 0..{L}, got {shared_layers!r}")
+    if shared_layers == 0:
+        return []
+    differ = [layer for layer in range(shared_layers)
+              if len({member.heads[layer] for member in spec.members}) > 1]  # fmt: skip
+    if differ:
+        raise FinetuneError(
+            f"shared_layers={shared_layers}: the members keep different heads in layer(s) "
+            f"{differ}; give them the same heads there (HydraSpec.random(..., shared_layers=n)) "
+            "or lower shared_layers"
+        )
+    prefixes = tuple(adapter.layer_parameter_prefix.format(layer) for layer in range(shared_layers))
+    return [name for name, _ in adapter.module.named_parameters()
+            if name.startswith(prefixes + adapter.embedding_parameter_prefixes)]  # fmt: skip
 
 
 def _shared_names(adapter: BackboneAdapter, shared_parts: Any) -> list[str]:
