@@ -15,7 +15,17 @@ training recipe) and call :func:`main`. Per seed, with ``M`` members:
 4. **Hydra (circuit)**: ``select_members(single, method="circuit")`` on in-distribution data
    only, no fine-tuning (the members share the single model's weights, so the average is exact);
 5. **Hydra (circuit, fine-tuned)**: the ablation between 3 and 4: circuit selection on base 0,
-   then the members fine-tuned exactly as Hydra (Taylor)'s are.
+   then the members fine-tuned exactly as Hydra (Taylor)'s are;
+6. **Hydra (circuit, OOD validation)**: the paper's protocol without leaking the test: circuit
+   selection on the single model with the OOD objective scored on the task's OOD *validation*
+   family (``Task.ood_validation``, of another kind than every test OOD set), no fine-tuning;
+7. **Hydra (shared trunk)**: Hydra (Taylor)'s members keeping member 0's heads in the first half
+   of the layers, fine-tuned with those layers and the embeddings frozen, so the fused model
+   computes them once;
+8. **Hydra (fused deep ensemble)**: each base model pruned to its own Taylor heads (one member
+   each), recovered ``finetune_steps``, fused with per-member MLPs: a deep ensemble at Hydra's cost;
+9. **deep ensemble (one base)**: base 0 fine-tuned ``finetune_steps`` M times with other seeds
+   and data orders, all heads: the competitor a user with one trained model has.
 
 Selection draws each member from its own bootstrap resample with Gumbel noise (temperature 0.5);
 a member that repeats an earlier one is changed by the cheapest head swap (``select_members``).
@@ -24,7 +34,11 @@ Every deployed model has seen exactly ``base_steps + finetune_steps`` optimizer 
 recipe (AdamW, warm-up, cosine decay; ``finetune_members`` runs both stages), so the deep ensemble
 gets the training budget of Hydra's members; training cost in total: deep ensemble
 ``M (base + finetune)``, Hydra (Taylor) ``base + M finetune``, Hydra (circuit) ``base + finetune``
-plus forward passes. OOD sets are never used for selection or training.
+plus forward passes, fused deep ensemble ``M (base + finetune)``, one-base deep ensemble
+``base + M finetune``. Test OOD sets are never used for selection or training. Every row reports
+its members' own accuracy and their pairwise disagreement; the report adds the targets of
+issue 19 (margins per seed), Pareto fronts (OOD AUROC and ECE against CPU latency, parameters
+and training steps) and ``pareto.png``.
 
 Scores: accuracy, ECE (15 bins), NLL, Brier on the in-distribution test set and on a shifted copy
 of it (same labels); AUROC, AUPR, FPR95 (OOD positive) per OOD set with MSP and mutual information
@@ -71,9 +85,18 @@ ROWS = (
     "Hydra (Taylor, grouped MLP)",
     "Hydra (circuit)",
     "Hydra (circuit, fine-tuned)",
+    "Hydra (circuit, OOD validation)",
+    "Hydra (shared trunk)",
+    "Hydra (fused deep ensemble)",
+    "deep ensemble (one base)",
     "deep ensemble",
     "MC dropout",
 )
+#: Rows built from one trained base model (what a user with one checkpoint can make).
+ONE_BASE_HYDRA = (
+    "Hydra (Taylor)", "Hydra (Taylor, grouped MLP)", "Hydra (circuit)",
+    "Hydra (circuit, fine-tuned)", "Hydra (circuit, OOD validation)", "Hydra (shared trunk)",
+)  # fmt: skip
 OOD_SCORES = ("msp", "mutual_information")
 OOD_METRICS = ("auroc", "aupr", "fpr95")
 CLASSIFICATION = ("accuracy", "ece", "nll", "brier")
@@ -115,6 +138,9 @@ class Task:
     recipe: Recipe
     description: dict[str, Any] = field(default_factory=dict)
     text: bool = False
+    #: OOD inputs used only to choose heads (circuit, objective "ood"): one family, of another kind
+    #: than every test OOD set; never evaluated as a test set.
+    ood_validation: tuple[str, torch.Tensor] | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,12 +238,12 @@ def mc_dropout_logits(adapter: Any, x: torch.Tensor, samples: int, batch: int, t
 
 
 def train_stage(adapter: Any, spec: HydraSpec, data: tuple, steps: int, lr: float, seed: int,
-                recipe: Recipe, cache: Path | None) -> list[Any]:  # fmt: skip
+                recipe: Recipe, cache: Path | None, **options: Any) -> list[Any]:  # fmt: skip
     """``finetune_members`` for ``steps`` steps: one trained adapter per member of ``spec``."""
     members = finetune_members(
         adapter, spec, data, epochs=None, max_steps=steps, lr=lr, batch_size=recipe.batch_size,
         warmup_steps=min(recipe.warmup_steps, max(steps - 1, 0)), seed=seed,
-        save_dir=cache, progress=False, eval_examples=128,
+        save_dir=cache, progress=False, eval_examples=128, **options,
     )  # fmt: skip
     return [load_backbone(m) for m in members]
 
@@ -231,6 +257,17 @@ def full_spec(adapter: Any, members: int = 1) -> HydraSpec:
 def member_spec(spec: HydraSpec, member: int) -> HydraSpec:
     """Member ``member`` of ``spec`` alone (M = 1, its own MLP)."""
     return spec.replace(members=[spec.members[member]], mlp_merge="grouped", meta={})
+
+
+def train_steps(row: str, recipe: Recipe) -> int:
+    """Optimizer steps spent on everything the row deploys (all stages, all members)."""
+    M, base, tune = recipe.members, recipe.base_steps, recipe.finetune_steps
+    if row in ("deep ensemble", "Hydra (fused deep ensemble)"):
+        return M * (base + tune)
+    if row in ("single", "single Taylor-pruned", "MC dropout", "Hydra (circuit)",
+               "Hydra (circuit, OOD validation)"):  # fmt: skip
+        return base + tune  # circuit rows select on the single model with forward passes only
+    return base + M * tune  # one base, M recovered / fine-tuned members
 
 
 def _parameters(model: Any) -> int:
@@ -286,6 +323,45 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     info["seconds"]["circuit (fine-tuned) selection and fine-tuning"] = (
         time.perf_counter() - started
     )
+    started = time.perf_counter()
+    one_base = []
+    for m in range(M):
+        (member,) = train_stage(bases[0], full_spec(bases[0]), task.train, r.finetune_steps,
+                                r.finetune_lr, seed * 100 + 60 + m, r, _sub(cache, f"de1b{m}"))  # fmt: skip
+        one_base.append(member)
+    info["seconds"]["deep ensemble (one base) fine-tuning"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    circuit_ood = None
+    if task.ood_validation is not None:
+        circuit_ood = select_members(
+            single, M, heads_per_member=r.heads_per_member, method="circuit", data=task.train,
+            ood_data=task.ood_validation[1], objective="ood", seed=seed,
+            max_examples=r.circuit_examples,
+        )  # fmt: skip
+    info["seconds"]["circuit (OOD validation) selection"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    trunk_layers = max(1, bases[0].num_layers // 2)
+    trunk_spec = _with_shared_trunk(taylor, trunk_layers)
+    trunk_members = train_stage(bases[0], trunk_spec, task.train, r.finetune_steps,
+                                r.finetune_lr, seed * 100 + 80, r, _sub(cache, "trunk"),
+                                shared_layers=trunk_layers)  # fmt: skip
+    info["seconds"]["Hydra (shared trunk) fine-tuning"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    fused_members, fused_heads = [], []
+    for m, base in enumerate(bases):
+        own = select_members(base, 1, heads_per_member=r.heads_per_member, method="taylor",
+                             data=task.train, seed=seed * 100 + m, max_examples=r.taylor_examples)  # fmt: skip
+        (member,) = train_stage(base, own, task.train, r.finetune_steps, r.finetune_lr,
+                                seed * 100 + 50 + m, r, _sub(cache, f"fused{m}"))  # fmt: skip
+        fused_members.append(member)
+        fused_heads.append(own.members[0])
+    fused_spec = taylor.replace(members=fused_heads, mlp_merge="grouped", meta={})
+    info["seconds"]["Hydra (fused deep ensemble) selection and recovery"] = (
+        time.perf_counter() - started
+    )
     note(args, f"  seed {seed}: selection and fine-tuning done")
 
     models = {
@@ -297,12 +373,29 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
         "Hydra (circuit, fine-tuned)": fuse(
             circuit_members, circuit_base, mlp_merge="average"
         ).eval(),
+        "Hydra (circuit, OOD validation)": None if circuit_ood is None
+        else fuse(single, circuit_ood, mlp_merge="average").eval(),
+        "Hydra (shared trunk)": fuse(trunk_members, trunk_spec, mlp_merge="average").eval(),
+        "Hydra (fused deep ensemble)": fuse(fused_members, fused_spec, mlp_merge="grouped").eval(),
+        "deep ensemble (one base)": one_base,
         "deep ensemble": ensemble,
     }
-    specs = {"taylor": taylor, "circuit": circuit, "circuit (fine-tuned)": circuit_base}
+    if circuit_ood is None:
+        raise ValueError(f"task {task.name} has no ood_validation family")
+    assert models["Hydra (shared trunk)"].trunk_layers == trunk_layers
+    specs = {"taylor": taylor, "circuit": circuit, "circuit (fine-tuned)": circuit_base,
+             "circuit (OOD validation)": circuit_ood, "shared trunk": trunk_spec,
+             "fused deep ensemble": fused_spec}  # fmt: skip
     info["specs"] = {k: v.to_dict() for k, v in specs.items()}
     info["heads_overlap"] = {k: v.overlap().round(3).tolist() for k, v in specs.items()}
     return models, info
+
+
+def _with_shared_trunk(spec: HydraSpec, layers: int) -> HydraSpec:
+    """``spec`` with every member keeping member 0's heads in the first ``layers`` layers."""
+    first = spec.members[0].heads
+    members = [{"heads": [*first[:layers], *m.heads[layers:]]} for m in spec.members]
+    return spec.replace(members=members, meta={})
 
 
 def select(backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe,
@@ -329,7 +422,7 @@ def evaluate_rows(task: Task, models: dict, seed: int) -> dict[str, dict[str, np
     }
     logits: dict[str, dict[str, np.ndarray]] = {}
     for row, model in models.items():
-        if row == "deep ensemble":
+        if isinstance(model, list):  # the deep ensembles: one model per member
             logits[row] = {s: np.concatenate([member_logits(m, x, r.eval_batch, task.text)
                                               for m in model], axis=1)
                            for s, x in sets.items()}  # fmt: skip
@@ -355,6 +448,13 @@ def score_row(logits: dict[str, np.ndarray], task: Task) -> dict[str, Any]:
             "accuracy": float((probs.argmax(1) == y).mean()), "ece": ece(probs, y),
             "nll": nll(probs, y), "brier": brier(probs, y),
         }  # fmt: skip
+    member_pred = logits["id"].argmax(2)  # [N, M]
+    y = task.test[1].numpy()
+    out["members_accuracy"] = [float(v) for v in (member_pred == y[:, None]).mean(0)]
+    if members > 1:  # fraction of examples on which two members' argmaxes differ, over pairs
+        pairs = [(a, b) for a in range(members) for b in range(a + 1, members)]
+        out["disagreement"] = float(np.mean([(member_pred[:, a] != member_pred[:, b]).mean()
+                                             for a, b in pairs]))  # fmt: skip
     out["ood"] = {}
     for name in task.ood:
         per = {}
@@ -390,7 +490,7 @@ def latency(task: Task, models: dict) -> dict[str, dict[str, float]]:
             single.module.eval()
 
     calls: dict[str, Callable[[], Any]] = {
-        row: (lambda m=model: [_forward(e, x) for e in m]) if row == "deep ensemble"
+        row: (lambda m=model: [_forward(e, x) for e in m]) if isinstance(model, list)
         else (lambda m=model: _forward(m, x))
         for row, model in models.items()
     }  # fmt: skip
@@ -417,9 +517,9 @@ def latency(task: Task, models: dict) -> dict[str, dict[str, float]]:
 
 
 def _leaves(tree: Any, prefix: tuple = ()) -> dict[tuple, float]:
-    if isinstance(tree, dict):
+    if isinstance(tree, (dict, list)):
         out = {}
-        for k, v in tree.items():
+        for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
             out.update(_leaves(v, (*prefix, k)))
         return out
     return {prefix: float(tree)}
@@ -444,25 +544,50 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-HYDRA_ROWS = ("Hydra (circuit)", "Hydra (Taylor)", "Hydra (circuit, fine-tuned)")
 CLAIM_METRICS = (
     (("ood_mean", "msp", "auroc"), "detects OOD better than"),
     (("ood_mean", "msp", "fpr95"), "has a lower FPR95 than"),
     (("id", "ece"), "is better calibrated than"),
 )
-# (claim, row, against, metric path): Hydra against the deep ensemble and the single model on
-# AUROC, FPR95 and ECE; the Taylor-pruned single model against the unpruned one under shift.
+# (claim, row, against, metric path, margin): the row beats ``against`` on a seed when its
+# advantage exceeds ``margin`` (same units as the metric: 0.01 = 1 point of AUROC).
 CLAIMS = (
     *(
-        (f"{row} {verb} the {name}", row, against, path)
-        for against, name in (("deep ensemble", "deep ensemble"), ("single", "single model"))
-        for row in HYDRA_ROWS
+        (f"{row} {verb} the {name}", row, against, path, 0.0)
+        for against, name in (("single", "single model"),
+                              ("deep ensemble (one base)", "deep ensemble of one base"))
+        for row in ONE_BASE_HYDRA
+        for path, verb in CLAIM_METRICS
+    ),
+    *(
+        (f"Hydra (fused deep ensemble) {verb} the deep ensemble", "Hydra (fused deep ensemble)",
+         "deep ensemble", path, 0.0)
         for path, verb in CLAIM_METRICS
     ),
     ("Taylor pruning hurts calibration under shift (ECE)", "single", "single Taylor-pruned",
-     ("shift", "ece")),
+     ("shift", "ece"), 0.0),
     ("Taylor pruning hurts calibration under shift (NLL)", "single", "single Taylor-pruned",
-     ("shift", "nll")),
+     ("shift", "nll"), 0.0),
+)  # fmt: skip
+# The targets a user adopts the tool for (issue 19), per seed, paired.
+TARGETS = (
+    *(
+        (f"{row} beats the single model by >= 1 AUROC point", row, "single",
+         ("ood_mean", "msp", "auroc"), 0.01)
+        for row in ONE_BASE_HYDRA
+    ),
+    *(
+        (f"{row} has a lower FPR95 than the single model", row, "single",
+         ("ood_mean", "msp", "fpr95"), 0.0)
+        for row in ONE_BASE_HYDRA
+    ),
+    *(
+        (f"{row} matches or beats the one-base deep ensemble on AUROC", row,
+         "deep ensemble (one base)", ("ood_mean", "msp", "auroc"), -1e-12)
+        for row in ONE_BASE_HYDRA
+    ),
+    ("Hydra (fused deep ensemble) within 1 AUROC point of the deep ensemble",
+     "Hydra (fused deep ensemble)", "deep ensemble", ("ood_mean", "msp", "auroc"), -0.01),
 )  # fmt: skip
 
 
@@ -472,28 +597,57 @@ def _get(tree: dict, path: tuple) -> float:
     return float(tree)
 
 
-def claims(per_seed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Paired comparisons over seeds: does ``row`` beat ``against`` on the metric?"""
+def claims(per_seed: list[dict[str, Any]], table: Sequence[tuple] = CLAIMS) -> list[dict[str, Any]]:
+    """Paired comparisons over seeds: does ``row`` beat ``against`` by more than the margin?"""
     out = []
-    for claim, row, against, path in CLAIMS:
+    for claim, row, against, path, margin in table:
         higher = HIGHER_IS_BETTER[path[-1]]
         diffs = [(_get(s["rows"][row], path) - _get(s["rows"][against], path)) * (1 if higher else -1)
                  for s in per_seed]  # fmt: skip
-        wins = sum(d > 0 for d in diffs)
+        wins = sum(d > margin for d in diffs)
         mean = float(np.mean(diffs))
         if wins == len(diffs):
             verdict = "holds (every seed)"
-        elif mean > 0:
+        elif mean > margin:
             verdict = f"holds on average ({wins}/{len(diffs)} seeds)"
         else:
             verdict = f"does not hold ({wins}/{len(diffs)} seeds)"
         out.append({
             "claim": claim, "row": row, "against": against, "metric": ".".join(path),
+            "margin": margin,
             "advantage_mean": mean, "advantage_std": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0,
             "advantage_per_seed": [float(d) for d in diffs], "seeds_better": wins,
             "verdict": verdict,
         })  # fmt: skip
     return out
+
+
+def pareto(report: dict[str, Any]) -> dict[str, Any]:
+    """Per metric (OOD AUROC with MSP, higher better; ECE, lower better) and per cost (CPU latency
+    ratio, deployed parameters, training steps): the rows no other row beats on both."""
+    agg = report["aggregate"]
+    costs = {
+        "latency_ratio": {r: report["latency"][r]["ratio"] for r in ROWS},
+        "parameters": {r: float(report["parameters"][r]) for r in ROWS},
+        "train_steps": {r: float(report["train_steps"][r]) for r in ROWS},
+    }
+    metrics = {
+        "auroc_msp": ({r: agg[r]["ood_mean"]["msp"]["auroc"]["mean"] for r in ROWS}, True),
+        "ece": ({r: agg[r]["id"]["ece"]["mean"] for r in ROWS}, False),
+    }
+    out: dict[str, Any] = {}
+    for metric, (values, higher) in metrics.items():
+        gain = {r: values[r] if higher else -values[r] for r in ROWS}
+        for cost, spent in costs.items():
+            front = [r for r in ROWS if not any(_dominates(o, r, gain, spent) for o in ROWS)]
+            out[f"{metric} vs {cost}"] = sorted(front, key=lambda r, spent=spent: spent[r])
+    return out
+
+
+def _dominates(a: str, b: str, gain: dict[str, float], cost: dict[str, float]) -> bool:
+    """``a`` is at least as good and as cheap as ``b``, and strictly one of them."""
+    return (a != b and cost[a] <= cost[b] and gain[a] >= gain[b]
+            and (cost[a] < cost[b] or gain[a] > gain[b]))  # fmt: skip
 
 
 def _pm(cell: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
@@ -518,8 +672,8 @@ def markdown(report: dict[str, Any]) -> str:
         "as the OOD score; MI is zero for one model.",
         "",
         "| row | accuracy | ECE | NLL | Brier | AUROC MSP | AUROC MI | AUPR MSP | FPR95 MSP | "
-        "FPR95 MI | params | latency x |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "FPR95 MI | params | latency x | train steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in ROWS:
         a = agg[row]
@@ -530,8 +684,20 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_pm(a['ood_mean']['msp']['auroc'], 100)} | "
             f"{_pm(mi['auroc'], 100) if mi else '—'} | {_pm(a['ood_mean']['msp']['aupr'], 100)} | "
             f"{_pm(a['ood_mean']['msp']['fpr95'], 100)} | {_pm(mi['fpr95'], 100) if mi else '—'} | "
-            f"{report['parameters'][row] / 1e6:.3f} M | {report['latency'][row]['ratio']:.2f} |"
+            f"{report['parameters'][row] / 1e6:.3f} M | {report['latency'][row]['ratio']:.2f} | "
+            f"{report['train_steps'][row]} |"
         )
+    lines += [
+        "", "## Members: each member's own accuracy and how often two members disagree", "",
+        "Member accuracy in % (mean over seeds, per member); disagreement = fraction of test "
+        "examples on which two members' argmaxes differ, averaged over pairs, in %.", "",
+        "| row | member accuracy | disagreement |", "|---|---|---|",
+    ]  # fmt: skip
+    for row in ROWS:
+        a = agg[row]
+        accs = ", ".join(f"{v['mean'] * 100:.1f}" for v in a["members_accuracy"].values())
+        dis = _pm(a["disagreement"], 100) if "disagreement" in a else "—"
+        lines.append(f"| {row} | {accs} | {dis} |")
     lines += ["", "## Per OOD set (AUROC / FPR95 in %, MSP; MI in brackets)", ""]
     names = list(task["ood"])
     lines.append("| row | " + " | ".join(names) + " |")
@@ -568,6 +734,25 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {c['claim']} | {c['metric']} | {c['advantage_mean'] * scale:+.2f} ± "
             f"{c['advantage_std'] * scale:.2f} | {c['verdict']} |"
         )
+    lines += [
+        "", "## Targets (what a user adopts Hydra for), per seed, paired", "",
+        "A target holds on a seed when the advantage exceeds the margin (points of %).", "",
+        "| target | metric | margin | advantage | verdict |", "|---|---|---|---|---|",
+    ]  # fmt: skip
+    for c in report["targets"]:
+        lines.append(
+            f"| {c['claim']} | {c['metric']} | {c['margin'] * 100:+.1f} | "
+            f"{c['advantage_mean'] * 100:+.2f} ± {c['advantage_std'] * 100:.2f} | {c['verdict']} |"
+        )
+    t = report["latency_target"]
+    lines.append(f"| {t['target']} | latency (seed 0) | — | {t['ratio']:.2f} x | "
+                 f"{'holds' if t['holds'] else 'does not hold'} |")  # fmt: skip
+    lines += [
+        "", "## Pareto fronts (rows no other row beats on both the metric and the cost)", "",
+        "| metric vs cost | front (cheapest first) |", "|---|---|",
+        *(f"| {k} | {', '.join(v)} |" for k, v in report["pareto"].items()),
+        "", "See `pareto.png`.",
+    ]  # fmt: skip
     lines += ["", "## Setup", ""]
     lines += [f"- {k}: {v}" for k, v in task["details"].items()]
     r = report["settings"]["recipe"]
@@ -589,6 +774,46 @@ def markdown(report: dict[str, Any]) -> str:
 # plots
 
 
+def pareto_plot(out: Path, report: dict[str, Any]) -> str:
+    """OOD AUROC (MSP) and ECE against latency ratio, parameters and training steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agg = report["aggregate"]
+    costs = (("latency_ratio", "CPU latency (x single)",
+              {r: report["latency"][r]["ratio"] for r in ROWS}),
+             ("parameters", "deployed parameters (M)",
+              {r: report["parameters"][r] / 1e6 for r in ROWS}),
+             ("train_steps", "optimizer steps in all", report["train_steps"]))  # fmt: skip
+    metrics = (("auroc_msp", "OOD AUROC, MSP (%)",
+                {r: agg[r]["ood_mean"]["msp"]["auroc"] for r in ROWS}),
+               ("ece", "ECE (%)", {r: agg[r]["id"]["ece"] for r in ROWS}))  # fmt: skip
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    markers = dict(zip(ROWS, "os^v<>DPX*hp", strict=False))
+    for i, (metric, label, cells) in enumerate(metrics):
+        for j, (cost, cost_label, spent) in enumerate(costs):
+            ax = axes[i, j]
+            front = report["pareto"][f"{metric} vs {cost}"]
+            for row in ROWS:
+                ax.errorbar(spent[row], cells[row]["mean"] * 100, yerr=cells[row]["std"] * 100,
+                            marker=markers[row], capsize=2, ls="none", label=row,
+                            mfc="none" if row not in front else None)  # fmt: skip
+            line = sorted(front, key=lambda r: spent[r])
+            ax.plot([spent[r] for r in line], [cells[r]["mean"] * 100 for r in line], "k--", lw=0.8)
+            ax.set_xlabel(cost_label)
+            ax.set_ylabel(label)
+            if cost != "latency_ratio":
+                ax.set_xscale("log")
+    axes[0, 0].legend(fontsize=6, ncol=2)
+    fig.suptitle("Pareto fronts (filled markers and the dashed line; mean ± std over seeds)")
+    fig.tight_layout()
+    fig.savefig(out / "pareto.png", dpi=90)
+    plt.close(fig)
+    return "pareto.png"
+
+
 def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarray,
           agg: dict[str, Any], ood_names: list[str]) -> list[str]:  # fmt: skip
     """Reliability diagrams, score histograms and an AUROC chart; returns the file names."""
@@ -598,7 +823,8 @@ def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarra
     import matplotlib.pyplot as plt
 
     written = []
-    fig, axes = plt.subplots(2, 4, figsize=(16, 8), sharex=True, sharey=True)
+    grid_rows = -(-len(ROWS) // 4)
+    fig, axes = plt.subplots(grid_rows, 4, figsize=(16, 4 * grid_rows), sharex=True, sharey=True)
     for ax, row in zip(axes.ravel(), ROWS, strict=False):
         probs = ensemble_scores(pooled[row]["id"])["probs"].astype(np.float64)
         table = reliability_bins(probs, labels)
@@ -609,8 +835,8 @@ def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarra
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set_title(f"{row}\nECE {ece(probs, labels) * 100:.2f}%", fontsize=9)
         ax.set_xlabel("confidence (max prob)")
-    axes[0, 0].set_ylabel("accuracy")
-    axes[1, 0].set_ylabel("accuracy")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy")
     fig.suptitle("Reliability on the in-distribution test set (all seeds pooled)")
     fig.tight_layout()
     fig.savefig(out / "reliability.png", dpi=90)
@@ -692,8 +918,8 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
                     [pooled[row][split], v])  # fmt: skip
         if seed == 0:
             lat = latency(task, models)
-            params = {row: (_parameters(m) if row != "deep ensemble"
-                            else sum(_parameters(e) for e in m)) for row, m in models.items()}  # fmt: skip
+            params = {row: (sum(_parameters(e) for e in m) if isinstance(m, list)
+                            else _parameters(m)) for row, m in models.items()}  # fmt: skip
             params["MC dropout"] = params["single"]
         info["seconds"]["total"] = time.perf_counter() - seed_start
         per_seed.append({"seed": seed, "rows": rows, **info})
@@ -718,13 +944,22 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
         "task": task.description,
         "rows": list(ROWS),
         "parameters": params,
+        "train_steps": {row: train_steps(row, task.recipe) for row in ROWS},
         "latency": lat,
         "seconds_per_stage": {k: float(np.mean([s["seconds"][k] for s in per_seed])) for k in stages},
         "aggregate": agg,
         "claims": claims(per_seed),
+        "targets": claims(per_seed, TARGETS),
         "per_seed": per_seed,
         "figures": figures,
     }  # fmt: skip
+    report["pareto"] = pareto(report)
+    fused_vs_de = lat["Hydra (fused deep ensemble)"]["ratio"] / lat["deep ensemble"]["ratio"]
+    report["latency_target"] = {
+        "target": "Hydra (fused deep ensemble) at <= 0.8 x the deep ensemble's CPU latency",
+        "ratio": fused_vs_de, "holds": bool(fused_vs_de <= 0.8),
+    }  # fmt: skip
+    report["figures"].append(pareto_plot(args.out, report))
     report = json.loads(json.dumps(report, default=_jsonable))
     atomic_write_json(args.out / "report.json", report)
     text = markdown(report)

@@ -97,6 +97,19 @@ def photo_patches(count: int, seed: int) -> np.ndarray:
     return images
 
 
+def scrambled(images8: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """[count, 8, 8]: training digits cut into 2x2 tiles, the 16 tiles shuffled per image.
+
+    The OOD *validation* family (circuit selection only): digit strokes and intensities without a
+    digit's shape, a kind that no test OOD set (letters, photos) is made of.
+    """
+    rng = np.random.default_rng(seed)
+    picks = images8[rng.integers(0, len(images8), count)]
+    tiles = picks.reshape(count, 4, 2, 4, 2).transpose(0, 1, 3, 2, 4).reshape(count, 16, 2, 2)
+    tiles = np.stack([t[rng.permutation(16)] for t in tiles])
+    return tiles.reshape(count, 4, 4, 2, 2).transpose(0, 1, 3, 2, 4).reshape(count, 8, 8)
+
+
 def shifted(x: torch.Tensor, seed: int) -> torch.Tensor:
     """Rotated 20-35 degrees either way, plus Gaussian noise of std 0.15."""
     generator = torch.Generator().manual_seed(seed)
@@ -131,6 +144,7 @@ def make_task(args: argparse.Namespace) -> Task:
     digits = load_digits()
     order = np.random.default_rng(0).permutation(len(digits.target))
     x = to_model_input(digits.images[order])
+    validation_ood = to_model_input(scrambled(digits.images[order][:TRAIN], 400, seed=5))
     y = torch.tensor(digits.target[order], dtype=torch.long)
     test_x, test_y = x[TRAIN:], y[TRAIN:]
     ood_size = OOD_SIZE
@@ -159,6 +173,10 @@ def make_task(args: argparse.Namespace) -> Task:
             "out (near OOD)",
             "photos": f"{ood_size} grayscale crops of scikit-learn's sample photos (far OOD)",
         },
+        "ood_validation": {
+            "scrambled digits": "400 training digits cut into 2x2 tiles and the tiles shuffled, "
+            "used only to choose heads (circuit, OOD objective); never a test set",
+        },
         "details": {
             "data": f"digits split with a fixed permutation (seed 0): {TRAIN} train, "
             f"{len(test_y)} test",
@@ -170,13 +188,15 @@ def make_task(args: argparse.Namespace) -> Task:
             "OOD: photos": "china.jpg and flower.jpg, crops of 16-96 px block-averaged to 8x8, "
             "min-max scaled to 0-16",
             "selection": "Taylor on 512 training examples (bootstrap per member, Gumbel "
-            "temperature 0.5); circuit on 512 training examples, loss objective, no OOD data",
+            "temperature 0.5); circuit on 512 training examples, loss objective, no OOD data; "
+            "circuit (OOD validation): the same with the OOD objective on scrambled digits",
         },
     }
     return Task(
         name="digits", classes=[str(i) for i in range(10)], train=(x[:TRAIN], y[:TRAIN]),
         test=(test_x, test_y), shift=(shifted(test_x, seed=3), test_y), ood=ood,
         new_model=new_model, recipe=recipe, description=description,
+        ood_validation=("scrambled digits", validation_ood),
     )  # fmt: skip
 
 

@@ -205,6 +205,11 @@ def make_task(args: argparse.Namespace) -> Task:
         )
     verbs = _pick(sorted({g for _, g in read_glosses("data.verb")} - train_set), ood_n, rng)
     docs = _pick(python_doc_sentences(), ood_n, rng)
+    # the OOD *validation* family (circuit selection only): adjective glosses, a source no test
+    # set draws from; its own generator, so the test sets stay those of earlier reports
+    taken = train_set | set(near) | set(verbs) | set(docs)
+    adjectives = _pick(sorted({g for _, g in read_glosses("data.adj")} - taken), ood_n,
+                       np.random.default_rng(7))  # fmt: skip
     test_texts = [g for g, _ in test]
     typo_rng = np.random.default_rng(1)
     shifted_texts = [typos(g, typo_rng) for g in test_texts]
@@ -231,6 +236,10 @@ def make_task(args: argparse.Namespace) -> Task:
             "verb glosses": f"{ood_n} WordNet verb glosses",
             "python docs": f"{ood_n} sentences of Python's reference documentation (far OOD)",
         },
+        "ood_validation": {
+            "adjective glosses": f"{len(adjectives)} WordNet adjective glosses (data.adj), used "
+            "only to choose heads (circuit, OOD objective); never a test set",
+        },
         "details": {
             "data": "/usr/share/wordnet/data.noun (WordNet 3.0, Debian wordnet-base), gloss "
             "definitions before the quoted examples, >= 3 words, fixed shuffle (seed 0)",
@@ -238,7 +247,8 @@ def make_task(args: argparse.Namespace) -> Task:
             "tokens, word embeddings frozen, dropout 0.1 (the model's own)",
             "selection": f"Taylor on {recipe.taylor_examples} training examples (bootstrap per "
             f"member, Gumbel temperature 0.5); circuit on {recipe.circuit_examples} training "
-            "examples, loss objective, no OOD data",
+            "examples, loss objective, no OOD data; circuit (OOD validation): the same with "
+            "the OOD objective on the adjective glosses",
         },
     }
     return Task(
@@ -251,6 +261,7 @@ def make_task(args: argparse.Namespace) -> Task:
              "verb glosses": _tokenize(verbs, tokenizer),
              "python docs": _tokenize(docs, tokenizer)},
         new_model=new_model, recipe=recipe, description=description, text=True,
+        ood_validation=("adjective glosses", _tokenize(adjectives, tokenizer)),
     )  # fmt: skip
 
 
