@@ -301,3 +301,19 @@ def test_ood_image_folder_is_read_with_the_backbone_preprocessing(tmp_path):
     x = _ood_inputs(tmp_path, backbone, max_examples=None)
     assert tuple(x.shape) == (3, backbone.in_chans, *backbone.img_size) and x.dtype == torch.float32
     assert torch.isfinite(x).all() and x.std() > 0
+
+
+@pytest.mark.parametrize("method", ["taylor", "circuit", "random"])
+def test_members_can_keep_different_head_counts(digits_vit, method):
+    backbone, _, val = digits_vit
+    spec = select_members(backbone, 3, member_heads=[1, 2, 3], method=method, data=val, seed=0)
+    assert spec.heads_per_layer().tolist() == [[1, 1, 1], [2, 2, 2], [3, 3, 3]]
+    assert spec.meta["selection"]["heads_per_layer"] == [[1, 1, 1], [2, 2, 2], [3, 3, 3]]
+    per_layer = select_members(backbone, 2, member_heads=[[1, 2, 3], 2], method=method, data=val)
+    assert per_layer.heads_per_layer().tolist() == [[1, 2, 3], [2, 2, 2]]
+    with pytest.raises(HydraError, match="one head count per member"):
+        select_members(backbone, 3, member_heads=[1, 2], method=method, data=val)
+    with pytest.raises(HydraError, match="not both"):
+        select_members(backbone, 2, member_heads=[1, 2], heads_per_member=2, data=val)
+    with pytest.raises(SpecError, match="allows only 1 distinct"):  # two members keeping all 4
+        select_members(backbone, 3, member_heads=[4, 2, 4], method=method, data=val)

@@ -105,6 +105,7 @@ def select_members(
     batch_size: int = 32,
     max_examples: int | None = 512,
     confident_fraction: float = 1.0,
+    member_heads: Sequence[int | Sequence[int]] | None = None,
 ) -> HydraSpec:
     """Choose the heads of ``members`` members and return the HydraSpec.
 
@@ -114,6 +115,8 @@ def select_members(
     ``objective`` (circuit): ``"loss"`` (default) or ``"ood"`` (default when ``ood_data`` is given).
     ``temperature``: 0 keeps each member's top heads; higher draws more diverse members.
     ``resample``: estimate each member's importance on its own bootstrap resample.
+    ``member_heads``: one head count per member (an int, or one per layer) instead of
+    ``heads_per_member`` / ``keep_ratio``, so members prune by different ratios.
     Members come out distinct by construction: a member that repeats an earlier one is changed
     by the cheapest single swap (the kept head with the lowest score for the best pruned head of
     the same layer) that makes it new. Only asking for more members than there are distinct head
@@ -126,8 +129,21 @@ def select_members(
         raise HydraError(f"unknown selection method {method!r}; choose one of {METHODS}")
     if temperature < 0:
         raise HydraError(f"temperature must be >= 0, got {temperature}")
-    counts = heads_per_layer(backbone, heads_per_member, keep_ratio, min_heads)
-    _refuse_too_many(members, backbone.num_heads, counts)
+    if member_heads is not None:
+        if heads_per_member is not None or keep_ratio is not None:
+            raise HydraError("give member_heads or heads_per_member/keep_ratio, not both")
+        if (not isinstance(member_heads, Sequence) or isinstance(member_heads, (str, bytes))
+                or len(member_heads) != members):  # fmt: skip
+            raise HydraError(
+                f"member_heads needs one head count per member ({members}), got {member_heads!r}"
+            )
+        member_counts = [heads_per_layer(backbone, k, None, min_heads) for k in member_heads]
+    else:
+        member_counts = [
+            heads_per_layer(backbone, heads_per_member, keep_ratio, min_heads)
+        ] * members
+    for counts in {tuple(c) for c in member_counts}:
+        _refuse_too_many(sum(c == list(counts) for c in member_counts), backbone.num_heads, counts)
     objective = objective or ("ood" if ood_data is not None and method == "circuit" else "loss")
     if objective == "ood" and ood_data is not None:  # read once, not once per member
         ood_data = _ood_inputs(ood_data, backbone, max_examples)
@@ -142,6 +158,7 @@ def select_members(
     L, H = backbone.num_layers, backbone.num_heads
     chosen_masks: list[np.ndarray] = []
     for member in range(members):
+        counts = member_counts[member]
         rng = np.random.default_rng([seed, member])
         chooser = gumbel_chooser(rng, temperature)
         member_data = labelled
@@ -177,7 +194,8 @@ def select_members(
         mlp_merge=mlp_merge, importance=method, seed=seed,
     )  # fmt: skip
     selection = {
-        "heads_per_layer": counts, "keep_ratio": keep_ratio, "temperature": temperature,
+        "heads_per_layer": member_counts[0] if member_heads is None else member_counts,
+        "keep_ratio": keep_ratio, "temperature": temperature,
         "resample": "bootstrap" if resample else None, "objective": objective if method == "circuit" else None,
         "min_heads": min_heads, "max_examples": max_examples,
         "data_examples": None if labelled is None else len(labelled),
