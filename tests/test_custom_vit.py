@@ -5,6 +5,7 @@ folder or given, recorded and used everywhere, and input-shape hints that say wh
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import logging
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 import timm
 import torch
+from conftest import scramble
 from PIL import Image
 from safetensors.torch import save_file
 
-from conftest import scramble
 from hydra_deploy.backbones import load_backbone
 from hydra_deploy.errors import BackboneError, CheckpointError, HydraError, RunnerError
 
@@ -67,8 +68,10 @@ def test_hub_folder_builds_its_model_args_and_preprocessing(trained, caplog):
     assert adapter.data_config() == USER_CONFIG
     assert not caplog.records  # the folder records its preprocessing: nothing to warn about
     # constructor keyword arguments win over model_args (timm's order): a narrower model no longer fits
-    with pytest.raises(CheckpointError, match="the file has embed_dim=32 where the model has embed_dim=64"):
-        load_backbone(folder, embed_dim=64)  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match="the file has embed_dim=32 where the model has embed_dim=64"
+    ):
+        load_backbone(folder, embed_dim=64)
 
 
 def test_timm_save_for_hf_folder_is_read(tmp_path):
@@ -123,16 +126,21 @@ def test_mismatch_names_the_files_shapes_and_the_arguments(trained):
     # the same width at another input size loaded before, silently resampled to 224 pixels
     other = bare.with_name("img32.safetensors")
     save_file(timm.create_model("vit_tiny_patch16_224", img_size=32).state_dict(), str(other))
-    with pytest.raises(CheckpointError, match=r"the file has img_size=32 where the model has img_size=224 \(pos_embed: file \(1, 5, 192\)"):
-        load_backbone("vit_tiny_patch16_224", checkpoint=other)  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"the file has img_size=32 where the model has img_size=224 \(pos_embed: file \(1, 5, 192\)",
+    ):
+        load_backbone("vit_tiny_patch16_224", checkpoint=other)
     wide = bare.with_name("mlp2.safetensors")
     save_file(_model(mlp_ratio=2.0).state_dict(), str(wide))
-    with pytest.raises(CheckpointError, match="the file has mlp_ratio=2.0 where the model has mlp_ratio=4.0"):
-        load_backbone("vit_tiny_patch16_224", checkpoint=wide, **ARGS)  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match=r"the file has mlp_ratio=2\.0 where the model has mlp_ratio=4\.0"
+    ):
+        load_backbone("vit_tiny_patch16_224", checkpoint=wide, **ARGS)
 
 
 def test_preprocessing_given_wins_and_a_missing_one_is_warned(trained, caplog):
-    model, folder, bare = trained
+    _, folder, bare = trained
     with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
         adapter = load_backbone("vit_tiny_patch16_224", checkpoint=bare, **ARGS)
     warned = [r.getMessage() for r in caplog.records]
@@ -142,11 +150,13 @@ def test_preprocessing_given_wins_and_a_missing_one_is_warned(trained, caplog):
     caplog.clear()
     given = {"mean": 0.5, "std": [0.5], "interpolation": "bilinear", "crop_pct": 1.0}
     with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
-        adapter = load_backbone("vit_tiny_patch16_224", checkpoint=bare, preprocessing=given, **ARGS)
+        adapter = load_backbone(
+            "vit_tiny_patch16_224", checkpoint=bare, preprocessing=given, **ARGS
+        )
     assert not caplog.records and adapter.data_config() == USER_CONFIG
     # over the folder's own, and kept by copies of the module (fine-tuned members)
     adapter = load_backbone(folder, preprocessing={"mean": [0.25], "crop_mode": "squash"})
-    copied = load_backbone(__import__("copy").deepcopy(adapter.module))
+    copied = load_backbone(copy.deepcopy(adapter.module))
     assert copied.data_config() == {**USER_CONFIG, "mean": (0.25,), "crop_mode": "squash"}
     for bad, message in (({"size": 3}, r"unknown entries \['size'\]"),
                          ({"mean": [0.5, 0.5]}, "2 values, the model has 1 input channel"),
