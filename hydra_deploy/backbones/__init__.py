@@ -333,18 +333,19 @@ def _build_timm(
                 kwargs["num_classes"] = int(head.shape[0])
             elif "num_classes" in config:
                 kwargs["num_classes"] = int(config["num_classes"])
-        source = timm_name
         if "architecture" in config:  # timm's hub layout: read the folder as timm does
             if _same_model(config["architecture"], timm_name):
-                path = Path(checkpoint).expanduser().resolve()
-                source = f"local-dir:{path if path.is_dir() else path.parent}"
+                overlay, model_args = _hub_folder_config(checkpoint)
+                for key, value in model_args.items():  # constructor arguments given win
+                    kwargs.setdefault(key, value)
+                kwargs["pretrained_cfg_overlay"] = overlay
             else:
                 logger.warning(
                     "%s: the checkpoint's config.json is for %r; building %s as asked, without "
                     "its model_args and pretrained_cfg", name, config["architecture"], timm_name
                 )  # fmt: skip
                 config = {}
-        model = _create(timm, source, pretrained=False, **kwargs)
+        model = _create(timm, timm_name, pretrained=False, **kwargs)
         if preprocessing is not None:
             set_preprocessing(model, preprocessing)
         from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
@@ -390,6 +391,35 @@ def _create(timm, timm_name: str, **kwargs):
         return timm.create_model(timm_name, **kwargs)
     except (TypeError, AssertionError, ValueError) as err:  # timm checks many arguments with assert
         raise BackboneError(f"timm cannot build {timm_name!r} with {kwargs}: {err}") from err
+
+
+def _hub_folder_config(checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pretrained_cfg entries, model_args) of the config.json of a checkpoint in timm's hub layout.
+
+    Parsed by timm's own ``load_model_config_from_path`` (new and legacy layouts); the
+    pretrained_cfg entries overlay the architecture's registry default, so what the folder leaves
+    out stays timm's default for the architecture, and keys timm's ``PretrainedCfg`` lacks (a
+    legacy single-dict config's ``global_pool``) are dropped.
+    """
+    from dataclasses import fields
+
+    from timm.models._hub import load_model_config_from_path
+    from timm.models._pretrained import PretrainedCfg
+
+    path = Path(checkpoint).expanduser().resolve()
+    folder = path if path.is_dir() else path.parent
+    try:
+        pretrained_cfg, _, model_args = load_model_config_from_path(folder)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CheckpointError(
+            f"cannot read {str(folder / 'config.json')!r} as timm's hub config ({type(err).__name__}: "
+            f"{err}); it needs 'architecture', and 'model_args' / 'pretrained_cfg' as objects"
+        ) from err
+    if not isinstance(model_args, dict):
+        raise CheckpointError(f"{str(folder / 'config.json')!r}: model_args must be an object")
+    known = {f.name for f in fields(PretrainedCfg)} - {"file", "source", "architecture"}
+    overlay = {key: value for key, value in (pretrained_cfg or {}).items() if key in known}
+    return overlay, dict(model_args)
 
 
 def _same_model(architecture: Any, timm_name: str) -> bool:
@@ -482,7 +512,8 @@ def check_file_shapes(state_dict: dict, model: nn.Module, source: str, timm_name
     heads_hint = (f", and num_heads as trained: the weights do not show it (the model has {heads})"
                   if {"embed_dim", "depth"} & set(differ) else "")  # fmt: skip
     raise CheckpointError(
-        f"checkpoint {source!r} was trained with another architecture than {timm_name} as built: "
+        f"checkpoint {source!r} does not fit the model ({timm_name} as built), it was trained "
+        "with other constructor arguments: "
         f"the file has {wanted} where the model has "
         f"{', '.join(f'{key}={_arg(own_args[key])}' for key in differ)}"
         f"{f' ({shapes})' if shapes else ''}; build it with those constructor arguments "

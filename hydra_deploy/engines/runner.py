@@ -440,7 +440,7 @@ def _resize_advice(spec: TensorSpec, height: int, width: int) -> str:
 def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
     """What is wrong with an input of the wrong rank, in words."""
     if is_one_example(spec, shape):
-        return " (one example without the batch axis: add it, x[None])"
+        return " (add the batch axis: x[None])"
     if not _is_image(spec):
         return ""
     channels, height, width = spec.shape[1:]
