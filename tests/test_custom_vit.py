@@ -101,7 +101,10 @@ def test_model_args_from_the_cli(trained):
     report = json.loads(out.getvalue())
     assert report["input_shape"] == [2, 1, 16, 16] and report["output_shape"] == [2, 2, 3]
 
-    from hydra_deploy.cli.build import parse_model_args
+    from hydra_deploy.cli.build import INTERPOLATIONS, parse_model_args
+    from hydra_deploy.engines.preprocess import _INTERPOLATIONS
+
+    assert INTERPOLATIONS == _INTERPOLATIONS  # repeated so that parsing flags imports no numpy code
 
     assert parse_model_args(["img_size=[16, 16]", "qkv_bias=false", "global_pool=avg",
                              "mlp_ratio=2"]) == {"img_size": [16, 16], "qkv_bias": False,

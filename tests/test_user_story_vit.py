@@ -148,6 +148,16 @@ def test_custom_vit_export_run_eval(story):
     assert metrics["accuracy"] == pytest.approx((expected["prediction"] == story["labels"]).mean())
     assert metrics["nll"] == pytest.approx(nll(expected["probs"], story["labels"]), abs=1e-5)
     assert metrics["accuracy"] >= 0.75
+    # the library, on the fused PyTorch model of the folder, reads images the same way
+    from hydra_deploy.uncertainty.evaluate import evaluate
+
+    from_folder = fuse(load_backbone(folder), spec)
+    assert from_folder.preprocessing == {**info["preprocessing"], "input_size": (1, 16, 16),
+                                         "mean": (0.5,), "std": (0.5,)}  # fmt: skip
+    in_torch = evaluate(from_folder, root / "test", {"noise": root / "noise"})
+    in_torch = in_torch["id"]["classification"]
+    assert in_torch["accuracy"] == metrics["accuracy"]
+    assert in_torch["nll"] == pytest.approx(metrics["nll"], abs=1e-5)
 
     # raw [N, 8, 8] digits given as arrays: the message says what the model expects and what is wrong
     done = cli("run", str(export), str(root / "raw.npz"))
