@@ -433,8 +433,8 @@ def _resize_advice(spec: TensorSpec, height: int, width: int) -> str:
     if (height, width) == (want_h, want_w):
         return ""
     return (f"; the images are {height}x{width} and the model takes {want_h}x{want_w}: resize them "
-            "(or give hydra-run the image files, which it prepares with the export's recorded "
-            "preprocessing)")  # fmt: skip
+            "(or give the image files: hydra-run and hydra-eval prepare them with the export's "
+            "recorded preprocessing)")  # fmt: skip
 
 
 def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
@@ -447,7 +447,7 @@ def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
     expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
     if len(shape) == 3:
         return (f"{expects}; this looks like [N, H, W] images without the channel axis: add it "
-                f"(x[:, None]{' and repeat it 3 times' if channels == 3 else ''})"
+                f"(x[:, None]{', then repeat it to 3 channels' if channels == 3 else ''})"
                 f"{_resize_advice(spec, shape[1], shape[2])}")  # fmt: skip
     if len(shape) == 2:
         return f"{expects}; this looks like a single [H, W] image: add the batch and channel axes (x[None, None])"  # fmt: skip
