@@ -67,10 +67,13 @@ def load_backbone(
     weights (logged). ``num_classes`` sizes the classifier (default: the checkpoint's).
 
     A folder in timm's hub layout (``config.json`` with ``architecture``, ``num_classes``,
-    ``model_args``, ``pretrained_cfg`` beside ``model.safetensors``) is read as timm reads it
-    (``timm.create_model('local-dir:<folder>')``): ``model_args`` are constructor arguments and
-    ``pretrained_cfg`` gives the preprocessing. ``timm_kwargs`` are constructor arguments too
-    (``embed_dim=64, depth=4, img_size=16, patch_size=4, in_chans=1``) and win over ``model_args``.
+    ``model_args``, ``pretrained_cfg`` beside ``model.safetensors``) is parsed by timm's own
+    ``load_model_config_from_path`` (what ``timm.create_model('local-dir:<folder>')`` reads):
+    ``model_args`` are constructor arguments and the ``pretrained_cfg`` entries (mean, std,
+    interpolation, crop_pct, crop_mode) replace the architecture's defaults. ``timm_kwargs`` are
+    constructor arguments too (``embed_dim=64, depth=4, img_size=16, patch_size=4, in_chans=1``)
+    and win over ``model_args``. A checkpoint that does not fit is explained from the file's own
+    shapes, naming the constructor arguments to set.
 
     ``preprocessing`` (timm ViTs): how images are prepared for the model, as timm's data config:
     any of ``mean``, ``std`` (one value per channel, or one for all), ``interpolation``
