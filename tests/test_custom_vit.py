@@ -28,6 +28,16 @@ USER_CONFIG = {"input_size": (1, 16, 16), "interpolation": "bilinear", "mean": (
                "std": (0.5,), "crop_pct": 1.0, "crop_mode": "center"}  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _keep_log_level():
+    """The commands run here in-process set the hydra_deploy logger's level (--quiet: ERROR);
+    later tests capture its warnings, so the level is put back."""
+    logger = logging.getLogger("hydra_deploy")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
 def _model(**overrides):
     torch.manual_seed(0)
     args = {**ARGS, **overrides}
