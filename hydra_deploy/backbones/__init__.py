@@ -54,6 +54,8 @@ def load_backbone(
     name_or_module: str | os.PathLike | nn.Module | BackboneAdapter,
     checkpoint: str | os.PathLike | None = None,
     num_classes: int | None = None,
+    *,
+    preprocessing: dict[str, Any] | None = None,
     **timm_kwargs: Any,
 ) -> BackboneAdapter:
     """Build or wrap a backbone and return its adapter.
@@ -63,12 +65,36 @@ def load_backbone(
     (returned as is). ``checkpoint``: a local ``.safetensors``/``.pth``/``.pt`` file or folder;
     ``"hub"`` lets timm download the pretrained weights (needs network); ``None`` gives random
     weights (logged). ``num_classes`` sizes the classifier (default: the checkpoint's).
+
+    A folder in timm's hub layout (``config.json`` with ``architecture``, ``num_classes``,
+    ``model_args``, ``pretrained_cfg`` beside ``model.safetensors``) is parsed by timm's own
+    ``load_model_config_from_path`` (what ``timm.create_model('local-dir:<folder>')`` reads):
+    ``model_args`` are constructor arguments and the ``pretrained_cfg`` entries (mean, std,
+    interpolation, crop_pct, crop_mode) replace the architecture's defaults. ``timm_kwargs`` are
+    constructor arguments too (``embed_dim=64, depth=4, img_size=16, patch_size=4, in_chans=1``)
+    and win over ``model_args``. A checkpoint that does not fit is explained from the file's own
+    shapes, naming the constructor arguments to set.
+
+    ``preprocessing`` (timm ViTs): how images are prepared for the model, as timm's data config:
+    any of ``mean``, ``std`` (one value per channel, or one for all), ``interpolation``
+    (``bilinear``, ``bicubic``, ...), ``crop_pct`` and ``crop_mode`` (``center``, ``squash``,
+    ``border``); it wins over the checkpoint folder's ``pretrained_cfg`` and is kept in the model's
+    ``pretrained_cfg``, so fine-tuning data, the fused model and the export's ``hydra.json`` use it.
     """
+    if preprocessing is not None and not _is_vit(name_or_module):
+        raise BackboneError(
+            "preprocessing= applies to timm ViT backbones; BERT models take text and OpenCLIP "
+            "models use open_clip's own image preprocessing"
+        )
     if isinstance(name_or_module, BackboneAdapter):
         _refuse_extra(name_or_module, checkpoint, num_classes, timm_kwargs)
+        if preprocessing is not None:
+            set_preprocessing(name_or_module.module, preprocessing)
         return name_or_module
     if isinstance(name_or_module, nn.Module):
         family = module_family(name_or_module)
+        if preprocessing is not None:
+            set_preprocessing(name_or_module, preprocessing)
         if family == "bert":
             from hydra_deploy.backbones.hf_bert import wrap_bert
 
@@ -112,7 +138,95 @@ def load_backbone(
             )
         checkpoint = name if checkpoint is None else checkpoint
         name = config["architecture"]
-    return _build_timm(name, checkpoint, num_classes, timm_kwargs)
+    return _build_timm(name, checkpoint, num_classes, timm_kwargs, preprocessing)
+
+
+def _is_vit(name_or_module: Any) -> bool:
+    """Whether ``load_backbone`` builds or wraps a timm ViT for this argument."""
+    if isinstance(name_or_module, BackboneAdapter):
+        return name_or_module.family == "vit"
+    if isinstance(name_or_module, nn.Module):
+        return module_family(name_or_module) == "vit"
+    name = str(name_or_module)
+    if Path(name).expanduser().is_dir():
+        return not _is_hf_folder(name)
+    return name.partition(":")[0] not in FAMILY_PREFIXES
+
+
+#: The data-config entries ``preprocessing=`` may set (timm's ``resolve_data_config`` names).
+PREPROCESSING_KEYS = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
+#: The entries that decide how an image becomes the model's input (warned about when defaulted).
+_DECISIVE_KEYS = ("mean", "std", "interpolation", "crop_pct")
+
+
+def check_preprocessing(preprocessing: Any, in_chans: int | None = None) -> dict[str, Any]:
+    """Validate a ``preprocessing=`` mapping; returns it with mean/std as tuples of floats."""
+    from hydra_deploy.engines.preprocess import _INTERPOLATIONS
+
+    if not isinstance(preprocessing, dict):
+        raise BackboneError(
+            f"preprocessing must be a dict (e.g. {{'mean': (0.5,), 'std': (0.5,)}}), got "
+            f"{type(preprocessing).__name__}"
+        )
+    unknown = sorted(set(preprocessing) - set(PREPROCESSING_KEYS))
+    if unknown:
+        raise BackboneError(
+            f"preprocessing has unknown entries {unknown}; it takes {', '.join(PREPROCESSING_KEYS)} "
+            "(the input size is the model's own: set img_size / in_chans as constructor arguments)"
+        )
+    out: dict[str, Any] = {}
+    for key in ("mean", "std"):
+        if preprocessing.get(key) is None:
+            continue
+        value = preprocessing[key]
+        values = (value,) if isinstance(value, (int, float)) else value
+        try:
+            values = tuple(float(v) for v in values)
+        except (TypeError, ValueError):
+            raise BackboneError(
+                f"preprocessing {key} must be numbers (one per channel), got {value!r}"
+            ) from None
+        if len(values) not in {1, in_chans or len(values)}:
+            raise BackboneError(
+                f"preprocessing {key} has {len(values)} values, the model has {in_chans} input "
+                "channel(s): give one value per channel, or one for all"
+            )
+        if key == "std" and any(v <= 0 for v in values):
+            raise BackboneError(f"preprocessing std must be positive, got {values}")
+        out[key] = values
+    interpolation = preprocessing.get("interpolation")
+    if interpolation is not None:
+        if interpolation not in _INTERPOLATIONS:
+            raise BackboneError(
+                f"preprocessing interpolation {interpolation!r} is not one of {', '.join(_INTERPOLATIONS)}"
+            )
+        out["interpolation"] = interpolation
+    crop_pct = preprocessing.get("crop_pct")
+    if crop_pct is not None:
+        if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or crop_pct <= 0:
+            raise BackboneError(
+                f"preprocessing crop_pct must be a positive number (1.0: no crop), got {crop_pct!r}"
+            )
+        out["crop_pct"] = float(crop_pct)
+    crop_mode = preprocessing.get("crop_mode")
+    if crop_mode is not None:
+        if crop_mode not in ("center", "squash", "border"):
+            raise BackboneError(
+                f"preprocessing crop_mode {crop_mode!r} is not one of center, squash, border"
+            )
+        out["crop_mode"] = crop_mode
+    return out
+
+
+def set_preprocessing(module: nn.Module, preprocessing: dict[str, Any]) -> None:
+    """Record ``preprocessing`` in ``module.pretrained_cfg`` (where timm's data config reads it)."""
+    in_chans = getattr(
+        getattr(getattr(module, "patch_embed", None), "proj", None), "in_channels", None
+    )
+    values = check_preprocessing(preprocessing, in_chans)
+    cfg = {**dict(getattr(module, "pretrained_cfg", None) or {}), **values}
+    module.pretrained_cfg = cfg  # a new dict: timm's registry defaults stay as they are
+    module.default_cfg = cfg  # timm's older alias
 
 
 #: ``family:`` prefixes of backbone names that are not timm ViTs.
@@ -174,10 +288,14 @@ def _wrap_module(module: nn.Module, checkpoint, num_classes, timm_kwargs) -> Bac
     return TimmVitAdapter(module, name=name, weights=weights)
 
 
-def _build_timm(name: str, checkpoint, num_classes, timm_kwargs) -> BackboneAdapter:
+def _build_timm(
+    name: str, checkpoint, num_classes, timm_kwargs, preprocessing=None
+) -> BackboneAdapter:
     import timm
 
     timm_name = resolve_name(name)
+    if preprocessing is not None:
+        check_preprocessing(preprocessing)  # before any download or build
     kwargs = dict(timm_kwargs)
     if num_classes is not None:
         if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
@@ -185,7 +303,10 @@ def _build_timm(name: str, checkpoint, num_classes, timm_kwargs) -> BackboneAdap
         kwargs["num_classes"] = num_classes
 
     if checkpoint is None:
-        adapter = TimmVitAdapter(_create(timm, timm_name, pretrained=False, **kwargs), name=name)
+        model = _create(timm, timm_name, pretrained=False, **kwargs)
+        if preprocessing is not None:
+            set_preprocessing(model, preprocessing)
+        adapter = TimmVitAdapter(model, name=name)
         logger.warning(
             "%s: random weights (no checkpoint given); pass checkpoint=<file> for trained weights",
             name,
@@ -204,18 +325,37 @@ def _build_timm(name: str, checkpoint, num_classes, timm_kwargs) -> BackboneAdap
                 "checkpoint='path/to/model.safetensors' (or a .pth state dict, or a timm/HF folder)"
             ) from err
         weights = "hub"
+        if preprocessing is not None:
+            set_preprocessing(model, preprocessing)
     else:
         state_dict = read_state_dict(checkpoint)
+        config = folder_config(checkpoint)
         if num_classes is None:  # size the classifier like the checkpoint's
-            config = folder_config(checkpoint)
             head = state_dict.get("head.weight")
             if head is not None:
                 kwargs["num_classes"] = int(head.shape[0])
             elif "num_classes" in config:
                 kwargs["num_classes"] = int(config["num_classes"])
+        if "architecture" in config:  # timm's hub layout: read the folder as timm does
+            if _same_model(config["architecture"], timm_name):
+                overlay, model_args = _hub_folder_config(checkpoint)
+                for key, value in model_args.items():  # constructor arguments given win
+                    kwargs.setdefault(key, value)
+                kwargs["pretrained_cfg_overlay"] = overlay
+            else:
+                logger.warning(
+                    "%s: the checkpoint's config.json is for %r; building %s as asked, without "
+                    "its model_args and pretrained_cfg", name, config["architecture"], timm_name
+                )  # fmt: skip
+                config = {}
         model = _create(timm, timm_name, pretrained=False, **kwargs)
+        if preprocessing is not None:
+            set_preprocessing(model, preprocessing)
         from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
+        if isinstance(model, VisionTransformer):
+            check_file_shapes(state_dict, model, str(checkpoint), timm_name)
+        _warn_default_preprocessing(model, name, checkpoint, config, preprocessing)
         if isinstance(model, VisionTransformer):
             try:
                 state_dict = checkpoint_filter_fn(state_dict, model)
@@ -252,5 +392,140 @@ def _check_hub_reachable(timm_name: str, timeout_s: float = 3.0) -> None:
 def _create(timm, timm_name: str, **kwargs):
     try:
         return timm.create_model(timm_name, **kwargs)
-    except (TypeError, AssertionError) as err:  # timm checks many arguments with assert
+    except (TypeError, AssertionError, ValueError) as err:  # timm checks many arguments with assert
         raise BackboneError(f"timm cannot build {timm_name!r} with {kwargs}: {err}") from err
+
+
+def _hub_folder_config(checkpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pretrained_cfg entries, model_args) of the config.json of a checkpoint in timm's hub layout.
+
+    Parsed by timm's own ``load_model_config_from_path`` (new and legacy layouts); the
+    pretrained_cfg entries overlay the architecture's registry default, so what the folder leaves
+    out stays timm's default for the architecture, and keys timm's ``PretrainedCfg`` lacks (a
+    legacy single-dict config's ``global_pool``) are dropped.
+    """
+    from dataclasses import fields
+
+    from timm.models._hub import load_model_config_from_path
+    from timm.models._pretrained import PretrainedCfg
+
+    path = Path(checkpoint).expanduser().resolve()
+    folder = path if path.is_dir() else path.parent
+    try:
+        pretrained_cfg, _, model_args = load_model_config_from_path(folder)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CheckpointError(
+            f"cannot read {str(folder / 'config.json')!r} as timm's hub config ({type(err).__name__}: "
+            f"{err}); it needs 'architecture', and 'model_args' / 'pretrained_cfg' as objects"
+        ) from err
+    if not isinstance(model_args, dict):
+        raise CheckpointError(f"{str(folder / 'config.json')!r}: model_args must be an object")
+    known = {f.name for f in fields(PretrainedCfg)} - {"file", "source", "architecture"}
+    overlay = {key: value for key, value in (pretrained_cfg or {}).items() if key in known}
+    return overlay, dict(model_args)
+
+
+def _same_model(architecture: Any, timm_name: str) -> bool:
+    """Whether a config.json's ``architecture`` names the model ``timm_name`` (tags ignored)."""
+    import timm
+
+    if not isinstance(architecture, str):
+        return False
+    base = architecture.partition(".")[0]
+    return ALIASES.get(base, base) == timm_name or (timm.is_model(base) and base == timm_name)
+
+
+def _warn_default_preprocessing(model, name: str, checkpoint, config: dict, preprocessing) -> None:
+    """One warning line when a local checkpoint comes without its preprocessing."""
+    recorded = config.get("pretrained_cfg") if "pretrained_cfg" in config else config
+    given = set(recorded or {}) | set(preprocessing or {})
+    defaulted = [key for key in _DECISIVE_KEYS if key not in given]
+    if not defaulted:
+        return
+    from timm.data import resolve_data_config
+
+    data = resolve_data_config({}, model=model)
+    shown = ", ".join(f"{key} {_short(data[key])}" for key in defaulted)
+    logger.warning(
+        "%s: checkpoint %s records no %s; using timm's default for the architecture (%s): if the "
+        "model was trained otherwise, pass preprocessing={...} (CLI: --mean, --std, "
+        "--interpolation, --crop-pct) or put them in the folder's config.json pretrained_cfg",
+        name, checkpoint, "/".join(defaulted), shown,
+    )  # fmt: skip
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(f"{float(v):.4g}" for v in value) + ")"
+    return str(value)
+
+
+def _vit_shape_args(state_dict: dict, no_embed_class: bool) -> dict[str, Any]:
+    """The constructor arguments a ViT state dict's shapes show (what they cannot show is left out)."""
+    args: dict[str, Any] = {}
+    patch = state_dict.get("patch_embed.proj.weight")
+    cls_token = state_dict.get("cls_token")
+    if cls_token is not None:
+        args["embed_dim"] = int(cls_token.shape[-1])
+    elif patch is not None:
+        args["embed_dim"] = int(patch.shape[0])
+    blocks = {key.split(".")[1] for key in state_dict if key.startswith("blocks.")}
+    args["depth"] = len(blocks)
+    args["class_token"] = cls_token is not None
+    reg = state_dict.get("reg_token")
+    args["reg_tokens"] = int(reg.shape[1]) if reg is not None and reg.dim() == 3 else 0
+    if patch is not None and patch.dim() == 4:
+        args["in_chans"] = int(patch.shape[1])
+        ph, pw = int(patch.shape[2]), int(patch.shape[3])
+        args["patch_size"] = ph if ph == pw else [ph, pw]
+        pos = state_dict.get("pos_embed")
+        if pos is not None and pos.dim() == 3:
+            prefix = 0 if no_embed_class else args["class_token"] + args["reg_tokens"]
+            grid = round((pos.shape[1] - prefix) ** 0.5)
+            if grid * grid == pos.shape[1] - prefix:  # a square grid (else the size is not shown)
+                args["img_size"] = grid * ph if ph == pw else [grid * ph, grid * pw]
+    fc1 = state_dict.get("blocks.0.mlp.fc1.weight")
+    if fc1 is not None and "embed_dim" in args:
+        args["mlp_ratio"] = round(fc1.shape[0] / args["embed_dim"], 4)
+    return args
+
+
+def check_file_shapes(state_dict: dict, model: nn.Module, source: str, timm_name: str) -> None:
+    """Refuse a checkpoint whose own shapes (before timm resamples them) show another architecture.
+
+    timm's ``checkpoint_filter_fn`` resizes ``pos_embed`` and the patch embedding to fit the model,
+    which would hide (or, for a matching width, silently change) the input size the checkpoint was
+    trained at; the message names the constructor arguments to set instead.
+    """
+    no_embed_class = bool(getattr(model, "no_embed_class", False))
+    file_args = _vit_shape_args(state_dict, no_embed_class)
+    own_args = _vit_shape_args(model.state_dict(), no_embed_class)
+    differ = [key for key in file_args if key in own_args and file_args[key] != own_args[key]]
+    if not differ:
+        return
+    own = model.state_dict()
+    shapes = "; ".join(
+        f"{key}: file {tuple(state_dict[key].shape)} vs model {tuple(own[key].shape)}"
+        for key in ("cls_token", "pos_embed", "patch_embed.proj.weight", "blocks.0.mlp.fc1.weight")
+        if key in state_dict and key in own and state_dict[key].shape != own[key].shape
+    )
+    wanted = ", ".join(f"{key}={_arg(file_args[key])}" for key in differ)
+    flags = " ".join(f"--model-arg {key}={_arg(file_args[key])}" for key in differ)
+    heads = getattr(model.blocks[0].attn, "num_heads", "?") if len(model.blocks) else "?"
+    heads_hint = (f", and num_heads as trained: the weights do not show it (the model has {heads})"
+                  if {"embed_dim", "depth"} & set(differ) else "")  # fmt: skip
+    raise CheckpointError(
+        f"checkpoint {source!r} does not fit the model ({timm_name} as built), it was trained "
+        "with other constructor arguments: "
+        f"the file has {wanted} where the model has "
+        f"{', '.join(f'{key}={_arg(own_args[key])}' for key in differ)}"
+        f"{f' ({shapes})' if shapes else ''}; build it with those constructor arguments "
+        f"(load_backbone(..., {wanted}); CLI: {flags}; or model_args in the folder's config.json)"
+        f"{heads_hint}"
+    )
+
+
+def _arg(value: Any) -> str:
+    import json
+
+    return json.dumps(value)

@@ -34,6 +34,16 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         "--num-classes", type=int, help="classifier size (default: the checkpoint's, else timm's)"
     )
     model.add_argument(
+        "--model-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="timm ViT constructor argument, repeatable (load_backbone's keyword arguments; win "
+        "over a folder's config.json model_args): --model-arg embed_dim=64 --model-arg depth=4 "
+        "--model-arg img_size=16 --model-arg patch_size=4 --model-arg in_chans=1; VALUE is JSON "
+        "(4, 2.0, true, [16, 16]) or else a string (avg)",
+    )
+    model.add_argument(
         "--classes",
         help="openclip: a text file of class names, one per line (the zero-shot classifier)",
     )
@@ -42,6 +52,8 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         help="openclip: a text file of prompt templates with {} for the class name "
         "(default: a small built-in set)",
     )
+
+    add_preprocessing_arguments(p)
 
     members = p.add_argument_group("members")
     members.add_argument(
@@ -142,6 +154,91 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
                              "einsum writes Einsum nodes)")  # fmt: skip
 
 
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
+CROP_MODES = ("center", "squash", "border")
+
+
+def add_preprocessing_arguments(p: argparse.ArgumentParser) -> None:
+    """Image preprocessing (timm ViTs): load_backbone's ``preprocessing=`` entries, one flag each."""
+    prep = p.add_argument_group(
+        "image preprocessing (timm ViTs; default: the checkpoint folder's config.json "
+        "pretrained_cfg, else timm's default for the architecture)"
+    )
+    prep.add_argument(
+        "--mean",
+        type=float,
+        nargs="+",
+        metavar="M",
+        help="normalization mean, one per channel or one for all (e.g. 0.5)",
+    )
+    prep.add_argument(
+        "--std",
+        type=float,
+        nargs="+",
+        metavar="S",
+        help="normalization std, one per channel or one for all (e.g. 0.5)",
+    )
+    prep.add_argument("--interpolation", choices=INTERPOLATIONS, help="resize interpolation")
+    prep.add_argument(
+        "--crop-pct",
+        type=float,
+        help="center-crop fraction: resize to size / crop_pct, then crop (1.0: no crop)",
+    )
+    prep.add_argument("--crop-mode", choices=CROP_MODES,
+                      help="center (resize the shorter side), squash (both sides) or border (pad)")  # fmt: skip
+
+
+def preprocessing_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``preprocessing=`` mapping the flags give (None when no flag is given)."""
+    given = {key: getattr(args, key, None) for key in ("mean", "std", "interpolation", "crop_pct",
+                                                       "crop_mode")}  # fmt: skip
+    given = {key: value for key, value in given.items() if value is not None}
+    return given or None
+
+
+def override_preprocessing(hydra: Any, preprocessing: dict[str, Any]) -> dict[str, Any]:
+    """A rebuilt image model's recorded preprocessing with the flags' entries put in."""
+    from hydra_deploy.backbones import check_preprocessing
+
+    recorded = getattr(hydra, "preprocessing", None)
+    if getattr(hydra, "family", None) != "vit" or not isinstance(recorded, dict):
+        raise HydraError(
+            "--mean, --std, --interpolation, --crop-pct and --crop-mode apply to timm ViT exports"
+        )
+    channels = int(recorded["input_size"][0])
+    values = check_preprocessing(preprocessing, channels)
+    for key in ("mean", "std"):
+        if key in values and len(values[key]) == 1:
+            values[key] = values[key] * channels
+    return {**recorded, **values}
+
+
+def parse_model_args(pairs: list[str]) -> dict[str, Any]:
+    """``--model-arg KEY=VALUE`` pairs -> constructor keyword arguments (VALUE as JSON, else text)."""
+    import json
+
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise HydraError(
+                f"--model-arg {pair!r} is not KEY=VALUE (e.g. --model-arg embed_dim=64)"
+            )
+        if key in ("num_classes", "pretrained", "checkpoint_path", "preprocessing"):
+            flag = {"num_classes": "--num-classes", "preprocessing": "--mean/--std/..."}.get(
+                key, "--checkpoint"
+            )
+            raise HydraError(f"--model-arg {key}=... is set with {flag}, not --model-arg")
+        if key in kwargs:
+            raise HydraError(f"--model-arg {key} is given twice ({kwargs[key]!r} and {text!r})")
+        try:
+            kwargs[key] = json.loads(text)
+        except ValueError:
+            kwargs[key] = text
+    return kwargs
+
+
 def choose_spec(args: argparse.Namespace, backbone: Any):
     """The HydraSpec the arguments ask for: read, drawn at random, or selected on data."""
     import logging
@@ -224,9 +321,18 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
             f"--{'/--'.join(zero_shot)} apply to zero-shot OpenCLIP backbones "
             "(--backbone openclip:<model name>)"
         )
+    model_args = parse_model_args(getattr(args, "model_arg", None) or [])
+    preprocessing = preprocessing_from_args(args)
+    if (model_args or preprocessing) and str(args.backbone).partition(":")[0] in ("hf", "openclip"):
+        raise HydraError(
+            "--model-arg and the image preprocessing flags (--mean, --std, --interpolation, "
+            "--crop-pct, --crop-mode) apply to timm ViT backbones"
+        )
+    extra = {"preprocessing": preprocessing} if preprocessing else {}
     backbone = load_backbone(
-        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot
-    )
+        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot,
+        **model_args, **extra,
+    )  # fmt: skip
     spec = choose_spec(args, backbone)
     members = backbone
     if args.finetune:

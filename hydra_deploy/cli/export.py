@@ -155,9 +155,14 @@ def main_body(args: argparse.Namespace) -> int:
     if args.from_dir is not None:
         from hydra_deploy.export import load_export
 
+        if args.model_arg:
+            raise HydraError("--model-arg builds a backbone; --from re-exports a built model as is")
         hydra = load_export(args.from_dir)
         spec = hydra.spec
         log.info("rebuilt the model saved in %s", args.from_dir)
+        preprocessing = build.preprocessing_from_args(args)
+        if preprocessing:  # correct the recorded preprocessing of an image export
+            hydra.preprocessing = build.override_preprocessing(hydra, preprocessing)
     else:
         _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
     macs = hydra.macs

@@ -114,8 +114,9 @@ def _load_array(path: Path, runner) -> np.ndarray | dict[str, np.ndarray]:
             )
     if isinstance(data, dict):
         return data
-    rank = runner.inputs[0].rank
-    if data.ndim == rank - 1:  # one example without its batch axis
+    from hydra_deploy.engines.runner import is_one_example
+
+    if is_one_example(runner.inputs[0], data.shape):  # one example without its batch axis
         data = data[None]
     return data
 

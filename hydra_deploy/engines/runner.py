@@ -386,10 +386,9 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
             f"{list(spec.shape)}"
         ) from None
     if array.ndim != spec.rank:
-        hint = " (add the batch axis: x[None])" if array.ndim == spec.rank - 1 else ""
         raise RunnerError(
             f"input {name!r} must have {spec.rank} dimensions {list(spec.shape)}, got shape "
-            f"{array.shape}{hint}"
+            f"{array.shape}{_rank_hint(spec, array.shape)}"
         )
     if array.shape[0] == 0:
         raise RunnerError(f"input {name!r} is an empty batch (shape {array.shape}); give 1 or more examples")  # fmt: skip
@@ -397,7 +396,7 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
         if axis > 0 and _is_fixed(want) and want != got:
             raise RunnerError(
                 f"input {name!r} must have size {want} on axis {axis} (shape {list(spec.shape)}), "
-                f"got shape {array.shape}"
+                f"got shape {array.shape}{_image_hint(spec, array.shape)}"
             )
     given, array = array, _cast(spec, array)
     if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
@@ -413,6 +412,59 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
             "fix the data, or pass allow_nonfinite=True (hydra-run --allow-nonfinite) to run it anyway"
         )
     return np.ascontiguousarray(array)
+
+
+def is_one_example(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` is one example of ``spec`` without its batch axis (its fixed sizes fit)."""
+    if len(shape) != spec.rank - 1:
+        return False
+    return all(
+        not _is_fixed(want) or want == got for want, got in zip(spec.shape[1:], shape, strict=True)
+    )
+
+
+def _is_image(spec: TensorSpec) -> bool:
+    """A [batch, C, H, W] input with fixed C (1 or 3), H and W."""
+    return spec.rank == 4 and all(_is_fixed(d) for d in spec.shape[1:]) and spec.shape[1] in (1, 3)
+
+
+def _resize_advice(spec: TensorSpec, height: int, width: int) -> str:
+    want_h, want_w = spec.shape[2], spec.shape[3]
+    if (height, width) == (want_h, want_w):
+        return ""
+    return (f"; the images are {height}x{width} and the model takes {want_h}x{want_w}: resize them "
+            "(or give the image files: hydra-run and hydra-eval prepare them with the export's "
+            "recorded preprocessing)")  # fmt: skip
+
+
+def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
+    """What is wrong with an input of the wrong rank, in words."""
+    if is_one_example(spec, shape):
+        return " (add the batch axis: x[None])"
+    if not _is_image(spec):
+        return ""
+    channels, height, width = spec.shape[1:]
+    expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
+    if len(shape) == 3:
+        return (f"{expects}; this looks like [N, H, W] images without the channel axis: add it "
+                f"(x[:, None]{', then repeat it to 3 channels' if channels == 3 else ''})"
+                f"{_resize_advice(spec, shape[1], shape[2])}")  # fmt: skip
+    if len(shape) == 2:
+        return f"{expects}; this looks like a single [H, W] image: add the batch and channel axes (x[None, None])"  # fmt: skip
+    return expects
+
+
+def _image_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
+    """Channels-last or mis-sized images, said in words (empty for other inputs)."""
+    if not _is_image(spec) or len(shape) != 4:
+        return ""
+    channels, height, width = spec.shape[1:]
+    expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
+    if shape[3] == channels and shape[1] != channels:
+        return f"{expects}; this looks channels-last [N, H, W, C]: transpose it, x.transpose(0, 3, 1, 2)"  # fmt: skip
+    if shape[1] != channels:
+        return f"{expects}; the images have {shape[1]} channel(s), the model takes {channels}"
+    return expects + _resize_advice(spec, shape[2], shape[3])
 
 
 def _cast(spec: TensorSpec, array: np.ndarray) -> np.ndarray:

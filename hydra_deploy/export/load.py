@@ -134,6 +134,8 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
     except RuntimeError as err:
         raise ExportError(f"the saved weights do not fit the rebuilt model: {err}") from err
     hydra.merge = info["merge"]
+    if isinstance(info.get("preprocessing"), dict):  # the export's, not the rebuilt ViT's default
+        hydra.preprocessing = info["preprocessing"]
     if info.get("tokenizer"):  # a re-export copies the folder's own tokenizer
         hydra.tokenizer_dir = str(folder / info["tokenizer"]["dir"])
     if check and (folder / "model.onnx").is_file():

@@ -92,11 +92,6 @@ def _input_names(runner: Any) -> tuple[str, ...]:
     return tuple(getattr(runner, "input_names", ()) or ())
 
 
-def _rank(runner: Any) -> int | None:
-    inputs = getattr(runner, "inputs", None)
-    return inputs[0].rank if inputs else None
-
-
 def _rows(value: Any, name: str) -> int:
     if isinstance(value, Mapping):
         counts = {k: len(v) for k, v in value.items()}
@@ -144,8 +139,10 @@ def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalDat
         x = _pick_inputs(x, runner, name)
     else:
         x = np.asarray(x)
-        rank = _rank(runner)
-        if rank is not None and x.ndim == rank - 1:  # one example without its batch axis
+        from hydra_deploy.engines.runner import is_one_example
+
+        inputs = getattr(runner, "inputs", None)
+        if inputs and is_one_example(inputs[0], x.shape):  # one example without its batch axis
             x = x[None]
     count = _rows(x, name)
     if count == 0:
@@ -344,7 +341,7 @@ class TorchRunner:
         self.family = getattr(model, "family", None)
         text = self.family == "bert"
         self.input_names = ("input_ids", "attention_mask", "token_type_ids") if text else ()
-        self.preprocessing = None
+        self.preprocessing = getattr(model, "preprocessing", None)  # image folders, as exported
 
     def __call__(self, inputs: Any, batch_size: int | None = None) -> dict[str, np.ndarray]:
         import torch
