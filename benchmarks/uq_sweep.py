@@ -1,0 +1,409 @@
+"""Find the Hydra recipe: one seed, one factor at a time, chosen on validation data only.
+
+The main benchmarks (``uq_digits.py``, ``uq_wordnet.py``) compare fixed rows over three seeds.
+This sweep asks which settings of a Hydra built from ONE trained base model buy the most OOD
+detection for their cost, without ever looking at a test OOD set:
+
+- the task's training set is split: the first 80 % trains (base model, members), the last 20 %
+  is the in-distribution *validation* set;
+- the task's OOD validation family (digits: scrambled training digits; text: adjective glosses)
+  is split in two halves: the first is what circuit selection with the OOD objective may score
+  heads on, the second is the OOD side of the validation AUROC every row is ranked by;
+- the test sets (ID test, the test OOD families) are scored too and written beside, marked as
+  not used for any choice: they show whether the validation ranking transfers.
+
+Every variant starts from the same base model (``base_steps``) and changes one setting of the
+base recipe (Taylor heads, k heads per member, Gumbel temperature, bootstrap, M, MLP merge,
+recovery steps, shared parts, per-member head counts, circuit with the OOD objective). The
+single model and the one-base deep ensemble get each recovery budget the variants use. The
+variant ranked first on validation AUROC (MSP), among those whose validation accuracy is
+within 1 point of the single model's, is the recommended recipe; the main benchmarks then test
+it over three seeds.
+
+Run it from the repository root (digits: about 10 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/uq_sweep.py --task digits --overwrite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from common import machine, note
+from uq_common import full_spec, member_logits, train_stage
+
+from hydra_deploy.atomic import atomic_write_json, atomic_write_text
+from hydra_deploy.fusion import fuse
+from hydra_deploy.pruning import select_members
+from hydra_deploy.uncertainty import ensemble_scores
+from hydra_deploy.uncertainty.metrics import ece, nll, ood_metrics, ood_score
+
+ACCURACY_SLACK = 0.01  # a variant may lose at most 1 point of validation accuracy to the single
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One Hydra recipe built from base model 0."""
+
+    name: str
+    method: str = "taylor"  # "taylor" or "circuit-ood" (circuit, OOD objective, no fine-tuning)
+    heads: int = 2  # heads per member per layer
+    member_heads: tuple[int, ...] | None = None  # per-member counts instead of ``heads``
+    temperature: float = 0.5
+    resample: bool = True
+    members: int = 3
+    mlp_merge: str = "average"
+    recovery_steps: int | None = None  # None: the task's finetune_steps
+    shared_parts: str = "per-member"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def variants(num_heads: int, finetune_steps: int) -> list[Variant]:
+    """The base recipe and one change at a time (plus circuit with the OOD objective)."""
+    third, half, two_thirds = (
+        max(1, num_heads // 3),
+        max(1, num_heads // 2),
+        max(1, 2 * num_heads // 3),
+    )
+    base = Variant("base recipe", heads=third)
+    return [
+        base,
+        replace(base, name=f"k = {half} (1/2)", heads=half),
+        replace(base, name=f"k = {two_thirds} (2/3)", heads=two_thirds),
+        replace(base, name="temperature 0", temperature=0.0),
+        replace(base, name="no bootstrap", resample=False),
+        replace(base, name="M = 5", members=5),
+        replace(base, name="grouped MLP", mlp_merge="grouped"),
+        replace(
+            base,
+            name=f"recovery x2 ({2 * finetune_steps} steps)",
+            recovery_steps=2 * finetune_steps,
+        ),
+        replace(base, name="shared parts frozen", shared_parts="frozen"),
+        replace(base, name="shared parts averaged", shared_parts="averaged"),
+        replace(
+            base,
+            name=f"per-member counts {third}/{half}/{two_thirds}",
+            member_heads=(third, half, two_thirds),
+        ),
+        replace(base, name=f"k = {half}, grouped MLP", heads=half, mlp_merge="grouped"),
+        replace(base, name="circuit, OOD objective", method="circuit-ood"),
+        replace(base, name=f"circuit, OOD objective, k = {half}", method="circuit-ood", heads=half),
+    ]
+
+
+def split_train(task: Any, fraction: float = 0.8) -> tuple[tuple, tuple]:
+    x, y = task.train
+    cut = int(len(y) * fraction)
+    return (x[:cut], y[:cut]), (x[cut:], y[cut:])
+
+
+def row_metrics(
+    logits: dict[str, np.ndarray], labels: dict[str, np.ndarray], ood_sets: dict[str, list[str]]
+) -> dict[str, Any]:
+    """Accuracy/ECE/NLL on the labelled sets, AUROC/FPR95 (MSP) of each OOD group, members."""
+    scores = {k: ensemble_scores(v) for k, v in logits.items()}
+    out: dict[str, Any] = {}
+    for split, y in labels.items():
+        probs = scores[split]["probs"].astype(np.float64)
+        out[split] = {
+            "accuracy": float((probs.argmax(1) == y).mean()),
+            "ece": ece(probs, y),
+            "nll": nll(probs, y),
+        }
+        pred = logits[split].argmax(2)
+        out[split]["members_accuracy"] = [float(v) for v in (pred == y[:, None]).mean(0)]
+        M = pred.shape[1]
+        if M > 1:
+            out[split]["disagreement"] = float(
+                np.mean(
+                    [(pred[:, a] != pred[:, b]).mean() for a in range(M) for b in range(a + 1, M)]
+                )
+            )
+    for group, (id_split, names) in ood_sets.items():
+        per = [
+            ood_metrics(ood_score(scores[id_split], "msp"), ood_score(scores[n], "msp"))
+            for n in names
+        ]
+        out[group] = {m: float(np.mean([p[m] for p in per])) for m in ("auroc", "fpr95")}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.strip().splitlines()[0],
+        epilog="example:\n  .venv/bin/python benchmarks/uq_sweep.py --task digits --overwrite",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--task", choices=("digits", "wordnet"), default="digits")
+    parser.add_argument("--seed", type=int, default=0, help="the one seed (default 0)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (not a result)")
+    parser.add_argument("--only", nargs="*", help="run only the variants with these names")
+    parser.add_argument("--out", type=Path, help="default benchmarks/results/uq_sweep_<task>")
+    parser.add_argument("--cache", type=Path, help="default benchmarks/.cache/uq_sweep_<task>")
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    out = args.out or Path(f"benchmarks/results/uq_sweep_{args.task}")
+    cache = (args.cache or Path(f"benchmarks/.cache/uq_sweep_{args.task}")) / f"seed{args.seed}"
+    if (out / "report.json").exists() and not args.overwrite:
+        parser.error(f"{out / 'report.json'} exists; pass --overwrite or another --out")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    started = time.perf_counter()
+
+    if args.task == "digits":
+        import uq_digits as module
+    else:
+        import uq_wordnet as module
+    task = module.make_task(args)
+    if task.ood_validation is None:
+        parser.error(f"task {task.name} has no OOD validation family")
+    r, seed = task.recipe, args.seed
+    fit, val = split_train(task)
+    val_ood_name, val_ood = task.ood_validation
+    half = len(val_ood) // 2
+    select_ood, score_ood = val_ood[:half], val_ood[half:]
+    sets = {
+        "val": val[0],
+        "val_ood": score_ood,
+        "test": task.test[0],
+        **{f"test_ood:{k}": v for k, v in task.ood.items()},
+    }
+    labels = {"val": val[1].numpy(), "test": task.test[1].numpy()}
+    ood_groups = {
+        "val_ood": ("val", ["val_ood"]),
+        "test_ood": ("test", [f"test_ood:{k}" for k in task.ood]),
+    }
+    note(
+        args,
+        f"{task.name}: {len(fit[1])} fit, {len(val[1])} val, {half} + {len(score_ood)} "
+        f"{val_ood_name} (select / score), test OOD {', '.join(task.ood)}",
+    )
+
+    def logits_of(model: Any) -> dict[str, np.ndarray]:
+        if isinstance(model, list):
+            return {
+                k: np.concatenate(
+                    [member_logits(m, x, r.eval_batch, task.text) for m in model], axis=1
+                )
+                for k, x in sets.items()
+            }
+        return {k: member_logits(model, x, r.eval_batch, task.text) for k, x in sets.items()}
+
+    fresh = task.new_model(seed * 100)
+    (base,) = train_stage(
+        fresh, full_spec(fresh), fit, r.base_steps, r.base_lr, seed * 100, r, cache / "base"
+    )
+    note(args, f"  base model: {r.base_steps} steps ({time.perf_counter() - started:.0f} s)")
+
+    all_variants = variants(base.num_heads, r.finetune_steps)
+    if args.only:
+        all_variants = [v for v in all_variants if v.name in args.only or v.name == "base recipe"]
+    budgets = sorted({v.recovery_steps or r.finetune_steps for v in all_variants})
+    rows: dict[str, dict[str, Any]] = {}
+    for steps in budgets:
+        single = train_stage(
+            base,
+            full_spec(base),
+            fit,
+            steps,
+            r.finetune_lr,
+            seed * 100 + 50,
+            r,
+            cache / f"single{steps}",
+        )
+        rows[f"single ({steps} recovery steps)"] = {
+            **row_metrics(logits_of(single[0]), labels, ood_groups),
+            "train_steps": r.base_steps + steps,
+            "members": 1,
+            "baseline": True,
+        }
+        one_base = [
+            train_stage(
+                base,
+                full_spec(base),
+                fit,
+                steps,
+                r.finetune_lr,
+                seed * 100 + 60 + m,
+                r,
+                cache / f"de1b{steps}_{m}",
+            )[0]
+            for m in range(r.members)
+        ]
+        rows[f"deep ensemble (one base, {steps} steps)"] = {
+            **row_metrics(logits_of(one_base), labels, ood_groups),
+            "train_steps": r.base_steps + r.members * steps,
+            "members": r.members,
+            "baseline": True,
+        }
+        if steps == r.finetune_steps:
+            single_model = single[0]
+    note(args, f"  baselines done ({time.perf_counter() - started:.0f} s)")
+
+    for v in all_variants:
+        t0 = time.perf_counter()
+        steps = v.recovery_steps or r.finetune_steps
+        heads = (
+            dict(member_heads=list(v.member_heads))
+            if v.member_heads
+            else dict(heads_per_member=v.heads)
+        )
+        members_count = len(v.member_heads) if v.member_heads else v.members
+        if v.method == "circuit-ood":  # the paper's zero-shot protocol, on validation OOD only
+            spec = select_members(
+                single_model,
+                members_count,
+                method="circuit",
+                data=fit,
+                ood_data=select_ood,
+                objective="ood",
+                seed=seed,
+                temperature=v.temperature,
+                resample=v.resample,
+                max_examples=r.circuit_examples,
+                **heads,
+            )
+            model = fuse(single_model, spec, mlp_merge="average").eval()
+            train = r.base_steps + r.finetune_steps
+        else:
+            spec = select_members(
+                base,
+                members_count,
+                method="taylor",
+                data=fit,
+                seed=seed,
+                temperature=v.temperature,
+                resample=v.resample,
+                max_examples=r.taylor_examples,
+                mlp_merge=v.mlp_merge,
+                **heads,
+            )
+            tag = "_".join(
+                str(x)
+                for x in (
+                    v.heads,
+                    v.member_heads,
+                    v.temperature,
+                    v.resample,
+                    members_count,
+                    steps,
+                    v.shared_parts,
+                )
+            )
+            members = train_stage(
+                base,
+                spec,
+                fit,
+                steps,
+                r.finetune_lr,
+                seed * 100 + 80,
+                r,
+                cache / f"hydra_{tag}",
+                shared_parts=v.shared_parts,
+            )
+            model = fuse(members, spec, mlp_merge=v.mlp_merge).eval()
+            train = r.base_steps + members_count * steps
+        rows[v.name] = {
+            **row_metrics(logits_of(model), labels, ood_groups),
+            "train_steps": train,
+            "members": members_count,
+            "parameters": model.num_parameters(),
+            "per_member": model.per_member_parts(),
+            "variant": v.__dict__,
+            "baseline": False,
+            "seconds": time.perf_counter() - t0,
+        }
+        note(
+            args,
+            f"  {v.name}: val AUROC {rows[v.name]['val_ood']['auroc']:.3f}, val acc "
+            f"{rows[v.name]['val']['accuracy']:.3f} ({time.perf_counter() - t0:.0f} s)",
+        )
+
+    single_row = rows[f"single ({r.finetune_steps} recovery steps)"]
+    eligible = [
+        n
+        for n, row in rows.items()
+        if not row["baseline"]
+        and row["val"]["accuracy"] >= single_row["val"]["accuracy"] - ACCURACY_SLACK
+    ]
+    ranked = sorted(eligible, key=lambda n: -rows[n]["val_ood"]["auroc"])
+    report = {
+        "benchmark": "uq_sweep",
+        "task": task.name,
+        "seed": seed,
+        "quick": args.quick,
+        "command": "python benchmarks/uq_sweep.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": time.perf_counter() - started,
+        "environment": {
+            **machine(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "recipe": r.__dict__,
+        "validation": {
+            "id": f"last 20% of the training set ({len(val[1])} examples)",
+            "ood": f"{val_ood_name}: {half} to select on, {len(score_ood)} to score",
+        },
+        "choice_rule": "highest validation OOD AUROC (MSP) among variants whose validation "
+        f"accuracy is at most {ACCURACY_SLACK * 100:.0f} point below the single "
+        "model's; test sets never used",
+        "ranking": ranked,
+        "recommended": ranked[0] if ranked else None,
+        "rows": rows,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "report.json", json.loads(json.dumps(report, default=float)))
+    text = markdown(report)
+    atomic_write_text(out / "report.md", text)
+    print(text)
+    return 0
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Recipe sweep on {report['task']} (seed {report['seed']}, one seed)",
+        "",
+        f"Produced by `{report['command']}` on {report['finished']} "
+        f"({report['seconds'] / 60:.1f} min). Validation: ID {report['validation']['id']}; OOD "
+        f"{report['validation']['ood']}. Choice: {report['choice_rule']}.",
+        "",
+        "Validation columns decide; test columns (ID test set, mean over the test OOD sets) are "
+        "shown only to see whether the choice transfers. AUROC/FPR95 with MSP, in %.",
+        "",
+        "| row | val acc | val ECE | val AUROC | val FPR95 | test acc | test ECE | test AUROC | "
+        "test FPR95 | member val acc | disagreement | train steps | params |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in report["rows"].items():
+        v, t = row["val"], row["test"]
+        members = ", ".join(f"{a * 100:.1f}" for a in v["members_accuracy"])
+        dis = f"{v['disagreement'] * 100:.1f}" if "disagreement" in v else "—"
+        params = f"{row['parameters'] / 1e6:.3f} M" if "parameters" in row else "—"
+        mark = " **(recommended)**" if name == report["recommended"] else ""
+        lines.append(
+            f"| {name}{mark} | {v['accuracy'] * 100:.2f} | {v['ece'] * 100:.2f} | "
+            f"{row['val_ood']['auroc'] * 100:.2f} | {row['val_ood']['fpr95'] * 100:.2f} | "
+            f"{t['accuracy'] * 100:.2f} | {t['ece'] * 100:.2f} | {row['test_ood']['auroc'] * 100:.2f} | "
+            f"{row['test_ood']['fpr95'] * 100:.2f} | {members} | {dis} | {row['train_steps']} | "
+            f"{params} |"
+        )
+    lines += ["", f"Ranking on validation: {', '.join(report['ranking']) or 'none eligible'}.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
