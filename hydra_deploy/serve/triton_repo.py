@@ -17,7 +17,9 @@
 Each ``config.pbtxt`` declares every input and output of the graph (names, Triton types, shapes
 without the batch axis; per-example scores of shape [batch] as ``dims: [1]`` reshaped to ``[]``),
 ``max_batch_size`` (the export's or the engine's profile maximum), a dynamic batcher with preferred
-sizes (the profile's opt and max) and an instance group. The uncertainty scores must be computed in
+sizes (the profile's opt and max) and an instance group. A TensorRT plan's tensors take the
+engine's dtypes from its sidecar (``engine_io``): TensorRT 8.6 makes int64 tensors int32, and
+Triton's TensorRT backend refuses a config whose types differ from the engine's. The uncertainty scores must be computed in
 the graph (``hydra-export --uq-outputs``): Triton then answers them with no Python backend.
 
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
