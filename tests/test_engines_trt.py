@@ -837,10 +837,16 @@ def test_a_failed_build_or_an_unwritable_sidecar_leaves_no_engine(exports, tmp_p
 # Finding 2: 8.6's parser leaves LayerNormalization layers unnamed; pins go by layer type.
 @pytest.mark.parametrize("version", ["8.6.1.6", "10.3.0.30"])
 def test_layernorms_are_pinned_by_layer_type_on_every_release(exports, tmp_path, monkeypatch,
-                                                              version):  # fmt: skip
+                                                              version, caplog):  # fmt: skip
     calls = use_standins(monkeypatch, version)
     plan = plan_build(exports["uq"], precision="fp16", trt_version=version, gpu=ORIN, out=tmp_path)
-    execute_plan(plan)
+    with caplog.at_level("INFO", logger="hydra_deploy.engines"):
+        execute_plan(plan)
+    assert "no layer is named" not in caplog.text and "decomposed" not in caplog.text
+    # the logged trtexec line says what it cannot do on 8.6
+    assert ("cannot pin the 7 LayerNormalization" in plan.trtexec_equivalent()) == (
+        version.startswith("8.")
+    )
     network = calls["parsed"]
     norms = [layer for layer in network.layers
              if layer.type is trt_standins.LayerType.NORMALIZATION]  # fmt: skip
@@ -864,6 +870,39 @@ def test_sidecar_records_the_engines_io_dtypes(text_export, tmp_path, monkeypatc
     assert engine_inputs["input_ids"] == ids and engine_inputs["attention_mask"] == ids
     assert {t["name"]: t["dtype"] for t in sidecar["inputs"]} == engine_inputs
     assert info_of(text_export)["inputs"][0]["dtype"] == "int64"  # the export keeps its own
+
+
+@pytest.mark.parametrize("version, ids", [("8.6.1.6", "int32"), ("10.3.0.30", "int64")])
+def test_a_text_engine_gets_token_ids_in_its_own_dtype(text_export, tmp_path, monkeypatch, version,
+                                                       ids):  # fmt: skip
+    """Polygraphy copies input bytes as they are: the runner must cast int64 ids to an 8.6
+    engine's INT32 (the stand-in TrtRunner refuses any other dtype)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from hydra_deploy.engines import runner as runner_module
+
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
+    monkeypatch.setattr(runner_module, "_trt_runner_class", lambda: trt_standins.TrtRunner)
+    monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: None)
+    monkeypatch.setattr(trt_standins.TrtRunner, "feeds", [])
+    names = [i["name"] for i in info_of(text_export)["inputs"]]
+    engine = trt_standins.engine_file(tmp_path / "model.engine", text_export / "model.onnx",
+                                      version, {n: [[1, 1], [2, 16], [4, 64]] for n in names})  # fmt: skip
+    runner = runner_module.TensorRTRunner(engine, info=info_of(text_export))
+    assert {spec.name: spec.dtype for spec in runner.inputs} == dict.fromkeys(names, ids)
+    feed = {n: np.array([[2, 4, 5, 3], [2, 6, 3, 0]]) if n == "input_ids" else
+            np.array([[1, 1, 1, 1], [1, 1, 1, 0]]) if n == "attention_mask" else
+            np.zeros((2, 4), dtype=np.int64) for n in names}  # fmt: skip
+    got = runner(feed)["member_logits"]
+    assert trt_standins.TrtRunner.feeds == [dict.fromkeys(names, ids)]
+    session = ort.InferenceSession(str(text_export / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    expected = session.run(["member_logits"], {n: a.astype(np.int64) for n, a in feed.items()})[0]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    with pytest.raises(runner_module.RunnerError, match="only run on the TensorRT version"):
+        engine.write_text(engine.read_text().replace(version, "9.9.9"))
+        runner_module.TensorRTRunner(engine, info=info_of(text_export))
 
 
 def test_a_strongly_typed_or_bf16_build_on_trt86_fails_as_polygraphy_does(exports, monkeypatch):

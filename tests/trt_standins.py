@@ -14,6 +14,11 @@ where hydra-deploy meets them. What each one copies, and from where:
   ``EngineBytesFromNetwork`` takes that tuple (or a loader), returns the IHostMemory and writes the
   timing cache to ``save_timing_cache`` (Polygraphy 0.53.6 ``backend/trt/loader.py``); a
   strongly typed network or BF16 on TensorRT 8.6 fails as Polygraphy's ``fail_unavailable`` does.
+- ``engine_file`` / ``Runtime`` / ``TrtRunner``: a deserialized engine whose I/O dtypes are the
+  release's parser's (INT32 token ids on 8.6), and Polygraphy's ``TrtRunner``, which with
+  ``check_inputs=False`` copies the host arrays' bytes to the device as they are (Polygraphy 0.53.6
+  ``backend/trt/runner.py``): an array of another dtype than the engine's is refused here, where
+  the real one would hand TensorRT reinterpreted bytes. Outputs come from ONNX Runtime.
 - ``write_trtexec``: a trtexec of one TensorRT release: ``--help`` prints the banner with the
   version (``samples/common/logging.h``: ``[TensorRT v8602]``, 10+: ``v100300``), an option its
   ``sampleOptions.cpp`` does not parse fails with ``Unknown option`` (the option names per tag are
@@ -183,7 +188,99 @@ def tensorrt_module(version: str) -> types.ModuleType:
     trt.nptype = nptype
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT")
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=None: None})
+
+    class Runtime:
+        def __init__(self, logger):
+            pass
+
+        def deserialize_cuda_engine(self, data):
+            record = json.loads(bytes(data))
+            if record.get("version") != version:  # engines run on the release that built them
+                return None
+            return Engine(record["onnx"], version, record["profile"], trt)
+
+    trt.Runtime = Runtime
     return trt
+
+
+def engine_file(path: Path, onnx_path: Path, version: str, profile: dict) -> Path:
+    """An engine file the stand-in Runtime deserializes: ``profile`` {input: [min, opt, max]}."""
+    record = {"onnx": str(onnx_path), "version": version, "profile": profile}
+    path.write_text(json.dumps(record))
+    return path
+
+
+class Engine:
+    """An ICudaEngine: I/O tensors from the release's parser, shapes from the ONNX file."""
+
+    def __init__(self, onnx_path: str, version: str, profile: dict, trt):
+        import onnx
+
+        self.onnx_path, self.profile, self.trt = onnx_path, profile, trt
+        network = parse_onnx(onnx_path, version)
+        graph = onnx.load(onnx_path, load_external_data=False).graph
+        dims = {v.name: [d.dim_value if d.HasField("dim_value") else -1
+                         for d in v.type.tensor_type.shape.dim]
+                for v in [*graph.input, *graph.output]}  # fmt: skip
+        self.tensors = [(t.name, t.dtype, "INPUT", dims[t.name]) for t in network.inputs] + [
+            (t.name, t.dtype, "OUTPUT", dims[t.name]) for t in network.outputs
+        ]
+        self.num_io_tensors = len(self.tensors)
+
+    def _find(self, name):
+        return next(t for t in self.tensors if t[0] == name)
+
+    def get_tensor_name(self, index):
+        return self.tensors[index][0]
+
+    def get_tensor_dtype(self, name):
+        return self._find(name)[1]
+
+    def get_tensor_mode(self, name):
+        return self._find(name)[2]
+
+    def get_tensor_shape(self, name):
+        return list(self._find(name)[3])
+
+    def get_tensor_profile_shape(self, name, index):
+        return [tuple(shape) for shape in self.profile[name]]
+
+
+class TrtRunner:
+    """Polygraphy's TrtRunner over the stand-in Engine; ``feeds`` records what it was given."""
+
+    feeds: list = []  # noqa: RUF012 (shared record, reset by the tests)
+
+    def __init__(self, engine, optimization_profile=None):
+        self.engine, self.is_active = engine, False
+
+    def activate(self):
+        self.is_active = True
+
+    def deactivate(self):
+        self.is_active = False
+
+    def infer(self, feed, check_inputs=True):
+        import onnxruntime as ort
+
+        trt = self.engine.trt
+        for name, array in feed.items():
+            want = trt.nptype(self.engine.get_tensor_dtype(name))
+            if array.dtype != want:  # the real one copies the bytes as they are
+                raise TypeError(f"{name}: {array.dtype} bytes for a {want.__name__} tensor")
+            low, _, high = self.engine.get_tensor_profile_shape(name, 0)
+            if not all(lo <= n <= hi for lo, n, hi in zip(low, array.shape, high, strict=True)):
+                raise ValueError(f"{name}: shape {array.shape} outside the profile {low}..{high}")
+        TrtRunner.feeds.append({name: array.dtype.name for name, array in feed.items()})
+        session = ort.InferenceSession(self.engine.onnx_path, providers=["CPUExecutionProvider"])
+        types_ = {i.name: i.type for i in session.get_inputs()}
+        onnx_feed = {n: a.astype("int64") if types_[n] == "tensor(int64)" else a
+                     for n, a in feed.items()}  # fmt: skip
+        names = [o.name for o in session.get_outputs()]
+        outputs = dict(zip(names, session.run(None, onnx_feed), strict=True))
+        return {
+            n: v.astype(trt.nptype(self.engine.get_tensor_dtype(n))) for n, v in outputs.items()
+        }
 
 
 def polygraphy_module(version: str, calls: dict | None = None,

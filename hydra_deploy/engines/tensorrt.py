@@ -218,7 +218,8 @@ class BuildPlan:
             )
         except EngineError as err:  # a log line must never stop a build
             return f"(no trtexec equivalent: {err})"
-        return command.shell
+        extra = [n for n in command.notes if n not in self.notes]
+        return command.shell + "".join(f"\n  # note: {n}" for n in extra)
 
 
 def plan_build(
@@ -346,13 +347,16 @@ def network_io(network: Any) -> dict[str, list[dict[str, Any]]]:
             "outputs": tensors(network.num_outputs, network.get_output)}  # fmt: skip
 
 
-def pin_fp32_layers(trt: Any, network: Any, names: tuple[str, ...]) -> dict[str, Any]:
+def pin_fp32_layers(
+    trt: Any, network: Any, names: tuple[str, ...], layernorms: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Set FP32 precision on every normalization layer (by layer type) and on the layers named.
 
     LayerNormalization is found by type, not name: TensorRT 8.6's ONNX parser does not give the
     INormalizationLayer it creates the node's name (onnx-tensorrt 8.6-GA returns without
-    ``registerLayer``; 10.0 registers it), so a name matches nothing there. Returns what was
-    pinned and which names matched no layer.
+    ``registerLayer``; 10.0 registers it), so a name matches nothing there. ``layernorms``: the
+    LayerNormalization node names among ``names`` (reached by type). Returns the layers pinned,
+    how many normalization layers there were and the other names that matched no layer.
     """
     wanted, found, pinned, normalization = set(names), set(), [], 0
     for index in range(network.num_layers):
@@ -363,8 +367,9 @@ def pin_fp32_layers(trt: Any, network: Any, names: tuple[str, ...]) -> dict[str,
             pinned.append(layer.name)
             normalization += by_type
             found.add(layer.name)
-    return {"pinned": pinned, "normalization_layers": normalization,
-            "unmatched": [n for n in names if n not in found]}  # fmt: skip
+    by_type_names = set(layernorms)
+    unmatched = [n for n in names if n not in found and n not in by_type_names]
+    return {"pinned": pinned, "normalization_layers": normalization, "unmatched": unmatched}
 
 
 def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
@@ -400,10 +405,18 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     io = network_io(network)
     pins: dict[str, Any] = {"pinned": [], "normalization_layers": 0, "unmatched": []}
     if plan.precision_constraints:
-        pins = pin_fp32_layers(trt, network, plan.fp32_layers)
+        source = plan.source if plan.source is not None else load_source(plan.onnx_path)
+        layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
+        pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
         if pins["unmatched"]:
             log.warning("no layer is named %s: those nodes keep TensorRT's choice of precision",
                         ", ".join(pins["unmatched"]))  # fmt: skip
+        if pins["normalization_layers"] < len(layernorms):
+            log.warning(
+                "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
+                "were decomposed and keep TensorRT's choice of precision",
+                pins["normalization_layers"], len(layernorms),
+            )  # fmt: skip
     profile = poly.Profile()
     for name, shapes in plan.profile.items():
         profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
