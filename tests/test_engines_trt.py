@@ -905,6 +905,17 @@ def test_a_text_engine_gets_token_ids_in_its_own_dtype(text_export, tmp_path, mo
         runner_module.TensorRTRunner(engine, info=info_of(text_export))
 
 
+@pytest.mark.parametrize("kind", ["fp16", "bf16", "fp32"])
+def test_a_trt11_build_never_touches_layer_precision(exports, tmp_path, monkeypatch, kind):
+    """TensorRT 11 has no ILayer.precision (pyGraph.cpp v11.0); its builds are strongly typed."""
+    calls = use_standins(monkeypatch, "11.0.0.1")
+    plan = plan_build(exports[kind], precision=kind, trt_version="11.0.0.1", gpu=H200,
+                      out=tmp_path)  # fmt: skip
+    sidecar = execute_plan(plan)
+    assert plan.strongly_typed and calls["pinned"] == {} and sidecar["fp32_pinned"] == []
+    assert calls["config"]["precision_constraints"] is None
+
+
 def test_a_strongly_typed_or_bf16_build_on_trt86_fails_as_polygraphy_does(exports, monkeypatch):
     """The stand-ins refuse what Polygraphy cannot do on 8.6, so plans must never ask it."""
     use_standins(monkeypatch, "8.6.1.6")

@@ -91,17 +91,23 @@ class Tensor:
 
 
 class Layer:
-    """An ILayer: ``precision`` reads FLOAT until set; ``precision_is_set`` says whether it was."""
+    """An ILayer: ``precision`` reads FLOAT until set; ``precision_is_set`` says whether it was.
+    TensorRT 11 has no ``ILayer.precision`` (pyGraph.cpp v11.0: weak typing is gone)."""
 
-    def __init__(self, name: str, type: LayerType):
+    def __init__(self, name: str, type: LayerType, has_precision: bool = True):
         self.name, self.type, self._precision = name, type, None
+        self._has_precision = has_precision
 
     @property
     def precision(self) -> DataType:
+        if not self._has_precision:
+            raise AttributeError("'tensorrt.ILayer' object has no attribute 'precision'")
         return self._precision or DataType.FLOAT
 
     @precision.setter
     def precision(self, value: DataType) -> None:
+        if not self._has_precision:
+            raise AttributeError("'tensorrt.ILayer' object has no attribute 'precision'")
         self._precision = value
 
     @property
@@ -150,8 +156,8 @@ def parse_onnx(path: str | Path, version: str) -> Network:
     for index, node in enumerate(model.graph.node):
         kind = LAYER_TYPES.get(node.op_type, LayerType.OTHER)
         unnamed = old and node.op_type == "LayerNormalization"  # no registerLayer on 8.6
-        layers.append(Layer(f"(Unnamed Layer* {index}) [Normalization]" if unnamed else node.name,
-                            kind))  # fmt: skip
+        name = f"(Unnamed Layer* {index}) [Normalization]" if unnamed else node.name
+        layers.append(Layer(name, kind, has_precision=parse_version(version) < (11, 0)))
     inputs = [Tensor(i.name, dtype(i)) for i in model.graph.input if i.name not in initializers]
     outputs = [Tensor(o.name, dtype(o)) for o in model.graph.output]
     return Network(layers, inputs, outputs)
