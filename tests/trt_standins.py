@@ -363,6 +363,7 @@ def write_trtexec(folder: Path, generation: str) -> Path:
     docstring); it echoes its arguments one per line when it accepts them. With
     ``FAKE_TRTEXEC_REPORT=FILE`` it writes {version, matched, unmatched} for --layerPrecisions."""
     version, key = RELEASES[generation]
+    build = " [b1]" if parse_version(version) >= (11, 0) else ""  # logging.h v11.0 adds the build
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "trtexec"
     script.write_text(
@@ -370,7 +371,8 @@ def write_trtexec(folder: Path, generation: str) -> Path:
         "import json, os, sys\n"
         f"sys.path.insert(0, {str(HERE)!r})\n"
         f"VERSION, OPTIONS = {version!r}, set({OPTIONS[key]['options']!r})\n"
-        f"BANNER = '&&&& RUNNING TensorRT.trtexec [TensorRT v{version_code(version)}] # trtexec'\n"
+        f"BANNER = '&&&& RUNNING TensorRT.trtexec [TensorRT v{version_code(version)}]{build} "
+        "# trtexec'\n"
         "args = sys.argv[1:]\n"
         "print(BANNER, *args, file=sys.stderr)\n"
         "if '--help' in args or '-h' in args:\n"
