@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TensorRT 10.0-10.11 on a GPU with SM >= 80 (Jetson Orin: SM 87): BF16 engine; weakly typed --bf16 with LayerNorm in FP32 for an FP32 export, --stronglyTyped for a BF16 export.
+# TensorRT 10.0-10.11 (JetPack 6.1 and 6.2 ship 10.3; JetPack 6.0 ships 8.6.2, which has no BF16: this script refuses it) on a GPU with SM >= 80 (Jetson Orin: SM 87): BF16 engine; weakly typed --bf16 with LayerNorm in FP32 for an FP32 export, --stronglyTyped for a BF16 export.
 #
 #   engines/build_jetpack6_bf16.sh EXPORT_DIR [-- EXTRA_TRTEXEC_ARGS...]
 #

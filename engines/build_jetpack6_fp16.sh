@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TensorRT 10.0-10.11 (JetPack 6 ships 10.3): FP16 engine; weakly typed --fp16 with LayerNorm in FP32 for an FP32 export, --stronglyTyped for an FP16 export.
+# TensorRT 10.0-10.11 (JetPack 6.1 and 6.2 ship 10.3; JetPack 6.0 ships 8.6.2: use build_trt86_fp16.sh there, this script refuses it): FP16 engine; weakly typed --fp16 with LayerNorm in FP32 for an FP32 export, --stronglyTyped for an FP16 export.
 #
 #   engines/build_jetpack6_fp16.sh EXPORT_DIR [-- EXTRA_TRTEXEC_ARGS...]
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TensorRT 8.6 (desktop/server GPUs; JetPack 5 ships 8.5, which cannot parse LayerNormalization): FP16 engine, weakly typed (--fp16), LayerNorm and the ensemble head kept in FP32.
+# TensorRT 8.6 (JetPack 6.0 ships 8.6.2; JetPack 5 ships 8.5, which cannot parse LayerNormalization): FP16 engine, weakly typed (--fp16), the ensemble head kept in FP32; LayerNorm is computed in FP32 by TensorRT but cannot be pinned by name on 8.6 (the script says so).
 #
 #   engines/build_trt86_fp16.sh EXPORT_DIR [-- EXTRA_TRTEXEC_ARGS...]
 #

@@ -3,21 +3,24 @@
 #
 #   engines/trtexec_build.sh EXPORT_DIR TRT [PRECISION] [-- EXTRA_TRTEXEC_ARGS...]
 #
-#   TRT        the TensorRT generation on this machine: 8.6, 10 (10.0-10.11; JetPack 6
-#              ships 10.3), 10.12 (10.12 and later 10.x) or 11
+#   TRT        the TensorRT generation on this machine: 8.6 (JetPack 6.0 ships 8.6.2), 10
+#              (10.0-10.11; JetPack 6.1 and 6.2 ship 10.3), 10.12 (10.12 and later 10.x) or 11
 #   PRECISION  fp16, bf16, fp32 or best (default: the graph's own precision, else fp16)
 #
 # Environment: OUT_DIR (default EXPORT_DIR), GPU_TAG (e.g. orin-sm87, put into the file names),
 # MIN_BATCH / OPT_BATCH / MAX_BATCH (default: hydra.json's profile), TRTEXEC (default: trtexec on
-# PATH, else /usr/src/tensorrt/bin/trtexec), DRY_RUN=1 (print the command, do not run it).
+# PATH, else /usr/src/tensorrt/bin/trtexec), DRY_RUN=1 (print the command, do not run it),
+# TRT_VERSION (e.g. 8.6.2: the TensorRT the command is for, instead of asking trtexec).
 #
+# The installed TensorRT's version is read from trtexec's banner ("[TensorRT v8602]"); a recipe
+# of another generation is refused (trtexec 8.6 fails on --stronglyTyped and --bf16, 11 on --fp16).
 # Needs bash and python3 (standard library only: hydra.json is read with the json module and the
 # ONNX graph's node names with a small protobuf reader). The command is the one
 # `hydra-build EXPORT_DIR --trtexec --trt TRT` prints (a test checks that they agree).
 set -euo pipefail
 
 if [[ $# -lt 2 || "$1" == "-h" || "$1" == "--help" ]]; then
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 export_dir=$1
@@ -41,12 +44,24 @@ if [[ -z "$trtexec_bin" ]]; then
     fi
 fi
 
-command_lines=$(python3 - "$export_dir" "$trt" "$precision" <<'PY'
+# The TensorRT on this machine: TRT_VERSION, else trtexec's banner (printed by --help too).
+installed=${TRT_VERSION:-}
+if [[ -z "$installed" ]]; then
+    if banner=$("$trtexec_bin" --help 2>&1); then
+        installed=$(printf '%s\n' "$banner" | grep -o -m1 'TensorRT v[0-9]*' | grep -o '[0-9]*$' || true)
+    elif [[ "${DRY_RUN:-0}" != "1" ]]; then
+        echo "error: cannot run $trtexec_bin --help; install TensorRT (JetPack ships it in /usr/src/tensorrt/bin) or set TRTEXEC" >&2
+        exit 1
+    fi
+fi
+
+command_lines=$(python3 - "$export_dir" "$trt" "$precision" "$installed" <<'PY'
 import json
+import os
 import sys
 from pathlib import Path
 
-export_dir, trt, precision = sys.argv[1], sys.argv[2], sys.argv[3] or None
+export_dir, trt, precision, installed = sys.argv[1], sys.argv[2], sys.argv[3] or None, sys.argv[4]
 GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 HEAD_FLOAT_OPS = {"Softmax", "LogSoftmax", "Exp", "Log", "ReduceSum", "ReduceMean", "ReduceMax",
                   "ReduceLogSumExp", "Mul", "Div", "Sub", "Add", "Neg", "Max", "Min", "Clip",
@@ -119,8 +134,47 @@ def fp32_layers(nodes):
     return names
 
 
+def installed_version(text):
+    """'8.6.2', '8602' (8.x banner: major*1000 + minor*100 + patch) or '100300' (10+: major*10000
+    + minor*100 + patch) -> (major, minor), or None."""
+    if "." in text:
+        parts = text.split(".")
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    if text.isdigit():
+        code = int(text)
+        return (code // 10000, code // 100 % 100) if code >= 100000 else (code // 1000, code // 100 % 10)
+    return None
+
+
+def generation_of(version):
+    if version < (8, 6):
+        fail(f"TensorRT {version[0]}.{version[1]} is too old: the LayerNormalization op needs 8.6 "
+             "or newer (JetPack 6.0 ships 8.6.2, 6.1 and 6.2 ship 10.3)")
+    if version[0] < 10:
+        return "8.6" if version[0] == 8 else "10"
+    if version[0] == 10:
+        return "10.12" if version[1] >= 12 else "10"
+    return "11"
+
+
 if trt not in GENERATIONS:
     fail(f"unknown TensorRT generation {trt!r}; choose one of {', '.join(GENERATIONS)}")
+if installed:
+    try:
+        here = installed_version(installed)
+    except ValueError:
+        here = None
+    if here is None:
+        fail(f"cannot read the TensorRT version {installed!r}; set TRT_VERSION=X.Y")
+    if generation_of(here) != trt:
+        scripts = {"8.6": "build_trt86_fp16.sh", "10": "build_jetpack6_fp16.sh or build_jetpack6_bf16.sh",
+                   "10.12": "build_strongly_typed.sh EXPORT_DIR 10.12", "11": "build_strongly_typed.sh EXPORT_DIR 11"}
+        fail(f"this machine has TensorRT {here[0]}.{here[1]} (generation {generation_of(here)}), but this "
+             f"recipe is for generation {trt}; run engines/{scripts[generation_of(here)]} (or "
+             f"trtexec_build.sh EXPORT_DIR {generation_of(here)})")
+else:
+    print(f"note: the TensorRT version is unknown here (no trtexec); the command is for generation {trt}",
+          file=sys.stderr)
 folder = Path(export_dir)
 onnx_path, info_path = folder / "model.onnx", folder / "hydra.json"
 if not onnx_path.is_file() or not info_path.is_file():
@@ -157,18 +211,39 @@ else:
         strongly_typed, flags = False, [precision]
 
 profile = info.get("batch_profile") or {"min": 1, "opt": 8, "max": 32}
-import os  # noqa: E402  (environment overrides of the profile)
 lo = int(os.environ.get("MIN_BATCH") or profile["min"])
 hi = int(os.environ.get("MAX_BATCH") or profile["max"])
 opt = int(os.environ.get("OPT_BATCH") or min(max(profile["opt"], lo), hi))
 if not 1 <= lo <= opt <= hi:
     fail(f"the batch profile must satisfy 1 <= min <= opt <= max, got {lo}, {opt}, {hi}")
+
+
+def sequence_profile():
+    """(1, min(128, L), L): L is the tokenizer's maximum length, else the position embeddings."""
+    tokenizer, config = info.get("tokenizer"), info.get("backbone_config")
+    longest = (tokenizer.get("max_length") if isinstance(tokenizer, dict) else None) or (
+        config.get("max_position_embeddings") if isinstance(config, dict) else None)
+    if isinstance(longest, bool) or not isinstance(longest, int) or longest < 1:
+        fail("the model has a dynamic sequence axis but hydra.json records no maximum length "
+             "(tokenizer.max_length); re-export it with hydra-export")
+    return 1, min(128, longest), longest
+
+
 shapes = {}
 for tensor in info["inputs"]:
-    rest = tensor["shape"][1:]
-    if not all(isinstance(d, int) for d in rest):
-        fail(f"input {tensor['name']!r}: only the batch axis may be dynamic")
-    shapes[tensor["name"]] = [[b, *rest] for b in (lo, opt, hi)]
+    shape = tensor["shape"]
+    if not shape or isinstance(shape[0], int):
+        fail(f"input {tensor['name']!r} has shape {shape} without a dynamic batch axis first; "
+             "export with a dynamic batch (hydra-export does)")
+    rest = shape[1:]
+    dynamic = [d for d in rest if not (type(d) is int and d > 0)]
+    if any(d != "sequence" for d in dynamic):
+        fail(f"input {tensor['name']!r} has shape {shape}: only the batch and a text model's "
+             "sequence axis may be dynamic for an engine profile; re-export with fixed sizes for "
+             "the other axes")
+    lengths = sequence_profile() if dynamic else (0, 0, 0)
+    shapes[tensor["name"]] = [[b, *(n if d == "sequence" else d for d in rest)]
+                              for b, n in zip((lo, opt, hi), lengths)]
 
 out_dir = Path(os.environ.get("OUT_DIR") or export_dir)
 gpu = os.environ.get("GPU_TAG") or None
@@ -182,11 +257,22 @@ if strongly_typed:
     args.append("--stronglyTyped")
 args += [f"--{flag}" for flag in flags]
 if flags:
-    names = fp32_layers(onnx_nodes(onnx_path))
+    nodes = onnx_nodes(onnx_path)
+    names = fp32_layers(nodes)
+    if trt == "8.6":  # 8.6's ONNX parser leaves LayerNormalization layers unnamed
+        layernorms = {name for name, op, _, _ in nodes if op == "LayerNormalization"}
+        kept = [n for n in names if n not in layernorms]
+        if len(kept) < len(names):
+            print(f"note: TensorRT 8.6 cannot pin the {len(names) - len(kept)} LayerNormalization "
+                  "layers to FP32 from the command line (its ONNX parser leaves them unnamed, so "
+                  "--layerPrecisions matches none): TensorRT computes them in FP32 but may give "
+                  "them FP16 inputs and outputs; hydra-build pins them by layer type, or build "
+                  "with TensorRT 10", file=sys.stderr)
+        names = kept
     if names:
         args += ["--precisionConstraints=obey",
                  "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names)]
-if precision == "fp32" and not strongly_typed:
+if precision == "fp32":  # trtexec enables TF32 unless --noTF32, strongly typed too
     args.append("--noTF32")
 args += [f"--saveEngine={out_dir / (stem + '.engine')}",
          f"--timingCacheFile={out_dir / cache}",

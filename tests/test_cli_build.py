@@ -142,31 +142,19 @@ def test_debug_raises_the_engine_error(tmp_path):
 
 @pytest.fixture
 def fake_tensorrt(monkeypatch):
-    """TensorRT 10.3 on an Orin, as far as hydra-build can tell: stand-ins for tensorrt, the GPU
-    query and Polygraphy's loaders (the build returns fixed bytes)."""
+    """TensorRT 10.3 on an Orin, as far as hydra-build can tell: the stand-ins for tensorrt and
+    Polygraphy's loaders (tests/trt_standins.py; the build returns a buffer-only IHostMemory and
+    writes the timing cache, as the real ones do) and for the GPU query."""
     import sys
-    import types
+
+    import trt_standins
 
     import hydra_deploy.engines.tensorrt as engines_trt
 
-    trt = types.ModuleType("tensorrt")
-    trt.__version__, trt.float32 = "10.3.0.30", "float32"
-    poly = types.ModuleType("polygraphy.backend.trt")
-    poly.NetworkFromOnnxPath = lambda path, strongly_typed=None: ("network", strongly_typed)
-    poly.SetLayerPrecisions = lambda network, layer_precisions: network
-    poly.Profile = type("Profile", (dict,), {"add": lambda self, name, min, opt, max: self})
-    poly.CreateConfig = lambda **kwargs: kwargs
-
-    class EngineBytesFromNetwork:
-        def __init__(self, network, config=None, save_timing_cache=None):
-            pass
-
-        def __call__(self):
-            return b"engine"
-
-    poly.EngineBytesFromNetwork = EngineBytesFromNetwork
-    monkeypatch.setitem(sys.modules, "tensorrt", trt)
-    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", poly)
+    version = "10.3.0.30"
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt",
+                        trt_standins.polygraphy_module(version, engine=b"engine"))  # fmt: skip
     monkeypatch.setattr(
         engines_trt, "detect_gpu", lambda: engines_trt.GpuInfo("Orin (nvgpu)", 8, 7)
     )
@@ -178,7 +166,9 @@ def test_build_json_and_overwrite(capsys, export_dir, tmp_path, fake_tensorrt):
     result = json.loads(out)
     engine = tmp_path / f"model.{result['onnx_sha256'][:12]}.fp16.orin-nvgpu-sm87.trt10.3.engine"
     assert result["engine_path"] == str(engine) and engine.read_bytes() == b"engine"
-    assert json.loads(engine.with_suffix(".json").read_text())["engine"] == engine.name
+    sidecar = json.loads(engine.with_suffix(".json").read_text())
+    assert sidecar["engine"] == engine.name and sidecar["engine_bytes"] == len(b"engine")
+    assert (tmp_path / "timing.orin-nvgpu-sm87.trt10.3.cache").read_bytes() == b"timing-cache"
     assert (result["precision"], result["strongly_typed"], result["builder_flags"]) == (
         "fp16", False, ["fp16"]
     )  # fmt: skip

@@ -1,8 +1,9 @@
 """TensorRT builds and trtexec recipes: precision rules, plans, names, sidecars, commands, scripts.
 
 Everything but the last test runs without TensorRT: the plan is pure Python, the build step is
-checked against a stand-in for Polygraphy's loaders, and the shell recipes run against a fake
-``trtexec`` that echoes its arguments.
+checked against stand-ins for TensorRT and Polygraphy's loaders, and the shell recipes run against
+stand-in ``trtexec`` binaries of each TensorRT release that reject the options that release lacks
+(tests/trt_standins.py says what each stand-in copies from which source).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import onnx
 import pytest
+import trt_standins
 from conftest import tiny_vit
 
 from hydra_deploy.engines.tensorrt import (
@@ -300,13 +301,15 @@ def test_a_real_fp16_export_builds_strongly_typed(exports, tmp_path):
     command = trtexec_command(folder, trt="10.12")
     assert command.precision == "fp16" and "--stronglyTyped" in command.argv
     assert not any(a.startswith(("--fp16", "--layerPrecisions")) for a in command.argv)
-    # TensorRT 8.6 builds it weakly typed: its LayerNorms and head are found by name
+    # TensorRT 8.6 builds it weakly typed: its head is found by name; its LayerNorms cannot be
+    # (8.6's parser leaves them unnamed), which the command's notes say
     old = trtexec_command(folder, trt="8.6")
     layer_arg = next(a for a in old.argv if a.startswith("--layerPrecisions="))
     model = onnx.load(str(folder / "model.onnx"))
     names = {n.name for n in model.graph.node}
     pinned = [item.removesuffix(":fp32") for item in layer_arg.split("=", 1)[1].split(",")]
-    assert set(pinned) <= names and sum(n.startswith("LayerNormalization") for n in pinned) == 7
+    assert set(pinned) <= names and not any(n.startswith("LayerNormalization") for n in pinned)
+    assert pinned and any("cannot pin the 7 LayerNormalization" in note for note in old.notes)
     # a bare copy of the file still says it is an FP16 graph (ONNX metadata)
     bare = tmp_path / "copy.onnx"
     shutil.copy(folder / "model.onnx", bare)
@@ -354,14 +357,14 @@ LN = ",".join(f"LayerNormalization_{i}:fp32" for i in range(7))
 @pytest.mark.parametrize(
     "kind, precision, trt, tail",
     [
-        ("fp32", "fp16", "8.6", ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
+        ("fp32", "fp16", "8.6", ["--fp16"]),  # 8.6 leaves LayerNorm layers unnamed: no pins
         ("fp32", "fp16", "10", ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
         ("fp32", "bf16", "10", ["--bf16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
         ("fp32", "best", "10", ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
         ("fp32", "fp32", "8.6", ["--noTF32"]),
         ("fp32", "fp32", "10", ["--noTF32"]),
-        ("fp32", "fp32", "10.12", ["--stronglyTyped"]),
-        ("fp32", "fp32", "11", ["--stronglyTyped"]),
+        ("fp32", "fp32", "10.12", ["--stronglyTyped", "--noTF32"]),
+        ("fp32", "fp32", "11", ["--stronglyTyped", "--noTF32"]),
         ("fp16", "fp16", "10", ["--stronglyTyped"]),
         ("fp16", "fp16", "10.12", ["--stronglyTyped"]),
         ("fp16", None, "11", ["--stronglyTyped"]),
@@ -382,7 +385,8 @@ def test_trtexec_command_per_generation(exports, kind, precision, trt, tail):
 
 def test_trtexec_command_on_trt86_for_a_typed_graph_keeps_the_head_in_fp32(exports):
     command = trtexec_command(exports["fp16"], precision="fp16", trt="8.6")
-    names = fp32_layer_names(read_onnx(exports["fp16"] / "model.onnx"))
+    names = [n for n in fp32_layer_names(read_onnx(exports["fp16"] / "model.onnx"))
+             if not n.startswith("LayerNormalization")]  # fmt: skip
     layer_arg = "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names)
     assert list(command.argv[5:8]) == ["--fp16", "--precisionConstraints=obey", layer_arg]
     assert "LogSoftmax_0:fp32" in layer_arg and "--stronglyTyped" not in command.argv
@@ -427,18 +431,22 @@ def test_trtexec_command_options_and_quoting(exports, tmp_path):
 
 # --- the shell recipes print exactly trtexec_command's arguments --------------------------------------------------
 @pytest.fixture(scope="module")
-def fake_trtexec(tmp_path_factory):
-    """A ``trtexec`` that prints each argument on its own line."""
-    folder = tmp_path_factory.mktemp("bin")
-    script = folder / "trtexec"
-    script.write_text('#!/bin/sh\nfor arg in "$@"; do printf "%s\\n" "$arg"; done\n')
-    script.chmod(0o755)
-    return folder
+def trtexec_of(tmp_path_factory):
+    """generation -> a folder holding a stand-in ``trtexec`` of a release of that generation
+    (8.6.2, 10.3.0, 10.13.0, 11.0.0): it rejects options that release's sampleOptions.cpp lacks
+    and echoes the others one per line."""
+    root = tmp_path_factory.mktemp("bin")
+    folders = {}
+    for generation in trt_standins.RELEASES:
+        folders[generation] = root / generation
+        trt_standins.write_trtexec(folders[generation], generation)
+    return folders
 
 
-def run_script(fake_trtexec, script: str, *args: str, **env: str):
-    environment = {**os.environ, "PATH": f"{fake_trtexec}{os.pathsep}{os.environ['PATH']}", **env}
-    for key in ("OUT_DIR", "GPU_TAG", "MIN_BATCH", "OPT_BATCH", "MAX_BATCH", "DRY_RUN", "TRTEXEC"):
+def run_script(bin_folder, script: str, *args: str, **env: str):
+    environment = {**os.environ, "PATH": f"{bin_folder}{os.pathsep}{os.environ['PATH']}", **env}
+    for key in ("OUT_DIR", "GPU_TAG", "MIN_BATCH", "OPT_BATCH", "MAX_BATCH", "DRY_RUN", "TRTEXEC",
+                "TRT_VERSION", "FAKE_TRTEXEC_REPORT"):  # fmt: skip
         if key not in env:
             environment.pop(key, None)
     return subprocess.run(
@@ -463,29 +471,34 @@ def run_script(fake_trtexec, script: str, *args: str, **env: str):
     ],
 )  # fmt: skip
 def test_scripts_run_the_command_trtexec_command_gives(
-    fake_trtexec, exports, script, kind, args, precision, trt
+    trtexec_of, exports, script, kind, args, precision, trt
 ):
     folder = exports[kind]
-    result = run_script(fake_trtexec, script, str(folder), *args)
+    result = run_script(trtexec_of[trt], script, str(folder), *args)
     assert result.returncode == 0, result.stderr
     expected = trtexec_command(folder, precision=precision, trt=trt)
     assert result.stdout.splitlines() == list(expected.argv[1:])
 
 
-def test_script_environment_and_dry_run(fake_trtexec, exports, tmp_path):
+def test_script_environment_and_dry_run(trtexec_of, exports, tmp_path):
     folder = exports["fp16"]
     env = dict(OUT_DIR=str(tmp_path / "out"), GPU_TAG="orin-sm87", MIN_BATCH="2", OPT_BATCH="3",
                MAX_BATCH="5")  # fmt: skip
-    result = run_script(fake_trtexec, "build_jetpack6_fp16.sh", str(folder), "--", "--useCudaGraph",
-                        **env)  # fmt: skip
+    result = run_script(trtexec_of["10"], "build_jetpack6_fp16.sh", str(folder), "--",
+                        "--useCudaGraph", **env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     expected = trtexec_command(folder, precision="fp16", trt="10", out=tmp_path / "out",
                                gpu="orin-sm87", min_batch=2, opt_batch=3, max_batch=5,
                                extra=["--useCudaGraph"])  # fmt: skip
     assert result.stdout.splitlines() == list(expected.argv[1:])
-    dry = run_script(fake_trtexec, "build_strongly_typed.sh", str(folder), DRY_RUN="1")
+    dry = run_script(trtexec_of["10.12"], "build_strongly_typed.sh", str(folder), DRY_RUN="1")
     assert dry.returncode == 0, dry.stderr
     assert shlex.split(dry.stdout) == list(trtexec_command(folder, trt="10.12").argv)
+    # a dry run for another machine: TRT_VERSION instead of the trtexec here
+    other = run_script(trtexec_of["10"], "build_trt86_fp16.sh", str(folder), DRY_RUN="1",
+                       TRT_VERSION="8.6.2")  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    assert shlex.split(other.stdout)[1:] == list(trtexec_command(folder, trt="8.6").argv[1:])
 
 
 @pytest.mark.parametrize(
@@ -497,18 +510,209 @@ def test_script_environment_and_dry_run(fake_trtexec, exports, tmp_path):
         ("trtexec_build.sh", "fp32", ["9"], "unknown TensorRT generation"),
     ],
 )
-def test_scripts_refuse_what_trtexec_command_refuses(fake_trtexec, exports, script, kind, args,
+def test_scripts_refuse_what_trtexec_command_refuses(trtexec_of, exports, script, kind, args,
                                                      message):  # fmt: skip
-    result = run_script(fake_trtexec, script, str(exports[kind]), *args)
+    trt = args[0] if script == "trtexec_build.sh" and args[0] in trt_standins.RELEASES else "10.12"
+    result = run_script(trtexec_of[trt], script, str(exports[kind]), *args)
     assert result.returncode == 1 and result.stdout == ""
     assert message in result.stderr
 
 
-def test_script_refuses_a_folder_that_is_not_an_export(fake_trtexec, tmp_path):
-    result = run_script(fake_trtexec, "build_jetpack6_fp16.sh", str(tmp_path))
+def test_script_refuses_a_folder_that_is_not_an_export(trtexec_of, tmp_path):
+    result = run_script(trtexec_of["10"], "build_jetpack6_fp16.sh", str(tmp_path))
     assert result.returncode == 1 and "not an export folder" in result.stderr
-    usage = run_script(fake_trtexec, "trtexec_build.sh")
+    usage = run_script(trtexec_of["10"], "trtexec_build.sh")
     assert usage.returncode == 2 and "EXPORT_DIR TRT" in usage.stdout
+
+
+# --- every generation's lines against that generation's trtexec ----------------------------------------------
+@pytest.fixture(scope="module")
+def text_export(tmp_path_factory):
+    """A tiny BERT export: int64 token ids with a dynamic sequence axis (max length 64)."""
+    from test_bert import tiny_text_export
+
+    return tiny_text_export(tmp_path_factory.mktemp("text"))
+
+
+def run_trtexec(bin_folder: Path, argv, **env: str):
+    environment = {**os.environ, **env}
+    return subprocess.run([str(bin_folder / "trtexec"), *argv[1:]], capture_output=True,
+                          text=True, env=environment, timeout=60)  # fmt: skip
+
+
+GENERATION_LINES = [
+    ("fp32", "fp16", "8.6"), ("uq", "fp16", "8.6"), ("fp16", "fp16", "8.6"), ("fp32", "fp32", "8.6"),
+    ("fp32", "fp16", "10"), ("uq", "bf16", "10"), ("fp16", "fp16", "10"), ("bf16", "bf16", "10"),
+    ("fp32", "fp32", "10"), ("fp16", "fp16", "10.12"), ("bf16", "bf16", "10.12"),
+    ("fp32", "fp32", "10.12"), ("fp16", "fp16", "11"), ("bf16", "bf16", "11"), ("fp32", "fp32", "11"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind, precision, trt", GENERATION_LINES)
+def test_every_generations_lines_pass_that_generations_trtexec(trtexec_of, exports, kind,
+                                                               precision, trt):  # fmt: skip
+    command = trtexec_command(exports[kind], precision=precision, trt=trt)
+    result = run_trtexec(trtexec_of[trt], command.argv)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == list(command.argv[1:])
+
+
+def test_the_trtexec_stand_ins_are_as_strict_as_their_release(trtexec_of, exports):
+    strong = trtexec_command(exports["fp16"], trt="10")  # --stronglyTyped
+    refused = run_trtexec(trtexec_of["8.6"], strong.argv)
+    assert refused.returncode == 1 and "Unknown option: --stronglyTyped" in refused.stderr
+    bf16 = trtexec_command(exports["uq"], precision="bf16", trt="10")
+    assert "Unknown option: --bf16" in run_trtexec(trtexec_of["8.6"], bf16.argv).stderr
+    weak = trtexec_command(exports["fp32"], precision="fp16", trt="10")  # --fp16, --layerPrecisions
+    refused = run_trtexec(trtexec_of["11"], weak.argv)
+    assert refused.returncode == 1
+    assert {"--fp16", "--precisionConstraints", "--layerPrecisions"} <= {
+        line.split()[3] for line in refused.stderr.splitlines() if "Unknown option" in line
+    }
+    for generation, code in (("8.6", "8602"), ("10", "100300"), ("11", "110000")):
+        banner = run_trtexec(trtexec_of[generation], ["trtexec", "--help"])
+        assert banner.returncode == 0 and f"[TensorRT v{code}]" in banner.stdout
+
+
+# Finding 4 (issue 18): trtexec enables TF32 unless --noTF32, strongly typed or not.
+@pytest.mark.parametrize("trt", ["8.6", "10", "10.12", "11"])
+def test_every_fp32_command_turns_tf32_off(exports, trt):
+    command = trtexec_command(exports["fp32"], precision="fp32", trt=trt)
+    assert "--noTF32" in command.argv
+    assert "--noTF32" not in trtexec_command(exports["fp16"], trt="10.12").argv  # FP16: no matter
+
+
+# Finding 2, trtexec side: on 8.6 --layerPrecisions cannot reach LayerNormalization layers.
+def test_trt86_lines_pin_only_layers_that_exist_and_say_what_they_cannot(trtexec_of, exports,
+                                                                        tmp_path):  # fmt: skip
+    report = tmp_path / "report.json"
+    for kind in ("fp32", "uq"):
+        command = trtexec_command(exports[kind], precision="fp16", trt="8.6")
+        result = run_trtexec(trtexec_of["8.6"], command.argv, FAKE_TRTEXEC_REPORT=str(report))
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(report.read_text())
+        assert seen["unmatched"] == []  # every name given is a layer of 8.6's network
+        assert any("cannot pin the 7 LayerNormalization layers" in n and "hydra-build" in n
+                   for n in command.notes)  # fmt: skip
+        assert bool(seen["matched"]) == (kind == "uq")  # the head's layers are named
+        script = run_script(trtexec_of["8.6"], "build_trt86_fp16.sh", str(exports[kind]))
+        assert script.returncode == 0, script.stderr
+        assert script.stdout.splitlines() == list(command.argv[1:])
+        assert "cannot pin the 7 LayerNormalization layers" in script.stderr
+    # on TensorRT 10 the same names are layers: all of them are pinned
+    command = trtexec_command(exports["uq"], precision="fp16", trt="10")
+    result = run_trtexec(trtexec_of["10"], command.argv, FAKE_TRTEXEC_REPORT=str(report))
+    seen = json.loads(report.read_text())
+    assert result.returncode == 0 and seen["unmatched"] == []
+    assert sum(n.startswith("LayerNormalization") for n in seen["matched"]) == 7
+
+
+# Finding 3: JetPack 6.0 ships TensorRT 8.6.2, 6.1/6.2 ship 10.3; a recipe for another
+# generation is refused before trtexec is run.
+@pytest.mark.parametrize(
+    "script, kind, args, installed, release, hint",
+    [
+        ("build_jetpack6_fp16.sh", "uq", [], "8.6", "8.6", "build_trt86_fp16.sh"),  # JetPack 6.0
+        ("build_jetpack6_fp16.sh", "fp16", [], "8.6", "8.6", "build_trt86_fp16.sh"),
+        ("build_jetpack6_bf16.sh", "fp32", [], "8.6", "8.6", "build_trt86_fp16.sh"),
+        ("build_trt86_fp16.sh", "fp32", [], "10", "10.3", "build_jetpack6_fp16.sh"),  # JetPack 6.1
+        ("build_strongly_typed.sh", "fp16", [], "10", "10.3", "build_jetpack6_fp16.sh"),
+        ("build_strongly_typed.sh", "fp16", ["11"], "10.12", "10.13", "build_strongly_typed.sh EXPORT_DIR 10.12"),
+        ("trtexec_build.sh", "fp16", ["10.12"], "11", "11.0", "build_strongly_typed.sh EXPORT_DIR 11"),
+    ],
+)  # fmt: skip
+def test_scripts_refuse_a_recipe_for_another_tensorrt(trtexec_of, exports, script, kind, args,
+                                                      installed, release, hint):  # fmt: skip
+    result = run_script(trtexec_of[installed], script, str(exports[kind]), *args)
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"this machine has TensorRT {release}" in result.stderr and hint in result.stderr
+
+
+def test_scripts_without_trtexec_refuse_to_run_but_dry_run(exports, tmp_path):
+    missing = dict(TRTEXEC=str(tmp_path / "no-trtexec"))
+    result = run_script(tmp_path, "build_jetpack6_fp16.sh", str(exports["uq"]), **missing)
+    assert result.returncode == 1 and "cannot run" in result.stderr
+    dry = run_script(tmp_path, "build_jetpack6_fp16.sh", str(exports["uq"]), DRY_RUN="1", **missing)
+    assert dry.returncode == 0 and "TensorRT version is unknown here" in dry.stderr
+    assert shlex.split(dry.stdout)[1:] == list(
+        trtexec_command(exports["uq"], precision="fp16", trt="10").argv[1:]
+    )
+
+
+# Finding 5: a text export's sequence axis, in the scripts as in trtexec_command.
+@pytest.mark.parametrize(
+    "script, args, precision, trt",
+    [("build_jetpack6_fp16.sh", [], "fp16", "10"), ("build_trt86_fp16.sh", [], "fp16", "8.6"),
+     ("trtexec_build.sh", ["10.12", "fp32"], "fp32", "10.12")],
+)  # fmt: skip
+def test_scripts_print_the_same_command_for_text_exports(trtexec_of, text_export, script, args,
+                                                         precision, trt):  # fmt: skip
+    result = run_script(trtexec_of[trt], script, str(text_export), *args)
+    assert result.returncode == 0, result.stderr
+    expected = trtexec_command(text_export, precision=precision, trt=trt)
+    assert result.stdout.splitlines() == list(expected.argv[1:])
+    assert any(a.startswith("--maxShapes=input_ids:4x64") for a in expected.argv)
+
+
+def test_use_cuda_graph_is_noted_as_a_no_op_on_trt11(exports):
+    on11 = trtexec_command(exports["fp16"], trt="11", extra=["--useCudaGraph"])
+    assert any("no-op on TensorRT 11" in note for note in on11.notes)
+    assert not trtexec_command(exports["fp16"], trt="10.12", extra=["--useCudaGraph"]).notes
+
+
+# Finding 7: Polygraphy before 0.49.6 passes EXPLICIT_BATCH, which TensorRT 11 lacks.
+def test_the_trt_extra_needs_a_polygraphy_that_handles_tensorrt_11():
+    import re
+
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for group in ("trt", "dev"):
+        (floor,) = [re.fullmatch(r"polygraphy>=([\d.]+)", r).group(1)
+                    for r in project["optional-dependencies"][group] if r.startswith("polygraphy")]  # fmt: skip
+        assert tuple(int(p) for p in floor.split(".")) >= (0, 49, 9), group
+
+
+# Finding 8: a BF16 engine input is the runner's error, not numpy's TypeError.
+def test_a_bf16_engine_input_is_a_runner_error():
+    import numpy as np
+
+    from hydra_deploy.engines import runner as runner_module
+    from hydra_deploy.errors import RunnerError
+
+    trt = trt_standins.tensorrt_module("10.3.0")
+    assert runner_module._trt_dtype(trt, trt.int64) == "int64"
+    dtype = runner_module._trt_dtype(trt, trt.bfloat16)
+    assert dtype == "bfloat16"
+    spec = runner_module.TensorSpec("pixel_values", (None, 3, 16, 16), dtype)
+    with pytest.raises(RunnerError, match="bfloat16, which numpy cannot hold"):
+        runner_module._check_one(spec, np.zeros((1, 3, 16, 16), np.float32), False)
+
+
+# Finding 8: ONNX Runtime's TensorRT provider with its caches, then CUDA and CPU.
+def test_the_tensorrt_provider_gets_caches_and_fallbacks(tmp_path, monkeypatch):
+    from hydra_deploy.engines.runner import ort_tensorrt_cache_dir, resolve_providers
+
+    available = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    caches = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(tmp_path),
+              "trt_timing_cache_enable": True, "trt_timing_cache_path": str(tmp_path)}  # fmt: skip
+    assert resolve_providers(["tensorrt"], available, cache_dir=tmp_path) == [
+        ("TensorrtExecutionProvider", caches), "CUDAExecutionProvider", "CPUExecutionProvider"
+    ]  # fmt: skip
+    own = resolve_providers([("trt", {"trt_fp16_enable": True, "trt_engine_cache_path": "/x"}), "cpu"],
+                            available, cache_dir=tmp_path)  # fmt: skip
+    assert own == [("TensorrtExecutionProvider", {**caches, "trt_fp16_enable": True,
+                                                  "trt_engine_cache_path": "/x"}),
+                   "CPUExecutionProvider"]  # fmt: skip
+    no_cuda = ["TensorrtExecutionProvider", "CPUExecutionProvider"]
+    assert resolve_providers("tensorrt", no_cuda, cache_dir=tmp_path)[1:] == [
+        "CPUExecutionProvider"
+    ]
+    monkeypatch.setenv("HYDRA_ORT_TRT_CACHE", str(tmp_path / "c"))
+    assert ort_tensorrt_cache_dir() == tmp_path / "c"
+    assert resolve_providers(["tensorrt"], available)[0][1]["trt_engine_cache_path"] == str(
+        tmp_path / "c"
+    )
 
 
 # --- building: without TensorRT, with a stand-in for Polygraphy, and for real -----------------------------------
@@ -538,62 +742,32 @@ def test_build_without_tensorrt_says_how_to_install_or_use_trtexec(exports):
         plan_build(exports["fp32"], gpu=H200)  # the installed TensorRT is asked for
 
 
-class _Recorder:
-    """Stand-ins for Polygraphy's TensorRT loaders that record how they are composed."""
-
-    def __init__(self):
-        self.calls: dict[str, object] = {}
-        self.module = types.ModuleType("polygraphy.backend.trt")
-        recorder = self
-
-        class NetworkFromOnnxPath:
-            def __init__(self, path, strongly_typed=None):
-                recorder.calls["network"] = (path, strongly_typed)
-
-        class SetLayerPrecisions:
-            def __init__(self, network, layer_precisions):
-                recorder.calls["layer_precisions"] = layer_precisions
-
-        class Profile(dict):
-            def add(self, name, min, opt, max):  # Polygraphy's argument names
-                self[name] = (list(min), list(opt), list(max))
-                return self
-
-        def CreateConfig(**kwargs):  # Polygraphy's name
-            recorder.calls["config"] = kwargs
-            return kwargs
-
-        class EngineBytesFromNetwork:
-            def __init__(self, network, config=None, save_timing_cache=None):
-                recorder.calls["save_timing_cache"] = save_timing_cache
-
-            def __call__(self):
-                return b"serialized-engine"
-
-        for item in (NetworkFromOnnxPath, SetLayerPrecisions, Profile, CreateConfig,
-                     EngineBytesFromNetwork):  # fmt: skip
-            setattr(self.module, item.__name__, item)
+def use_standins(monkeypatch, version: str) -> dict:
+    """Install the TensorRT and Polygraphy stand-ins of ``version``; returns what they record."""
+    calls: dict = {}
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt",
+                        trt_standins.polygraphy_module(version, calls))  # fmt: skip
+    return calls
 
 
 def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(exports, tmp_path,
                                                                         monkeypatch):  # fmt: skip
-    recorder = _Recorder()
-    fake_trt = types.ModuleType("tensorrt")
-    fake_trt.__version__, fake_trt.float32 = "10.3.0.30", "float32"
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_trt)
-    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", recorder.module)
+    calls = use_standins(monkeypatch, "10.3.0.30")
     plan = plan_build(exports["uq"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
                       out=tmp_path)  # fmt: skip
     sidecar = execute_plan(plan)
     assert plan.engine_path.read_bytes() == b"serialized-engine"
     assert json.loads(plan.sidecar_path.read_text()) == sidecar
     assert sidecar["engine_bytes"] == len(b"serialized-engine") and sidecar["built_at"]
+    cache = tmp_path / "timing.orin-nvgpu-sm87.trt10.3.cache"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [plan.engine_path.name, plan.sidecar_path.name]
+        [plan.engine_path.name, plan.sidecar_path.name, cache.name]
     )  # no temporary files left behind
-    assert recorder.calls["network"] == (str(plan.onnx_path), False)
-    assert recorder.calls["layer_precisions"] == {name: "float32" for name in plan.fp32_layers}
-    config = recorder.calls["config"]
+    assert calls["network"] == (str(plan.onnx_path), False)
+    assert calls["pinned"] == {name: trt_standins.DataType.FLOAT for name in plan.fp32_layers}
+    assert sidecar["fp32_pinned"] == list(plan.fp32_layers)
+    config = calls["config"]
     assert (config["fp16"], config["bf16"], config["precision_constraints"]) == (
         True,
         False,
@@ -603,18 +777,155 @@ def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(exports,
     assert config["profiles"] == [
         {"pixel_values": ([1, 3, 16, 16], [4, 3, 16, 16], [6, 3, 16, 16])}
     ]
-    assert recorder.calls["save_timing_cache"] == str(
-        tmp_path / "timing.orin-nvgpu-sm87.trt10.3.cache"
-    )
+    assert calls["save_timing_cache"] == str(cache)
     with pytest.raises(EngineError, match="--overwrite"):
         execute_plan(plan)
     # a strongly typed plan: no flags, no layer precisions
-    recorder.calls.clear()
+    calls.clear()
     typed = plan_build(exports["fp16"], trt_version="10.3.0.30", gpu=ORIN, out=tmp_path / "typed")
     execute_plan(typed)
-    assert recorder.calls["network"] == (str(typed.onnx_path), True)
-    assert "layer_precisions" not in recorder.calls
-    assert (recorder.calls["config"]["fp16"], recorder.calls["config"]["bf16"]) == (False, False)
+    assert calls["network"] == (str(typed.onnx_path), True)
+    assert calls["pinned"] == {}
+    assert (calls["config"]["fp16"], calls["config"]["bf16"]) == (False, False)
+
+
+# Finding 1 (issue 18): TensorRT returns an IHostMemory (buffer protocol, nbytes, no len()).
+def test_a_buffer_only_engine_is_written_with_its_sidecar_and_timing_cache(exports, tmp_path,
+                                                                            monkeypatch):  # fmt: skip
+    use_standins(monkeypatch, "10.3.0.30")
+    engine = trt_standins.host_memory(b"x")
+    with pytest.raises(TypeError):
+        len(engine)  # what the real object does
+    plan = plan_build(exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
+                      out=tmp_path)  # fmt: skip
+    sidecar = execute_plan(plan)
+    assert plan.engine_path.read_bytes() == b"serialized-engine"
+    assert json.loads(plan.sidecar_path.read_text())["engine_bytes"] == len(b"serialized-engine")
+    assert (tmp_path / sidecar["timing_cache"]).read_bytes() == b"timing-cache"
+    # the second build starts from that cache
+    again = plan_build(exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
+                       out=tmp_path)  # fmt: skip
+    assert again.load_timing_cache == tmp_path / sidecar["timing_cache"]
+
+
+def test_a_failed_build_or_an_unwritable_sidecar_leaves_no_engine(exports, tmp_path, monkeypatch):
+    use_standins(monkeypatch, "10.3.0.30")
+    module = sys.modules["polygraphy.backend.trt"]
+    plan = plan_build(exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
+                      out=tmp_path)  # fmt: skip
+    monkeypatch.setattr(module.EngineBytesFromNetwork, "__call__", lambda self: None)
+    with pytest.raises(EngineError, match="empty engine"):
+        execute_plan(plan)
+    assert not plan.engine_path.exists()
+    monkeypatch.undo()
+    use_standins(monkeypatch, "10.3.0.30")
+    import hydra_deploy.atomic as atomic
+
+    def refuse(path, data, indent=2):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic, "atomic_write_json", refuse)
+    with pytest.raises(EngineError, match="the engine was removed"):
+        execute_plan(plan)
+    assert not plan.engine_path.exists()
+    monkeypatch.undo()
+    use_standins(monkeypatch, "10.3.0.30")
+    execute_plan(plan)  # no engine was left behind, so the rebuild needs no --overwrite
+    assert plan.sidecar_path.is_file()
+
+
+# Finding 2: 8.6's parser leaves LayerNormalization layers unnamed; pins go by layer type.
+@pytest.mark.parametrize("version", ["8.6.1.6", "10.3.0.30"])
+def test_layernorms_are_pinned_by_layer_type_on_every_release(exports, tmp_path, monkeypatch,
+                                                              version, caplog):  # fmt: skip
+    calls = use_standins(monkeypatch, version)
+    plan = plan_build(exports["uq"], precision="fp16", trt_version=version, gpu=ORIN, out=tmp_path)
+    with caplog.at_level("INFO", logger="hydra_deploy.engines"):
+        execute_plan(plan)
+    assert "no layer is named" not in caplog.text and "decomposed" not in caplog.text
+    # the logged trtexec line says what it cannot do on 8.6
+    assert ("cannot pin the 7 LayerNormalization" in plan.trtexec_equivalent()) == (
+        version.startswith("8.")
+    )
+    network = calls["parsed"]
+    norms = [layer for layer in network.layers
+             if layer.type is trt_standins.LayerType.NORMALIZATION]  # fmt: skip
+    assert len(norms) == 7
+    assert all(layer.precision_is_set and layer.precision is trt_standins.DataType.FLOAT
+               for layer in norms)  # fmt: skip
+    assert any(layer.name.startswith("(Unnamed Layer*") for layer in norms) == version.startswith(
+        "8."
+    )
+    head = [n for n in plan.fp32_layers if not n.startswith("LayerNormalization")]
+    assert head and all(calls["pinned"][n] is trt_standins.DataType.FLOAT for n in head)
+
+
+# Finding 6: the sidecar records the engine's own I/O dtypes (INT32 token ids on 8.6).
+@pytest.mark.parametrize("version, ids", [("8.6.1.6", "int32"), ("10.3.0.30", "int64")])
+def test_sidecar_records_the_engines_io_dtypes(text_export, tmp_path, monkeypatch, version, ids):
+    use_standins(monkeypatch, version)
+    plan = plan_build(text_export, precision="fp16", trt_version=version, gpu=ORIN, out=tmp_path)
+    sidecar = execute_plan(plan)
+    engine_inputs = {t["name"]: t["dtype"] for t in sidecar["engine_io"]["inputs"]}
+    assert engine_inputs["input_ids"] == ids and engine_inputs["attention_mask"] == ids
+    assert {t["name"]: t["dtype"] for t in sidecar["inputs"]} == engine_inputs
+    assert info_of(text_export)["inputs"][0]["dtype"] == "int64"  # the export keeps its own
+
+
+@pytest.mark.parametrize("version, ids", [("8.6.1.6", "int32"), ("10.3.0.30", "int64")])
+def test_a_text_engine_gets_token_ids_in_its_own_dtype(text_export, tmp_path, monkeypatch, version,
+                                                       ids):  # fmt: skip
+    """Polygraphy copies input bytes as they are: the runner must cast int64 ids to an 8.6
+    engine's INT32 (the stand-in TrtRunner refuses any other dtype)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from hydra_deploy.engines import runner as runner_module
+
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
+    monkeypatch.setattr(runner_module, "_trt_runner_class", lambda: trt_standins.TrtRunner)
+    monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: None)
+    monkeypatch.setattr(trt_standins.TrtRunner, "feeds", [])
+    names = [i["name"] for i in info_of(text_export)["inputs"]]
+    engine = trt_standins.engine_file(tmp_path / "model.engine", text_export / "model.onnx",
+                                      version, {n: [[1, 1], [2, 16], [4, 64]] for n in names})  # fmt: skip
+    runner = runner_module.TensorRTRunner(engine, info=info_of(text_export))
+    assert {spec.name: spec.dtype for spec in runner.inputs} == dict.fromkeys(names, ids)
+    feed = {n: np.array([[2, 4, 5, 3], [2, 6, 3, 0]]) if n == "input_ids" else
+            np.array([[1, 1, 1, 1], [1, 1, 1, 0]]) if n == "attention_mask" else
+            np.zeros((2, 4), dtype=np.int64) for n in names}  # fmt: skip
+    got = runner(feed)["member_logits"]
+    assert trt_standins.TrtRunner.feeds == [dict.fromkeys(names, ids)]
+    session = ort.InferenceSession(str(text_export / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    expected = session.run(["member_logits"], {n: a.astype(np.int64) for n, a in feed.items()})[0]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    with pytest.raises(runner_module.RunnerError, match="only run on the TensorRT version"):
+        engine.write_text(engine.read_text().replace(version, "9.9.9"))
+        runner_module.TensorRTRunner(engine, info=info_of(text_export))
+
+
+@pytest.mark.parametrize("kind", ["fp16", "bf16", "fp32"])
+def test_a_trt11_build_never_touches_layer_precision(exports, tmp_path, monkeypatch, kind):
+    """TensorRT 11 has no ILayer.precision (pyGraph.cpp v11.0); its builds are strongly typed."""
+    calls = use_standins(monkeypatch, "11.0.0.1")
+    plan = plan_build(exports[kind], precision=kind, trt_version="11.0.0.1", gpu=H200,
+                      out=tmp_path)  # fmt: skip
+    sidecar = execute_plan(plan)
+    assert plan.strongly_typed and calls["pinned"] == {} and sidecar["fp32_pinned"] == []
+    assert calls["config"]["precision_constraints"] is None
+
+
+def test_a_strongly_typed_or_bf16_build_on_trt86_fails_as_polygraphy_does(exports, monkeypatch):
+    """The stand-ins refuse what Polygraphy cannot do on 8.6, so plans must never ask it."""
+    use_standins(monkeypatch, "8.6.1.6")
+    module = sys.modules["polygraphy.backend.trt"]
+    with pytest.raises(trt_standins.Unavailable):
+        module.NetworkFromOnnxPath(str(exports["fp16"] / "model.onnx"), strongly_typed=True)()
+    with pytest.raises(trt_standins.Unavailable):
+        module.CreateConfig(bf16=True)
+    plan = plan_build(exports["fp16"], trt_version="8.6.1.6", gpu=ORIN)
+    assert not plan.strongly_typed and plan.builder_flags == ("fp16",)
 
 
 @pytest.mark.skipif(not HAS_TENSORRT, reason="TensorRT is not installed: pip install "

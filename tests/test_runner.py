@@ -340,7 +340,9 @@ class _FakeEngine:
         return [d if isinstance(d, int) else -1 for d in arg[0].shape]
 
     def get_tensor_dtype(self, name):
-        return "float32"
+        import trt_standins
+
+        return trt_standins.DataType.FLOAT  # a tensorrt.DataType member, as the real engine's
 
     def get_tensor_profile_shape(self, name, index):
         return [(b, 3, 16, 16) for b in self.profile]
@@ -373,11 +375,10 @@ def fake_tensorrt(monkeypatch, runner):
         engine = _FakeEngine(runner.session, profile=(2, 2, 4))
         return types.SimpleNamespace(deserialize_cuda_engine=lambda data: engine)
 
-    fake = types.SimpleNamespace(
-        Runtime=runtime, Logger=lambda level: None, TensorIOMode=types.SimpleNamespace(INPUT="INPUT"),
-        nptype=lambda dtype: np.float32,
-    )  # fmt: skip
-    fake.Logger.WARNING = 2
+    import trt_standins
+
+    fake = trt_standins.tensorrt_module("10.13.0.35")  # nptype, DataType, TensorIOMode, Logger
+    fake.Runtime = runtime
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     monkeypatch.setattr(runner_module, "_trt_runner_class", lambda: _FakeTrtRunner)
     _FakeTrtRunner.calls = []

@@ -176,6 +176,39 @@ def test_engine_without_sidecar_uses_the_export_profile(exports, tmp_path):
     assert load_config(tmp_path / "repo" / "vit-trt").max_batch_size == 4
 
 
+# Issue 18, finding 6: TensorRT 8.6 has no INT64; Triton's TensorRT backend refuses a config whose
+# data_type differs from the engine's, so the plan's config takes the engine's dtypes.
+@pytest.mark.parametrize("version, ids", [("8.6.1.6", "TYPE_INT32"), ("10.3.0.30", "TYPE_INT64")])
+def test_a_text_engine_config_declares_the_engines_dtypes(exports, tmp_path, monkeypatch, version,
+                                                          ids):  # fmt: skip
+    import sys
+
+    import trt_standins
+
+    from hydra_deploy.engines.tensorrt import GpuInfo, execute_plan, plan_build
+
+    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt",
+                        trt_standins.polygraphy_module(version))  # fmt: skip
+    plan = plan_build(exports["bert"], precision="fp16", trt_version=version,
+                      gpu=GpuInfo("Orin (nvgpu)", 8, 7), out=tmp_path / "eng")  # fmt: skip
+    execute_plan(plan)
+    write_triton_repository(exports["bert"], tmp_path / "repo", engine=plan.engine_path)
+    name = lambda t: model_config_pb2.DataType.Name(t.data_type)  # noqa: E731
+    onnx_model, trt_model = (load_config(tmp_path / "repo" / n) for n in ("bert", "bert-trt"))
+    assert {name(t) for t in onnx_model.input} == {"TYPE_INT64"}  # what the ONNX file takes
+    assert {name(t) for t in trt_model.input} == {ids}  # what the engine takes
+    assert [name(t) for t in trt_model.output] == [name(t) for t in onnx_model.output]
+
+
+def test_a_trtexec_86_engine_without_sidecar_takes_int32(exports, tmp_path):
+    engine = tmp_path / "model.abc.fp16.orin-sm87.trt8.6.engine"
+    engine.write_bytes(b"plan")
+    write_triton_repository(exports["bert"], tmp_path / "repo", engine=engine)
+    config = load_config(tmp_path / "repo" / "bert-trt")
+    assert {model_config_pb2.DataType.Name(t.data_type) for t in config.input} == {"TYPE_INT32"}
+
+
 def test_settings_reach_the_config(exports, tmp_path):
     write_triton_repository(exports["vit"], tmp_path / "repo", model_name="hydra.v2", max_batch=3,
                             preferred_batch=[3, 1], queue_delay_us=2500, instances=2, kind="cpu")  # fmt: skip

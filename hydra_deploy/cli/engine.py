@@ -13,7 +13,7 @@ EXAMPLES = """\
   hydra-build export/vit_b16-m3                          # FP16 engine beside model.onnx
   hydra-build export/vit_b16-m3 --precision best --max-batch 64 --out engines/
   hydra-build export/vit_b16-m3 --trtexec                # trtexec lines for every TensorRT
-  hydra-build export/vit_b16-m3 --trtexec --trt 10 --precision fp16   # JetPack 6 (TensorRT 10.3)
+  hydra-build export/vit_b16-m3 --trtexec --trt 10 --precision fp16   # JetPack 6.1/6.2 (TensorRT 10.3)
   hydra-build export/vit_b16-m3-fp16 --trtexec --trt 10.12            # strongly typed export
   hydra-build export/vit_b16-m3-uq --triton models/      # engine + Triton repository (ONNX, plan)
   hydra-build export/vit_b16-m3-uq --triton models/ --engine model.plan   # a trtexec-built engine
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--trt",
         choices=("8.6", "10", "10.12", "11"),
-        help="with --trtexec: the TensorRT on the target (10 = 10.0-10.11, e.g. JetPack 6's 10.3); "
+        help="with --trtexec: the TensorRT on the target (8.6: JetPack 6.0's 8.6.2; 10 = 10.0-10.11, "
+        "e.g. JetPack 6.1/6.2's 10.3); "
         "default: one command per generation",
     )
     p.add_argument(

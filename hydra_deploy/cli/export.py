@@ -96,7 +96,7 @@ def trtexec_lines(info: dict, out: Path) -> list[str]:
 
     if info.get("precision", "fp32") != "fp32":
         return [f"{trtexec_command(out, trt='10.12')}   # TensorRT 10.12+ / 11"]
-    return [f"{trtexec_command(out, precision='fp16', trt='10')}   # TensorRT 8.6-10.11, JetPack 6",
+    return [f"{trtexec_command(out, precision='fp16', trt='10')}   # TensorRT 10.0-10.11 (JetPack 6.1/6.2)",
             "# TensorRT 10.12+ / 11: export with --precision fp16 and build --stronglyTyped"]  # fmt: skip
 
 

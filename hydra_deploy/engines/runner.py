@@ -19,13 +19,17 @@ padded by repeating the last example, and the padding is dropped from the output
 Backends:
 
 - ``onnxruntime``: an ``InferenceSession``. Providers default to CUDA (when this onnxruntime build
-  has it) then CPU; the TensorRT execution provider is used only when asked for. Short names
-  (``"cpu"``, ``"cuda"``, ``"tensorrt"``) and ``(name, options)`` pairs are accepted.
+  has it) then CPU; the TensorRT execution provider is used only when asked for, and then CUDA and
+  CPU follow it (for the nodes TensorRT does not take) and its engine and timing caches are on
+  (``trt_engine_cache_enable``, ``trt_timing_cache_enable``, in :func:`ort_tensorrt_cache_dir`),
+  else every new session builds its engines again. Short names (``"cpu"``, ``"cuda"``,
+  ``"tensorrt"``) and ``(name, options)`` pairs are accepted; options given are kept.
 - ``tensorrt``: the engine is deserialized with the TensorRT Python API (its I/O tensors and
   optimization profile give the input specs and batch range) and run through Polygraphy's
   ``TrtRunner``, which sets the input shapes, binds device buffers and calls
-  ``execute_async_v3`` (TensorRT 10) / ``execute_v2`` (8.x) for us, on TensorRT 8.6 and JetPack 6
-  through 10.x alike. Needs ``tensorrt`` and ``polygraphy`` (the ``[trt]`` extra).
+  ``execute_async_v3`` for us (Polygraphy 0.49.9 and later use only that call; TensorRT has it
+  from 8.5), on TensorRT 8.6, JetPack 6 (8.6.2 or 10.3), 10.x and 11 alike. Needs ``tensorrt`` and
+  ``polygraphy`` (the ``[trt]`` extra).
 
 Edge runtime: this module imports numpy only; onnxruntime, tensorrt and polygraphy are imported
 when a runner of that backend is made. Never torch.
@@ -474,7 +478,13 @@ def _cast(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
             f"input {spec.name!r} is bfloat16, which numpy cannot hold; export the model with "
             "float32 inputs (hydra-export keeps them float32 for every precision)"
         )
-    target = np.dtype(want)
+    try:
+        target = np.dtype(want)
+    except TypeError:
+        raise RunnerError(
+            f"input {spec.name!r} is {want}, which numpy cannot hold; export the model with "
+            "float32 inputs (hydra-export keeps them float32 for every precision)"
+        ) from None
     if array.dtype == target:
         return array
     if target.kind == "f" and array.dtype.kind == "f":
@@ -509,8 +519,35 @@ def _import_ort():
     return onnxruntime
 
 
-def resolve_providers(providers: Sequence[Any] | str | None, available: Sequence[str]) -> list[Any]:
-    """ONNX Runtime providers to ask for: defaults, short names, and a check they exist here."""
+def ort_tensorrt_cache_dir() -> Path:
+    """Where ONNX Runtime's TensorRT provider keeps its engines and timing cache:
+    ``$HYDRA_ORT_TRT_CACHE``, else ``$XDG_CACHE_HOME/hydra-deploy/ort-tensorrt`` (~/.cache)."""
+    if os.environ.get("HYDRA_ORT_TRT_CACHE"):
+        return Path(os.environ["HYDRA_ORT_TRT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hydra-deploy" / "ort-tensorrt"
+
+
+def _tensorrt_provider(options: dict[str, Any] | None, cache_dir: Path | None) -> tuple[str, dict]:
+    """The TensorRT provider with its engine and timing caches on (options given win)."""
+    folder = str(cache_dir if cache_dir is not None else ort_tensorrt_cache_dir())
+    defaults = {"trt_engine_cache_enable": True, "trt_engine_cache_path": folder,
+                "trt_timing_cache_enable": True, "trt_timing_cache_path": folder}  # fmt: skip
+    return "TensorrtExecutionProvider", {**defaults, **(options or {})}
+
+
+def resolve_providers(
+    providers: Sequence[Any] | str | None,
+    available: Sequence[str],
+    *,
+    cache_dir: str | os.PathLike | None = None,
+) -> list[Any]:
+    """ONNX Runtime providers to ask for: defaults, short names, and a check they exist here.
+
+    The TensorRT provider gets its engine and timing caches (in ``cache_dir``, default
+    :func:`ort_tensorrt_cache_dir`), and when neither CUDA nor CPU is named, CUDA then CPU are
+    added after it (those this build has), so that nodes TensorRT does not take still run.
+    """
     if providers is None:
         return [p for p in DEFAULT_PROVIDERS if p in available]
     if isinstance(providers, str):
@@ -525,9 +562,15 @@ def resolve_providers(providers: Sequence[Any] | str | None, available: Sequence
                 f"available: {', '.join(available)} (CUDA needs onnxruntime-gpu, TensorRT needs "
                 "onnxruntime-gpu and TensorRT libraries)"
             )
-        resolved.append((full, dict(options)) if options is not None else full)
+        if full == "TensorrtExecutionProvider":
+            resolved.append(_tensorrt_provider(options, Path(cache_dir) if cache_dir else None))
+        else:
+            resolved.append((full, dict(options)) if options is not None else full)
     if not resolved:
         raise RunnerError(f"no providers given; available: {', '.join(available)}")
+    names = [p if isinstance(p, str) else p[0] for p in resolved]
+    if "TensorrtExecutionProvider" in names and not set(DEFAULT_PROVIDERS) & set(names):
+        resolved += [p for p in DEFAULT_PROVIDERS if p in available]
     return resolved
 
 
@@ -643,11 +686,18 @@ def _trt_runner_class():
     return TrtRunner
 
 
+# TensorRT DataType members numpy has no type for (tensorrt.nptype raises TypeError on them)
+_TRT_ONLY_TYPES = {"BF16": "bfloat16", "FP8": "float8", "INT4": "int4", "FP4": "float4"}
+
+
 def _trt_dtype(trt: Any, dtype: Any) -> str:
+    """A TensorRT DataType as a numpy dtype name; ``bfloat16`` for BF16 (which numpy lacks), so
+    that the input check says so instead of numpy failing on ``bf16``."""
     try:
         return np.dtype(trt.nptype(dtype)).name
     except (TypeError, ValueError):
-        return str(dtype).rsplit(".", 1)[-1].lower()
+        name = str(getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]).upper()
+        return _TRT_ONLY_TYPES.get(name, name.lower())
 
 
 def engine_target_mismatch(

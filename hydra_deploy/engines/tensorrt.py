@@ -6,10 +6,12 @@ Two steps, so that everything but the build itself is testable without a GPU:
    :func:`hydra_deploy.engines.trtexec.choose_precision` for the TensorRT version and GPU at hand,
    and returns a :class:`BuildPlan`: typing, builder flags, FP32 layers, optimization profile,
    file names and the sidecar's contents.
-2. :func:`execute_plan`: ``NetworkFromOnnxPath(strongly_typed=...)`` -> ``SetLayerPrecisions``
-   (weak typing only) -> ``CreateConfig(fp16/bf16, profiles, load_timing_cache)`` ->
-   ``EngineBytesFromNetwork(save_timing_cache=...)``; the engine and its JSON sidecar are written
-   atomically, the timing cache is kept beside them.
+2. :func:`execute_plan`: ``NetworkFromOnnxPath(strongly_typed=...)`` (parsed here, so that the
+   network's I/O dtypes go into the sidecar) -> FP32 pins on the parsed network (weak typing only:
+   every normalization layer by layer type, the ensemble head by name) -> ``CreateConfig(fp16/bf16,
+   profiles, precision_constraints, load_timing_cache)`` -> ``EngineBytesFromNetwork(
+   save_timing_cache=...)``; the engine (a ``tensorrt.IHostMemory``: a buffer, without ``len()``)
+   and its JSON sidecar are written atomically, the timing cache is kept beside them.
 
 :func:`build_engine` does both. Importing this module needs neither TensorRT nor Polygraphy; they
 are imported when a build runs (``pip install "hydra-deploy[trt]"``).
@@ -160,10 +162,12 @@ class BuildPlan:
     uq_outputs: bool
     notes: tuple[str, ...] = field(default=())
     source: ExportSource | None = field(default=None, repr=False, compare=False)
+    # weak typing: normalization layers (found by layer type) and fp32_layers are pinned to FP32
+    constrain_fp32: bool = False
 
     @property
     def precision_constraints(self) -> str | None:
-        return "obey" if self.fp32_layers else None
+        return "obey" if self.constrain_fp32 or self.fp32_layers else None
 
     def sidecar(self, **extra: Any) -> dict[str, Any]:
         """The JSON written beside the engine (``extra``: build time, timings)."""
@@ -214,7 +218,8 @@ class BuildPlan:
             )
         except EngineError as err:  # a log line must never stop a build
             return f"(no trtexec equivalent: {err})"
-        return command.shell
+        extra = [n for n in command.notes if n not in self.notes]
+        return command.shell + "".join(f"\n  # note: {n}" for n in extra)
 
 
 def plan_build(
@@ -282,6 +287,7 @@ def plan_build(
         uq_outputs=bool(info.get("uq_outputs", len(source.onnx.outputs) > 1)),
         notes=choice.notes,
         source=source,
+        constrain_fp32=choice.constrain_fp32,
     )
 
 
@@ -312,8 +318,66 @@ def _cuda_runtime_version() -> str | None:
     return f"{value.value // 1000}.{value.value % 1000 // 10}"
 
 
+# numpy dtype names of TensorRT's DataType members (``DataType.name``); BF16/FP8/INT4 have no numpy
+# type, so tensorrt.nptype refuses them: they are named here directly.
+TRT_DTYPE_NAMES = {
+    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
+    "INT64": "int64", "UINT8": "uint8", "BOOL": "bool", "FP8": "float8", "INT4": "int4",
+    "FP4": "float4",
+}  # fmt: skip
+
+
+def trt_dtype_name(dtype: Any) -> str:
+    """A TensorRT ``DataType`` as a numpy dtype name (``DataType.INT32`` -> ``"int32"``)."""
+    name = getattr(dtype, "name", None) or str(dtype).rsplit(".", 1)[-1]
+    return TRT_DTYPE_NAMES.get(str(name).upper(), str(name).lower())
+
+
+def network_io(network: Any) -> dict[str, list[dict[str, Any]]]:
+    """The network's inputs and outputs (name, dtype) as the ONNX parser made them.
+
+    These are the engine's I/O tensors: TensorRT 8.6's parser turns INT64 inputs into INT32
+    (onnx-tensorrt 8.6-GA ``convertDtype``), so a text model's token ids are int32 there.
+    """
+
+    def tensors(count: int, get: Any) -> list[dict[str, Any]]:
+        return [{"name": get(i).name, "dtype": trt_dtype_name(get(i).dtype)} for i in range(count)]
+
+    return {"inputs": tensors(network.num_inputs, network.get_input),
+            "outputs": tensors(network.num_outputs, network.get_output)}  # fmt: skip
+
+
+def pin_fp32_layers(
+    trt: Any, network: Any, names: tuple[str, ...], layernorms: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Set FP32 precision on every normalization layer (by layer type) and on the layers named.
+
+    LayerNormalization is found by type, not name: TensorRT 8.6's ONNX parser does not give the
+    INormalizationLayer it creates the node's name (onnx-tensorrt 8.6-GA returns without
+    ``registerLayer``; 10.0 registers it), so a name matches nothing there. ``layernorms``: the
+    LayerNormalization node names among ``names`` (reached by type). Returns the layers pinned,
+    how many normalization layers there were and the other names that matched no layer.
+    """
+    wanted, found, pinned, normalization = set(names), set(), [], 0
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        by_type = layer.type == trt.LayerType.NORMALIZATION
+        if by_type or layer.name in wanted:
+            layer.precision = trt.float32
+            pinned.append(layer.name)
+            normalization += by_type
+            found.add(layer.name)
+    by_type_names = set(layernorms)
+    unmatched = [n for n in names if n not in found and n not in by_type_names]
+    return {"pinned": pinned, "normalization_layers": normalization, "unmatched": unmatched}
+
+
 def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
-    """Build the engine a :class:`BuildPlan` describes; returns the sidecar's contents."""
+    """Build the engine a :class:`BuildPlan` describes; returns the sidecar's contents.
+
+    The engine, its sidecar and the timing cache are written together: the sidecar's contents are
+    decided before anything is written, and an engine whose sidecar cannot be written is removed.
+    """
     from hydra_deploy.atomic import atomic_write_bytes, atomic_write_json
 
     trt, poly = _import_polygraphy_trt()
@@ -329,9 +393,30 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     for note in plan.notes:
         log.warning("%s", note)
 
-    network = poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)
-    if plan.fp32_layers:
-        network = poly.SetLayerPrecisions(network, {name: trt.float32 for name in plan.fp32_layers})
+    try:  # (builder, network, parser): parsed here so the network can be inspected and changed
+        parsed = poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)()
+    except Exception as err:  # Polygraphy raises PolygraphyException after the parser's log
+        raise EngineError(
+            f"TensorRT's ONNX parser cannot read {str(plan.onnx_path)!r} ({type(err).__name__}: "
+            f"{err}); its log above names the node. Check the file with: polygraphy run "
+            "model.onnx --onnxrt --trt"
+        ) from err
+    network = parsed[1]
+    io = network_io(network)
+    pins: dict[str, Any] = {"pinned": [], "normalization_layers": 0, "unmatched": []}
+    if plan.precision_constraints:
+        source = plan.source if plan.source is not None else load_source(plan.onnx_path)
+        layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
+        pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
+        if pins["unmatched"]:
+            log.warning("no layer is named %s: those nodes keep TensorRT's choice of precision",
+                        ", ".join(pins["unmatched"]))  # fmt: skip
+        if pins["normalization_layers"] < len(layernorms):
+            log.warning(
+                "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
+                "were decomposed and keep TensorRT's choice of precision",
+                pins["normalization_layers"], len(layernorms),
+            )  # fmt: skip
     profile = poly.Profile()
     for name, shapes in plan.profile.items():
         profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
@@ -350,8 +435,8 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     )  # fmt: skip
     started = time.perf_counter()
     try:
-        engine_bytes = poly.EngineBytesFromNetwork(
-            network, config=config, save_timing_cache=str(plan.timing_cache)
+        serialized = poly.EngineBytesFromNetwork(
+            parsed, config=config, save_timing_cache=str(plan.timing_cache)
         )()
     except Exception as err:  # Polygraphy raises PolygraphyException after TensorRT's own log
         raise EngineError(
@@ -360,19 +445,52 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
             "file with: polygraphy run model.onnx --onnxrt --trt"
         ) from err
     seconds = time.perf_counter() - started
-    if not engine_bytes:
+    # TensorRT returns an IHostMemory: the buffer protocol and nbytes, but no len() (and it is
+    # always truthy); build_serialized_network returns None when the build fails.
+    try:
+        data = memoryview(serialized) if serialized is not None else None
+    except TypeError as err:
+        raise EngineError(
+            f"TensorRT returned {type(serialized).__name__}, not a serialized engine; check the "
+            'TensorRT and Polygraphy versions (pip install "hydra-deploy[trt]")'
+        ) from err
+    if data is None or data.nbytes == 0:
         raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
-    atomic_write_bytes(plan.engine_path, bytes(engine_bytes))  # never a half-written engine
+    size = data.nbytes
     sidecar = plan.sidecar(
         built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(seconds, 2),
-        engine_bytes=len(engine_bytes),
+        engine_bytes=size,
         cuda={"driver": plan.gpu.cuda_driver, "runtime": _cuda_runtime_version()},
+        engine_io=io,
+        fp32_pinned=pins["pinned"],
     )
-    atomic_write_json(plan.sidecar_path, sidecar)
-    log.info("wrote %s (%.1f MB, %.0f s) and %s", plan.engine_path, len(engine_bytes) / 1e6,
-             seconds, plan.sidecar_path.name)  # fmt: skip
+    sidecar["inputs"] = _with_engine_dtypes(sidecar["inputs"], io["inputs"])
+    sidecar["outputs"] = _with_engine_dtypes(sidecar["outputs"], io["outputs"])
+    try:
+        atomic_write_bytes(plan.engine_path, data)  # never a half-written engine
+    except OSError as err:
+        raise EngineError(f"cannot write {str(plan.engine_path)!r}: {err.strerror or err}") from err
+    try:
+        atomic_write_json(plan.sidecar_path, sidecar)
+    except (OSError, ValueError) as err:  # no engine without its sidecar: a rerun would refuse
+        plan.engine_path.unlink(missing_ok=True)
+        raise EngineError(
+            f"cannot write the sidecar {str(plan.sidecar_path)!r} ({err}); the engine was removed, "
+            "fix the folder and build again"
+        ) from err
+    log.info("wrote %s (%.1f MB, %.0f s) and %s", plan.engine_path, size / 1e6, seconds,
+             plan.sidecar_path.name)  # fmt: skip
     return sidecar
+
+
+def _with_engine_dtypes(specs: list[Any], engine: list[dict[str, Any]]) -> list[Any]:
+    """The export's tensor records with each dtype replaced by the engine's (same names)."""
+    dtypes = {t["name"]: t["dtype"] for t in engine}
+    return [
+        {**s, "dtype": dtypes[s["name"]]} if isinstance(s, dict) and s.get("name") in dtypes else s
+        for s in specs
+    ]
 
 
 def missing_tensorrt_message(source: ExportSource, precision: str | None) -> str:

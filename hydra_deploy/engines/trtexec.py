@@ -3,12 +3,14 @@
 Pure Python (no TensorRT, no onnx package): a Jetson that has trtexec but not our build extras gets
 the same commands. Three TensorRT generations differ in how precision is chosen:
 
-- ``"8.6"`` (desktop/data-centre GPUs; JetPack 5 ships 8.5, which cannot parse the opset-17
-  LayerNormalization op) and ``"10"`` (10.0-10.11; JetPack 6 ships 10.3): an FP32 graph is built
-  *weakly typed* with ``--fp16`` / ``--bf16``; ``--precisionConstraints=obey`` with
+- ``"8.6"`` (JetPack 6.0 ships 8.6.2; JetPack 5 ships 8.5, which cannot parse the opset-17
+  LayerNormalization op) and ``"10"`` (10.0-10.11; JetPack 6.1 and 6.2 ship 10.3): an FP32 graph is
+  built *weakly typed* with ``--fp16`` / ``--bf16``; ``--precisionConstraints=obey`` with
   ``--layerPrecisions=<layer>:fp32,...`` keeps every LayerNormalization (FP16 LayerNorm overflows)
   and the ensemble (uncertainty) head in FP32. The layer names are the ONNX node names, which
-  TensorRT's ONNX parser gives the layers it creates.
+  TensorRT's ONNX parser gives the layers it creates, except 8.6's for LayerNormalization: there
+  the command cannot pin them (see :func:`_unnamed_on_trt86`; the Python build pins them by layer
+  type). Every FP32 command has ``--noTF32``: trtexec enables TF32 unless told not to.
 - ``"10.12"`` and ``"11"``: TensorRT 10.12 deprecated weak typing and 11 removed ``--fp16``/``--bf16``;
   the graph carries its precision (``hydra-export --precision fp16|bf16``) and is built with
   ``--stronglyTyped`` (a no-op that 11 still accepts).
@@ -39,8 +41,8 @@ GRAPH_PRECISIONS = ("fp32", "fp16", "bf16")
 # trtexec generations: the key names the oldest release each recipe is written for.
 GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 GENERATION_NAMES = {
-    "8.6": "TensorRT 8.6 (not JetPack 5, whose 8.5 lacks LayerNormalization)",
-    "10": "TensorRT 10.0-10.11 (JetPack 6: 10.3)",
+    "8.6": "TensorRT 8.6 (JetPack 6.0: 8.6.2; not JetPack 5, whose 8.5 lacks LayerNormalization)",
+    "10": "TensorRT 10.0-10.11 (JetPack 6.1 and 6.2: 10.3)",
     "10.12": "TensorRT 10.12 and later 10.x",
     "11": "TensorRT 11",
 }
@@ -448,7 +450,7 @@ def generation_of(version: str | Sequence[int]) -> str:
     if (major, minor) < (8, 6):
         raise EngineError(
             f"TensorRT {major}.{minor} is too old: the LayerNormalization op needs TensorRT 8.6 or "
-            "newer; upgrade TensorRT (JetPack 6 ships 10.3)"
+            "newer; upgrade TensorRT (JetPack 6.0 ships 8.6.2, 6.1 and 6.2 ship 10.3)"
         )
     if major < 10:
         return "8.6" if major == 8 else "10"
@@ -588,6 +590,28 @@ def timing_cache_name(trt_tag: str, gpu_tag: str | None = None) -> str:
 
 
 # --- the command ----------------------------------------------------------------------------------------
+def _unnamed_on_trt86(onnx: OnnxSummary, names: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """TensorRT 8.6's ONNX parser leaves LayerNormalization layers unnamed: drop their names.
+
+    onnx-tensorrt 8.6-GA's LayerNormalization importer returns without ``registerLayer`` (10.0
+    registers it), so ``--layerPrecisions=LayerNormalization_0:fp32`` would match no layer and
+    pin nothing, silently. What 8.6 does instead (NvInfer.h, ``INormalizationLayer::
+    setComputePrecision``): the normalization is computed in FP32 whatever the builder flags, its
+    inputs and outputs may still be FP16.
+    """
+    layernorms = {n.name for n in onnx.nodes if n.op_type == "LayerNormalization"}
+    kept = [n for n in names if n not in layernorms]
+    if len(kept) == len(names):
+        return names, ()
+    note = (
+        f"TensorRT 8.6 cannot pin the {len(names) - len(kept)} LayerNormalization layers to FP32 "
+        "from the command line (its ONNX parser leaves them unnamed, so --layerPrecisions matches "
+        "none): TensorRT computes them in FP32 but may give them FP16 inputs and outputs; "
+        "hydra-build pins them by layer type, or build with TensorRT 10"
+    )
+    return kept, (note,)
+
+
 @dataclass(frozen=True)
 class TrtexecCommand:
     """One trtexec invocation: ``argv`` (program first) and ``str(cmd)``, shell-quoted."""
@@ -638,8 +662,8 @@ def trtexec_command(
             :class:`ExportSource` from :func:`load_source`.
         precision: fp16, bf16, fp32 or best (None: the graph's own precision, else fp16). Without
             ``sm`` the GPU is unknown, so ``best`` means FP16 here.
-        trt: the TensorRT generation the command is for: ``"8.6"``, ``"10"`` (10.0-10.11, e.g.
-            JetPack 6's 10.3), ``"10.12"`` or ``"11"``.
+        trt: the TensorRT generation the command is for: ``"8.6"`` (e.g. JetPack 6.0's 8.6.2),
+            ``"10"`` (10.0-10.11, e.g. JetPack 6.1/6.2's 10.3), ``"10.12"`` or ``"11"``.
         engine, timing_cache: paths to write (default: in ``out``, named by model hash, precision,
             optional ``gpu`` tag and generation; see :func:`engine_stem`).
         layer_info: add ``--profilingVerbosity=detailed --dumpLayerInfo --exportLayerInfo=FILE`` so
@@ -649,7 +673,9 @@ def trtexec_command(
         gpu: a tag such as ``orin-sm87`` put into the file names (the GPU is not known here).
         sm: the target GPU's compute capability (``10 * major + minor``) for the BF16 check.
         strongly_typed: force typing (see :func:`choose_precision`).
-        extra: more trtexec arguments, appended as given (e.g. ``--useCudaGraph``).
+        extra: more trtexec arguments, appended as given (e.g. ``--useCudaGraph``, which only
+            affects trtexec's own timing runs, and is a deprecated no-op on TensorRT 11, where
+            CUDA graphs are the default).
 
     Raises:
         EngineError: unknown generation, a precision that generation cannot build, bad profile.
@@ -686,15 +712,20 @@ def trtexec_command(
     if choice.strongly_typed:
         argv.append("--stronglyTyped")
     argv += [f"--{flag}" for flag in choice.builder_flags]
+    notes: tuple[str, ...] = ()
     if choice.constrain_fp32:
         names = fp32_layer_names(source.onnx)
+        if trt == "8.6":
+            names, notes = _unnamed_on_trt86(source.onnx, names)
         if names:
             argv += [
                 "--precisionConstraints=obey",
                 "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names),
             ]
-    if choice.precision == "fp32" and not choice.strongly_typed:
-        argv.append("--noTF32")  # trtexec enables TF32 by default; an FP32 engine means FP32
+    if choice.precision == "fp32":
+        # trtexec enables TF32 unless --noTF32 (sampleOptions.cpp, strongly typed too); the Python
+        # build (Polygraphy CreateConfig, tf32=False) does not: an FP32 engine means FP32
+        argv.append("--noTF32")
     argv += [f"--saveEngine={engine_path}", f"--timingCacheFile={cache_path}"]
     if layer_info:
         argv += [
@@ -703,6 +734,9 @@ def trtexec_command(
             f"--exportLayerInfo={layers_path}",
         ]
     argv += list(extra)
+    if trt == "11" and "--useCudaGraph" in extra:
+        notes += ("--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
+                  "by default there (--noCudaGraph turns them off)",)  # fmt: skip
     return TrtexecCommand(
         argv=tuple(argv),
         trt=trt,
@@ -711,5 +745,5 @@ def trtexec_command(
         engine=engine_path,
         timing_cache=cache_path,
         layer_info=layers_path if layer_info else None,
-        notes=best_note + choice.notes,
+        notes=best_note + choice.notes + notes,
     )

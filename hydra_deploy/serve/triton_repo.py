@@ -17,7 +17,9 @@
 Each ``config.pbtxt`` declares every input and output of the graph (names, Triton types, shapes
 without the batch axis; per-example scores of shape [batch] as ``dims: [1]`` reshaped to ``[]``),
 ``max_batch_size`` (the export's or the engine's profile maximum), a dynamic batcher with preferred
-sizes (the profile's opt and max) and an instance group. The uncertainty scores must be computed in
+sizes (the profile's opt and max) and an instance group. A TensorRT plan's tensors take the
+engine's dtypes from its sidecar (``engine_io``): TensorRT 8.6 makes int64 tensors int32, and
+Triton's TensorRT backend refuses a config whose types differ from the engine's. The uncertainty scores must be computed in
 the graph (``hydra-export --uq-outputs``): Triton then answers them with no Python backend.
 
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
@@ -258,6 +260,40 @@ def _engine_profile(engine: Path, info: dict[str, Any]) -> tuple[tuple[int, int,
 
 
 # --- planning ------------------------------------------------------------------------------------------------
+def _engine_io(engine: Path, info: dict[str, Any], sidecar: dict | None) -> tuple[list, list]:
+    """The export's inputs and outputs with the engine's dtypes: Triton's TensorRT backend refuses
+    a config whose data_type differs from the engine's, and TensorRT 8.6's ONNX parser turns INT64
+    tensors (token ids, predicted classes) into INT32 (onnx-tensorrt 8.6-GA ``convertDtype``).
+
+    From the sidecar's ``engine_io`` (hydra-build records what the parsed network has); without
+    one (a trtexec build) from the engine's name: ``.trt8.*`` means INT32 for INT64.
+    """
+    recorded = sidecar.get("engine_io") if isinstance(sidecar, dict) else None
+    if isinstance(recorded, dict):
+        dtypes: dict[str, str] = {}
+        for key in ("inputs", "outputs"):
+            for tensor in recorded.get(key) or []:
+                if not (isinstance(tensor, dict) and tensor.get("dtype") in TRITON_TYPES):
+                    raise ServeError(
+                        f"{engine.with_suffix('.json')} has a malformed engine_io entry "
+                        f"{tensor!r:.100}; rebuild the engine with hydra-build"
+                    )
+                dtypes[str(tensor.get("name"))] = tensor["dtype"]
+
+        def retype(spec: dict[str, Any]) -> dict[str, Any]:
+            return {**spec, "dtype": dtypes.get(spec["name"], spec["dtype"])}
+    elif re.search(r"\.trt8\.", engine.name):
+        logger.info(
+            "%s: no sidecar; a TensorRT 8 engine takes INT32 for INT64 tensors", engine.name
+        )
+
+        def retype(spec: dict[str, Any]) -> dict[str, Any]:
+            return {**spec, "dtype": "int32" if spec["dtype"] == "int64" else spec["dtype"]}
+    else:
+        return info["inputs"], info["outputs"]
+    return [retype(s) for s in info["inputs"]], [retype(s) for s in info["outputs"]]
+
+
 def sanitize_model_name(name: str) -> str:
     """``name`` in the characters Triton's file-system repository and URLs accept (others become
     ``_``); ``"hydra"`` if none is left."""
@@ -338,7 +374,7 @@ def plan_repository(
         labels = [" ".join(str(c).split()) for c in labels]  # one line each
 
     def model(model_name: str, platform: str, profile: tuple[int, int, int], what: str,
-              model_kind: str) -> TritonModel:  # fmt: skip
+              model_kind: str, io: tuple[list, list] | None = None) -> TritonModel:  # fmt: skip
         top = profile[2] if max_batch is None else _check_count("max batch", max_batch)
         if top > profile[2]:
             raise ServeError(
@@ -349,9 +385,10 @@ def plan_repository(
         if profile[0] > 1:
             notes.append(f"the {what} takes batches of {profile[0]} or more; Triton sends "
                          "smaller ones as they come, which this model refuses")  # fmt: skip
+        inputs, outputs = io if io is not None else (info["inputs"], info["outputs"])
         return TritonModel(
             name=model_name, platform=platform, max_batch_size=top,
-            inputs=info["inputs"], outputs=info["outputs"],
+            inputs=inputs, outputs=outputs,
             preferred_batch_size=_preferred(preferred_batch, profile[1], top, what),
             queue_delay_us=queue_delay_us, instances=instances, kind=model_kind, labels=labels,
             notes=notes,
@@ -365,9 +402,9 @@ def plan_repository(
             raise ServeError(
                 f"engine {str(engine)!r} does not exist; build it with hydra-build (or trtexec)"
             )
-        profile, _ = _engine_profile(engine, info)
+        profile, sidecar = _engine_profile(engine, info)
         models.append(model(check_name(f"{name}-trt"), PLATFORMS["tensorrt"], profile, "engine",
-                            "gpu"))  # fmt: skip
+                            "gpu", _engine_io(engine, info, sidecar)))  # fmt: skip
     return models
 
 
