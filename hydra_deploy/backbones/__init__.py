@@ -63,6 +63,8 @@ def load_backbone(
     (returned as is). ``checkpoint``: a local ``.safetensors``/``.pth``/``.pt`` file or folder;
     ``"hub"`` lets timm download the pretrained weights (needs network); ``None`` gives random
     weights (logged). ``num_classes`` sizes the classifier (default: the checkpoint's).
+    BERT classifiers also take ``new_classifier=True`` (see :func:`~hydra_deploy.backbones.hf_bert.
+    load_bert`); other families refuse it.
     """
     if isinstance(name_or_module, BackboneAdapter):
         _refuse_extra(name_or_module, checkpoint, num_classes, timm_kwargs)
@@ -73,6 +75,7 @@ def load_backbone(
             from hydra_deploy.backbones.hf_bert import wrap_bert
 
             return wrap_bert(name_or_module, checkpoint, num_classes, **timm_kwargs)
+        _refuse_new_classifier(timm_kwargs, type(name_or_module).__name__)
         if family == "openclip":
             from hydra_deploy.backbones.openclip import wrap_openclip
 
@@ -89,6 +92,7 @@ def load_backbone(
         if prefix == "openclip":
             from hydra_deploy.backbones.openclip import load_openclip
 
+            _refuse_new_classifier(timm_kwargs, name)
             return load_openclip(rest, checkpoint, num_classes, **timm_kwargs)
         from hydra_deploy.backbones.hf_bert import load_bert
 
@@ -112,7 +116,17 @@ def load_backbone(
             )
         checkpoint = name if checkpoint is None else checkpoint
         name = config["architecture"]
+    _refuse_new_classifier(timm_kwargs, name)
     return _build_timm(name, checkpoint, num_classes, timm_kwargs)
+
+
+def _refuse_new_classifier(kwargs: dict[str, Any], name: str) -> None:
+    """``new_classifier`` is a BERT loader keyword: refused (when True) for the other families."""
+    if kwargs.pop("new_classifier", False):
+        raise BackboneError(
+            f"new_classifier=True (--new-head) applies to BERT classifiers (hf:<folder>), not "
+            f"{name}; leave it out"
+        )
 
 
 #: ``family:`` prefixes of backbone names that are not timm ViTs.

@@ -34,6 +34,12 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         "--num-classes", type=int, help="classifier size (default: the checkpoint's, else timm's)"
     )
     model.add_argument(
+        "--new-head",
+        action="store_true",
+        help="BERT: replace the checkpoint's classifier by a new random one of --num-classes "
+        "classes (without it, a --num-classes other than the checkpoint's is refused)",
+    )
+    model.add_argument(
         "--classes",
         help="openclip: a text file of class names, one per line (the zero-shot classifier)",
     )
@@ -207,9 +213,11 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
             f"--{'/--'.join(zero_shot)} apply to zero-shot OpenCLIP backbones "
             "(--backbone openclip:<model name>)"
         )
+    new_head = {"new_classifier": True} if args.new_head else {}
     backbone = load_backbone(
-        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot
-    )
+        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot,
+        **new_head,
+    )  # fmt: skip
     spec = choose_spec(args, backbone)
     members = backbone
     if args.finetune:
