@@ -263,3 +263,23 @@ def test_image_folder_classes_map_through_the_class_names(tmp_path):
         load_eval_data(
             tmp_path / "id", NamedModel("vit", None, classes=5), name="ID", labelled=True
         )
+
+
+def test_a_pytorch_text_model_reports_its_class_names():
+    import transformers
+    from test_bert import bert_config
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.uncertainty.evaluate import TorchRunner
+
+    names = {0: "verb", 1: "noun", 2: "adj"}
+    model = transformers.BertForSequenceClassification(
+        bert_config(num_hidden_layers=1, num_labels=3, id2label=names)
+    )
+    backbone = load_backbone(model.eval())
+    hydra = fuse(backbone, HydraSpec.random(backbone.name, 1, 4, 8, members=2, heads_per_member=2))
+    assert TorchRunner(hydra).class_names == ["verb", "noun", "adj"]
+    ids = np.random.default_rng(0).integers(5, 90, (4, 6))
+    inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    report = evaluate(hydra, (inputs, np.array([0, 1, 2, 1])))
+    assert report["class_names"] == ["verb", "noun", "adj"]

@@ -1,7 +1,9 @@
 """The data a user has, as one labelled-examples type for importance, selection and fine-tuning.
 
 ``load_data`` accepts: a ``LabelledData`` (returned as is), an image folder (one sub-folder per
-class, torchvision ``ImageFolder`` layout, preprocessed with the backbone's timm eval transform), a
+class, torchvision ``ImageFolder`` layout, preprocessed with the backbone's timm eval transform;
+the sorted sub-folder names are classes ``0, 1, ...``, unless the backbone names its classes, as
+an OpenCLIP zero-shot classifier does: then each sub-folder is the class of its name), a
 ``.npz`` file with ``x``/``y``, an ``(x, y)`` pair of arrays/tensors, a map-style torch ``Dataset`` of ``(input, label)`` items, a
 ``DataLoader`` (its dataset is used when it is map-style), or any iterable of ``(inputs, labels)``
 batches (read once into memory). Inputs are checked against the backbone (shape) and labels against
@@ -721,7 +723,19 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
         ) from err
     except OSError as err:
         raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err
-    return LabelledData(dataset, name, list(dataset.classes))
+    known = getattr(backbone, "class_names", None)
+    if not known:  # torchvision's rule: the sorted sub-folder names are classes 0, 1, ...
+        return LabelledData(dataset, name, list(dataset.classes))
+    # a model that names its classes (OpenCLIP zero-shot): sub-folders are those names
+    indices, _ = label_indices(
+        dataset.classes, known, len(known), source=f"{name}: {path}",
+        where=[f"sub-folder {c!r}" for c in dataset.classes], index_labels=False, error=DataError,
+    )  # fmt: skip
+    dataset.class_to_idx = dict(zip(dataset.classes, indices, strict=True))
+    dataset.samples = [(file, indices[target]) for file, target in dataset.samples]
+    dataset.imgs = dataset.samples
+    dataset.targets = [target for _, target in dataset.samples]
+    return LabelledData(dataset, name, list(known))
 
 
 def _from_batches(

@@ -364,6 +364,7 @@ class TorchRunner:
             )
         self.model = model.eval()
         self.family = getattr(model, "family", None)
+        self.class_names = getattr(model, "class_names", None)  # labels map through them
         text = self.family == "bert"
         self.input_names = ("input_ids", "attention_mask", "token_type_ids") if text else ()
         self.preprocessing = None
