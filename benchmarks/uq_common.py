@@ -373,7 +373,8 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
         "Hydra (circuit, fine-tuned)": fuse(
             circuit_members, circuit_base, mlp_merge="average"
         ).eval(),
-        "Hydra (circuit, OOD validation)": None if circuit_ood is None
+        "Hydra (circuit, OOD validation)": None
+        if circuit_ood is None
         else fuse(single, circuit_ood, mlp_merge="average").eval(),
         "Hydra (shared trunk)": fuse(trunk_members, trunk_spec, mlp_merge="average").eval(),
         "Hydra (fused deep ensemble)": fuse(fused_members, fused_spec, mlp_merge="grouped").eval(),
@@ -519,7 +520,7 @@ def latency(task: Task, models: dict) -> dict[str, dict[str, float]]:
 def _leaves(tree: Any, prefix: tuple = ()) -> dict[tuple, float]:
     if isinstance(tree, (dict, list)):
         out = {}
-        for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+        for k, v in tree.items() if isinstance(tree, dict) else enumerate(tree):
             out.update(_leaves(v, (*prefix, k)))
         return out
     return {prefix: float(tree)}

@@ -514,7 +514,7 @@ def test_folders_and_checkpoints_round_trip(tiny_berts, tmp_path):
     )
     assert first.module.classifier.weight.equal(again.module.classifier.weight)
     assert not first.module.classifier.weight.equal(other.module.classifier.weight)
-    resized = load_backbone(f"hf:{tmp_path / 'classifier'}", num_classes=2)  # new classifier
+    resized = load_backbone(f"hf:{tmp_path / 'classifier'}", num_classes=2, new_classifier=True)
     assert resized.num_classes == 2
 
     # checkpoint: the classifier's state dict over the encoder folder's architecture
@@ -572,3 +572,83 @@ def test_minilm_fused_equals_members(minilm):
     with torch.no_grad():  # the members disagree: a check that can fail
         member_logits = hydra(*fused_inputs(hydra, inputs))
     assert (member_logits[:, 0] - member_logits[:, 1]).abs().max() > 1e-3
+
+
+# --- class names, adapter settings, a new head (issue 17) -----------------------------------------
+SHUFFLED_NAMES = {0: "noun.plant", 1: "noun.animal", 2: "verb.motion", 3: "noun.act", 4: "adj.all"}
+
+
+def test_class_names_come_from_id2label_and_reach_the_export(tmp_path):
+    from hydra_deploy.export import export_onnx, load_export
+
+    named = transformers.BertForSequenceClassification(
+        bert_config(**{**TINY_BERT["segments"], "id2label": SHUFFLED_NAMES})
+    )
+    backbone = load_backbone(named.eval())
+    assert backbone.class_names == list(SHUFFLED_NAMES.values())  # by index, not sorted
+    assert tiny_bert("segments").class_names is None  # transformers' LABEL_0.. are no names
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    hydra = fuse(backbone, spec)
+    assert hydra.class_names == list(SHUFFLED_NAMES.values())
+    info = export_onnx(hydra, tmp_path / "export", batch=(1, 2, 2), validate=False)
+    assert info["class_names"] == list(SHUFFLED_NAMES.values())
+    saved = json.loads((tmp_path / "export" / "hydra.json").read_text())
+    assert saved["class_names"] == list(SHUFFLED_NAMES.values())
+    assert load_export(tmp_path / "export", check=False).class_names == saved["class_names"]
+
+
+def test_a_wrapped_copy_keeps_the_adapter_settings(tmp_path):
+    """load_backbone(copy of adapter.module) -- what fine-tuning and fuse do with members -- keeps
+    the adapter's name, weights source, tokenizer folder and seq_len (issue 17: the fine-tuned
+    export had no tokenizer)."""
+    model = tiny_bert("segments").module
+    model.config.id2label = dict(SHUFFLED_NAMES)
+    model.save_pretrained(tmp_path / "classifier")
+    (tmp_path / "classifier" / "tokenizer.json").write_text("{}")
+    backbone = load_backbone(f"hf:{tmp_path / 'classifier'}", seq_len=16)
+    assert backbone.tokenizer_dir == str(tmp_path / "classifier") and backbone.seq_len == 16
+    copy_ = load_backbone(copy.deepcopy(backbone.module))
+    for attribute in ("name", "weights", "tokenizer_dir", "seq_len", "class_names"):
+        assert getattr(copy_, attribute) == getattr(backbone, attribute), attribute
+    assert copy_.macs() == backbone.macs()
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    hydra = fuse([copy.deepcopy(backbone.module) for _ in range(2)], spec)
+    assert hydra.tokenizer_dir == backbone.tokenizer_dir and hydra.seq_len == 16
+    assert hydra.backbone_kwargs["name"] == backbone.name
+    # explicit keyword arguments still win
+    other = load_backbone(copy.deepcopy(backbone.module), tokenizer_dir=None, seq_len=8)
+    assert other.tokenizer_dir is None and other.seq_len == 8
+
+
+def test_num_classes_other_than_the_checkpoints_needs_new_classifier(tmp_path):
+    backbone = tiny_bert("segments")  # 5 classes
+    backbone.module.config.id2label = dict(SHUFFLED_NAMES)
+    backbone.module.save_pretrained(tmp_path / "classifier")
+    folder = f"hf:{tmp_path / 'classifier'}"
+    with pytest.raises(BackboneError, match=r"classifier of 5 classes, not num_classes=3.*new_classifier=True \(CLI: --new-head\)"):  # fmt: skip
+        load_backbone(folder, num_classes=3)
+    with pytest.raises(
+        BackboneError, match=r"has 5 classes, not num_classes=3.*new_classifier=True"
+    ):
+        load_backbone(copy.deepcopy(backbone.module), num_classes=3)
+    with pytest.raises(BackboneError, match="new_classifier=True needs num_classes"):
+        load_backbone(folder, new_classifier=True)
+    same = load_backbone(folder, num_classes=5)  # the checkpoint's own size: its trained head
+    assert same.module.classifier.weight.equal(backbone.module.classifier.weight)
+    assert same.class_names == list(SHUFFLED_NAMES.values())
+    for source in (folder, copy.deepcopy(backbone.module)):
+        new = load_backbone(source, num_classes=3, new_classifier=True)
+        assert new.num_classes == 3 and new.class_names is None  # the old head's names are gone
+        torch.testing.assert_close(
+            new.module.bert.pooler.dense.weight, backbone.module.bert.pooler.dense.weight
+        )
+    replaced = load_backbone(folder, num_classes=5, new_classifier=True)
+    assert not replaced.module.classifier.weight.equal(backbone.module.classifier.weight)
+    assert replaced.class_names is None
+    # an encoder-only folder + num_classes still gets a random classifier, no option needed
+    backbone.module.bert.save_pretrained(tmp_path / "encoder")
+    assert load_backbone(f"hf:{tmp_path / 'encoder'}", num_classes=3).num_classes == 3
+    from conftest import tiny_vit
+
+    with pytest.raises(BackboneError, match=r"new_classifier=True .* applies to BERT"):
+        load_backbone(tiny_vit("token").module, new_classifier=True)

@@ -281,3 +281,43 @@ def test_build_hydra_returns_the_spec_as_fused():
     _, spec, _, hydra = build.build_hydra(args, progress=False)
     assert spec.mlp_merge == hydra.spec.mlp_merge == "grouped"
     assert "mlp_merge=grouped" in spec.summary()
+
+
+# --- a BERT backbone (issue 17) ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory) -> Path:
+    """A tiny BertForSequenceClassification (3 layers x 4 heads, 5 classes) saved by transformers."""
+    from test_bert import tiny_bert
+
+    folder = tmp_path_factory.mktemp("bert") / "classifier"
+    tiny_bert("segments").module.save_pretrained(folder)
+    return folder
+
+
+def test_fuses_a_bert_backbone(bert_folder):
+    """hydra-fuse's forward check passed the text inputs (a dict) as one positional argument."""
+    code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--members", "2", "--batch", "3",
+                            "--json", "--quiet")  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["input_shape"] == [3, 64]  # [batch, seq]: the tiny model's 64 positions
+    assert report["output_shape"] == [3, 2, 5]
+    assert report["spec"]["num_layers"] == 3 and len(report["spec"]["members"]) == 2
+    code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--members", "2")
+    assert code == 0, err
+    assert "forward: input (2, 64) -> member_logits (2, 2, 5)" in out
+
+
+def test_num_classes_other_than_a_bert_checkpoints_needs_new_head(bert_folder):
+    code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--num-classes", "3", "--json")
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 1 and out == "" and len(errors) == 1 and "Traceback" not in err
+    assert "classifier of 5 classes, not num_classes=3" in errors[0] and "--new-head" in errors[0]
+    code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--num-classes", "3", "--new-head",
+                            "--members", "2", "--json", "--quiet")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["output_shape"] == [2, 2, 3]
+    code, _, err = invoke("--backbone", f"hf:{bert_folder}", "--new-head")
+    assert code == 1 and "needs num_classes" in err and "--num-classes" in err
+    code, _, err = invoke("--backbone", BACKBONE, "--num-classes", "3", "--new-head")
+    assert code == 1 and "applies to BERT classifiers" in err

@@ -506,3 +506,16 @@ def test_errors_name_the_data(rgb_vit):
     x, y = arrays()
     with pytest.raises(DataError, match=r"^calib: "):
         load_data((x, y[:-1]), rgb_vit, name="calib")
+
+
+def test_image_folder_of_a_model_with_class_names(tmp_path):
+    """A backbone that names its classes (OpenCLIP zero-shot) maps each sub-folder by its name,
+    not by sorted position (the rule hydra-eval uses, hydra_deploy.labels)."""
+    backbone = tiny_vit("token")
+    backbone.class_names = ["dog", "cat", "eel", "bee", "ant"]  # as OpenClipAdapter has them
+    root = write_images(tmp_path / "imgs")  # ant, bee, cat
+    data = load_data(root, backbone)
+    assert labels_of(data).tolist() == [4, 4, 3, 3, 1, 1] and data.classes == backbone.class_names
+    write_images(tmp_path / "imgs", classes=["owl"], seed=1)
+    with pytest.raises(DataError, match=r"sub-folder 'owl': label 'owl' is not one of the model's classes: dog, cat"):  # fmt: skip
+        load_data(root, backbone)

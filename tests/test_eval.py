@@ -112,14 +112,14 @@ def test_report_equals_direct_metrics(export_dir, data, tmp_path):
 
 def test_library_and_image_folder(export_dir, tmp_path):
     rng = np.random.default_rng(1)
-    for cls in ("ant", "cat"):
+    for cls in ("ant", "bee", "cat", "dog", "eel"):  # every class: the export names none
         (tmp_path / "id" / cls).mkdir(parents=True)
         for i in range(3):
             pixels = rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(tmp_path / "id" / cls / f"{i}.png")
     with load_runner(export_dir) as runner:
         report = evaluate(runner, tmp_path / "id", {"noise": rng.standard_normal((5, 3, 16, 16)).astype(np.float32)})  # fmt: skip
-    assert report["counts"] == {"id": 6, "ood": {"noise": 5}}
+    assert report["counts"] == {"id": 15, "ood": {"noise": 5}}
     assert report["id"]["ece_bins"] == 15
     assert set(report["ood"]["noise"]["scores"]) == set(SCORES)
 
@@ -237,3 +237,82 @@ def test_one_member_reports_mutual_information_as_not_applicable(data, tmp_path,
     # the report folder is an ordinary folder (mkdtemp's drwx------ was kept before)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert stat.S_IMODE((out / "report.json").stat().st_mode) == 0o644
+
+
+# --- issue 17: labels map through the model's class names ------------------------------------------
+class NamedModel:
+    """Just what load_eval_data reads of a runner: family, class names, the output's shape."""
+
+    def __init__(self, family, class_names, classes=None):
+        from hydra_deploy.engines.runner import TensorSpec
+
+        self.family, self.class_names = family, class_names
+        count = len(class_names) if class_names else classes
+        self.outputs = (TensorSpec("member_logits", ("batch", 2, count), "float32"),)
+
+
+def test_tsv_labels_map_through_the_class_names(tmp_path):
+    """Issue 17: names were mapped by sorting the names of the file (a file lacking a class
+    scored 0.008 instead of 0.90); they go through the model's class names now."""
+    from hydra_deploy.errors import DataError
+    from hydra_deploy.uncertainty.evaluate import load_eval_data
+
+    model = NamedModel("bert", ["verb", "noun", "adj"])  # not alphabetical
+    (tmp_path / "id.tsv").write_text("noun\ta dog\n\nadj\tred\nnoun\ta cat\n")  # no 'verb'
+    data = load_eval_data(tmp_path / "id.tsv", model, name="ID data", labelled=True)
+    assert data.labels.tolist() == [1, 2, 1] and data.texts == ["a dog", "red", "a cat"]
+    (tmp_path / "ids.tsv").write_text("2\tred\n0\tto run\n")  # integer labels stay indices
+    assert load_eval_data(tmp_path / "ids.tsv", model, name="ID", labelled=True).labels.tolist() == [2, 0]  # fmt: skip
+    (tmp_path / "unknown.tsv").write_text("noun\ta dog\n\ncognition\tto think\n")
+    with pytest.raises(DataError, match=r"line 3: label 'cognition' is not one of the model's classes: verb, noun, adj"):  # fmt: skip
+        load_eval_data(tmp_path / "unknown.tsv", model, name="ID data", labelled=True)
+    (tmp_path / "header.tsv").write_text("label\ttext\nnoun\ta dog\n")
+    with pytest.raises(DataError, match=r"line 1: label 'label' .*a header line\? remove it"):
+        load_eval_data(tmp_path / "header.tsv", model, name="ID data", labelled=True)
+    # OOD sets may carry any labels
+    assert load_eval_data(tmp_path / "unknown.tsv", model, name="OOD", labelled=False).count == 2
+    unnamed = NamedModel("bert", None, classes=3)
+    with pytest.raises(DataError, match=r"names 2 classes \(adj, noun\) but the model has 3 classes and records no class names"):  # fmt: skip
+        load_eval_data(tmp_path / "id.tsv", unnamed, name="ID data", labelled=True)
+    (tmp_path / "all.tsv").write_text("noun\ta dog\nadj\tred\nverb\tto run\n")
+    data = load_eval_data(tmp_path / "all.tsv", unnamed, name="ID data", labelled=True)
+    assert data.labels.tolist() == [1, 0, 2]  # sorted names, every class present (warned)
+
+
+def test_image_folder_classes_map_through_the_class_names(tmp_path):
+    from hydra_deploy.errors import DataError
+    from hydra_deploy.uncertainty.evaluate import load_eval_data
+
+    for cls in ("ant", "cat"):
+        (tmp_path / "id" / cls).mkdir(parents=True)
+        Image.new("RGB", (4, 4)).save(tmp_path / "id" / cls / "0.png")
+    named = NamedModel("vit", ["dog", "cat", "bee", "ant"])
+    data = load_eval_data(tmp_path / "id", named, name="ID data", labelled=True)
+    assert data.labels.tolist() == [3, 1]  # ant, cat by the model's names
+    with pytest.raises(DataError, match=r"sub-folder 'cat': label 'cat' is not one of the model's classes: dog, bee, ant; use those names$"):  # fmt: skip
+        load_eval_data(tmp_path / "id", NamedModel("vit", ["dog", "bee", "ant"]), name="ID",
+                       labelled=True)  # fmt: skip
+    with pytest.raises(DataError, match=r"names 2 classes .* the model has 5 classes"):
+        load_eval_data(
+            tmp_path / "id", NamedModel("vit", None, classes=5), name="ID", labelled=True
+        )
+
+
+def test_a_pytorch_text_model_reports_its_class_names():
+    import transformers
+    from test_bert import bert_config
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.uncertainty.evaluate import TorchRunner
+
+    names = {0: "verb", 1: "noun", 2: "adj"}
+    model = transformers.BertForSequenceClassification(
+        bert_config(num_hidden_layers=1, num_labels=3, id2label=names)
+    )
+    backbone = load_backbone(model.eval())
+    hydra = fuse(backbone, HydraSpec.random(backbone.name, 1, 4, 8, members=2, heads_per_member=2))
+    assert TorchRunner(hydra).class_names == ["verb", "noun", "adj"]
+    ids = np.random.default_rng(0).integers(5, 90, (4, 6))
+    inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    report = evaluate(hydra, (inputs, np.array([0, 1, 2, 1])))
+    assert report["class_names"] == ["verb", "noun", "adj"]

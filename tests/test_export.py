@@ -484,4 +484,6 @@ def test_constant_folding_prints_no_graphsurgeon_noise(capsys):
     assert "Large tensors" not in captured.out + captured.err
     assert "colored" not in captured.out + captured.err
     assert (G_LOGGER.severity, G_LOGGER.colors) == (severity, colors)  # restored
-    assert any(isinstance(t, gs.Constant) and t.shape == (512, 1024) for t in graph.tensors().values())
+    assert any(
+        isinstance(t, gs.Constant) and t.shape == (512, 1024) for t in graph.tensors().values()
+    )

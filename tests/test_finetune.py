@@ -407,7 +407,9 @@ def test_shared_layers_are_frozen_and_fused_once(tuned):
                                **{**FAST, "max_steps": 5})  # fmt: skip
     base = dict(backbone.module.named_parameters())
     tables = [dict(module.named_parameters()) for module in members]
-    trunk = [n for n in base if n.startswith(("blocks.0.", "patch_embed.", "pos_embed", "cls_token"))]
+    trunk = [
+        n for n in base if n.startswith(("blocks.0.", "patch_embed.", "pos_embed", "cls_token"))
+    ]
     for params in tables:
         assert all(torch.equal(params[n], tables[0][n]) for n in trunk)  # identical members
         # frozen: as the backbone's, but for the pruned heads' attention slices (zeroed)

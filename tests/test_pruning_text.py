@@ -208,7 +208,7 @@ def test_load_data_text_errors(trained, tmp_path):
     for data, model, message in cases:
         with pytest.raises(DataError, match=message):
             load_data(data, model)
-    no_tokenizer = load_backbone(copy.deepcopy(backbone.module))
+    no_tokenizer = load_backbone(copy.deepcopy(backbone.module), tokenizer_dir=None)
     with pytest.raises(DataError, match="no tokenizer"):
         load_data(tmp_path / "d.tsv", no_tokenizer)
     (tmp_path / "bad.tsv").write_text("0\tw5\nw6 without a label\n")
@@ -416,3 +416,61 @@ def test_minilm_taylor_selection_on_a_tsv(tmp_path):
                           data=tmp_path / "reviews.tsv", seed=0)  # fmt: skip
     assert spec.heads_per_layer().tolist() == [[4] * 6] * 3
     assert len({m.heads for m in spec.members}) == 3
+
+
+# --- issue 17: class names and fine-tuned members' settings ----------------------------------------
+def named_backbone(trained, names: dict, **kwargs):
+    """The trained 2-class BERT with ``config.id2label = names``, wrapped with its tokenizer."""
+    module = copy.deepcopy(trained[0].module)
+    module.config.id2label = dict(names)
+    return load_backbone(module, tokenizer_dir=trained[0].tokenizer_dir, **kwargs)
+
+
+def test_tsv_class_names_map_through_id2label(trained, tmp_path):
+    """Names are looked up in config.id2label (not sorted, whatever subset the file holds);
+    unknown names and header lines are refused naming the label."""
+    backbone = named_backbone(trained, {0: "yes", 1: "no"})  # not alphabetical
+    assert backbone.class_names == ["yes", "no"]
+    (tmp_path / "one_class.tsv").write_text("no\tw7 w8\nno\tw9\n")
+    data = load_data(tmp_path / "one_class.tsv", backbone)
+    assert labels_of(data).tolist() == [1, 1] and data.classes == ["yes", "no"]
+    (tmp_path / "both.tsv").write_text("no\tw7\nyes\tw9\n")
+    assert labels_of(load_data(tmp_path / "both.tsv", backbone)).tolist() == [1, 0]
+    (tmp_path / "typo.tsv").write_text("no\tw7\n\nmaybe\tw9\n")
+    with pytest.raises(DataError, match=r"line 3: label 'maybe' is not one of the model's classes: yes, no"):  # fmt: skip
+        load_data(tmp_path / "typo.tsv", backbone)
+    (tmp_path / "header.tsv").write_text("label\ttext\nno\tw7\n")
+    with pytest.raises(DataError, match=r"line 1: label 'label' is not .*yes, no \(a header line\? remove it\)"):  # fmt: skip
+        load_data(tmp_path / "header.tsv", backbone)
+    (tmp_path / "header_ids.tsv").write_text("label\ttext\n1\tw7\n")
+    with pytest.raises(DataError, match=r"mixes class indices \(line 2: '1'\) and class names \(line 1: 'label'\) \(a header line"):  # fmt: skip
+        load_data(tmp_path / "header_ids.tsv", backbone)
+    (tmp_path / "ids.tsv").write_text("1\tw7\n0\tw9\n")  # integer labels stay indices
+    assert labels_of(load_data(tmp_path / "ids.tsv", backbone)).tolist() == [1, 0]
+
+
+def test_tsv_names_without_model_names_need_every_class(trained, tmp_path):
+    """A model without class names: sorted names only when they are as many as its classes."""
+    backbone = trained[0]
+    assert backbone.class_names is None
+    (tmp_path / "one_class.tsv").write_text("no\tw7 w8\nno\tw9\n")
+    with pytest.raises(DataError, match=r"names 1 classes \(no\) but the model has 2 classes and records no class names"):  # fmt: skip
+        load_data(tmp_path / "one_class.tsv", backbone)
+    (tmp_path / "both.tsv").write_text("yes\tw7\nno\tw9\n")
+    data = load_data(tmp_path / "both.tsv", backbone)
+    assert data.classes == ["no", "yes"] and labels_of(data).tolist() == [1, 0]
+
+
+def test_finetuned_members_keep_the_tokenizer_and_settings(trained):
+    """Issue 17: fine-tuned members were re-wrapped without the base adapter's tokenizer, so a
+    --finetune export had no tokenizer/; seq_len, name and class names were lost too."""
+    backbone = named_backbone(trained, {0: "yes", 1: "no"}, seq_len=16)
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    x, y = synthetic(16, seed=5)
+    members = finetune_members(backbone, spec, (x, y), max_steps=2, batch_size=8,
+                               progress=False, eval_examples=8)  # fmt: skip
+    hydra = fuse(members, spec, "grouped")
+    assert hydra.tokenizer_dir == backbone.tokenizer_dir is not None
+    assert hydra.seq_len == 16 and hydra.macs["single"] == backbone.macs()
+    assert hydra.backbone_kwargs["name"] == backbone.name
+    assert hydra.class_names == ["yes", "no"]

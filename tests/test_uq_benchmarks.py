@@ -183,7 +183,11 @@ def test_pareto_front_and_training_steps():
     # the cheapest at 0.7, Hydra (Taylor) at 0.8 for 2 x, the ensemble at 0.9 for 3 x; MC dropout
     # (0.8 at 2 x, a tie with Hydra) is on the front too: no row beats it on both
     assert fronts["auroc_msp vs latency_ratio"] == [
-        "single", "Hydra (Taylor)", "MC dropout", "deep ensemble"]
+        "single",
+        "Hydra (Taylor)",
+        "MC dropout",
+        "deep ensemble",
+    ]
     assert set(fronts["ece vs latency_ratio"]) == {"single"}
 
 
@@ -195,7 +199,9 @@ def test_scrambled_digits_keep_the_values_and_lose_the_shape():
     for image in out:
         source = images[int(image.min()) // 64]  # values 64 i .. 64 i + 63 come from image i
         assert sorted(image.ravel()) == sorted(source.ravel()) and not np.array_equal(image, source)
-        tiles = {tuple(image[r:r + 2, c:c + 2].ravel()) for r in (0, 2, 4, 6) for c in (0, 2, 4, 6)}
+        tiles = {
+            tuple(image[r : r + 2, c : c + 2].ravel()) for r in (0, 2, 4, 6) for c in (0, 2, 4, 6)
+        }
         assert tiles == {tuple(source[r:r + 2, c:c + 2].ravel())
                          for r in (0, 2, 4, 6) for c in (0, 2, 4, 6)}  # fmt: skip
 

@@ -80,6 +80,9 @@ def load_backbone(
     (``bilinear``, ``bicubic``, ...), ``crop_pct`` and ``crop_mode`` (``center``, ``squash``,
     ``border``); it wins over the checkpoint folder's ``pretrained_cfg`` and is kept in the model's
     ``pretrained_cfg``, so fine-tuning data, the fused model and the export's ``hydra.json`` use it.
+
+    BERT classifiers also take ``new_classifier=True`` (see :func:`~hydra_deploy.backbones.hf_bert.
+    load_bert`); other families refuse it.
     """
     if preprocessing is not None and not _is_vit(name_or_module):
         raise BackboneError(
@@ -99,6 +102,7 @@ def load_backbone(
             from hydra_deploy.backbones.hf_bert import wrap_bert
 
             return wrap_bert(name_or_module, checkpoint, num_classes, **timm_kwargs)
+        _refuse_new_classifier(timm_kwargs, type(name_or_module).__name__)
         if family == "openclip":
             from hydra_deploy.backbones.openclip import wrap_openclip
 
@@ -115,6 +119,7 @@ def load_backbone(
         if prefix == "openclip":
             from hydra_deploy.backbones.openclip import load_openclip
 
+            _refuse_new_classifier(timm_kwargs, name)
             return load_openclip(rest, checkpoint, num_classes, **timm_kwargs)
         from hydra_deploy.backbones.hf_bert import load_bert
 
@@ -138,6 +143,7 @@ def load_backbone(
             )
         checkpoint = name if checkpoint is None else checkpoint
         name = config["architecture"]
+    _refuse_new_classifier(timm_kwargs, name)
     return _build_timm(name, checkpoint, num_classes, timm_kwargs, preprocessing)
 
 
@@ -227,6 +233,15 @@ def set_preprocessing(module: nn.Module, preprocessing: dict[str, Any]) -> None:
     cfg = {**dict(getattr(module, "pretrained_cfg", None) or {}), **values}
     module.pretrained_cfg = cfg  # a new dict: timm's registry defaults stay as they are
     module.default_cfg = cfg  # timm's older alias
+
+
+def _refuse_new_classifier(kwargs: dict[str, Any], name: str) -> None:
+    """``new_classifier`` is a BERT loader keyword: refused (when True) for the other families."""
+    if kwargs.pop("new_classifier", False):
+        raise BackboneError(
+            f"new_classifier=True (--new-head) applies to BERT classifiers (hf:<folder>), not "
+            f"{name}; leave it out"
+        )
 
 
 #: ``family:`` prefixes of backbone names that are not timm ViTs.

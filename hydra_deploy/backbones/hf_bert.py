@@ -16,6 +16,13 @@ by ``attention_mask == 0`` and never changes the logits of the real tokens.
 
 Loading never downloads: ``hf:<folder>`` must be a local folder (``model.save_pretrained(folder)``
 or a hub snapshot already on disk).
+
+Class names: the checkpoint's ``config.id2label`` (``adapter.class_names``; None when it holds
+transformers' default ``LABEL_0, LABEL_1, ...``). The fused model and its export record them.
+
+The adapter leaves its settings (name, weights source, tokenizer folder, ``seq_len``) on the module
+(:data:`ADAPTER_SETTINGS`), so wrapping a copy of ``adapter.module`` again (a fine-tuned member,
+``load_backbone(copy.deepcopy(adapter.module))``) gives an adapter with the same settings.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from torch import nn
 from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
 from hydra_deploy.backbones.checkpoint import load_into, read_state_dict
 from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError
+from hydra_deploy.labels import class_names_from_id2label
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -47,7 +55,9 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
 )
 #: Keyword arguments ``load_bert`` / ``wrap_bert`` accept.
-LOAD_KWARGS = ("seq_len", "seed", "tokenizer_dir")
+LOAD_KWARGS = ("seq_len", "seed", "tokenizer_dir", "new_classifier")
+#: The module attribute where an adapter leaves its settings for the next wrap of (a copy of) it.
+ADAPTER_SETTINGS = "hydra_adapter_settings"
 
 TextInputs = Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
 
@@ -63,9 +73,12 @@ def load_bert(
 
     ``checkpoint``: optional weights (a ``.safetensors``/``.bin`` state dict or a folder) loaded
     over the folder's. ``num_classes``: the classifier's size; required when the folder holds a
-    bare encoder, and a different size than the folder's classifier gives a new random one.
+    bare encoder (which then gets a new, seeded random classifier). A folder holding a classifier
+    keeps it: a ``num_classes`` other than its size is refused unless ``new_classifier=True``,
+    which replaces it by a new random one of ``num_classes`` classes (its class names dropped).
     Keyword arguments: ``seq_len`` (the length ``macs()`` counts, default 128), ``seed`` (of a
-    new random classifier, default 0), ``tokenizer_dir`` (default: the folder, when it holds one).
+    new random classifier, default 0), ``tokenizer_dir`` (default: the folder, when it holds one),
+    ``new_classifier`` (default False).
     """
     _check_kwargs(kwargs)
     folder = Path(source).expanduser()
@@ -90,7 +103,9 @@ def load_bert(
             f"({type(err).__name__}: {str(err)[:200]}); pass a folder written by save_pretrained()"
         ) from err
     _check_model_type(config, str(folder))
-    module = _load_folder(folder, config, num_classes, kwargs.get("seed", 0))
+    module = _load_folder(
+        folder, config, num_classes, kwargs.get("seed", 0), bool(kwargs.get("new_classifier"))
+    )
     if checkpoint is not None:
         _load_checkpoint(module, checkpoint)
     tokenizer_dir = kwargs.get("tokenizer_dir")
@@ -112,7 +127,10 @@ def wrap_bert(
     """An adapter over a built transformers model (``BertForSequenceClassification`` or
     ``BertModel``; a ``BertModel`` needs ``num_classes`` and gets a seeded random classifier).
 
-    The module given is used as is (not copied) when it is already a classifier.
+    The module given is used as is (not copied) when it is already a classifier, unless
+    ``new_classifier=True`` (with ``num_classes``): then its encoder gets a new random classifier.
+    A module an adapter was made over (or a copy of it) keeps that adapter's name, weights source,
+    tokenizer folder and ``seq_len`` unless the keyword arguments say otherwise.
     """
     _check_kwargs(kwargs)
     from transformers import BertForSequenceClassification, BertModel
@@ -123,11 +141,18 @@ def wrap_bert(
             f"{type(module).__name__} has no transformers config; pass a BertForSequenceClassification"
         )
     _check_model_type(config, type(module).__name__)
-    if isinstance(module, BertForSequenceClassification):
+    new_classifier = bool(kwargs.get("new_classifier"))
+    if isinstance(module, BertForSequenceClassification) and new_classifier:
+        _need_num_classes(num_classes)
+        model = _classifier_from_encoder(
+            module.bert, num_classes, kwargs.get("seed", 0), keep_names=False
+        )
+    elif isinstance(module, BertForSequenceClassification):
         if num_classes is not None and num_classes != module.num_labels:
             raise BackboneError(
-                f"the model has {module.num_labels} classes, not num_classes={num_classes}; pass "
-                "its encoder (model.bert) with num_classes for a new classifier, or leave it None"
+                f"the model's classifier has {module.num_labels} classes, not "
+                f"num_classes={num_classes}; leave num_classes None to keep it, or pass "
+                "new_classifier=True for a new random classifier of num_classes classes"
             )
         model = module
     elif isinstance(module, BertModel):
@@ -137,17 +162,20 @@ def wrap_bert(
             f"{type(module).__name__} is not supported: the bert family takes "
             "BertForSequenceClassification, or a BertModel with num_classes"
         )
-    weights = "module"
+    # the settings of the adapter this module (or the module it was copied from) was wrapped in
+    settings = dict(getattr(module, ADAPTER_SETTINGS, None) or {}) if model is module else {}
+    weights = settings.get("weights", "module")
     if checkpoint is not None:
         _load_checkpoint(model, checkpoint)
         weights = str(checkpoint)
-    name = (
+    name = settings.get("name") or (
         getattr(config, "_name_or_path", "") or (config.architectures or [type(module).__name__])[0]
     )
+    tokenizer_dir = kwargs.get("tokenizer_dir", settings.get("tokenizer_dir"))
+    seq_len = kwargs.get("seq_len", settings.get("seq_len"))
     return HfBertAdapter(
-        model, name=name, weights=weights, tokenizer_dir=kwargs.get("tokenizer_dir"),
-        seq_len=kwargs.get("seq_len"),
-    )  # fmt: skip
+        model, name=name, weights=weights, tokenizer_dir=tokenizer_dir, seq_len=seq_len
+    )
 
 
 def _check_kwargs(kwargs: Mapping[str, Any]) -> None:
@@ -175,16 +203,35 @@ def _check_num_classes(num_classes: Any) -> int:
     return num_classes
 
 
-def _load_folder(folder: Path, config: Any, num_classes: int | None, seed: int) -> nn.Module:
+def _need_num_classes(num_classes: Any) -> None:
+    if num_classes is None:
+        raise BackboneError(
+            "new_classifier=True needs num_classes (the new classifier's size; CLI: --new-head "
+            "with --num-classes N)"
+        )
+
+
+def _load_folder(
+    folder: Path, config: Any, num_classes: int | None, seed: int, new_classifier: bool = False
+) -> nn.Module:
     """The folder's model as a classifier (its own, or a new one over its encoder)."""
     from transformers import BertForSequenceClassification, BertModel
 
+    if new_classifier:
+        _need_num_classes(num_classes)
     if num_classes is not None:
         _check_num_classes(num_classes)
     archs = getattr(config, "architectures", None) or []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in archs)
+    if is_classifier and not new_classifier and num_classes not in (None, config.num_labels):
+        raise BackboneError(
+            f"{str(folder)!r} holds a classifier of {config.num_labels} classes, not "
+            f"num_classes={num_classes}; leave num_classes out to keep the trained classifier, or "
+            "pass new_classifier=True (CLI: --new-head) to replace it by a new random one of "
+            f"{num_classes} classes"
+        )
     try:
-        if is_classifier and num_classes in (None, config.num_labels):
+        if is_classifier and not new_classifier:
             return BertForSequenceClassification.from_pretrained(
                 str(folder), local_files_only=True
             ).eval()
@@ -199,11 +246,17 @@ def _load_folder(folder: Path, config: Any, num_classes: int | None, seed: int) 
             f"{str(folder)!r} holds a {archs[0] if archs else 'BERT'} without a sequence classifier; "
             "pass num_classes to add a (random) classifier"
         )
-    return _classifier_from_encoder(encoder, num_classes, seed)
+    return _classifier_from_encoder(encoder, num_classes, seed, keep_names=not is_classifier)
 
 
-def _classifier_from_encoder(encoder: nn.Module, num_classes: int | None, seed: int) -> nn.Module:
-    """``BertForSequenceClassification`` holding ``encoder``'s weights and a seeded random head."""
+def _classifier_from_encoder(
+    encoder: nn.Module, num_classes: int | None, seed: int, keep_names: bool = True
+) -> nn.Module:
+    """``BertForSequenceClassification`` holding ``encoder``'s weights and a seeded random head.
+
+    ``keep_names``: keep the class names of the encoder's config (an encoder-only folder may name
+    its classes in ``id2label``); False when the encoder's classifier is being replaced.
+    """
     from transformers import BertForSequenceClassification
 
     if num_classes is None:
@@ -212,7 +265,10 @@ def _classifier_from_encoder(encoder: nn.Module, num_classes: int | None, seed: 
         )
     _check_num_classes(num_classes)
     config = type(encoder.config).from_dict(encoder.config.to_dict())
-    config.num_labels = num_classes
+    config.num_labels = num_classes  # keeps id2label only when it has num_classes entries
+    if not keep_names:  # the names of the classifier being replaced
+        config.id2label = {i: f"LABEL_{i}" for i in range(num_classes)}
+        config.label2id = {name: i for i, name in config.id2label.items()}
     config.architectures = ["BertForSequenceClassification"]
     model = BertForSequenceClassification(config)
     missing, _ = model.bert.load_state_dict(encoder.state_dict(), strict=False)
@@ -349,9 +405,15 @@ class HfBertAdapter(BackboneAdapter):
             )
         self.num_tokens = self.seq_len  # tokens per example that Taylor importance averages over
         self.tokenizer_dir = None if tokenizer_dir is None else str(tokenizer_dir)
+        #: class names by index from ``config.id2label`` (None: transformers' default LABEL_i)
+        self.class_names = class_names_from_id2label(config.id2label, self.num_classes)
         self.input_names: tuple[str, ...] = ("input_ids", "attention_mask")
         if self.type_vocab_size > 1:
             self.input_names += ("token_type_ids",)
+        # for the next wrap of this module or of a copy (fine-tuned members): see wrap_bert
+        setattr(model, ADAPTER_SETTINGS, {"name": self.name, "weights": self.weights,
+                                          "tokenizer_dir": self.tokenizer_dir,
+                                          "seq_len": self.seq_len})  # fmt: skip
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """What :func:`rebuild_bert` needs to rebuild this architecture (JSON-able)."""

@@ -34,6 +34,12 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         "--num-classes", type=int, help="classifier size (default: the checkpoint's, else timm's)"
     )
     model.add_argument(
+        "--new-head",
+        action="store_true",
+        help="BERT: replace the checkpoint's classifier by a new random one of --num-classes "
+        "classes (without it, a --num-classes other than the checkpoint's is refused)",
+    )
+    model.add_argument(
         "--model-arg",
         action="append",
         default=[],
@@ -329,9 +335,10 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
             "--crop-pct, --crop-mode) apply to timm ViT backbones"
         )
     extra = {"preprocessing": preprocessing} if preprocessing else {}
+    new_head = {"new_classifier": True} if args.new_head else {}
     backbone = load_backbone(
         args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot,
-        **model_args, **extra,
+        **model_args, **extra, **new_head,
     )  # fmt: skip
     spec = choose_spec(args, backbone)
     members = backbone

@@ -29,8 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
         "report.md (accuracy, NLL, Brier, ECE, AURC on the ID data; AUROC, AUPR and FPR95 per OOD "
         "set and score, OOD positive), reliability.png and hist_<score>.png. Data: a .npz with x "
         "(or the model's input names) and y (y is needed for --id only), a .npy array (OOD), an "
-        "image folder (--id: one sub-folder per class, labels are the sorted sub-folder names), or "
-        "for text models a .tsv (label<TAB>text, --id) or .txt (one text a line, OOD).",
+        "image folder (--id: one sub-folder per class, named after it), or for text models a .tsv "
+        "(label<TAB>text, --id; a label is a class name or index) or .txt (one text a line, OOD). "
+        "Class names map to the model's classes through the export's class_names (an unknown "
+        "name is refused); a model without class names takes the sorted names as its classes "
+        "only when there are as many as it has classes.",
         EXAMPLES,
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")

@@ -18,13 +18,15 @@ EXAMPLES = """\
   hydra-fuse --backbone vit_b16 --checkpoint vit_b16.safetensors --calib val.npz --ood ood.npz \\
              --importance circuit --keep-ratio 0.33 --save-spec spec.json
   hydra-fuse --backbone vit_b16 --checkpoint vit_b16.safetensors --spec spec.json
+  hydra-fuse --backbone hf:models/minilm-wordnet --calib train.tsv --heads-per-member 4 --json
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = common.parser(
         "hydra-fuse",
-        "Build a Hydra ensemble of a timm ViT: M members keeping different attention heads, fused "
+        "Build a Hydra ensemble of a Transformer classifier (timm ViT, Hugging Face BERT, "
+        "OpenCLIP): M members keeping different attention heads, fused "
         "into one network. Heads are drawn at random (seeded), chosen by importance on --calib "
         "data (Taylor or circuit), or read from a spec file; members can be fine-tuned. Prints "
         "the members' heads, parameters, MACs and a forward pass's shape.",
@@ -49,11 +51,14 @@ def main_body(args: argparse.Namespace) -> int:
     if args.save_spec is not None:
         common.refuse_existing(args.save_spec, args.overwrite)
     backbone, spec, members, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
-    x = backbone.example_inputs(args.batch, seed=args.seed)
+    # the fused model's own example inputs, in the order of its forward's arguments: one image
+    # tensor [batch, C, H, W], or text's input_ids, attention_mask[, token_type_ids] [batch, seq]
+    x = hydra.example_inputs(args.batch, seed=args.seed)
+    inputs = x if isinstance(x, tuple) else (x,)
     with torch.inference_mode():
-        hydra(x)  # warm-up: the first call pays for allocations and kernel selection
+        hydra(*inputs)  # warm-up: the first call pays for allocations and kernel selection
         start = time.perf_counter()
-        logits = hydra(x)
+        logits = hydra(*inputs)
         latency_ms = (time.perf_counter() - start) * 1e3
     if args.save_spec is not None:
         hydra.spec.to_json(args.save_spec)
@@ -71,7 +76,7 @@ def main_body(args: argparse.Namespace) -> int:
             "deep_ensemble": spec.num_members * single_params,
         },
         "macs_per_example": hydra.macs,
-        "input_shape": list(x.shape),
+        "input_shape": list(inputs[0].shape),  # text: [batch, seq] of each input
         "output_shape": list(logits.shape),
         "forward_ms": round(latency_ms, 2),
     }
@@ -100,7 +105,7 @@ def main_body(args: argparse.Namespace) -> int:
         common.print_table(rows, ("model", "params (M)", "x single", "GMACs/example", "x single"))
     )
     print()
-    print(f"forward: input {tuple(x.shape)} -> member_logits {tuple(logits.shape)} "
+    print(f"forward: input {tuple(inputs[0].shape)} -> member_logits {tuple(logits.shape)} "
           f"[batch, members, classes] in {latency_ms:.0f} ms (second call)")  # fmt: skip
     if args.save_spec is not None:
         print(f"spec written to {args.save_spec}")

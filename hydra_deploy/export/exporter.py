@@ -115,7 +115,7 @@ def export_onnx(
 
         save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
                   str(staging / "weights.safetensors"))  # fmt: skip
-        if class_names is None:  # zero-shot models know theirs
+        if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
             class_names = getattr(hydra, "class_names", None)
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
         tokenizer = _copy_tokenizer(hydra, staging)

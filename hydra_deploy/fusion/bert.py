@@ -167,6 +167,7 @@ class HydraBert(HydraModel):
         self.dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in self.input_names}
         self.preprocessing = None
         self.tokenizer_dir = first_adapter.tokenizer_dir
+        self.class_names = first_adapter.class_names  # config.id2label (None: LABEL_i defaults)
         self.backbone_config = first.config.to_dict()
         self.backbone_kwargs = first_adapter.backbone_kwargs()  # rebuild_bert(backbone_kwargs)
         self.max_position = first_adapter.max_position

@@ -1,7 +1,9 @@
 """The data a user has, as one labelled-examples type for importance, selection and fine-tuning.
 
 ``load_data`` accepts: a ``LabelledData`` (returned as is), an image folder (one sub-folder per
-class, torchvision ``ImageFolder`` layout, preprocessed with the backbone's timm eval transform), a
+class, torchvision ``ImageFolder`` layout, preprocessed with the backbone's timm eval transform;
+the sorted sub-folder names are classes ``0, 1, ...``, unless the backbone names its classes, as
+an OpenCLIP zero-shot classifier does: then each sub-folder is the class of its name), a
 ``.npz`` file with ``x``/``y``, an ``(x, y)`` pair of arrays/tensors, a map-style torch ``Dataset`` of ``(input, label)`` items, a
 ``DataLoader`` (its dataset is used when it is map-style), or any iterable of ``(inputs, labels)``
 batches (read once into memory). Inputs are checked against the backbone (shape) and labels against
@@ -25,11 +27,13 @@ Text data can be:
   ``label<TAB>text<TAB>second text`` for sentence pairs, on every line), blank lines skipped,
   tokenized with ``AutoTokenizer.from_pretrained(backbone.tokenizer_dir)``, truncated to
   ``backbone.seq_len`` tokens and padded to the longest line of the file. A label is a class index
-  (``0``..``C-1``) or a class name. Class names map to indices through the model's
-  ``config.id2label`` when the checkpoint names its classes (anything but the default
-  ``LABEL_<i>``); otherwise the distinct names in sorted order are classes ``0, 1, ...`` (as an
-  image folder's sorted sub-folders are) and ``LabelledData.classes`` lists them. One file uses
-  either indices or names on every line.
+  (``0``..``C-1``) or a class name, mapped by the rule ``hydra-eval`` uses too
+  (:func:`hydra_deploy.labels.label_indices`): names are looked up among the model's class names
+  (``backbone.class_names``: a BERT checkpoint's ``config.id2label``; a name that is not one of
+  them, a header line for instance, is refused); a model without names takes the distinct names
+  in sorted order as classes ``0, 1, ...`` (warned) only when there are exactly as many as it has
+  classes, and refuses them otherwise. ``LabelledData.classes`` lists the names by index. One file
+  uses either indices or names on every line.
 
 :func:`load_inputs` reads inputs alone (labels ignored or absent; OOD sets): the same formats, plus
 arrays/dicts/tensors without labels and, for text, a ``.txt`` file with one text per line.
@@ -49,6 +53,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from hydra_deploy.errors import DataError
+from hydra_deploy.labels import label_indices
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -508,28 +513,6 @@ def _text_from_loader(loader: DataLoader, name: str, max_examples: int | None) -
     return _from_batches(loader, name, max_examples, text=True)
 
 
-def _class_order(backbone: Any, names: list[str], source: str, name: str) -> list[str]:
-    """Class names by index for a text file's named labels (see the module docstring)."""
-    config = getattr(backbone, "config", None)
-    id2label = dict(getattr(config, "id2label", None) or {})
-    default = all(str(v) == f"LABEL_{int(k)}" for k, v in id2label.items())
-    if id2label and not default:
-        order = [str(id2label[i]) for i in sorted(id2label, key=int)]
-        unknown = sorted(set(names) - set(order))
-        if unknown:
-            raise DataError(
-                f"{name}: {source} has labels {unknown[:8]} that are not the model's class names "
-                f"({', '.join(order[:8])}{', ...' if len(order) > 8 else ''}; config.id2label)"
-            )
-        return order
-    order = sorted(set(names))
-    logger.info(
-        "%s: class names of %s in sorted order are classes 0..%d: %s",
-        name, source, len(order) - 1, ", ".join(order[:10]),
-    )  # fmt: skip
-    return order
-
-
 def _load_tokenizer(backbone: Any, name: str, source: str) -> Any:
     tokenizer_dir = getattr(backbone, "tokenizer_dir", None)
     if tokenizer_dir is None:
@@ -570,7 +553,7 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{name}: cannot read {source}: {err}") from err
-    labels, texts, pairs = [], [], []
+    labels, texts, pairs, numbers = [], [], [], []
     tabbed = path.suffix.lower() == ".tsv"
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -580,6 +563,7 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
             raise DataError(
                 f"{name}: {source} line {number} has no tab; write label<TAB>text on each line"
             )
+        numbers.append(number)
         labels.append(fields[0].strip())
         texts.append(fields[1])
         pairs.append(fields[2] if len(fields) > 2 else None)
@@ -605,23 +589,13 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
     classes = None
     if not labelled:
         y = torch.zeros(len(texts), dtype=torch.long)
-    elif all(_is_int_string(label) for label in labels):
-        y = torch.tensor([int(label) for label in labels], dtype=torch.long)
-    elif any(_is_int_string(label) for label in labels):
-        first = next(label for label in labels if _is_int_string(label))
-        raise DataError(
-            f"{name}: {source} mixes class indices (e.g. {first!r}) and class names; use one on "
-            "every line"
-        )
     else:
-        classes = _class_order(backbone, labels, source, name)
-        index = {cls: i for i, cls in enumerate(classes)}
-        y = torch.tensor([index[label] for label in labels], dtype=torch.long)
+        indices, classes = label_indices(
+            labels, getattr(backbone, "class_names", None), getattr(backbone, "num_classes", None),
+            source=f"{name}: {source}", where=[f"line {n}" for n in numbers], error=DataError,
+        )  # fmt: skip
+        y = torch.tensor(indices, dtype=torch.long)
     return LabelledData(TensorDataset(x, y), name, classes)
-
-
-def _is_int_string(value: str) -> bool:
-    return value.lstrip("+-").isdigit()
 
 
 def _check_text(x: torch.Tensor, backbone: Any, name: str) -> None:
@@ -749,7 +723,19 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
         ) from err
     except OSError as err:
         raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err
-    return LabelledData(dataset, name, list(dataset.classes))
+    known = getattr(backbone, "class_names", None)
+    if not known:  # torchvision's rule: the sorted sub-folder names are classes 0, 1, ...
+        return LabelledData(dataset, name, list(dataset.classes))
+    # a model that names its classes (OpenCLIP zero-shot): sub-folders are those names
+    indices, _ = label_indices(
+        dataset.classes, known, len(known), source=f"{name}: {path}",
+        where=[f"sub-folder {c!r}" for c in dataset.classes], index_labels=False, error=DataError,
+    )  # fmt: skip
+    dataset.class_to_idx = dict(zip(dataset.classes, indices, strict=True))
+    dataset.samples = [(file, indices[target]) for file, target in dataset.samples]
+    dataset.imgs = dataset.samples
+    dataset.targets = [target for _, target in dataset.samples]
+    return LabelledData(dataset, name, list(known))
 
 
 def _from_batches(

@@ -17,11 +17,16 @@ Data (ID must be labelled, OOD sets need no labels):
 
 - a ``.npz`` with ``x`` (or the model's input name, or ``input_ids``/``attention_mask`` for text
   models) and, for ID, ``y``; a ``.npy`` array (OOD only);
-- an image folder: for ID, one sub-folder per class, the labels being the sorted sub-folder names
-  (mapped to the export's class names when they all appear there, else by sorted position); for
-  OOD, every image under the folder; images are preprocessed from the export's ``hydra.json``;
+- an image folder: for ID, one sub-folder per class, named after its class; for OOD, every image
+  under the folder; images are preprocessed from the export's ``hydra.json``;
 - text models: a ``.tsv`` (``label<TAB>text`` per line) for ID, a ``.txt`` (one text a line) for OOD;
 - in memory: an array (OOD), a dict of arrays, or a tuple ``(x, y)``.
+
+Class names (``.tsv`` labels, class sub-folders) become indices by the rule fine-tuning uses too,
+:func:`hydra_deploy.labels.label_indices`: through the model's ``class_names`` (hydra.json; a BERT
+export records its checkpoint's ``id2label``), a name that is not one of them refused; a model
+without class names takes the sorted names as classes ``0, 1, ...`` (warned) only when there are
+as many as it has classes. A ``.tsv`` may give class indices instead (folders: names only).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.labels import label_indices
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
     _check_bins,
@@ -151,6 +157,21 @@ def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalDat
     return EvalData(name, source, "array", count, array=x, labels=labels)
 
 
+def _num_classes(runner: Any) -> int | None:
+    """The model's class count: its class names', a PyTorch model's, or its output's last axis."""
+    names = getattr(runner, "class_names", None)
+    if names:
+        return len(names)
+    count = getattr(getattr(runner, "model", None), "num_classes", None)
+    if isinstance(count, int):
+        return count
+    for output in getattr(runner, "outputs", None) or ():
+        if getattr(output, "name", None) == "member_logits" and len(output.shape) == 3:
+            classes = output.shape[2]
+            return classes if isinstance(classes, int) and classes > 0 else None
+    return None
+
+
 def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
     from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
 
@@ -161,9 +182,12 @@ def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalDat
                 f"{name}: the image folder {str(path)!r} has no class sub-folders; labelled "
                 "images are one sub-folder per class"
             )
-        known = getattr(runner, "class_names", None) or []
-        index = ({c: known.index(c) for c in classes} if set(classes) <= set(known)
-                 else {c: i for i, c in enumerate(classes)})  # fmt: skip
+        indices, _ = label_indices(
+            classes, getattr(runner, "class_names", None), _num_classes(runner),
+            source=f"{name}: {path}", where=[f"sub-folder {c!r}" for c in classes],
+            index_labels=False, error=DataError,
+        )  # fmt: skip
+        index = dict(zip(classes, indices, strict=True))
         images: list[Path] = []
         labels: list[int] = []
         for cls in classes:
@@ -192,24 +216,25 @@ def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
                 f"{name}: {path} holds no labels; labelled text is a .tsv file (label<TAB>text)"
             )
         return EvalData(name, str(path), "text", len(lines), texts=lines)
+    # the file's own line numbers of the non-empty lines read_lines kept, for messages
+    numbers = [n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+               if line.strip()]  # fmt: skip
     pairs = []
-    for number, line in enumerate(lines, start=1):
+    for number, line in zip(numbers, lines, strict=True):
         label, tab, text = line.partition("\t")
         if not tab:
             raise HydraError(f"{name}: {path}:{number} is not label<TAB>text")
         pairs.append((label.strip(), text))
-    names = [p[0] for p in pairs]
-    known = getattr(runner, "class_names", None) or []
-    if set(names) <= set(known):
-        labels = [known.index(n) for n in names]
-    elif all(n.lstrip("-").isdigit() for n in names):
-        labels = [int(n) for n in names]
-    else:
-        order = sorted(set(names))
-        labels = [order.index(n) for n in names]
-    data = EvalData(name, str(path), "text", len(pairs), texts=[p[1] for p in pairs],
-                    labels=np.asarray(labels, np.int64))  # fmt: skip
-    return data if labelled else EvalData(name, str(path), "text", len(pairs), texts=data.texts)
+    texts = [p[1] for p in pairs]
+    if not labelled:  # an OOD .tsv: its labels may be anything
+        return EvalData(name, str(path), "text", len(pairs), texts=texts)
+    labels, classes = label_indices(
+        [p[0] for p in pairs], getattr(runner, "class_names", None), _num_classes(runner),
+        source=f"{name}: {path}", where=[f"line {n}" for n in numbers],
+        error=DataError,
+    )  # fmt: skip
+    return EvalData(name, str(path), "text", len(pairs), texts=texts,
+                    labels=np.asarray(labels, np.int64), class_names=classes)  # fmt: skip
 
 
 def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> EvalData:
@@ -339,6 +364,7 @@ class TorchRunner:
             )
         self.model = model.eval()
         self.family = getattr(model, "family", None)
+        self.class_names = getattr(model, "class_names", None)  # labels map through them
         text = self.family == "bert"
         self.input_names = ("input_ids", "attention_mask", "token_type_ids") if text else ()
         self.preprocessing = getattr(model, "preprocessing", None)  # image folders, as exported
