@@ -652,3 +652,28 @@ def test_num_classes_other_than_the_checkpoints_needs_new_classifier(tmp_path):
 
     with pytest.raises(BackboneError, match=r"new_classifier=True .* applies to BERT"):
         load_backbone(tiny_vit("token").module, new_classifier=True)
+
+
+def test_loading_a_folder_prints_no_progress_bar_or_load_report(tmp_path, capsys, caplog):
+    """transformers' "Loading weights" bar and its LOAD REPORT table become one line a user can
+    act on (issue 17, finding 9): here the checkpoint lacks the classifier's bias."""
+    import logging
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "classifier"
+    tiny_bert("segments").module.save_pretrained(folder)
+    state = load_file(folder / "model.safetensors")
+    del state["classifier.bias"]
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.INFO, logger="hydra_deploy"):
+        adapter = load_backbone(f"hf:{folder}")
+    captured = capsys.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert "LOAD REPORT" not in captured.err + captured.out + caplog.text
+    lines = [r.getMessage() for r in caplog.records if "stay random" in r.getMessage()]
+    assert len(lines) == 1 and "1 weights" in lines[0] and "classifier.bias" in lines[0]
+    assert adapter.num_classes == 5
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()  # restored for the user's own code

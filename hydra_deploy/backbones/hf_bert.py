@@ -232,10 +232,8 @@ def _load_folder(
         )
     try:
         if is_classifier and not new_classifier:
-            return BertForSequenceClassification.from_pretrained(
-                str(folder), local_files_only=True
-            ).eval()
-        encoder = BertModel.from_pretrained(str(folder), local_files_only=True)
+            return _from_pretrained(BertForSequenceClassification, folder).eval()
+        encoder = _from_pretrained(BertModel, folder)
     except (OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(
             f"cannot load the weights of {str(folder)!r} ({type(err).__name__}: {str(err)[:300]}); "
@@ -247,6 +245,35 @@ def _load_folder(
             "pass num_classes to add a (random) classifier"
         )
     return _classifier_from_encoder(encoder, num_classes, seed, keep_names=not is_classifier)
+
+
+def _from_pretrained(cls: Any, folder: Path) -> nn.Module:
+    """``cls.from_pretrained(folder)`` without transformers' "Loading weights" progress bar and its
+    load-report table: weights the checkpoint lacks (left random) are one warning line, weights
+    it holds beyond the model one info line."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = cls.from_pretrained(str(folder), local_files_only=True,
+                                          output_loading_info=True)  # fmt: skip
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if missing:
+        logger.warning("%s: %d weights are not in the checkpoint and stay random (%s%s)",
+                       folder, len(missing), ", ".join(missing[:4]),
+                       ", ..." if len(missing) > 4 else "")  # fmt: skip
+    if unexpected:
+        logger.info("%s: %d checkpoint weights are not used by %s (%s%s)", folder,
+                    len(unexpected), cls.__name__, ", ".join(unexpected[:4]),
+                    ", ..." if len(unexpected) > 4 else "")  # fmt: skip
+    return model
 
 
 def _classifier_from_encoder(
