@@ -321,3 +321,24 @@ def test_num_classes_other_than_a_bert_checkpoints_needs_new_head(bert_folder):
     assert code == 1 and "needs num_classes" in err and "--num-classes" in err
     code, _, err = invoke("--backbone", BACKBONE, "--num-classes", "3", "--new-head")
     assert code == 1 and "applies to BERT classifiers" in err
+
+
+def test_shared_parts_and_warmup_from_the_cli(npz_data):
+    """--shared-parts frozen keeps one copy of the embeddings and classifier (issue 17, finding
+    11) and the parameters line says what is per member; --warmup-steps reaches fine-tuning."""
+    code, out, err = invoke("--backbone", BACKBONE, "--finetune", str(npz_data), "--members", "2",
+                            "--heads-per-member", "1", "--finetune-steps", "2",
+                            "--finetune-batch-size", "2", "--warmup-steps", "1",
+                            "--shared-parts", "frozen", "--batch", "1", "--json")  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["merge"]["embeddings"] == report["merge"]["classifier"] == "shared"
+    assert {e["shared_parts"] for e in report["finetune"]} == {"frozen"}
+    code, out, err = invoke("--backbone", BACKBONE, "--finetune", str(npz_data), "--members", "2",
+                            "--heads-per-member", "1", "--finetune-steps", "2",
+                            "--finetune-batch-size", "2", "--batch", "1")  # fmt: skip
+    assert code == 0, err
+    assert "x the single model's" in out and "per member: embeddings" in out
+    for flag in (("--warmup-steps", "1"), ("--shared-parts", "averaged")):
+        code, _, err = invoke("--backbone", BACKBONE, *flag)
+        assert code == 1 and "need --finetune DATA" in err

@@ -132,6 +132,10 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     tune.add_argument("--epochs", type=float, default=1.0, help="fine-tuning epochs (default 1)")
     tune.add_argument("--finetune-steps", type=int, help="stop each member after this many steps")
     tune.add_argument("--lr", type=float, default=1e-4, help="fine-tuning learning rate")
+    tune.add_argument(
+        "--warmup-steps", type=int, default=0,
+        help="linear learning-rate warm-up steps before the cosine decay (default 0)",
+    )  # fmt: skip
     tune.add_argument("--finetune-batch-size", type=int, default=32)
     tune.add_argument(
         "--finetune-dir", type=Path, help="save members here and resume from them on a later run"
@@ -349,8 +353,12 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
             backbone, spec, args.finetune, epochs=args.epochs, lr=args.lr,
             batch_size=args.finetune_batch_size, max_steps=args.finetune_steps, seed=args.seed,
             save_dir=args.finetune_dir, progress=progress, shared_parts=args.shared_parts,
+            warmup_steps=args.warmup_steps,
         )  # fmt: skip
-    elif args.finetune_steps or args.finetune_dir or args.shared_parts != "per-member":
-        raise HydraError("--finetune-steps, --finetune-dir and --shared-parts need --finetune DATA")
+    elif (args.finetune_steps or args.finetune_dir or args.warmup_steps
+          or args.shared_parts != "per-member"):  # fmt: skip
+        raise HydraError(
+            "--finetune-steps, --finetune-dir, --warmup-steps and --shared-parts need --finetune DATA"
+        )
     hydra = fuse(members, spec, args.mlp_merge, lowering=args.lowering)
     return backbone, hydra.spec, members, hydra  # the spec as fused (its mlp_merge)
