@@ -198,7 +198,10 @@ def test_resume_loads_identical_members_quickly(tuned, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == names  # nothing new, no temporary files
 
 
-def test_changed_settings_retrain_with_a_warning(tuned, tmp_path, caplog, capsys):
+def test_changed_settings_retrain_with_a_warning(tuned, tmp_path, caplog, capsys, monkeypatch):
+    from hydra_deploy.pruning import finetune as finetune_module
+
+    monkeypatch.setattr(finetune_module, "_is_terminal", lambda: True)  # bars on a terminal only
     backbone, spec, train = tuned["backbone"], tuned["spec"], tuned["train"]
     folder = tmp_path / "run"
     shutil.copytree(tuned["save_dir"], folder)
