@@ -342,3 +342,72 @@ def test_shared_parts_and_warmup_from_the_cli(npz_data):
     for flag in (("--warmup-steps", "1"), ("--shared-parts", "averaged")):
         code, _, err = invoke("--backbone", BACKBONE, *flag)
         assert code == 1 and "need --finetune DATA" in err
+
+
+# --- a user's deep ensemble fused into one network (issue 19, item 6) --------------------------
+TINY_ARGS = ("--backbone", "vit_tiny_patch16_224", "--model-arg", "img_size=16", "--model-arg",
+             "patch_size=4", "--model-arg", "embed_dim=32", "--model-arg", "depth=2",
+             "--model-arg", "num_heads=4")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ensemble_checkpoints(tmp_path_factory) -> list[Path]:
+    """Three independently initialised tiny ViTs (3 classes) and one with 4 classes."""
+    import timm
+    import torch
+    from conftest import scramble
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("ensemble")
+    paths = []
+    for seed, classes in ((0, 3), (1, 3), (2, 3), (3, 4)):
+        torch.manual_seed(seed)
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16,
+                                  patch_size=4, embed_dim=32, depth=2, num_heads=4,
+                                  num_classes=classes)  # fmt: skip
+        path = folder / f"member{seed}.safetensors"
+        save_file({k: v.contiguous() for k, v in scramble(model, seed).state_dict().items()}, path)
+        paths.append(path)
+    return paths
+
+
+def test_several_checkpoints_fuse_as_members(ensemble_checkpoints):
+    import torch
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.cli import build
+    from hydra_deploy.cli.fuse import build_parser
+
+    three = [str(p) for p in ensemble_checkpoints[:3]]
+    args = build_parser().parse_args([*TINY_ARGS, "--checkpoint", *three, "--heads-per-member", "2"])
+    _, spec, _, hydra = build.build_hydra(args, progress=False)
+    assert spec.num_members == 3 and spec.mlp_merge == "grouped"
+    assert spec.meta["checkpoints"] == three
+    assert hydra.merge["embeddings"] == "per-member" and hydra.merge["classifier"] == "per-member"
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fused = hydra(x)
+        for m, path in enumerate(three):  # member m is checkpoint m with its own heads kept
+            alone = load_backbone(args.backbone, checkpoint=path, img_size=16, patch_size=4,
+                                  embed_dim=32, depth=2, num_heads=4)  # fmt: skip
+            torch.testing.assert_close(fused[:, m], alone(x, spec.head_mask(m)), atol=1e-5,
+                                       rtol=1e-5)  # fmt: skip
+    code, out, err = invoke(*TINY_ARGS, "--checkpoint", *three, "--batch", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["output_shape"] == [2, 3, 3]
+
+
+def test_several_checkpoints_bad_combinations(ensemble_checkpoints):
+    three = [str(p) for p in ensemble_checkpoints[:3]]
+    cases = [
+        (("--members", "2"), "--members 2 disagrees with the 3 checkpoints"),
+        (("--mlp-merge", "average"), "use --mlp-merge grouped"),
+        (("--spec", "spec.json"), "--spec with several --checkpoint files"),
+    ]
+    for extra, message in cases:
+        code, out, err = invoke(*TINY_ARGS, "--checkpoint", *three, *extra)
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert code == 1 and out == "" and len(errors) == 1 and message in errors[0], (extra, err)
+    mixed = [three[0], str(ensemble_checkpoints[3])]  # 3 classes and 4 classes
+    code, _, err = invoke(*TINY_ARGS, "--checkpoint", *mixed)
+    assert code == 1 and "is not the architecture of" in err and "num_classes 4 (vs 3)" in err

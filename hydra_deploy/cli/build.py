@@ -27,8 +27,11 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     )
     model.add_argument(
         "--checkpoint",
-        help="local .safetensors/.pth file or folder; 'hub' "
-        "downloads (needs network); omitted: random weights",
+        nargs="+",
+        metavar="FILE",
+        help="local .safetensors/.pth file or folder; 'hub' downloads (needs network); omitted: "
+        "random weights. Several checkpoints of one architecture (a deep ensemble): one member "
+        "each, heads chosen per member, fused into one network with per-member MLPs",
     )
     model.add_argument(
         "--num-classes", type=int, help="classifier size (default: the checkpoint's, else timm's)"
@@ -65,7 +68,10 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     members.add_argument(
         "--spec", type=Path, help="HydraSpec JSON file (instead of choosing heads)"
     )
-    members.add_argument("--members", "-m", type=int, default=3, help="M (default 3)")
+    members.add_argument(
+        "--members", "-m", type=int, default=None,
+        help="M (default 3; with several --checkpoint files, one member per checkpoint)",
+    )  # fmt: skip
     members.add_argument(
         "--heads-per-member",
         "-k",
@@ -249,6 +255,27 @@ def parse_model_args(pairs: list[str]) -> dict[str, Any]:
     return kwargs
 
 
+def resolve_members(args: argparse.Namespace) -> int:
+    """``args.members`` filled in: the number of checkpoints when several are given (a differing
+    ``--members`` is refused), else 3 by default."""
+    checkpoints = args.checkpoint or []
+    if len(checkpoints) > 1:
+        if args.members is not None and args.members != len(checkpoints):
+            raise HydraError(
+                f"--members {args.members} disagrees with the {len(checkpoints)} checkpoints given "
+                "(one member per checkpoint); leave --members out or give as many checkpoints"
+            )
+        if args.spec is not None:
+            raise HydraError(
+                "--spec with several --checkpoint files is not supported: the heads are chosen "
+                "per checkpoint (--calib, --importance, --heads-per-member)"
+            )
+        args.members = len(checkpoints)
+    elif args.members is None:
+        args.members = 3
+    return args.members
+
+
 def choose_spec(args: argparse.Namespace, backbone: Any):
     """The HydraSpec the arguments ask for: read, drawn at random, or selected on data."""
     import logging
@@ -340,10 +367,12 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
         )
     extra = {"preprocessing": preprocessing} if preprocessing else {}
     new_head = {"new_classifier": True} if args.new_head else {}
-    backbone = load_backbone(
-        args.backbone, checkpoint=args.checkpoint, num_classes=args.num_classes, **zero_shot,
-        **model_args, **extra, **new_head,
-    )  # fmt: skip
+    resolve_members(args)
+    load_kwargs = dict(num_classes=args.num_classes, **zero_shot, **model_args, **extra, **new_head)
+    checkpoints = args.checkpoint or [None]
+    if len(checkpoints) > 1:
+        return _build_from_checkpoints(args, checkpoints, load_kwargs, progress)
+    backbone = load_backbone(args.backbone, checkpoint=checkpoints[0], **load_kwargs)
     spec = choose_spec(args, backbone)
     members = backbone
     if args.finetune:
@@ -362,3 +391,78 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
         )
     hydra = fuse(members, spec, args.mlp_merge, lowering=args.lowering)
     return backbone, hydra.spec, members, hydra  # the spec as fused (its mlp_merge)
+
+
+def _build_from_checkpoints(args: argparse.Namespace, checkpoints: list, load_kwargs: dict,
+                            progress: bool):  # fmt: skip
+    """A deep ensemble fused into one network: one member per checkpoint, heads chosen on each
+    checkpoint's own model (``choose_spec`` with one member, seed ``seed + m``), fine-tuned on
+    its own when asked, fused with per-member MLPs."""
+    import copy
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.fusion import fuse
+    from hydra_deploy.pruning.finetune import FinetunedMembers
+    from hydra_deploy.specs import HydraSpec
+
+    if args.mlp_merge == "average":
+        raise HydraError(
+            "--mlp-merge average with several --checkpoint files would average the MLPs of "
+            "independently trained models, whose hidden units do not correspond; use --mlp-merge "
+            "grouped (the default for several checkpoints)"
+        )
+    backbones = [load_backbone(args.backbone, checkpoint=c, **load_kwargs) for c in checkpoints]
+    first = backbones[0]
+    for checkpoint, other in zip(checkpoints[1:], backbones[1:], strict=True):
+        fields = ("family", "num_layers", "num_heads", "head_dim", "embed_dim", "num_classes")
+        wrong = [f"{k} {getattr(other, k)} (vs {getattr(first, k)})" for k in fields
+                 if getattr(other, k) != getattr(first, k)]  # fmt: skip
+        own = {k: tuple(v.shape) for k, v in first.module.state_dict().items()}
+        theirs = {k: tuple(v.shape) for k, v in other.module.state_dict().items()}
+        if not wrong and own != theirs:
+            wrong = ["other weight shapes"]
+        if wrong:
+            raise HydraError(
+                f"--checkpoint {checkpoint} is not the architecture of {checkpoints[0]}: "
+                f"{', '.join(wrong)}; every checkpoint of a fused deep ensemble must be the same "
+                "--backbone with the same classes"
+            )
+    k = args.heads_per_member
+    if k is None and args.keep_ratio is None:
+        k = max(1, first.num_heads // len(checkpoints))
+    heads, members, history = [], [], []
+    for m, backbone in enumerate(backbones):
+        one = copy.copy(args)
+        one.members, one.heads_per_member, one.seed = 1, k, args.seed + m
+        one.checkpoint = [checkpoints[m]]
+        own_spec = choose_spec(one, backbone)
+        heads.append(own_spec.members[0])
+        member = backbone
+        if args.finetune:
+            from hydra_deploy.pruning import finetune_members
+
+            tuned = finetune_members(
+                backbone, own_spec, args.finetune, epochs=args.epochs, lr=args.lr,
+                batch_size=args.finetune_batch_size, max_steps=args.finetune_steps,
+                seed=args.seed + m, progress=progress, shared_parts="per-member",
+                warmup_steps=args.warmup_steps,
+                save_dir=None if args.finetune_dir is None else args.finetune_dir / f"checkpoint{m}",
+            )  # fmt: skip
+            member = tuned[0]
+            history.append({**tuned.history[0], "member": m, "checkpoint": str(checkpoints[m])})
+        members.append(member)
+    if not args.finetune and (args.finetune_steps or args.finetune_dir or args.warmup_steps):
+        raise HydraError("--finetune-steps, --finetune-dir and --warmup-steps need --finetune DATA")
+    if args.shared_parts != "per-member":
+        raise HydraError(
+            "--shared-parts applies to members fine-tuned from one checkpoint; independently "
+            "trained checkpoints have their own embeddings and classifiers"
+        )
+    spec = HydraSpec(
+        first.name, first.num_layers, first.num_heads, first.head_dim, heads,
+        mlp_merge="grouped", importance=args.importance or ("taylor" if args.calib else "random"),
+        seed=args.seed, meta={"checkpoints": [str(c) for c in checkpoints]},
+    )  # fmt: skip
+    hydra = fuse(members, spec, "grouped", lowering=args.lowering)
+    tuned_members = FinetunedMembers([getattr(m, "module", m) for m in members], history)
+    return first, hydra.spec, tuned_members if args.finetune else first, hydra

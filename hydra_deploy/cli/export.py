@@ -140,7 +140,7 @@ def main_body(args: argparse.Namespace) -> int:
     if args.out is None:
         if args.from_dir is not None:
             raise HydraError("--from needs --out (a new folder for the re-export)")
-        args.out = Path("export") / f"{default_name(args.backbone)}-m{args.members}"
+        args.out = Path("export") / f"{default_name(args.backbone)}-m{build.resolve_members(args)}"
     common.refuse_existing(args.out, args.overwrite)
     triton.check_unused(args)
     if args.triton is not None:
