@@ -58,6 +58,7 @@ class Variant:
 
     name: str
     method: str = "taylor"  # "taylor" or "circuit-ood" (circuit, OOD objective, no fine-tuning)
+    conditioning: str = "member"  # circuit: "member" or "headmap"
     heads: int = 2  # heads per member per layer
     member_heads: tuple[int, ...] | None = None  # per-member counts instead of ``heads``
     temperature: float = 0.5
@@ -99,6 +100,12 @@ def variants(num_heads: int, finetune_steps: int) -> list[Variant]:
         ),
         replace(base, name=f"k = {half}, grouped MLP", heads=half, mlp_merge="grouped"),
         replace(base, name="circuit, OOD objective", method="circuit-ood"),
+        replace(
+            base,
+            name="circuit, OOD objective, HeadMap conditioning",
+            method="circuit-ood",
+            conditioning="headmap",
+        ),
         replace(base, name=f"circuit, OOD objective, k = {half}", method="circuit-ood", heads=half),
     ]
 
@@ -273,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 temperature=v.temperature,
                 resample=v.resample,
                 max_examples=r.circuit_examples,
+                conditioning=v.conditioning,
                 **heads,
             )
             model = fuse(single_model, spec, mlp_merge="average").eval()

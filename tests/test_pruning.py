@@ -317,3 +317,37 @@ def test_members_can_keep_different_head_counts(digits_vit, method):
         select_members(backbone, 2, member_heads=[1, 2], heads_per_member=2, data=val)
     with pytest.raises(SpecError, match="allows only 1 distinct"):  # two members keeping all 4
         select_members(backbone, 3, member_heads=[4, 2, 4], method=method, data=val)
+
+
+def test_headmap_conditioning_masks_the_circuit_found_so_far(digits_vit):
+    """HeadMap's search (Wang et al. 2025): layer l's heads are scored with the circuit heads of
+    earlier layers masked and every other head on, checked here against plain forward passes."""
+    backbone, _, val = digits_vit
+    x, y = val.dataset.tensors
+    x, y = x[:64], y[:64]
+    data = load_data((x, y), backbone)
+
+    def loss(mask):
+        with torch.no_grad():
+            return float(F.cross_entropy(backbone(x, mask), y))
+
+    scores, kept = circuit_search(backbone, data, keep=2, conditioning="headmap", max_examples=None)
+    L, H = backbone.num_layers, backbone.num_heads
+    condition = np.ones((L, H), np.float32)
+    for layer in range(L):
+        base = loss(condition)
+        for head in range(H):
+            trial = condition.copy()
+            trial[layer, head] = 0.0
+            assert scores[layer, head] == pytest.approx(loss(trial) - base, abs=1e-5)
+        circuit = np.argsort(-scores[layer])[:2]
+        assert set(np.flatnonzero(kept[layer])) == set(circuit)  # the circuit heads are kept
+        condition[layer, circuit] = 0.0
+    member, _ = circuit_search(backbone, data, keep=2, max_examples=None)
+    np.testing.assert_allclose(member[0], scores[0], atol=1e-6)  # layer 0: nothing to condition on
+    assert not np.allclose(member[1:], scores[1:])
+    spec = select_members(backbone, 2, heads_per_member=2, method="circuit", data=(x, y),
+                          conditioning="headmap", seed=0)  # fmt: skip
+    assert spec.meta["selection"]["conditioning"] == "headmap"
+    with pytest.raises(HydraError, match="unknown circuit conditioning"):
+        circuit_search(backbone, data, keep=2, conditioning="circuit")

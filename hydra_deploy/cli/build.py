@@ -106,6 +106,13 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         help="circuit objective (default: ood with --ood, else loss)",
     )
     members.add_argument(
+        "--conditioning",
+        choices=("member", "headmap"),
+        default="member",
+        help="circuit: score each layer with the heads pruned so far masked (member, default) or "
+        "with the circuit heads found so far masked (headmap: HeadMap's own search)",
+    )
+    members.add_argument(
         "--temperature",
         type=float,
         default=0.5,
@@ -337,6 +344,7 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
         backbone, args.members, heads_per_member=k, keep_ratio=args.keep_ratio,
         method=importance, data=args.calib, ood_data=args.ood, seed=args.seed,
         objective=args.objective, temperature=args.temperature, max_examples=args.max_examples,
+        conditioning=args.conditioning,
     )  # fmt: skip
 
 

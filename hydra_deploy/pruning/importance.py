@@ -156,12 +156,21 @@ def circuit_search(
     batch_size: int = 32,
     max_examples: int | None = 512,
     confident_fraction: float = 1.0,
+    conditioning: str = "member",
 ) -> tuple[np.ndarray, np.ndarray]:
     """The greedy layer-by-layer pass. Returns (scores [L, H], kept mask [L, H]).
 
     ``ensemble_masks``: head masks of the members already chosen; with ``objective="ood"`` the
-    objective is that of the ensemble under construction (those members plus this one); ``chooser`` picks the kept heads of a layer from its scores.
+    objective is that of the ensemble under construction (those members plus this one);
+    ``chooser`` picks the kept heads of a layer from its scores. ``conditioning``: what earlier
+    layers look like while a layer's heads are scored: ``"member"`` (default) the member as it
+    will be (the heads pruned so far masked), ``"headmap"`` HeadMap's own search (Wang et al.,
+    2025: the circuit heads found so far masked, every other head on).
     """
+    if conditioning not in CONDITIONINGS:
+        raise HydraError(
+            f"unknown circuit conditioning {conditioning!r}; choose one of {CONDITIONINGS}"
+        )
     if objective not in OBJECTIVES:
         raise HydraError(f"unknown circuit objective {objective!r}; choose one of {OBJECTIVES}")
     L, H = backbone.num_layers, backbone.num_heads
@@ -184,26 +193,36 @@ def circuit_search(
             evaluate = _objective(objective, y, ensemble)
             hidden = [backbone.embed(x)] + ([backbone.embed(x_ood)] if x_ood is not None else [])
             scores = np.full((L, H), np.nan)
+            # what the scoring sees: the member so far ("member"), or every head but the
+            # circuit heads found so far ("headmap")
+            condition = mask if conditioning == "member" else mask.clone()
             for layer in range(L):
-                base = evaluate(_logits_from(backbone, hidden, layer, mask, batch_size))
+                base = evaluate(_logits_from(backbone, hidden, layer, condition, batch_size))
                 candidates = np.flatnonzero(mask[layer].numpy() > 0)
                 for head in candidates:
-                    trial = mask.clone()
+                    trial = condition.clone()
                     trial[layer, head] = 0.0
                     worse = evaluate(_logits_from(backbone, hidden, layer, trial, batch_size))
                     scores[layer, head] = worse - base
                 k = keep_per_layer[layer]
+                chosen = candidates
                 if k is not None and k < len(candidates):
                     chosen = chooser(candidates, scores[layer, candidates], k)
                     pruned = np.setdiff1d(candidates, chosen)
                     mask[layer, torch.as_tensor(pruned, dtype=torch.long)] = 0.0
-                # the next layer's input, with this layer as the member will have it
-                with backbone.head_gates(mask):
+                if conditioning == "headmap":  # the circuit heads are masked from now on
+                    condition[layer] = 1.0
+                    condition[layer, torch.as_tensor(chosen, dtype=torch.long)] = 0.0
+                # the next layer's input, with this layer as the scoring sees it
+                with backbone.head_gates(condition):
                     hidden = [_batched(lambda h, i=layer: backbone.run_layers(h, i, i + 1), h,
                                        batch_size) for h in hidden]  # fmt: skip
     finally:
         module.train(was_training)
     return scores, mask.numpy()
+
+
+CONDITIONINGS = ("member", "headmap")
 
 
 def _objective(objective: str, y: torch.Tensor, ensemble_probs) -> Callable[[list], float]:

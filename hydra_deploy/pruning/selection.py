@@ -106,6 +106,7 @@ def select_members(
     max_examples: int | None = 512,
     confident_fraction: float = 1.0,
     member_heads: Sequence[int | Sequence[int]] | None = None,
+    conditioning: str = "member",
 ) -> HydraSpec:
     """Choose the heads of ``members`` members and return the HydraSpec.
 
@@ -115,6 +116,8 @@ def select_members(
     ``objective`` (circuit): ``"loss"`` (default) or ``"ood"`` (default when ``ood_data`` is given).
     ``temperature``: 0 keeps each member's top heads; higher draws more diverse members.
     ``resample``: estimate each member's importance on its own bootstrap resample.
+    ``conditioning`` (circuit): ``"member"`` scores each layer with the heads pruned so far
+    masked, ``"headmap"`` with the circuit heads found so far masked (HeadMap's search).
     ``member_heads``: one head count per member (an int, or one per layer) instead of
     ``heads_per_member`` / ``keep_ratio``, so members prune by different ratios.
     Members come out distinct by construction: a member that repeats an earlier one is changed
@@ -169,6 +172,7 @@ def select_members(
                 backbone, member_data, keep=counts, ood_data=ood_data, objective=objective,
                 ensemble_masks=chosen_masks if objective == "ood" else (), chooser=chooser, batch_size=batch_size,
                 max_examples=max_examples, confident_fraction=confident_fraction,
+                conditioning=conditioning,
             )  # fmt: skip
         else:
             if method == "taylor":
@@ -198,6 +202,7 @@ def select_members(
         "keep_ratio": keep_ratio, "temperature": temperature,
         "resample": "bootstrap" if resample else None, "objective": objective if method == "circuit" else None,
         "min_heads": min_heads, "max_examples": max_examples,
+        "conditioning": conditioning if method == "circuit" else None,
         "data_examples": None if labelled is None else len(labelled),
     }  # fmt: skip
     if isinstance(keep_ratio, Sequence):
