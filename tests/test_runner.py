@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import tiny_vit
 from onnx import TensorProto, helper
+from trt_standins import TrtRunner as _StandInTrtRunner
 
 from hydra_deploy.engines import load_runner
 from hydra_deploy.engines import runner as runner_module
@@ -348,17 +349,10 @@ class _FakeEngine:
         return [(b, 3, 16, 16) for b in self.profile]
 
 
-class _FakeTrtRunner:
+class _FakeTrtRunner(_StandInTrtRunner):
+    """The stand-in TrtRunner over an ORT session, checking each batch against the profile."""
+
     calls: ClassVar[list[int]] = []
-
-    def __init__(self, engine, optimization_profile=None):
-        self.engine, self.is_active = engine, False
-
-    def activate(self):
-        self.is_active = True
-
-    def deactivate(self):
-        self.is_active = False
 
     def infer(self, feed, check_inputs=True):
         batch = len(feed["pixel_values"])
