@@ -436,7 +436,7 @@ def test_gpu_script_stops_with_the_reason_without_cuda(capsys):
 # the quick regression check CI runs
 
 
-@pytest.mark.slow
+@pytest.mark.latency
 def test_quick_cpu_check_against_the_committed_baseline(capsys):
     """Re-measure the baseline's own configuration and check it with the baseline's tolerance."""
     baseline = check.load_baseline(CPU_QUICK)
