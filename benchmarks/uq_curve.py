@@ -18,9 +18,10 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,16 @@ from hydra_deploy.uncertainty.metrics import ece, nll
 BUDGETS = {"digits": (150, 300, 600, 1200, 2400), "wordnet": (100, 200, 400, 800)}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def make_task(args: argparse.Namespace) -> Any:
+    """The task ``--task`` names (its module's ``make_task``)."""
+    if args.task == "digits":
+        import uq_digits as module
+    else:
+        import uq_wordnet as module
+    return module.make_task(args)
+
+
+def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] = make_task) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.strip().splitlines()[0],
         epilog="example:\n  .venv/bin/python benchmarks/uq_curve.py --task digits --overwrite",
@@ -58,11 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--budgets must be positive step counts")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
-    if args.task == "digits":
-        import uq_digits as module
-    else:
-        import uq_wordnet as module
-    task = module.make_task(args)
+    task = task_factory(args)
     r = task.recipe
     fit, val = split_train(task)
     y = val[1].numpy()

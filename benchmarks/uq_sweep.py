@@ -32,7 +32,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -147,7 +147,16 @@ def row_metrics(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def make_task(args: argparse.Namespace) -> Any:
+    """The task ``--task`` names (its module's ``make_task``)."""
+    if args.task == "digits":
+        import uq_digits as module
+    else:
+        import uq_wordnet as module
+    return module.make_task(args)
+
+
+def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] = make_task) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.strip().splitlines()[0],
         epilog="example:\n  .venv/bin/python benchmarks/uq_sweep.py --task digits --overwrite",
@@ -169,11 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
 
-    if args.task == "digits":
-        import uq_digits as module
-    else:
-        import uq_wordnet as module
-    task = module.make_task(args)
+    task = task_factory(args)
     if task.ood_validation is None:
         parser.error(f"task {task.name} has no OOD validation family")
     r, seed = task.recipe, args.seed

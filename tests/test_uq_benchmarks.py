@@ -289,3 +289,68 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     assert again["aggregate"]["deep ensemble"]["id"] == report["aggregate"]["deep ensemble"]["id"]
     with pytest.raises(SystemExit):
         uq_common.main(make_task, "tiny", "A tiny benchmark.", argv)  # exists, no --overwrite
+
+
+def _tiny_task(seed: int = 0):
+    """A tiny ViT task (8x8, 3 classes) with an OOD validation family, for the scripts' runs."""
+    import timm
+
+    rng = torch.Generator().manual_seed(seed)
+
+    def new_model(s):
+        torch.manual_seed(s)
+        return load_backbone(timm.create_model(
+            "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, in_chans=1,
+            embed_dim=16, depth=2, num_heads=4, mlp_ratio=1.0, num_classes=3,
+        ))  # fmt: skip
+
+    def data(n):
+        return torch.randn(n, 1, 8, 8, generator=rng), torch.randint(0, 3, (n,), generator=rng)
+
+    recipe = uq_common.Recipe(
+        base_steps=3, base_lr=1e-3, finetune_steps=2, finetune_lr=1e-3, batch_size=8,
+        warmup_steps=1, heads_per_member=1, taylor_examples=16, circuit_examples=16,
+        eval_batch=16,
+    )  # fmt: skip
+    test = data(12)
+    return uq_common.Task(
+        name="tiny", classes=list("abc"), train=data(30), test=test, shift=test,
+        ood={"noise": 3 * torch.randn(8, 1, 8, 8, generator=rng)}, new_model=new_model,
+        recipe=recipe, description={},
+        ood_validation=("blobs", torch.randn(10, 1, 8, 8, generator=rng).abs() * 2),
+    )  # fmt: skip
+
+
+def test_sweep_ranks_on_validation_only(tmp_path):
+    import uq_sweep
+
+    out = tmp_path / "sweep"
+    argv = ["--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet",
+            "--only", "grouped MLP", "circuit, OOD objective, HeadMap conditioning"]  # fmt: skip
+    assert uq_sweep.main(argv, task_factory=lambda args: _tiny_task()) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = report["rows"]
+    assert {"base recipe", "grouped MLP", "circuit, OOD objective, HeadMap conditioning",
+            "single (2 recovery steps)", "deep ensemble (one base, 2 steps)"} <= set(rows)  # fmt: skip
+    assert rows["grouped MLP"]["train_steps"] == 3 + 3 * 2 and rows["grouped MLP"]["members"] == 3
+    # the ranking follows the validation AUROC, among rows within 1 point of the single's accuracy
+    single = rows["single (2 recovery steps)"]["val"]["accuracy"]
+    eligible = [n for n, r in rows.items() if not r["baseline"]
+                and r["val"]["accuracy"] >= single - uq_sweep.ACCURACY_SLACK]  # fmt: skip
+    assert report["ranking"] == sorted(eligible, key=lambda n: -rows[n]["val_ood"]["auroc"])
+    assert report["recommended"] == (report["ranking"][0] if report["ranking"] else None)
+    assert "Ranking on validation" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit):  # exists, no --overwrite
+        uq_sweep.main(argv, task_factory=lambda args: _tiny_task())
+
+
+def test_curve_trains_each_budget_and_scores_on_validation(tmp_path):
+    import uq_curve
+
+    out = tmp_path / "curve"
+    argv = ["--budgets", "2", "4", "--out", str(out), "--cache", str(tmp_path / "c"), "--quiet"]
+    assert uq_curve.main(argv, task_factory=lambda args: _tiny_task()) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [p["steps"] for p in report["points"]] == [2, 4]
+    assert all(0 <= p["accuracy"] <= 1 and p["nll"] > 0 for p in report["points"])
+    assert report["validation"].startswith("last 20% of the training set (6 examples)")
