@@ -411,3 +411,14 @@ def test_several_checkpoints_bad_combinations(ensemble_checkpoints):
     mixed = [three[0], str(ensemble_checkpoints[3])]  # 3 classes and 4 classes
     code, _, err = invoke(*TINY_ARGS, "--checkpoint", *mixed)
     assert code == 1 and "is not the architecture of" in err and "num_classes 4 (vs 3)" in err
+
+
+def test_cli_choices_repeat_the_librarys():
+    """The CLI repeats a few choice lists so that parsing needs no torch; they must stay equal."""
+    from hydra_deploy.cli.fuse import build_parser
+    from hydra_deploy.pruning.finetune import SHARED_PARTS
+    from hydra_deploy.pruning.importance import CONDITIONINGS
+
+    actions = {a.dest: a for a in build_parser()._actions}
+    assert tuple(actions["shared_parts"].choices) == SHARED_PARTS
+    assert tuple(actions["conditioning"].choices) == CONDITIONINGS
