@@ -27,22 +27,13 @@ import numpy as np
 import torch
 from common import machine, note
 from uq_common import full_spec, member_logits, train_stage
-from uq_sweep import split_train
+from uq_sweep import make_task, split_train
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.uncertainty import ensemble_scores
 from hydra_deploy.uncertainty.metrics import ece, nll
 
 BUDGETS = {"digits": (150, 300, 600, 1200, 2400), "wordnet": (100, 200, 400, 800)}
-
-
-def make_task(args: argparse.Namespace) -> Any:
-    """The task ``--task`` names (its module's ``make_task``)."""
-    if args.task == "digits":
-        import uq_digits as module
-    else:
-        import uq_wordnet as module
-    return module.make_task(args)
 
 
 def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] = make_task) -> int:
