@@ -19,15 +19,13 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from common import machine, note
+from common import note
 from uq_common import full_spec, member_logits, train_stage
-from uq_sweep import make_task, split_train
+from uq_sweep import make_task, run_header, split_train
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.uncertainty import ensemble_scores
@@ -91,15 +89,7 @@ def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] =
         "benchmark": "uq_curve",
         "task": task.name,
         "quick": args.quick,
-        "command": "python benchmarks/uq_curve.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": time.perf_counter() - started,
-        "environment": {
-            **machine(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-        },
+        **run_header("uq_curve", argv, started),
         "recipe": r.__dict__,
         "benchmark_base_steps": used,
         "validation": f"last 20% of the training set ({len(y)} examples), seed 0",

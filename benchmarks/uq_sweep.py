@@ -147,6 +147,21 @@ def row_metrics(
     return out
 
 
+def run_header(script: str, argv: Sequence[str] | None, started: float) -> dict[str, Any]:
+    """The command, finish time, duration and environment every report of these scripts opens with."""
+    return {
+        "command": f"python benchmarks/{script}.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "seconds": time.perf_counter() - started,
+        "environment": {
+            **machine(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+    }
+
+
 def make_task(args: argparse.Namespace) -> Any:
     """The task ``--task`` names (its module's ``make_task``)."""
     if args.task == "digits":
@@ -357,15 +372,7 @@ def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] =
         "task": task.name,
         "seed": seed,
         "quick": args.quick,
-        "command": "python benchmarks/uq_sweep.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
-        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "seconds": time.perf_counter() - started,
-        "environment": {
-            **machine(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-        },
+        **run_header("uq_sweep", argv, started),
         "recipe": r.__dict__,
         "validation": {
             "id": f"last 20% of the training set ({len(val[1])} examples)",
