@@ -176,14 +176,22 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         help="torch intra-op threads (default: torch.get_num_threads() as found)",
     )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    parser.add_argument(
+        "--render", action="store_true",
+        help="train nothing: re-derive the tables, the 'why' section and report.md of the "
+        "existing report.json in --out from its measurements",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.render and (args.overwrite or args.quick):
+        parser.error("--render re-derives an existing report; it takes neither --overwrite nor "
+                     "--quick")  # fmt: skip
     report = args.out / "report.json"
-    if report.exists() and not args.overwrite:
+    if report.exists() and not args.overwrite and not args.render:
         parser.error(f"{report} exists; pass --overwrite to replace it, or another --out")
     return args
 
@@ -549,6 +557,8 @@ CLAIM_METRICS = (
     (("ood_mean", "msp", "auroc"), "detects OOD better than"),
     (("ood_mean", "msp", "fpr95"), "has a lower FPR95 than"),
     (("id", "ece"), "is better calibrated than"),
+    (("shift", "ece"), "is better calibrated under shift than"),
+    (("shift", "nll"), "has a lower NLL under shift than"),
 )
 # (claim, row, against, metric path, margin): the row beats ``against`` on a seed when its
 # advantage exceeds ``margin`` (same units as the metric: 0.01 = 1 point of AUROC).
@@ -564,6 +574,11 @@ CLAIMS = (
         (f"Hydra (fused deep ensemble) {verb} the deep ensemble", "Hydra (fused deep ensemble)",
          "deep ensemble", path, 0.0)
         for path, verb in CLAIM_METRICS
+    ),
+    *(
+        (f"Hydra (Taylor) {verb} one of its members alone", "Hydra (Taylor)",
+         "single Taylor-pruned", path, 0.0)
+        for path, verb in CLAIM_METRICS[3:]
     ),
     ("Taylor pruning hurts calibration under shift (ECE)", "single", "single Taylor-pruned",
      ("shift", "ece"), 0.0),
@@ -649,6 +664,231 @@ def _dominates(a: str, b: str, gain: dict[str, float], cost: dict[str, float]) -
     """``a`` is at least as good and as cheap as ``b``, and strictly one of them."""
     return (a != b and cost[a] <= cost[b] and gain[a] >= gain[b]
             and (cost[a] < cost[b] or gain[a] > gain[b]))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
+# why: the measurements behind each target
+
+
+def cost_model(adapter: Any, recipe: Recipe) -> dict[str, float]:
+    """Analytic multiply-accumulates (matrix products, ``adapter.macs``) behind the latency target.
+
+    Every attention term (Q/K/V, scores, output projection) scales with the heads kept; the MLP,
+    the embedding and the classifier run whole once per stream. So a fused deep ensemble whose
+    members keep k of H heads costs ``rest + (1 - rest) k / H`` of the deep ensemble's MACs,
+    ``rest`` being the share of one model's MACs outside attention.
+    """
+    L, H, k, M = adapter.num_layers, adapter.num_heads, recipe.heads_per_member, recipe.members
+    single = adapter.macs()
+    rest = adapter.macs([[0]] * L) / single
+    fused = adapter.macs([[k] * M] * L, embed_streams=M, head_streams=M) / (M * single)
+    hydra = adapter.macs([[k] * M] * L, embed_streams=1, head_streams=M) / single
+    # the most heads per member that keep the fused deep ensemble at <= 0.8 x (analytic)
+    fitting = [j for j in range(1, H + 1) if rest + (1 - rest) * j / H <= 0.8 + 1e-9]
+    return {
+        "single_macs": float(single),
+        "non_attention_share": float(rest),
+        "fused_deep_ensemble_over_deep_ensemble": float(fused),
+        "hydra_over_single": float(hydra),
+        "heads": H,
+        "heads_per_member": k,
+        "max_heads_for_0.8x": max(fitting) if fitting else 0,
+    }
+
+
+def _stats(values: Sequence[float]) -> dict[str, Any]:
+    values = [float(v) for v in values]
+    std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return {"mean": float(np.mean(values)), "std": std, "values": values}
+
+
+def diagnosis(report: dict[str, Any], costs: dict[str, float]) -> dict[str, Any]:
+    """Per seed, paired: the measurements that say why each target of issue 19 holds or not.
+
+    - the one-base ceiling: how far M unpruned fine-tunes of one base beat the single model (every
+      one-base Hydra row's members are pruned fine-tunes of that same base);
+    - the price of pruning: one member alone against the single model, and each row's members;
+    - diversity: pairwise disagreement of each row's members;
+    - the fused deep ensemble: its members against the deep ensemble's, and its cost (analytic
+      MACs beside the measured latency).
+    """
+    seeds = report["per_seed"]
+
+    def value(s: dict, row: str, *path: str) -> float:
+        return _get(s["rows"][row], path)
+
+    def paired(row: str, against: str, *path: str) -> dict[str, Any]:
+        return _stats([value(s, row, *path) - value(s, against, *path) for s in seeds])
+
+    def members_vs(row: str, against: str) -> dict[str, Any]:
+        return _stats(
+            [
+                np.mean(s["rows"][row]["members_accuracy"])
+                - np.mean(s["rows"][against]["members_accuracy"])
+                for s in seeds
+            ]
+        )
+
+    auroc = ("ood_mean", "msp", "auroc")
+    rows = {}
+    for row in (
+        *ONE_BASE_HYDRA,
+        "Hydra (fused deep ensemble)",
+        "deep ensemble (one base)",
+        "deep ensemble",
+    ):
+        rows[row] = {
+            "member_accuracy_vs_single": members_vs(row, "single"),
+            "disagreement": _stats([s["rows"][row]["disagreement"] for s in seeds]),
+            "auroc_vs_single": paired(row, "single", *auroc),
+            "auroc_vs_one_base_ensemble": paired(row, "deep ensemble (one base)", *auroc),
+        }
+    for row in rows:
+        rows[row]["shift_ece_vs_one_base_ensemble"] = paired(
+            "deep ensemble (one base)", row, "shift", "ece"
+        )
+        rows[row]["id_ece_vs_single"] = paired("single", row, "id", "ece")
+    # one-base rows better calibrated under shift than the one-base ensemble on every seed, by
+    # ECE and by NLL
+    under_shift = [
+        r
+        for r in ONE_BASE_HYDRA
+        if all(
+            _get(s["rows"][r], ("shift", m))
+            < _get(s["rows"]["deep ensemble (one base)"], ("shift", m))
+            for s in seeds
+            for m in ("ece", "nll")
+        )
+    ]
+    ceiling = rows["deep ensemble (one base)"]["auroc_vs_single"]
+    best = max(ONE_BASE_HYDRA, key=lambda r: rows[r]["auroc_vs_single"]["mean"])
+    latency = report["latency"]
+    return {
+        "one_base_ceiling": {
+            **ceiling,
+            "seeds_above_1_point": sum(v > 0.01 for v in ceiling["values"]),
+        },
+        "pruned_member": {
+            "accuracy": paired("single Taylor-pruned", "single", "id", "accuracy"),
+            "auroc": paired("single Taylor-pruned", "single", *auroc),
+        },
+        "best_one_base_row": best,
+        "better_calibrated_under_shift_than_one_base_ensemble": under_shift,
+        "rows": rows,
+        "fused": {
+            "member_accuracy_vs_deep_ensemble": members_vs(
+                "Hydra (fused deep ensemble)", "deep ensemble"
+            ),
+            "auroc_vs_deep_ensemble": paired(
+                "Hydra (fused deep ensemble)", "deep ensemble", *auroc
+            ),
+            "latency_over_deep_ensemble": latency["Hydra (fused deep ensemble)"]["ratio"]
+            / latency["deep ensemble"]["ratio"],
+        },
+        "costs": costs,
+    }
+
+
+def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
+    """The "why" section of report.md: a table of the measurements and what they imply."""
+
+    def pts(cell: dict[str, Any]) -> str:
+        return f"{cell['mean'] * 100:+.2f} ± {cell['std'] * 100:.2f}"
+
+    rows, c, f = d["rows"], d["costs"], d["fused"]
+    lines = [
+        "",
+        "## Why: the measurements behind each target",
+        "",
+        "Per seed, paired, in points of % (mean ± std over seeds). Member accuracy: the mean of "
+        "the row's members' own accuracies against the single model's; AUROC with MSP, averaged "
+        "over the OOD sets.",
+        "",
+        "| row | member accuracy vs single | disagreement | AUROC vs single | AUROC vs one-base "
+        "ensemble |",
+        "|---|---|---|---|---|",
+    ]
+    for row, r in rows.items():
+        lines.append(
+            f"| {row} | {pts(r['member_accuracy_vs_single'])} | "
+            f"{r['disagreement']['mean'] * 100:.2f} | {pts(r['auroc_vs_single'])} | "
+            f"{pts(r['auroc_vs_one_base_ensemble'])} |"
+        )
+    ceiling, pruned, best = d["one_base_ceiling"], d["pruned_member"], d["best_one_base_row"]
+    n = len(ceiling["values"])
+    one_base = rows["deep ensemble (one base)"]
+    lines += [
+        "",
+        f"- **The ceiling of one base.** M unpruned fine-tunes of one base beat the single model "
+        f"by {pts(ceiling)} AUROC points (above +1 on {ceiling['seeds_above_1_point']}/{n} "
+        f"seeds); their members disagree on {one_base['disagreement']['mean'] * 100:.2f}% of the "
+        f"test examples, against {rows['deep ensemble']['disagreement']['mean'] * 100:.2f}% for "
+        "independently trained members, whose ensemble beats the single model by "
+        f"{pts(rows['deep ensemble']['auroc_vs_single'])}. Every one-base Hydra row's members are pruned fine-tunes "
+        "of that same base: "
+        + (
+            "the diversity to meet the target exists on every seed; what the pruned members lose "
+            "decides."
+            if ceiling["seeds_above_1_point"] == n
+            else f"this ceiling itself clears +1 on {ceiling['seeds_above_1_point']}/{n} seeds, so a "
+            "one-base row would have to beat unpruned fine-tunes of its own base to clear it on "
+            "every seed"
+            + (
+                " (none does here)."
+                if all(rows[r]["auroc_vs_one_base_ensemble"]["mean"] < 0 for r in ONE_BASE_HYDRA)
+                else "."
+            )
+        ),
+        f"- **The price of pruning.** One member alone (single Taylor-pruned) is "
+        f"{pts(pruned['accuracy'])} accuracy and {pts(pruned['auroc'])} AUROC points against the "
+        f"single model. The best one-base row, {best}, has members at "
+        f"{pts(rows[best]['member_accuracy_vs_single'])} accuracy points and disagreeing on "
+        f"{rows[best]['disagreement']['mean'] * 100:.2f}% of examples; it ends "
+        f"{pts(rows[best]['auroc_vs_single'])} AUROC points against the single model and "
+        f"{pts(rows[best]['auroc_vs_one_base_ensemble'])} against the one-base ensemble"
+        + (
+            ": members that disagree more because each is weaker do not separate OOD inputs better."
+            if rows[best]["disagreement"]["mean"] > one_base["disagreement"]["mean"]
+            and rows[best]["auroc_vs_one_base_ensemble"]["mean"] < 0
+            else "."
+        ),
+        f"- **The fused deep ensemble** is {pts(f['auroc_vs_deep_ensemble'])} AUROC points against "
+        f"the deep ensemble, its members {pts(f['member_accuracy_vs_deep_ensemble'])} accuracy "
+        f"points against the deep ensemble's. Cost: {f['latency_over_deep_ensemble']:.2f} x the "
+        f"deep ensemble's measured CPU latency, {c['fused_deep_ensemble_over_deep_ensemble']:.2f} "
+        f"x its MACs (analytic, matrix products). With {c['heads_per_member']} of {c['heads']} "
+        f"heads kept, attention is cut but the MLP, embedding and classifier "
+        f"({c['non_attention_share'] * 100:.0f}% of one model's MACs) run whole per member, so no "
+        f"head count brings it below {c['non_attention_share']:.2f} x; "
+        + (
+            f"0.8 x (analytic) needs at most {c['max_heads_for_0.8x']} heads per member per layer."
+            if c["max_heads_for_0.8x"]
+            else "0.8 x is out of reach by pruning heads alone (it needs narrower per-member MLPs)."
+        )
+        + (
+            " Measured latency sits above the analytic ratio: per-stream work that is not a "
+            "matrix product (norms, activations, softmax, the grouped MLP's reshapes) weighs at "
+            "this width."
+            if f["latency_over_deep_ensemble"] > c["fused_deep_ensemble_over_deep_ensemble"]
+            else ""
+        ),
+    ]
+    shift = d["better_calibrated_under_shift_than_one_base_ensemble"]
+    if shift:
+        lines.append(
+            "- **Where the one-base rows pay: calibration under shift.** Better calibrated on the "
+            "shifted test set than the one-base ensemble, by ECE and by NLL on every seed: "
+            + "; ".join(
+                f"{r} (ECE lower by "
+                f"{pts(rows[r]['shift_ece_vs_one_base_ensemble']).lstrip('+')} points)"
+                for r in shift
+            )
+            + ". In distribution their ECE against the single model's is "
+            + ", ".join(f"{pts(rows[r]['id_ece_vs_single'])}" for r in shift)
+            + " points (negative: worse): the gain is on shifted inputs only."
+        )
+    return lines
+    return lines
 
 
 def _pm(cell: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
@@ -754,6 +994,8 @@ def markdown(report: dict[str, Any]) -> str:
         *(f"| {k} | {', '.join(v)} |" for k, v in report["pareto"].items()),
         "", "See `pareto.png`.",
     ]  # fmt: skip
+    if "diagnosis" in report:
+        lines += diagnosis_markdown(report["diagnosis"])
     lines += ["", "## Setup", ""]
     lines += [f"- {k}: {v}" for k, v in task["details"].items()]
     r = report["settings"]["recipe"]
@@ -900,6 +1142,8 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.render:
+        return render(task_factory, args)
     started = time.perf_counter()
     task = task_factory(args)
     note(args, f"{task.name}: {len(task.train[1])} train, {len(task.test[1])} test, "
@@ -949,25 +1193,75 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
         "latency": lat,
         "seconds_per_stage": {k: float(np.mean([s["seconds"][k] for s in per_seed])) for k in stages},
         "aggregate": agg,
-        "claims": claims(per_seed),
-        "targets": claims(per_seed, TARGETS),
         "per_seed": per_seed,
         "figures": figures,
     }  # fmt: skip
+    return finish(report, task, args)
+
+
+def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
+    """Everything derived from the measurements (claims, targets, Pareto fronts, the latency
+    target, the "why" section, ``pareto.png``), then report.json and report.md."""
+    per_seed, lat = report["per_seed"], report["latency"]
+    report["claims"] = claims(per_seed)
+    report["targets"] = claims(per_seed, TARGETS)
     report["pareto"] = pareto(report)
     fused_vs_de = lat["Hydra (fused deep ensemble)"]["ratio"] / lat["deep ensemble"]["ratio"]
     report["latency_target"] = {
         "target": "Hydra (fused deep ensemble) at <= 0.8 x the deep ensemble's CPU latency",
-        "ratio": fused_vs_de, "holds": bool(fused_vs_de <= 0.8),
-    }  # fmt: skip
-    report["figures"].append(pareto_plot(args.out, report))
+        "ratio": fused_vs_de,
+        "holds": bool(fused_vs_de <= 0.8),
+    }
+    quiet = logging.getLogger("hydra_deploy")
+    level, _ = quiet.level, quiet.setLevel(logging.ERROR)  # a fresh model, only to count its MACs
+    try:
+        fresh = task.new_model(0)
+    finally:
+        quiet.setLevel(level)
+    report["diagnosis"] = diagnosis(report, cost_model(fresh, task.recipe))
+    plot = pareto_plot(args.out, report)
+    if plot not in report["figures"]:
+        report["figures"].append(plot)
     report = json.loads(json.dumps(report, default=_jsonable))
     atomic_write_json(args.out / "report.json", report)
     text = markdown(report)
     atomic_write_text(args.out / "report.md", text)
     print(text)
-    note(args, f"wrote {args.out}/report.json, report.md and {', '.join(figures)}")
+    note(args, f"wrote {args.out}/report.json, report.md and {', '.join(report['figures'])}")
     return 0
+
+
+def render(task_factory: Callable[[argparse.Namespace], Task], args: argparse.Namespace) -> int:
+    """``--render``: re-derive an existing report's tables and report.md from its measurements
+    (per-seed scores, latency, parameters), without training or evaluating anything."""
+    path = args.out / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"--render: {path} does not exist; run the benchmark first") from None
+    except json.JSONDecodeError as err:
+        raise SystemExit(
+            f"--render: {path} is not valid JSON ({err}); run the benchmark again with --overwrite"
+        ) from None
+    missing = [
+        k
+        for k in ("per_seed", "latency", "parameters", "aggregate", "task", "figures")
+        if k not in report
+    ]
+    if missing or set(report.get("rows", ())) != set(ROWS):
+        raise SystemExit(
+            f"--render: {path} was written by another version of the benchmark "
+            f"(missing {', '.join(missing) or 'rows of this version'}); run it again "
+            "with --overwrite"
+        )
+    args.quick = report["settings"]["quick"]
+    task = task_factory(args)
+    if task.recipe.__dict__ != report["settings"]["recipe"]:
+        raise SystemExit(
+            f"--render: {path} was measured with another recipe than this script's; "
+            "run the benchmark again with --overwrite"
+        )
+    return finish(report, task, args)
 
 
 def _jsonable(value: Any) -> Any:

@@ -277,7 +277,24 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     assert set(report["pareto"]) == {f"{m} vs {c}" for m in ("auroc_msp", "ece")
                                      for c in ("latency_ratio", "parameters", "train_steps")}  # fmt: skip
     assert isinstance(report["latency_target"]["holds"], bool)
+    why = report["diagnosis"]
+    ceiling = why["one_base_ceiling"]
+    assert ceiling["values"] == pytest.approx([
+        s["rows"]["deep ensemble (one base)"]["ood_mean"]["msp"]["auroc"]
+        - s["rows"]["single"]["ood_mean"]["msp"]["auroc"] for s in report["per_seed"]])
+    assert ceiling["seeds_above_1_point"] == sum(v > 0.01 for v in ceiling["values"])
+    assert why["best_one_base_row"] in uq_common.ONE_BASE_HYDRA
+    assert why["fused"]["latency_over_deep_ensemble"] == pytest.approx(
+        report["latency_target"]["ratio"])
+    assert why["costs"] == uq_common.cost_model(new_model(0), recipe)
     md = (out / "report.md").read_text()
+    assert "## Why: the measurements behind each target" in md
+    # --render re-derives the tables from the stored measurements, training nothing
+    (out / "report.md").unlink()
+    rendered = [*argv, "--render"]
+    assert uq_common.main(make_task, "tiny", "A tiny benchmark.", rendered) == 0
+    assert json.loads((out / "report.json").read_text()) == report
+    assert (out / "report.md").read_text() == md
     assert "| Hydra (circuit, fine-tuned) |" in md and "## The paper's claims, tested" in md
     assert "## Targets" in md and "## Pareto fronts" in md and "pareto.png" in report["figures"]
     for png in report["figures"]:
@@ -289,6 +306,59 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     assert again["aggregate"]["deep ensemble"]["id"] == report["aggregate"]["deep ensemble"]["id"]
     with pytest.raises(SystemExit):
         uq_common.main(make_task, "tiny", "A tiny benchmark.", argv)  # exists, no --overwrite
+
+
+def test_render_refuses_a_missing_or_foreign_report(tmp_path, capsys):
+    argv = ["--out", str(tmp_path), "--quiet", "--render"]
+    with pytest.raises(SystemExit, match="does not exist; run the benchmark first"):
+        uq_common.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
+    (tmp_path / "report.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="is not valid JSON"):
+        uq_common.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
+    (tmp_path / "report.json").write_text(json.dumps({"rows": ["single"]}))
+    with pytest.raises(SystemExit, match="another version of the benchmark"):
+        uq_common.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
+    with pytest.raises(SystemExit):
+        uq_common.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--overwrite"])
+    assert "takes neither --overwrite nor --quick" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["vit", "bert"])
+def test_cost_model_equals_the_fused_models_own_count(family):
+    """The analytic fused-deep-ensemble ratio equals the MACs of a model fused from M different
+    members (per-member MLPs), and follows rest + (1 - rest) k / H."""
+    from hydra_deploy.fusion import fuse
+    from hydra_deploy.pruning import select_members
+
+    if family == "vit":
+        import timm
+
+        def make(seed):
+            torch.manual_seed(seed)
+            return load_backbone(timm.create_model(
+                "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, in_chans=1,
+                embed_dim=16, depth=2, num_heads=4, mlp_ratio=1.0, num_classes=3))  # fmt: skip
+    else:
+        from test_bert import tiny_bert
+
+        def make(seed):
+            torch.manual_seed(seed)
+            return tiny_bert()
+
+    recipe = uq_common.Recipe(base_steps=1, base_lr=1e-3, finetune_steps=1, finetune_lr=1e-3,
+                              batch_size=4, warmup_steps=0, members=3, heads_per_member=1)  # fmt: skip
+    members = [make(seed) for seed in range(3)]
+    costs = uq_common.cost_model(members[0], recipe)
+    heads = [select_members(m, 1, heads_per_member=1, method="random", seed=i).members[0]
+             for i, m in enumerate(members)]  # fmt: skip
+    spec = uq_common.full_spec(members[0], 3).replace(members=heads, mlp_merge="grouped", meta={})
+    fused = fuse(members, spec, mlp_merge="grouped")
+    assert costs["fused_deep_ensemble_over_deep_ensemble"] == pytest.approx(
+        fused.macs["hydra"] / fused.macs["deep_ensemble"])
+    rest, H = costs["non_attention_share"], costs["heads"]
+    assert costs["fused_deep_ensemble_over_deep_ensemble"] == pytest.approx(rest + (1 - rest) / H)
+    k = costs["max_heads_for_0.8x"]
+    assert k == 0 or rest + (1 - rest) * k / H <= 0.8 < rest + (1 - rest) * (k + 1) / H
 
 
 def _tiny_task(seed: int = 0):
