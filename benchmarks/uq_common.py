@@ -903,7 +903,13 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Produced by `{report['command']}` on {report['finished']} "
         f"({report['seconds'] / 60:.1f} min, {n} seed(s); mean ± std over seeds; "
-        f"{report['environment']['cpu_model']}, {report['environment']['torch_threads']} threads).",
+        f"{report['environment']['cpu_model']}, {report['environment']['torch_threads']} threads)"
+        + (
+            f"; the derived tables re-rendered from its measurements with `--render` on "
+            f"{report['rendered']}."
+            if "rendered" in report
+            else "."
+        ),
         "",
         task["summary"],
         "",
@@ -1261,6 +1267,7 @@ def render(task_factory: Callable[[argparse.Namespace], Task], args: argparse.Na
             f"--render: {path} was measured with another recipe than this script's; "
             "run the benchmark again with --overwrite"
         )
+    report["rendered"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return finish(report, task, args)
 
 
