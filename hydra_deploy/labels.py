@@ -1,7 +1,7 @@
 """Class names and the one rule that turns the labels of a data file into class indices.
 
 Used by fine-tuning / head selection (``hydra_deploy.pruning.data``: ``.tsv`` text files) and by
-``hydra-eval`` (``hydra_deploy.uncertainty.evaluate``: ``.tsv`` files and labelled image folders),
+``hydra-eval`` (``hydra_deploy.evaluation.evaluate``: ``.tsv`` files and labelled image folders),
 so that training and evaluation map a name to the same index. Needs neither torch nor numpy.
 
 The rule (:func:`label_indices`), given the labels of a file and the model's class names:

@@ -13,10 +13,11 @@ import pytest
 from conftest import tiny_vit
 
 from hydra_deploy.cli.compare import main
-from hydra_deploy.engines.compare import TOLERANCES, compare_export, compare_outputs, tolerance_for
 from hydra_deploy.errors import HydraError
+from hydra_deploy.evaluation.compare import compare_export
 from hydra_deploy.export import export_onnx
 from hydra_deploy.fusion import fuse
+from hydra_deploy.parity import TOLERANCES, compare_outputs, tolerance_for
 from hydra_deploy.specs import HydraSpec
 
 

@@ -112,9 +112,12 @@ def test_model_args_from_the_cli(trained):
     assert report["input_shape"] == [2, 1, 16, 16] and report["output_shape"] == [2, 2, 3]
 
     from hydra_deploy.cli.build import INTERPOLATIONS, parse_model_args
-    from hydra_deploy.engines.preprocess import _INTERPOLATIONS
+    from hydra_deploy.engines import preprocess
+    from hydra_deploy.export_folder import INTERPOLATIONS as OWNED
 
-    assert INTERPOLATIONS == _INTERPOLATIONS  # repeated so that parsing flags imports no numpy code
+    # one tuple (the export folder's preprocessing contract, stdlib only: parsing flags imports
+    # no numpy code), the one the image preprocessing implements
+    assert INTERPOLATIONS is OWNED is preprocess.INTERPOLATIONS
 
     assert parse_model_args(["img_size=[16, 16]", "qkv_bias=false", "global_pool=avg",
                              "mlp_ratio=2"]) == {"img_size": [16, 16], "qkv_bias": False,

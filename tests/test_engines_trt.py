@@ -328,7 +328,7 @@ def test_not_an_export(tmp_path, exports):
     bad = tmp_path / "bad"
     shutil.copytree(exports["fp32"], bad)
     (bad / "hydra.json").write_text(json.dumps({"format": "something-else/1"}))
-    with pytest.raises(EngineError, match="not a hydra-export file"):
+    with pytest.raises(EngineError, match="has format 'something-else/1'; this version reads"):
         load_source(bad)
     (bad / "hydra.json").write_text(json.dumps({**info_of(exports["fp32"]), "precision": "int4"}))
     with pytest.raises(EngineError, match="precision 'int4'"):

@@ -13,6 +13,7 @@ from PIL import Image
 
 from hydra_deploy.cli.eval import build_parser, main
 from hydra_deploy.engines import load_runner
+from hydra_deploy.evaluation.evaluate import evaluate
 from hydra_deploy.export import export_onnx
 from hydra_deploy.fusion import fuse
 from hydra_deploy.specs import HydraSpec
@@ -23,7 +24,6 @@ from hydra_deploy.uncertainty import (
     ood_score,
     reliability_bins,
 )
-from hydra_deploy.uncertainty.evaluate import evaluate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SCORES = ("msp", "predictive_entropy", "mutual_information")
@@ -177,7 +177,7 @@ def test_a_pytorch_text_model_takes_token_arrays(tmp_path):
     from test_bert import tiny_bert
 
     from hydra_deploy.errors import HydraError
-    from hydra_deploy.uncertainty.evaluate import TorchRunner
+    from hydra_deploy.evaluation.evaluate import TorchRunner
 
     backbone = tiny_bert()
     L, H = backbone.num_layers, backbone.num_heads
@@ -255,7 +255,7 @@ def test_tsv_labels_map_through_the_class_names(tmp_path):
     """Issue 17: names were mapped by sorting the names of the file (a file lacking a class
     scored 0.008 instead of 0.90); they go through the model's class names now."""
     from hydra_deploy.errors import DataError
-    from hydra_deploy.uncertainty.evaluate import load_eval_data
+    from hydra_deploy.evaluation.evaluate import load_eval_data
 
     model = NamedModel("bert", ["verb", "noun", "adj"])  # not alphabetical
     (tmp_path / "id.tsv").write_text("noun\ta dog\n\nadj\tred\nnoun\ta cat\n")  # no 'verb'
@@ -281,7 +281,7 @@ def test_tsv_labels_map_through_the_class_names(tmp_path):
 
 def test_image_folder_classes_map_through_the_class_names(tmp_path):
     from hydra_deploy.errors import DataError
-    from hydra_deploy.uncertainty.evaluate import load_eval_data
+    from hydra_deploy.evaluation.evaluate import load_eval_data
 
     for cls in ("ant", "cat"):
         (tmp_path / "id" / cls).mkdir(parents=True)
@@ -303,7 +303,7 @@ def test_a_pytorch_text_model_reports_its_class_names():
     from test_bert import bert_config
 
     from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.uncertainty.evaluate import TorchRunner
+    from hydra_deploy.evaluation.evaluate import TorchRunner
 
     names = {0: "verb", 1: "noun", 2: "adj"}
     model = transformers.BertForSequenceClassification(

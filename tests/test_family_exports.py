@@ -280,7 +280,7 @@ def test_hydra_run_scores_images_with_an_openclip_export(tmp_path, capsys):
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_hydra_compare_on_a_bert_export(precision, tmp_path):
     """Parity of a text export: the model's own padded token ids through PyTorch and ORT."""
-    from hydra_deploy.engines.compare import compare_export
+    from hydra_deploy.evaluation.compare import compare_export
 
     backbone = tiny_bert("segments")
     spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,

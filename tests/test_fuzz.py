@@ -429,9 +429,12 @@ def test_engine_builds_read_any_hydra_json(reference, scratch, data):
 def test_engine_build_reader_refuses_damaged_fields(reference, scratch):
     info, text, _ = reference
     shape = info["inputs"][0]["shape"]
+    # a malformed batch profile is refused on reading, by every consumer (export_folder)
+    for profile in ([1, 2, 4], {"min": 1, "opt": 2, "max": "4"}):
+        (scratch / "hydra.json").write_text(json.dumps({**info, "batch_profile": profile}))
+        with pytest.raises(EngineError, match="malformed batch_profile"):
+            load_source(scratch)
     cases = [
-        ("batch_profile", [1, 2, 4], "malformed batch_profile"),
-        ("batch_profile", {"min": 1, "opt": 2, "max": "4"}, "malformed batch_profile"),
         ("inputs", "pixel_values", "malformed inputs"),
         ("inputs", [{"name": "pixel_values", "shape": [shape[0], True, *shape[2:]]}],
          "only the batch and a text model's sequence axis may be dynamic"),  # True is not 1

@@ -149,7 +149,7 @@ def test_custom_vit_export_run_eval(story):
     assert metrics["nll"] == pytest.approx(nll(expected["probs"], story["labels"]), abs=1e-5)
     assert metrics["accuracy"] >= 0.75
     # the library, on the fused PyTorch model of the folder, reads images the same way
-    from hydra_deploy.uncertainty.evaluate import evaluate
+    from hydra_deploy.evaluation.evaluate import evaluate
 
     from_folder = fuse(load_backbone(folder), spec)
     assert from_folder.preprocessing == {**info["preprocessing"], "input_size": (1, 16, 16),

@@ -167,7 +167,7 @@ _DECISIVE_KEYS = ("mean", "std", "interpolation", "crop_pct")
 
 def check_preprocessing(preprocessing: Any, in_chans: int | None = None) -> dict[str, Any]:
     """Validate a ``preprocessing=`` mapping; returns it with mean/std as tuples of floats."""
-    from hydra_deploy.engines.preprocess import _INTERPOLATIONS
+    from hydra_deploy.export_folder import INTERPOLATIONS
 
     if not isinstance(preprocessing, dict):
         raise BackboneError(
@@ -202,9 +202,9 @@ def check_preprocessing(preprocessing: Any, in_chans: int | None = None) -> dict
         out[key] = values
     interpolation = preprocessing.get("interpolation")
     if interpolation is not None:
-        if interpolation not in _INTERPOLATIONS:
+        if interpolation not in INTERPOLATIONS:
             raise BackboneError(
-                f"preprocessing interpolation {interpolation!r} is not one of {', '.join(_INTERPOLATIONS)}"
+                f"preprocessing interpolation {interpolation!r} is not one of {', '.join(INTERPOLATIONS)}"
             )
         out["interpolation"] = interpolation
     crop_pct = preprocessing.get("crop_pct")

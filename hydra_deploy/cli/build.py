@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.errors import HydraError, SpecError
+from hydra_deploy.export_folder import INTERPOLATIONS
 
 # hydra_deploy.fusion.grouped's, repeated so that parsing arguments needs no torch (tested equal)
 LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
@@ -177,7 +178,6 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
                              "einsum writes Einsum nodes)")  # fmt: skip
 
 
-INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 CROP_MODES = ("center", "squash", "border")
 
 

@@ -75,7 +75,7 @@ def _table(report) -> str:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    from hydra_deploy.engines.compare import compare_export
+    from hydra_deploy.evaluation.compare import compare_export
 
     providers = args.providers.split(",") if args.providers else None
     report = compare_export(args.export_dir, engine=args.engine, inputs=args.inputs,

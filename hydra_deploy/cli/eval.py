@@ -72,7 +72,7 @@ def parse_ood(items: list[str]) -> dict[str, Path]:
 
 def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.engines.runner import load_runner
-    from hydra_deploy.uncertainty.evaluate import evaluate, write_report
+    from hydra_deploy.evaluation.evaluate import evaluate, write_report
     from hydra_deploy.uncertainty.metrics import MAX_BINS
 
     if args.batch_size is not None and args.batch_size < 1:

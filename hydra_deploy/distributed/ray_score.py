@@ -99,7 +99,7 @@ def columns_for(member_logits: bool) -> list[str]:
 
 # --- the export, as the driver sees it (hydra.json only: the driver opens no session) -----------
 @dataclass(frozen=True)
-class ExportInfo:
+class DriverExport:
     """What the driver needs of an export folder: read from hydra.json, model.onnx hashed."""
 
     path: Path
@@ -111,8 +111,8 @@ class ExportInfo:
     has_preprocessing: bool
 
     @classmethod
-    def read(cls, export_dir: str | os.PathLike) -> ExportInfo:
-        from hydra_deploy.engines.runner import _read_export_info, _sha256
+    def read(cls, export_dir: str | os.PathLike) -> DriverExport:
+        from hydra_deploy.export_folder import MODEL_FILE, file_sha256, read_info
 
         folder = Path(export_dir)
         if not folder.exists():
@@ -120,35 +120,26 @@ class ExportInfo:
                 f"the export folder {str(folder)!r} does not exist; give a folder written by "
                 "hydra-export --out"
             )
-        onnx_path, info_path = folder / "model.onnx", folder / "hydra.json"
+        onnx_path = folder / MODEL_FILE
         if not folder.is_dir() or not onnx_path.is_file():
             raise RunnerError(
-                f"{str(folder)!r} is not an export folder: model.onnx is missing (make one with "
+                f"{str(folder)!r} is not an export folder: {MODEL_FILE} is missing (make one with "
                 "hydra-export --out DIR)"
             )
-        info = _read_export_info(info_path)  # refuses a foreign format or a non-object
-        if info is None:
-            raise RunnerError(
-                f"{folder} lacks hydra.json (preprocessing, batch profile, class names); "
-                "re-export the model with hydra-export"
-            )
-        profile = info.get("batch_profile")
-        profile = profile if isinstance(profile, dict) else {}
-        batch_opt, batch_max = (v if isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                else None for v in (profile.get("opt"), profile.get("max")))  # fmt: skip
-        names = info.get("class_names")
+        info = read_info(folder)  # preprocessing, batch profile, class names: the one reader
         try:
-            digest = _sha256(onnx_path)
+            digest = file_sha256(onnx_path)
         except OSError as err:
             raise RunnerError(f"cannot read {onnx_path}: {err}") from err
+        profile = info.batch_profile
         return cls(
             path=folder.absolute(),
             onnx_sha256=digest,
-            family=str(info.get("family") or "vit"),
-            class_names=[str(n) for n in names] if isinstance(names, list) else None,
-            batch_opt=batch_opt,
-            batch_max=batch_max,
-            has_preprocessing=bool(info.get("preprocessing")),
+            family=info.family or "vit",
+            class_names=None if info.class_names is None else list(info.class_names),
+            batch_opt=None if profile is None else profile[1],
+            batch_max=None if profile is None else profile[2],
+            has_preprocessing=bool(info.record.get("preprocessing")),
         )
 
     @property
@@ -795,7 +786,7 @@ def score_dataset(
     for name, value in (("actors", actors), ("threads", threads), ("batch-size", batch_size),
                         ("shard-size", shard_size), ("num-cpus", num_cpus)):  # fmt: skip
         _check_count(name, value)
-    info = ExportInfo.read(export_dir)
+    info = DriverExport.read(export_dir)
     if info.kind == "images" and not info.has_preprocessing:
         raise RunnerError(f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model")  # fmt: skip
     if batch_size is not None and info.batch_max is not None and batch_size > info.batch_max:

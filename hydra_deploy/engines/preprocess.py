@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.export_folder import INTERPOLATIONS
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 DEFAULT_CROP_PCT = 0.875  # timm's default when crop_pct is None
-_INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 
 
 def _pil():
@@ -62,9 +62,9 @@ def check_config(config: dict[str, Any] | None) -> dict[str, Any]:
     interpolation = config.get("interpolation") or "bilinear"
     crop_mode = config.get("crop_mode") or "center"
     crop_pct = float(config.get("crop_pct") or DEFAULT_CROP_PCT)
-    if interpolation not in _INTERPOLATIONS:
+    if interpolation not in INTERPOLATIONS:
         raise RunnerError(
-            f"interpolation {interpolation!r} is not supported; use one of {_INTERPOLATIONS}"
+            f"interpolation {interpolation!r} is not supported; use one of {INTERPOLATIONS}"
         )
     if crop_mode not in ("center", "squash", "border"):
         raise RunnerError(f"crop_mode {crop_mode!r} is not one of 'center', 'squash', 'border'")

@@ -37,7 +37,6 @@ when a runner of that backend is made. Never torch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -49,6 +48,14 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.export_folder import (
+    INFO_FILE,
+    MODEL_FILE,
+    ExportInfo,
+    file_sha256,
+    parse_batch_profile,
+    read_info,
+)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -140,7 +147,9 @@ class Runner:
             )
         self.info = info
         self.engine_info = engine_info
-        #: the folder holding ``hydra.json`` (and, for text models, ``tokenizer/``), if known
+        #: the export's checked hydra.json (:class:`~hydra_deploy.export_folder.ExportInfo`) and
+        #: the folder holding it (and, for text models, ``tokenizer/``), if known
+        self.export_info: ExportInfo | None = None
         self.export_dir: Path | None = None
         self.check_metadata(self._embedded_metadata())
 
@@ -605,8 +614,9 @@ class OrtRunner(Runner):
         first = inputs[0].shape[0] if inputs and inputs[0].shape else None
         if _is_fixed(first) and first > 0:  # a fixed-batch file: run exactly that batch
             min_batch = max_batch = int(first)
-        elif info and info.get("batch_profile"):
-            max_batch = _profile_max(info["batch_profile"], onnx_path)
+        elif info and info.get("batch_profile") is not None:
+            where = f"the {INFO_FILE} beside {onnx_path}"
+            max_batch = parse_batch_profile(info["batch_profile"], where)[2]
         super().__init__(onnx_path, inputs, outputs, providers=self.session.get_providers(),
                          min_batch=min_batch, max_batch=max_batch, info=info)  # fmt: skip
         wanted = [p if isinstance(p, str) else p[0] for p in asked]
@@ -625,18 +635,6 @@ class OrtRunner(Runner):
 
     def close(self) -> None:
         self.session = None
-
-
-def _profile_max(profile: Any, onnx_path: Path) -> int:
-    """The ``max`` of hydra.json's ``batch_profile`` ``{"min", "opt", "max"}``, checked."""
-    value = profile.get("max") if isinstance(profile, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RunnerError(
-            f"the hydra.json beside {onnx_path} has a malformed batch_profile {profile!r:.100} "
-            '(expected {"min": 1, "opt": 8, "max": 32}, ints); restore it or re-export the model '
-            "with hydra-export"
-        )
-    return value
 
 
 def _session_error(path: Path, err: Exception, info: dict[str, Any] | None) -> str:
@@ -833,65 +831,43 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _read_export_info(path: Path) -> dict[str, Any] | None:
-    """An export's hydra.json (None where there is none); one that is not a JSON object or is of
-    another format than this version writes is refused rather than half-understood."""
-    from hydra_deploy.engines.trtexec import EXPORT_FORMAT
-
-    if not path.is_file():
-        return None
-    info = _read_json(path)
-    if info is None:
-        raise RunnerError(f"{path} is not a JSON object; restore it or re-export the model")
-    found = info.get("format")
-    if found is not None and found != EXPORT_FORMAT:
-        raise RunnerError(
-            f"{path} has format {found!r:.60}; this hydra-deploy reads {EXPORT_FORMAT!r}: upgrade "
-            "hydra-deploy, or re-export the model with this version"
-        )
-    return info
+def _attach(runner: Runner, export: ExportInfo | None) -> Runner:
+    """``runner`` with the export folder it was loaded from (its checked hydra.json)."""
+    runner.export_info = export
+    runner.export_dir = None if export is None else export.folder
+    return runner
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _info_beside_onnx(onnx_path: Path, trusted: bool) -> dict[str, Any] | None:
+def _info_beside_onnx(onnx_path: Path) -> ExportInfo | None:
     """hydra.json beside a .onnx file, if it describes that file (its hash is checked)."""
-    info = _read_export_info(onnx_path.parent / "hydra.json")
-    if info is None or trusted or not info.get("onnx_sha256"):
+    info = read_info(onnx_path.parent / INFO_FILE, required=False)
+    if info is None or info.onnx_sha256 is None:
         return info
-    if _sha256(onnx_path) != info["onnx_sha256"]:
+    if file_sha256(onnx_path) != info.onnx_sha256:
         logger.warning(
             "%s describes another ONNX file than %s (hash differs); running without it",
-            onnx_path.parent / "hydra.json",
+            info.path,
             onnx_path.name,
         )
         return None
     return info
 
 
-def _info_for_engine(
-    engine_path: Path, sidecar: dict[str, Any] | None
-) -> tuple[dict[str, Any] | None, Path | None]:
-    """The export's hydra.json for an engine and its folder: beside it, or where its sidecar says."""
-    candidates = [engine_path.parent / "hydra.json"]
+def _info_for_engine(engine_path: Path, sidecar: dict[str, Any] | None) -> ExportInfo | None:
+    """The export's hydra.json for an engine: beside it, or where its sidecar says."""
+    candidates = [engine_path.parent / INFO_FILE]
     for key in ("export_dir", "onnx", "onnx_path", "source"):
         value = (sidecar or {}).get(key)
         if isinstance(value, str) and value:
             where = Path(value)
             if not where.is_absolute():
                 where = engine_path.parent / where
-            candidates.append((where if where.suffix != ".onnx" else where.parent) / "hydra.json")
+            candidates.append((where if where.suffix != ".onnx" else where.parent) / INFO_FILE)
     for candidate in candidates:
-        info = _read_export_info(candidate)
+        info = read_info(candidate, required=False)
         if info is not None:
-            return info, candidate.parent
-    return None, None
+            return info
+    return None
 
 
 def load_runner(
@@ -931,16 +907,15 @@ def load_runner(
                 )
             target = engines[0]
         else:
-            onnx_path = target / "model.onnx"
+            onnx_path = target / MODEL_FILE
             if not onnx_path.is_file():
                 raise RunnerError(
                     f"{str(target)!r} is not an export folder: model.onnx is missing (make one "
                     "with hydra-export --out DIR)"
                 )
-            runner = OrtRunner(onnx_path, providers, info=_read_export_info(target / "hydra.json"),
-                               threads=threads)  # fmt: skip
-            runner.export_dir = target if runner.info is not None else None
-            return runner
+            export = read_info(target / INFO_FILE, required=False)
+            info = None if export is None else dict(export.record)
+            return _attach(OrtRunner(onnx_path, providers, info=info, threads=threads), export)
     suffix = target.suffix.lower()
     if suffix == ".onnx":
         if chosen == "tensorrt":
@@ -948,10 +923,9 @@ def load_runner(
                 f"{target} is an ONNX file: build a TensorRT engine from it first (hydra-build), "
                 "or run it in ONNX Runtime with providers=['tensorrt']"
             )
-        runner = OrtRunner(target, providers, info=_info_beside_onnx(target, trusted=False),
-                           threads=threads)  # fmt: skip
-        runner.export_dir = target.parent if runner.info is not None else None
-        return runner
+        export = _info_beside_onnx(target)
+        info = None if export is None else dict(export.record)
+        return _attach(OrtRunner(target, providers, info=info, threads=threads), export)
     if suffix in ENGINE_SUFFIXES:
         if chosen == "onnxruntime":
             raise RunnerError(
@@ -960,10 +934,9 @@ def load_runner(
         if providers is not None:
             raise RunnerError("providers are ONNX Runtime's; a TensorRT engine takes none")
         sidecar = _read_json(target.with_suffix(".json"))
-        info, export_dir = _info_for_engine(target, sidecar)
-        runner = TensorRTRunner(target, info=info, engine_info=sidecar)
-        runner.export_dir = export_dir
-        return runner
+        export = _info_for_engine(target, sidecar)
+        info = None if export is None else dict(export.record)
+        return _attach(TensorRTRunner(target, info=info, engine_info=sidecar), export)
     raise RunnerError(
         f"cannot tell how to run {str(target)!r}: expected an export folder, a .onnx file or an "
         f"engine file ({', '.join(ENGINE_SUFFIXES)})"

@@ -26,7 +26,6 @@ library; tests check that they print exactly :func:`trtexec_command`'s arguments
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from collections.abc import Iterator, Sequence
@@ -35,9 +34,17 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.errors import EngineError
+from hydra_deploy.export_folder import (
+    FORMAT,
+    GRAPH_PRECISIONS,
+    INFO_FILE,
+    MODEL_FILE,
+    file_sha256,
+    parse_batch_profile,
+    read_info,
+)
 
 PRECISIONS = ("fp16", "bf16", "fp32", "best")
-GRAPH_PRECISIONS = ("fp32", "fp16", "bf16")
 # trtexec generations: the key names the oldest release each recipe is written for.
 GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 GENERATION_NAMES = {
@@ -46,7 +53,7 @@ GENERATION_NAMES = {
     "10.12": "TensorRT 10.12 and later 10.x",
     "11": "TensorRT 11",
 }
-EXPORT_FORMAT = "hydra-export/1"
+EXPORT_FORMAT = FORMAT  # hydra_deploy.export_folder owns it
 # Ops of the ensemble head that compute in floating point; with weak typing they are pinned to FP32
 # like LayerNormalization (shape-only ops, TopK and Casts are left to TensorRT).
 HEAD_FLOAT_OPS = frozenset(
@@ -240,11 +247,7 @@ class ExportSource:
         """The ONNX file's SHA-256 (from hydra.json when present, else computed)."""
         if self.info and self.info.get("onnx_sha256"):
             return str(self.info["onnx_sha256"])
-        digest = hashlib.sha256()
-        with open(self.onnx_path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return file_sha256(self.onnx_path)
 
     @property
     def graph_precision(self) -> str:
@@ -275,18 +278,9 @@ class ExportSource:
         self, min_batch: int | None, opt_batch: int | None, max_batch: int | None
     ) -> tuple[int, int, int]:
         """(min, opt, max): the arguments given, else hydra.json's profile, else (1, 8, 32)."""
-        saved = (self.info or {}).get("batch_profile") or {"min": 1, "opt": 8, "max": 32}
-        asked = {"min": min_batch, "opt": opt_batch, "max": max_batch}
-        if not isinstance(saved, dict) or any(
-            value is None
-            and (isinstance(saved.get(key), bool) or not isinstance(saved.get(key), int))
-            for key, value in asked.items()
-        ):
-            raise EngineError(
-                f"{str(self.folder / 'hydra.json')!r} has a malformed batch_profile {saved!r:.100} "
-                '(expected {"min": 1, "opt": 8, "max": 32}); give --min-batch, --opt-batch and '
-                "--max-batch, or re-export the folder with hydra-export"
-            )
+        where = self.folder / INFO_FILE
+        saved = parse_batch_profile((self.info or {}).get("batch_profile"), where) or (1, 8, 32)
+        saved = dict(zip(("min", "opt", "max"), saved, strict=True))
         lo = saved["min"] if min_batch is None else min_batch
         hi = saved["max"] if max_batch is None else max_batch
         opt = opt_batch if opt_batch is not None else min(max(saved["opt"], lo), hi)
@@ -379,14 +373,15 @@ def load_source(path: str | Path) -> ExportSource:
             "(model.onnx + hydra.json) or an .onnx file"
         )
     if path.is_dir():
-        folder, onnx_path = path, path / "model.onnx"
-        if not (folder / "hydra.json").is_file() or not onnx_path.is_file():
+        folder, onnx_path = path, path / MODEL_FILE
+        read_info(folder)  # refuses a folder without hydra.json, as every consumer does
+        if not onnx_path.is_file():
             raise EngineError(
-                f"{str(path)!r} is not an export folder (it needs model.onnx and hydra.json); "
-                "make one with hydra-export --backbone NAME --out DIR"
+                f"{str(path)!r} is not an export folder: {MODEL_FILE} is missing; make one with "
+                "hydra-export --backbone NAME --out DIR"
             )
-    elif path.name == "hydra.json":
-        folder, onnx_path = path.parent, path.parent / "model.onnx"
+    elif path.name == INFO_FILE:
+        folder, onnx_path = path.parent, path.parent / MODEL_FILE
     elif path.suffix == ".onnx":
         folder, onnx_path = path.parent, path
     else:
@@ -395,20 +390,9 @@ def load_source(path: str | Path) -> ExportSource:
             "hydra-export wrote"
         )
     info = None
-    info_path = folder / "hydra.json"
-    if info_path.is_file() and onnx_path.name == "model.onnx":
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested too deeply
-            raise EngineError(
-                f"cannot read {str(info_path)!r} ({err}); re-export the folder with hydra-export"
-            ) from err
-        if not isinstance(info, dict) or info.get("format") != EXPORT_FORMAT:
-            raise EngineError(
-                f"{str(info_path)!r} is not a hydra-export file (format "
-                f"{info.get('format') if isinstance(info, dict) else None!r}, expected "
-                f"{EXPORT_FORMAT!r}); re-export the folder with hydra-export"
-            )
+    if onnx_path.name == MODEL_FILE:  # an export folder's model: its hydra.json, checked
+        export = read_info(folder / INFO_FILE, required=False)
+        info = None if export is None else dict(export.record)
     if not onnx_path.is_file():
         raise EngineError(f"{str(onnx_path)!r} is missing; re-export the folder with hydra-export")
     onnx = read_onnx(onnx_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -21,10 +20,10 @@ from hydra_deploy.export.precision import check_precision, compute_types
 from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
 from hydra_deploy.export.validate import validate_onnx, validation_batches
+from hydra_deploy.export_folder import FORMAT, MODEL_FILE, WEIGHTS_FILE, file_sha256, write_info
 
 logger = logging.getLogger("hydra_deploy")
 
-FORMAT = "hydra-export/1"
 SPEC_KEY = "hydra_spec"
 MIN_OPSET, MAX_OPSET = 17, 21
 VALIDATION_SEQUENCE_LENGTHS = (5, 23)  # odd, one short and one longer than the traced length
@@ -72,7 +71,7 @@ def export_onnx(
     staging = staging_dir(out.parent, out.name)
     try:
         started = time.perf_counter()
-        model_path = staging / "model.onnx"
+        model_path = staging / MODEL_FILE
         example = hydra.example_inputs(max(2, batch[1]))
         graph_module = WithEnsembleHead(hydra) if uq_outputs else hydra
         output_names = ["member_logits", *(UQ_OUTPUTS if uq_outputs else ())]
@@ -114,7 +113,7 @@ def export_onnx(
                         max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()))  # fmt: skip
 
         save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
-                  str(staging / "weights.safetensors"))  # fmt: skip
+                  str(staging / WEIGHTS_FILE))  # fmt: skip
         if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
             class_names = getattr(hydra, "class_names", None)
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
@@ -129,7 +128,7 @@ def export_onnx(
                                         "compute_types": compute_types(model)}  # fmt: skip
         info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
-        (staging / "hydra.json").write_text(json.dumps(info, indent=2) + "\n")
+        write_info(staging, info)
         folder_mode = staging.stat().st_mode & 0o777  # the umask's, set by staging_dir
         for path in staging.rglob("*"):  # ordinary file modes (safetensors writes 0600)
             path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
@@ -221,7 +220,7 @@ def _tensor_info(value) -> dict[str, Any]:
 
 
 def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, class_names):
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     return {
         "format": FORMAT,
         "family": hydra.family,
@@ -240,7 +239,7 @@ def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, c
         "opset": opset,
         "exporter": exporter,
         "onnx_sha256": digest,
-        "weights": "weights.safetensors",
+        "weights": WEIGHTS_FILE,
         "validation": validation,
     }
 

@@ -10,7 +10,6 @@ checks the result against the folder's ``model.onnx`` in ONNX Runtime.
 from __future__ import annotations
 
 import copy
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from hydra_deploy.errors import ExportError, HydraError
+from hydra_deploy.export_folder import WEIGHTS_FILE, read_info
 
 # Where each component of a fused model comes from in one member, per family: the fused model's
 # state-dict names (left) and the member module's names (right); ``{}`` is the layer index; a final
@@ -75,7 +75,6 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
     from safetensors.torch import load_file
 
     from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.export.exporter import FORMAT
     from hydra_deploy.fusion import fuse
     from hydra_deploy.specs import HydraSpec
 
@@ -84,30 +83,25 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
         raise ExportError(
             f"{str(folder)!r} does not exist; give the folder hydra-export wrote (--out DIR)"
         )
-    info_path, weights_path = folder / "hydra.json", folder / "weights.safetensors"
-    for path in (info_path, weights_path):
-        if not path.is_file():
-            raise ExportError(
-                f"{str(folder)!r} is not an export folder: {path.name} is missing; give the "
-                "folder hydra-export wrote (--out DIR)"
-            )
+    checked = read_info(folder)
+    info, info_path = dict(checked.record), checked.path
+    if not checked.weights_path.is_file():
+        raise ExportError(
+            f"{str(folder)!r} is not an export folder: {WEIGHTS_FILE} is missing; give the "
+            "folder hydra-export wrote (--out DIR)"
+        )
     try:
-        info = json.loads(info_path.read_text())
-        weights = load_file(str(weights_path))
+        weights = load_file(str(checked.weights_path))
     except Exception as err:
         raise ExportError(
             f"cannot read the export in {str(folder)!r}: {err}; restore its files or export the "
             "model again with hydra-export"
         ) from err
-    if not isinstance(info, dict):
+    family = checked.family
+    if family not in MEMBER_LAYOUT:
         raise ExportError(
-            f"{info_path} holds {type(info).__name__}, not a JSON object; restore it or re-export"
-        )
-    family = info.get("family")
-    if info.get("format") != FORMAT or not isinstance(family, str) or family not in MEMBER_LAYOUT:
-        raise ExportError(
-            f"{info_path} has format {info.get('format')!r}, family {family!r}; "
-            f"this version reads {FORMAT!r} exports of the {', '.join(MEMBER_LAYOUT)} families"
+            f"{info_path} has family {family!r}; this version reloads exports of the "
+            f"{', '.join(MEMBER_LAYOUT)} families"
         )
     if not isinstance(info.get("backbone_kwargs"), dict) or not info["backbone_kwargs"]:
         raise ExportError(f"{info_path} does not record the backbone's constructor arguments")

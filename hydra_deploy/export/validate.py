@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hydra_deploy.errors import ExportError
-from hydra_deploy.uncertainty.tolerances import PRECISION_TOLERANCES
+from hydra_deploy.parity import PRECISION_TOLERANCES
 
 logger = logging.getLogger("hydra_deploy")
 

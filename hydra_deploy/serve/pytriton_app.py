@@ -333,7 +333,8 @@ class Batching:
 
 def resolve_batching(config: ServeConfig, runner) -> Batching:
     """Max and preferred batch sizes: the config's, checked against the export's profile."""
-    profile = (runner.info or {}).get("batch_profile") or {}
+    export = getattr(runner, "export_info", None)  # the checked hydra.json, if loaded from one
+    profile_opt = export.batch_profile[1] if export and export.batch_profile else None
     profile_max = runner.max_batch
     source = "its engine profile" if runner.backend == "tensorrt" else "hydra.json batch_profile"
     if config.max_batch is None:
@@ -347,8 +348,7 @@ def resolve_batching(config: ServeConfig, runner) -> Batching:
     else:
         max_batch = config.max_batch
     if config.preferred_batch is None:
-        opt = profile.get("opt") if isinstance(profile, dict) else None
-        wanted = [b for b in (opt, max_batch) if _is_int(b) and 1 <= b <= max_batch]
+        wanted = [b for b in (profile_opt, max_batch) if _is_int(b) and 1 <= b <= max_batch]
     else:
         wanted = [int(b) for b in config.preferred_batch]
         above = [b for b in wanted if b > max_batch]

@@ -25,8 +25,8 @@ the graph (``hydra-export --uq-outputs``): Triton then answers them with no Pyth
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
 installed, parsed with Triton's own ``ModelConfig`` protobuf before anything is written. Each model
 folder is assembled under a temporary name beside it and renamed into place, so a model folder with
-a ``config.pbtxt`` is always complete. Imports the standard library and the runner's hydra.json
-reader only; never torch.
+a ``config.pbtxt`` is always complete. Imports the standard library and the export folder's
+reader (``hydra_deploy.export_folder``) only; never torch.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text, staging_dir
-from hydra_deploy.errors import ServeError
+from hydra_deploy.errors import HydraError, ServeError
+from hydra_deploy.export_folder import MODEL_FILE, parse_batch_profile, read_info
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -185,19 +186,13 @@ def _check_parses(model: TritonModel, text: str) -> None:
 
 # --- reading what the export and the engine declare ------------------------------------------------------
 def _read_export(export_dir: Path) -> dict[str, Any]:
-    from hydra_deploy.engines.runner import _read_export_info
-
-    if not export_dir.is_dir() or not (export_dir / "model.onnx").is_file():
+    if not export_dir.is_dir() or not (export_dir / MODEL_FILE).is_file():
         raise ServeError(
             f"{str(export_dir)!r} is not an export folder (model.onnx and hydra.json); make one "
             "with hydra-export --out DIR"
         )
-    info = _read_export_info(export_dir / "hydra.json")
-    if info is None:
-        raise ServeError(
-            f"{str(export_dir)!r} has no hydra.json; re-export it with hydra-export (Triton's "
-            "config is written from the export's record of its inputs and outputs)"
-        )
+    export = read_info(export_dir)  # Triton's config is written from its inputs and outputs
+    info = dict(export.record)
     for key in ("inputs", "outputs"):
         specs = info.get(key)
         if not isinstance(specs, list) or not specs or not all(_is_tensor(s) for s in specs):
@@ -225,16 +220,12 @@ def _is_tensor(spec: Any) -> bool:
 
 
 def _profile(where: str, profile: Any) -> tuple[int, int, int]:
-    keys = ("min", "opt", "max")
-    ok = isinstance(profile, dict) and all(
-        isinstance(profile.get(k), int) and not isinstance(profile.get(k), bool) for k in keys
-    )
-    if not ok or not 1 <= profile["min"] <= profile["opt"] <= profile["max"]:
-        raise ServeError(
-            f"{where} has a malformed batch_profile {profile!r:.100} (expected "
-            '{"min": 1, "opt": 8, "max": 32}); re-export or rebuild it'
-        )
-    return profile["min"], profile["opt"], profile["max"]
+    """A batch profile Triton needs (an absent one is refused too), through the one parser."""
+    fix = "re-export the model with hydra-export, or rebuild the engine with hydra-build"
+    parsed = parse_batch_profile(profile, where, fix)
+    if parsed is None:
+        raise ServeError(f"{where} has no batch_profile; {fix}")
+    return parsed
 
 
 def _engine_profile(engine: Path, info: dict[str, Any]) -> tuple[tuple[int, int, int], dict | None]:
@@ -511,8 +502,8 @@ def _models_in(repo: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | N
     """(name, hydra.json, engine sidecar) of each hydra model folder in ``repo``."""
     found = []
     for folder in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads((folder / "hydra.json").read_text(encoding="utf-8"))
+        with contextlib.suppress(OSError, ValueError, HydraError):
+            info = dict(read_info(folder).record)
             sidecar = None
             if (folder / "engine.json").is_file():
                 sidecar = json.loads((folder / "engine.json").read_text(encoding="utf-8"))

@@ -1,0 +1,169 @@
+"""The export folder contract (hydra_deploy.export_folder): one reader, one writer, one answer.
+
+Every consumer of an export folder (the runners, the TensorRT build planner, reload, hydra-compare,
+Triton repositories, hydra-score-dataset's driver) reads hydra.json through ``read_info``, so a
+damaged record gets the same error, word for word, from each of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+from conftest import tiny_vit
+
+from hydra_deploy.distributed.ray_score import DriverExport
+from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.engines.trtexec import load_source
+from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError
+from hydra_deploy.evaluation.compare import compare_export
+from hydra_deploy.export import export_onnx, load_export
+from hydra_deploy.export_folder import (
+    FORMAT,
+    INFO_FILE,
+    MODEL_FILE,
+    ExportFolderError,
+    ExportInfo,
+    file_sha256,
+    parse_batch_profile,
+    read_info,
+    write_info,
+)
+from hydra_deploy.fusion import fuse
+from hydra_deploy.serve.triton_repo import _read_export
+from hydra_deploy.specs import HydraSpec
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    out = tmp_path_factory.mktemp("contract") / "export"
+    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript",
+                validate=False)  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def damaged(export_dir, tmp_path):
+    """A copy of the export and a function that overwrites its hydra.json."""
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    record = json.loads((folder / INFO_FILE).read_text())
+
+    def write(content: bytes | str | dict) -> None:
+        if isinstance(content, dict):
+            content = json.dumps(content)
+        if isinstance(content, str):
+            content = content.encode()
+        (folder / INFO_FILE).write_bytes(content)
+
+    return folder, record, write
+
+
+def test_the_exporter_writes_what_the_reader_reads(export_dir):
+    info = read_info(export_dir)
+    record = json.loads((export_dir / INFO_FILE).read_text())
+    assert isinstance(info, ExportInfo) and dict(info.record) == record
+    assert info.path == export_dir / INFO_FILE and info.onnx_path == export_dir / MODEL_FILE
+    assert record["format"] == FORMAT and info.family == "vit" and info.precision == "fp32"
+    assert info.batch_profile == (1, 2, 4) and info.uq_outputs is False
+    digest = hashlib.sha256((export_dir / MODEL_FILE).read_bytes()).hexdigest()
+    assert info.onnx_sha256 == digest == file_sha256(export_dir / MODEL_FILE)
+    assert read_info(export_dir / INFO_FILE) == info  # the folder or the file
+    with load_runner(export_dir, providers=["cpu"]) as runner:
+        assert runner.export_info == info and runner.info == record and runner.max_batch == 4
+
+
+def test_write_info_refuses_what_read_info_would_refuse(tmp_path, export_dir):
+    record = json.loads((export_dir / INFO_FILE).read_text())
+    with pytest.raises(ExportFolderError, match="malformed batch_profile"):
+        write_info(tmp_path, {**record, "batch_profile": {"min": 4, "opt": 2, "max": 1}})
+    assert not (tmp_path / INFO_FILE).exists()
+    written = write_info(tmp_path, record)
+    assert read_info(tmp_path) == ExportInfo.from_record(record, tmp_path / INFO_FILE) == written
+
+
+def test_one_error_for_every_stage():
+    for kind in (RunnerError, EngineError, ExportError, ServeError):
+        assert issubclass(ExportFolderError, kind)
+
+
+@pytest.mark.parametrize(
+    ("profile", "parsed"),
+    [(None, None), ({"min": 1, "opt": 1, "max": 1}, (1, 1, 1)),
+     ({"min": 2, "opt": 8, "max": 32, "note": "x"}, (2, 8, 32))],
+)  # fmt: skip
+def test_batch_profile_parses(profile, parsed):
+    assert parse_batch_profile(profile, "hydra.json") == parsed
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [[1, 2, 4], {"min": 1, "opt": 2}, {"min": 1, "opt": 2, "max": "4"}, {"min": 0, "opt": 1, "max": 1},
+     {"min": 1, "opt": 8, "max": 4}, {"min": True, "opt": 1, "max": 1}, {"min": 1.0, "opt": 2, "max": 4},
+     "1,8,32", {}],
+)  # fmt: skip
+def test_batch_profile_refuses(profile):
+    with pytest.raises(ExportFolderError, match="malformed batch_profile") as caught:
+        parse_batch_profile(profile, "engine.json", "rebuild it with hydra-build")
+    assert str(caught.value).startswith("engine.json has") and "rebuild it" in str(caught.value)
+
+
+# every consumer of an export folder, as its command reads it
+CONSUMERS = {
+    "load_runner(folder)": lambda folder: load_runner(folder, providers=["cpu"]),
+    "load_runner(model.onnx)": lambda folder: load_runner(folder / MODEL_FILE, providers=["cpu"]),
+    "load_source (hydra-build)": load_source,
+    "load_export (hydra-export --from)": lambda folder: load_export(folder, check=False),
+    "compare_export (hydra-compare)": lambda folder: compare_export(folder, batch=1),
+    "Triton repository (--triton)": _read_export,
+    "hydra-score-dataset driver": DriverExport.read,
+}
+DAMAGE = {
+    "not UTF-8": lambda r: b'{"format": "hydra-export/1", "family": "\xff"}',
+    "truncated JSON": lambda r: json.dumps(r)[:40],
+    "not an object": lambda r: "[1, 2]",
+    "nested too deeply": lambda r: "[" * 100_000 + "]" * 100_000,
+    "no format": lambda r: {k: v for k, v in r.items() if k != "format"},
+    "future format": lambda r: {**r, "format": "hydra-export/99"},
+    "format not a string": lambda r: {**r, "format": 1},
+    "batch profile a list": lambda r: {**r, "batch_profile": [1, 2, 4]},
+    "batch profile unordered": lambda r: {**r, "batch_profile": {"min": 4, "opt": 2, "max": 1}},
+    "batch profile a string max": lambda r: {**r, "batch_profile": {"min": 1, "opt": 2, "max": "4"}},
+    "hash not hex": lambda r: {**r, "onnx_sha256": "z" * 64},
+    "unknown precision": lambda r: {**r, "precision": "int4"},
+    "class names a string": lambda r: {**r, "class_names": "cat"},
+    "class names not strings": lambda r: {**r, "class_names": [1, 2, 3, 4, 5]},
+    "family a list": lambda r: {**r, "family": ["vit"]},
+    "uq_outputs a string": lambda r: {**r, "uq_outputs": "yes"},
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_every_consumer_gives_the_same_answer(damaged, damage):
+    folder, record, write = damaged
+    write(DAMAGE[damage](record))
+    with pytest.raises(ExportFolderError) as expected:
+        read_info(folder)
+    message = str(expected.value)
+    assert str(folder / INFO_FILE) in message
+    assert "re-export" in message or "upgrade hydra-deploy" in message
+    for name, consume in CONSUMERS.items():
+        with pytest.raises(ExportFolderError) as caught:
+            consume(folder)
+        assert str(caught.value) == message, name
+
+
+def test_every_consumer_reads_the_undamaged_record(damaged):
+    """The matrix above is not vacuous: the same copy, restored, passes every reader."""
+    folder, record, write = damaged
+    write(record)
+    for name, consume in CONSUMERS.items():
+        if name == "Triton repository (--triton)":
+            with pytest.raises(ServeError, match="no uncertainty outputs"):  # Triton needs them
+                consume(folder)
+            continue
+        assert consume(folder) is not None, name
