@@ -65,11 +65,15 @@ def body(args) -> int:
     config, result, baseline = bench.measure(args)
     for claim in claims(result, max_gap=1.10, gap_batch=8):
         verdict = "PASS" if claim["passed"] else "FAIL"
-        print(f"{claim['backend']} batch {claim['batch']}: {claim['claim']}: {verdict} "
-              f"({claim['detail']})")  # fmt: skip
+        print(
+            f"{claim['backend']} batch {claim['batch']}: {claim['claim']}: {verdict} "
+            f"({claim['detail']})"
+        )
     gpu = result["environment"]["gpu"]
-    print(f"{gpu['name']} (SM {gpu['compute_capability']}), torch {result['environment']['torch_build']}, "
-          f"CUDA {gpu['cuda']}; wall time {result['wall_time_s']:.0f} s")  # fmt: skip
+    print(
+        f"{gpu['name']} (SM {gpu['compute_capability']}), torch {result['environment']['torch_build']}, "
+        f"CUDA {gpu['cuda']}; wall time {result['wall_time_s']:.0f} s"
+    )
     return bench.finish(args, config, result, baseline)
 
 

@@ -44,14 +44,24 @@ PROG = ".venv/bin/python benchmarks/latency.py"
 def build_parser():
     parser = bench.build_parser(prog=PROG, **DEFAULTS)
     report = parser.add_argument_group("report")
-    report.add_argument("--md", type=Path, default=RESULTS / "latency.md",
-                        help=f"Markdown report (default {RESULTS / 'latency.md'})")  # fmt: skip
-    report.add_argument("--max-gap", type=float, default=1.10,
-                        help="largest accepted hydra latency/FLOPs gap (default 1.10)")  # fmt: skip
-    report.add_argument("--gap-batch", type=int, default=8,
-                        help="batch size of the gap claim (default 8)")  # fmt: skip
-    report.add_argument("--strict", action="store_true",
-                        help="exit 1 when a claim on ONNX Runtime fails")  # fmt: skip
+    report.add_argument(
+        "--md",
+        type=Path,
+        default=RESULTS / "latency.md",
+        help=f"Markdown report (default {RESULTS / 'latency.md'})",
+    )
+    report.add_argument(
+        "--max-gap",
+        type=float,
+        default=1.10,
+        help="largest accepted hydra latency/FLOPs gap (default 1.10)",
+    )
+    report.add_argument(
+        "--gap-batch", type=int, default=8, help="batch size of the gap claim (default 8)"
+    )
+    report.add_argument(
+        "--strict", action="store_true", help="exit 1 when a claim on ONNX Runtime fails"
+    )
     return parser
 
 
@@ -62,11 +72,18 @@ def body(args) -> int:
     result["claims"] = found
     for claim in found:
         verdict = "PASS" if claim["passed"] else "FAIL"
-        print(f"{claim['backend']} batch {claim['batch']}: {claim['claim']}: {verdict} "
-              f"({claim['detail']})", file=sys.stderr if args.json else sys.stdout)  # fmt: skip
+        print(
+            f"{claim['backend']} batch {claim['batch']}: {claim['claim']}: {verdict} "
+            f"({claim['detail']})",
+            file=sys.stderr if args.json else sys.stdout,
+        )
     code = bench.finish(args, config, result, baseline)
-    command = bench.command_for(config, result["config"]["threads"], result["config"]["backends"],
-                                prog=PROG) + " --overwrite"  # fmt: skip
+    command = (
+        bench.command_for(
+            config, result["config"]["threads"], result["config"]["backends"], prog=PROG
+        )
+        + " --overwrite"
+    )
     atomic_write_text(args.md, markdown_report(result, found, command))
     if not args.quiet:
         print(f"wrote {args.md}", file=sys.stderr)

@@ -72,8 +72,14 @@ DEFAULT_OUT = Path("benchmarks/results/precision_drift.json")
 MODELS = ("digits", "vit_b16")
 PRECISIONS = ("fp16", "bf16")
 OUTPUTS = ("member_logits", *UQ_OUTPUTS)
-SCORES = ("probs", "msp", "predictive_entropy", "expected_entropy", "mutual_information",
-          "disagreement")  # fmt: skip
+SCORES = (
+    "probs",
+    "msp",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+)
 RANKED = ("msp", "predictive_entropy", "mutual_information")  # Spearman vs FP32
 RUNTIMES = {
     "torch": "PyTorch, weights and compute in the precision (LayerNorm, ensemble head FP32)",
@@ -99,13 +105,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--models", nargs="+", choices=MODELS, default=list(MODELS),
+        "--models",
+        nargs="+",
+        choices=MODELS,
+        default=list(MODELS),
         help="models to measure (default: digits vit_b16)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--images", type=int, default=16,
+        "--images",
+        type=int,
+        default=16,
         help="photo crops for vit_b16 (default 16; at most 16 x the variants of each photo)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--batch", type=int, default=8, help="examples per forward pass (default 8)"
     )
@@ -114,17 +125,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of everything (default 0)")
     parser.add_argument(
-        "--no-ort", dest="ort", action="store_false",
+        "--no-ort",
+        dest="ort",
+        action="store_false",
         help="skip the exported FP16 file in ONNX Runtime",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help="torch and ONNX Runtime intra-op threads (default: torch.get_num_threads() as found)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT,
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
         help=f"JSON output file (default {DEFAULT_OUT}); the tables go beside it as .md",
-    )  # fmt: skip
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     args = parser.parse_args(argv)
@@ -173,9 +190,17 @@ def build_digits(args: argparse.Namespace) -> Setup:
     train = 1500
     torch.manual_seed(args.seed)
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, in_chans=1,
-        embed_dim=32, depth=3, num_heads=4, mlp_ratio=2.0, num_classes=10,
-    )  # fmt: skip
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=16,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=32,
+        depth=3,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=10,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     generator = torch.Generator().manual_seed(args.seed)
     model.train()
@@ -191,11 +216,19 @@ def build_digits(args: argparse.Namespace) -> Setup:
     backbone = load_backbone(model)
     with torch.inference_mode():
         single_accuracy = float((model(x[train:]).argmax(-1) == y[train:]).float().mean())
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=2, seed=args.seed)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=2,
+        seed=args.seed,
+    )
     data = load_data((x[:train], y[:train]), backbone, name="digits-train")
-    members = finetune_members(backbone, spec, data, epochs=FINETUNE_EPOCHS, lr=FINETUNE_LR,
-                               seed=args.seed, progress=False)  # fmt: skip
+    members = finetune_members(
+        backbone, spec, data, epochs=FINETUNE_EPOCHS, lr=FINETUNE_LR, seed=args.seed, progress=False
+    )
     hydra = fuse(list(members), spec, mlp_merge="grouped").eval()
     info = {
         "backbone": "timm VisionTransformer img 16, patch 4, 1 channel, dim 32, depth 3, 4 heads, "
@@ -251,16 +284,22 @@ def sample_photos(count: int, data_config: dict, seed: int) -> tuple[torch.Tenso
         else:
             side = rng.uniform(0.3, 0.9)
             left, top = rng.uniform(0, 1 - side, size=2)
-            label, box, flip, scale = (f"random-{view}", (left, top, left + side, top + side),
-                                       bool(rng.integers(2)), 1.0)  # fmt: skip
+            label, box, flip, scale = (
+                f"random-{view}",
+                (left, top, left + side, top + side),
+                bool(rng.integers(2)),
+                1.0,
+            )
         width, height = photo.size
-        image = photo.crop(tuple(round(f * s) for f, s in zip(box, (width, height) * 2,
-                                                                   strict=True)))  # fmt: skip
+        image = photo.crop(
+            tuple(round(f * s) for f, s in zip(box, (width, height) * 2, strict=True))
+        )
         if flip:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         if scale != 1.0:
-            image = image.resize((round(image.width * scale), round(image.height * scale)),
-                                 Image.Resampling.BILINEAR)  # fmt: skip
+            image = image.resize(
+                (round(image.width * scale), round(image.height * scale)), Image.Resampling.BILINEAR
+            )
         tensors.append(transform(image))
         described.append(f"{name}:{label}")
     return torch.stack(tensors), described
@@ -270,9 +309,16 @@ def build_vit_b16(args: argparse.Namespace) -> Setup:
     started = time.perf_counter()
     torch.manual_seed(args.seed)
     backbone = load_backbone("vit_b16")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=4, seed=args.seed,
-                            disjoint=True)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=4,
+        seed=args.seed,
+        disjoint=True,
+    )
     hydra = fuse(backbone, spec).eval()
     config = backbone.data_config()
     x, views = sample_photos(args.images, config, args.seed)
@@ -328,8 +374,14 @@ def export_file(hydra: HydraModel, folder: Path, precision: str, batch: int) -> 
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
-        return export_onnx(hydra, folder, precision=precision, uq_outputs=True,
-                           batch=(1, batch, max(batch, 16)), validate=False)  # fmt: skip
+        return export_onnx(
+            hydra,
+            folder,
+            precision=precision,
+            uq_outputs=True,
+            batch=(1, batch, max(batch, 16)),
+            validate=False,
+        )
     finally:
         logger.setLevel(level)
 
@@ -339,8 +391,9 @@ def run_ort(session, x: torch.Tensor, batch: int, progress: Any) -> dict:
     names = [o.name for o in session.get_outputs()]
     parts = []
     for part in chunks(len(x), batch):
-        parts.append(dict(zip(names, session.run(None, {input_name: x[part].numpy()}),
-                              strict=True)))  # fmt: skip
+        parts.append(
+            dict(zip(names, session.run(None, {input_name: x[part].numpy()}), strict=True))
+        )
         progress.update(part.stop - part.start)
     return {name: np.concatenate([p[name] for p in parts]).astype(np.float32) for name in OUTPUTS}
 
@@ -379,23 +432,28 @@ def compare(
     for m in range(z32.shape[1]):
         diff = np.abs(zlow[:, m] - z32[:, m])  # [B, C]
         spread = z32[:, m].max(-1) - z32[:, m].min(-1)  # [B]
-        members.append({
-            "member": m,
-            "max_abs": float(diff.max()),
-            "mean_abs": float(diff.mean()),
-            "max_rel_range": float((diff.max(-1) / spread).max()),
-            "fp32_logit_range_median": float(np.median(spread)),
-            "argmax_agreement": float((zlow[:, m].argmax(-1) == z32[:, m].argmax(-1)).mean()),
-        })  # fmt: skip
+        members.append(
+            {
+                "member": m,
+                "max_abs": float(diff.max()),
+                "mean_abs": float(diff.mean()),
+                "max_rel_range": float((diff.max(-1) / spread).max()),
+                "fp32_logit_range_median": float(np.median(spread)),
+                "argmax_agreement": float((zlow[:, m].argmax(-1) == z32[:, m].argmax(-1)).mean()),
+            }
+        )
     result["members"] = members
     result["member_argmax_agreement"] = float((zlow.argmax(-1) == z32.argmax(-1)).mean())
     scores = {}
     for name in SCORES:
         diff = np.abs(low[name].astype(np.float64) - fp32[name].astype(np.float64))
         tolerance = limits.get(name)
-        scores[name] = {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()),
-                        "tolerance": tolerance,
-                        "within": None if tolerance is None else bool(diff.max() <= tolerance)}  # fmt: skip
+        scores[name] = {
+            "max_abs": float(diff.max()),
+            "mean_abs": float(diff.mean()),
+            "tolerance": tolerance,
+            "within": None if tolerance is None else bool(diff.max() <= tolerance),
+        }
     result["scores"] = scores
     prediction32, prediction = fp32["probs"].argmax(-1), low["probs"].argmax(-1)
     result["ensemble_argmax_agreement"] = float((prediction == prediction32).mean())
@@ -418,16 +476,23 @@ def compare(
         result["accuracy"] = {
             "fp32_ensemble": float((prediction32 == labels).mean()),
             f"{precision}_ensemble": float((prediction == labels).mean()),
-            "fp32_members": [float((z32[:, m].argmax(-1) == labels).mean())
-                             for m in range(z32.shape[1])],
-            f"{precision}_members": [float((zlow[:, m].argmax(-1) == labels).mean())
-                                     for m in range(z32.shape[1])],
-        }  # fmt: skip
-    exceeds = [f"{name} max {s['max_abs']:.3g} > {s['tolerance']:g}"
-               for name, s in scores.items() if s["within"] is False]  # fmt: skip
+            "fp32_members": [
+                float((z32[:, m].argmax(-1) == labels).mean()) for m in range(z32.shape[1])
+            ],
+            f"{precision}_members": [
+                float((zlow[:, m].argmax(-1) == labels).mean()) for m in range(z32.shape[1])
+            ],
+        }
+    exceeds = [
+        f"{name} max {s['max_abs']:.3g} > {s['tolerance']:g}"
+        for name, s in scores.items()
+        if s["within"] is False
+    ]
     floor = limits["argmax_agreement"]
-    for label, value in (("member argmax agreement", result["member_argmax_agreement"]),
-                         ("ensemble argmax agreement", result["ensemble_argmax_agreement"])):  # fmt: skip
+    for label, value in (
+        ("member argmax agreement", result["member_argmax_agreement"]),
+        ("ensemble argmax agreement", result["ensemble_argmax_agreement"]),
+    ):
         if value < floor:
             exceeds.append(f"{label} {value:.1%} < {floor:.0%}")
     if result["nonfinite_examples"]:
@@ -441,8 +506,10 @@ def compare(
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---" if i == 0 else "--:" for i in range(len(columns))) + "|"]  # fmt: skip
+    lines = [
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" if i == 0 else "--:" for i in range(len(columns))) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -454,57 +521,103 @@ def fmt(value: float | None, spec: str = ".3g") -> str:
 def model_tables(name: str, result: dict[str, Any]) -> str:
     runs = result["runs"]
     info = result["info"]
-    parts = [f"### {name}: {info['backbone']}",
-             f"{info['inputs']}; weights: {info['weights']}; M={info['members']} x "
-             f"{info['heads_per_member']} of {info['num_heads']} heads ({info['head_selection']})."]  # fmt: skip
+    parts = [
+        f"### {name}: {info['backbone']}",
+        f"{info['inputs']}; weights: {info['weights']}; M={info['members']} x "
+        f"{info['heads_per_member']} of {info['num_heads']} heads ({info['head_selection']}).",
+    ]
     member_rows = []
     for run, entry in runs.items():
         for m in entry["members"]:
-            member_rows.append([run, str(m["member"]), fmt(m["max_abs"]), fmt(m["mean_abs"]),
-                                fmt(m["max_rel_range"]), fmt(m["fp32_logit_range_median"]),
-                                f"{m['argmax_agreement']:.1%}"])  # fmt: skip
-    parts += ["Member logits vs FP32 (`rel` = max |diff| / the example's FP32 logit range):",
-              markdown_table(["run", "member", "max abs", "mean abs", "max rel", "FP32 range (median)",
-                              "argmax agree"], member_rows)]  # fmt: skip
+            member_rows.append(
+                [
+                    run,
+                    str(m["member"]),
+                    fmt(m["max_abs"]),
+                    fmt(m["mean_abs"]),
+                    fmt(m["max_rel_range"]),
+                    fmt(m["fp32_logit_range_median"]),
+                    f"{m['argmax_agreement']:.1%}",
+                ]
+            )
+    parts += [
+        "Member logits vs FP32 (`rel` = max |diff| / the example's FP32 logit range):",
+        markdown_table(
+            [
+                "run",
+                "member",
+                "max abs",
+                "mean abs",
+                "max rel",
+                "FP32 range (median)",
+                "argmax agree",
+            ],
+            member_rows,
+        ),
+    ]
     score_rows = []
     for run, entry in runs.items():
         for score, s in entry["scores"].items():
             verdict = "-" if s["within"] is None else ("ok" if s["within"] else "**EXCEEDED**")
-            score_rows.append([run, score, fmt(s["max_abs"]), fmt(s["mean_abs"]),
-                               fmt(s["tolerance"], "g"), verdict])  # fmt: skip
-    parts += ["Uncertainty scores vs FP32:",
-              markdown_table(["run", "score", "max abs", "mean abs", "tolerance", "check"],
-                             score_rows)]  # fmt: skip
+            score_rows.append(
+                [
+                    run,
+                    score,
+                    fmt(s["max_abs"]),
+                    fmt(s["mean_abs"]),
+                    fmt(s["tolerance"], "g"),
+                    verdict,
+                ]
+            )
+    parts += [
+        "Uncertainty scores vs FP32:",
+        markdown_table(["run", "score", "max abs", "mean abs", "tolerance", "check"], score_rows),
+    ]
     agree_rows = []
     has_accuracy = any("accuracy" in entry for entry in runs.values())
     for run, entry in runs.items():
         precision = run.split("/")[0]
-        row = [run, f"{entry['member_argmax_agreement']:.1%}",
-               f"{entry['ensemble_argmax_agreement']:.1%}",
-               f"{DRIFT_TOLERANCE[precision]['argmax_agreement']:.0%}",
-               *(fmt(entry["spearman"][k], ".5f") for k in RANKED),
-               flips_cell(entry)]  # fmt: skip
+        row = [
+            run,
+            f"{entry['member_argmax_agreement']:.1%}",
+            f"{entry['ensemble_argmax_agreement']:.1%}",
+            f"{DRIFT_TOLERANCE[precision]['argmax_agreement']:.0%}",
+            *(fmt(entry["spearman"][k], ".5f") for k in RANKED),
+            flips_cell(entry),
+        ]
         if has_accuracy:
             accuracy = entry["accuracy"]
             row += [f"{accuracy['fp32_ensemble']:.2%}", f"{accuracy[f'{precision}_ensemble']:.2%}"]
         agree_rows.append(row)
-    columns = ["run", "member argmax", "ensemble argmax", "floor",
-               *(f"Spearman {k}" for k in RANKED), "flips (FP32 top-2 margin)"]  # fmt: skip
+    columns = [
+        "run",
+        "member argmax",
+        "ensemble argmax",
+        "floor",
+        *(f"Spearman {k}" for k in RANKED),
+        "flips (FP32 top-2 margin)",
+    ]
     if has_accuracy:
         columns += ["acc FP32", "acc low"]
-    parts += [f"Agreement and ranking vs FP32 ({next(iter(runs.values()))['examples']} examples):",
-              markdown_table(columns, agree_rows)]  # fmt: skip
+    parts += [
+        f"Agreement and ranking vs FP32 ({next(iter(runs.values()))['examples']} examples):",
+        markdown_table(columns, agree_rows),
+    ]
     return "\n\n".join(parts)
 
 
 def flips_cell(entry: dict[str, Any]) -> str:
     """Argmax flips with FP32's top-2 margin there: members (logits), then the ensemble (probs)."""
-    cells = [f"m{f['member']} ex{f['example']} ({f['fp32_top2_logit_margin']:.2g})"
-             for f in entry["member_flips"][:4]]  # fmt: skip
+    cells = [
+        f"m{f['member']} ex{f['example']} ({f['fp32_top2_logit_margin']:.2g})"
+        for f in entry["member_flips"][:4]
+    ]
     if len(entry["member_flips"]) > 4:
         cells.append(f"+{len(entry['member_flips']) - 4} more")
-    cells += [f"ens ex{f['example']} ({f['fp32_top2_prob_margin']:.2g})"
-              for f in entry["ensemble_flips"][:3]]  # fmt: skip
+    cells += [
+        f"ens ex{f['example']} ({f['fp32_top2_prob_margin']:.2g})"
+        for f in entry["ensemble_flips"][:3]
+    ]
     if len(entry["ensemble_flips"]) > 3:
         cells.append(f"+{len(entry['ensemble_flips']) - 3} more")
     return ", ".join(cells) or "none"
@@ -517,14 +630,37 @@ def summary_table(results: dict[str, Any]) -> str:
             logits = max(m["max_abs"] for m in entry["members"])
             rel = max(m["max_rel_range"] for m in entry["members"])
             s = entry["scores"]
-            rows.append([name, run, fmt(logits), fmt(rel), fmt(s["probs"]["max_abs"]),
-                         fmt(s["msp"]["max_abs"]), fmt(s["predictive_entropy"]["max_abs"]),
-                         fmt(s["expected_entropy"]["max_abs"]),
-                         fmt(s["mutual_information"]["max_abs"]),
-                         f"{entry['ensemble_argmax_agreement']:.1%}",
-                         "; ".join(entry["exceeds"]) or "none"])  # fmt: skip
-    return markdown_table(["model", "run", "logits max", "logits rel", "probs", "msp", "pred H",
-                           "exp H", "MI", "ens argmax", "exceeded"], rows)  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    run,
+                    fmt(logits),
+                    fmt(rel),
+                    fmt(s["probs"]["max_abs"]),
+                    fmt(s["msp"]["max_abs"]),
+                    fmt(s["predictive_entropy"]["max_abs"]),
+                    fmt(s["expected_entropy"]["max_abs"]),
+                    fmt(s["mutual_information"]["max_abs"]),
+                    f"{entry['ensemble_argmax_agreement']:.1%}",
+                    "; ".join(entry["exceeds"]) or "none",
+                ]
+            )
+    return markdown_table(
+        [
+            "model",
+            "run",
+            "logits max",
+            "logits rel",
+            "probs",
+            "msp",
+            "pred H",
+            "exp H",
+            "MI",
+            "ens argmax",
+            "exceeded",
+        ],
+        rows,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -569,13 +705,21 @@ def measure(setup: Setup, args: argparse.Namespace, threads: int, progress: Any)
     runs: dict[str, Any] = {}
     ort_notes: dict[str, Any] = {}
     for precision in PRECISIONS:
-        low = timed(f"{precision}/torch", run_torch, reference_model(model, precision), x, batch,
-                    progress)  # fmt: skip
+        low = timed(
+            f"{precision}/torch", run_torch, reference_model(model, precision), x, batch, progress
+        )
         runs[f"{precision}/torch"] = compare(with_disagreement(low), fp32, precision, setup.labels)
-        weights_only = timed(f"{precision}/torch-w", run_torch,
-                             reference_model(model, precision, compute="fp32"), x, batch, progress)  # fmt: skip
-        runs[f"{precision}/torch-w"] = compare(with_disagreement(weights_only), fp32, precision,
-                                               setup.labels)  # fmt: skip
+        weights_only = timed(
+            f"{precision}/torch-w",
+            run_torch,
+            reference_model(model, precision, compute="fp32"),
+            x,
+            batch,
+            progress,
+        )
+        runs[f"{precision}/torch-w"] = compare(
+            with_disagreement(weights_only), fp32, precision, setup.labels
+        )
         if not args.ort:
             continue
         with tempfile.TemporaryDirectory(prefix="precision_drift.") as tmp:
@@ -596,16 +740,28 @@ def measure(setup: Setup, args: argparse.Namespace, threads: int, progress: Any)
             report = info.get("precision_report", {})
             ort_notes[precision] = {
                 "low_precision_nodes": report.get("low_precision_nodes"),
-                "fp32_nodes": report.get("fp32_nodes"), "casts": report.get("casts"),
-            }  # fmt: skip
+                "fp32_nodes": report.get("fp32_nodes"),
+                "casts": report.get("casts"),
+            }
             got = timed(f"{precision}/ort", run_ort, session, x, batch, progress)
-            runs[f"{precision}/ort"] = compare(with_disagreement(got), fp32, precision,
-                                               setup.labels)  # fmt: skip
-    fp32_scores = {name: {"min": float(np.min(fp32[name])), "median": float(np.median(fp32[name])),
-                          "max": float(np.max(fp32[name]))}
-                   for name in ("member_logits", *SCORES)}  # fmt: skip
-    return {"info": setup.info, "fp32_ranges": fp32_scores, "runs": runs, "ort": ort_notes,
-            "seconds": seconds}  # fmt: skip
+            runs[f"{precision}/ort"] = compare(
+                with_disagreement(got), fp32, precision, setup.labels
+            )
+    fp32_scores = {
+        name: {
+            "min": float(np.min(fp32[name])),
+            "median": float(np.median(fp32[name])),
+            "max": float(np.max(fp32[name])),
+        }
+        for name in ("member_logits", *SCORES)
+    }
+    return {
+        "info": setup.info,
+        "fp32_ranges": fp32_scores,
+        "runs": runs,
+        "ort": ort_notes,
+        "seconds": seconds,
+    }
 
 
 def images_per_model(name: str, args: argparse.Namespace) -> int:
@@ -627,8 +783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(threads)
     load_at_start = load_average()
     if load_at_start and load_at_start[0] > 0.5:
-        note(args, f"note: load average {load_at_start[0]} at start; other processes share the "
-             "CPU (only the run times are affected)")  # fmt: skip
+        note(
+            args,
+            f"note: load average {load_at_start[0]} at start; other processes share the "
+            "CPU (only the run times are affected)",
+        )
 
     results: dict[str, Any] = {}
     total = sum(images_per_model(name, args) for name in args.models)
@@ -641,13 +800,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sections = [summary_table(results)]
     sections += [model_tables(name, result) for name, result in results.items()]
-    ort_lines = [f"- {name} {precision} in ONNX Runtime: "
-                 + (note_ if isinstance(note_, str) else "run (the exported file)")
-                 for name, result in results.items()
-                 for precision, note_ in result["ort"].items()]  # fmt: skip
+    ort_lines = [
+        f"- {name} {precision} in ONNX Runtime: "
+        + (note_ if isinstance(note_, str) else "run (the exported file)")
+        for name, result in results.items()
+        for precision, note_ in result["ort"].items()
+    ]
     wall = time.perf_counter() - started
-    exceeded = [f"{name} {run}: {item}" for name, result in results.items()
-                for run, entry in result["runs"].items() for item in entry["exceeds"]]  # fmt: skip
+    exceeded = [
+        f"{name} {run}: {item}"
+        for name, result in results.items()
+        for run, entry in result["runs"].items()
+        for item in entry["exceeds"]
+    ]
     env = environment(threads, found, load_at_start)
     header = (
         "# Precision drift: FP16 / BF16 vs FP32\n\n"
@@ -657,24 +822,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Runs: " + "; ".join(f"`{k}`: {v}" for k, v in RUNTIMES.items()) + ". Tolerances from "
         "ARCHITECTURE.md (FP16: probs/MSP 2e-2, entropies/MI 5e-2, argmax >= 99%; BF16: 5e-2, "
         "1e-1, >= 98%); disagreement and member logits are reported only.\n"
-    )  # fmt: skip
-    body = "\n\n".join(["## Summary (max abs differences)", *sections[:1], "## Per model",
-                        *sections[1:]])  # fmt: skip
-    footer = "\n".join(["", "## ONNX Runtime", *ort_lines, "", "## Exceeded tolerances",
-                        *(f"- {item}" for item in exceeded or ["none"])])  # fmt: skip
+    )
+    body = "\n\n".join(
+        ["## Summary (max abs differences)", *sections[:1], "## Per model", *sections[1:]]
+    )
+    footer = "\n".join(
+        [
+            "",
+            "## ONNX Runtime",
+            *ort_lines,
+            "",
+            "## Exceeded tolerances",
+            *(f"- {item}" for item in exceeded or ["none"]),
+        ]
+    )
     markdown = f"{header}\n{body}\n{footer}\n"
     print(markdown)
-    atomic_write_json(args.out, {
-        "benchmark": "precision_drift",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "environment": env,
-        "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "runtimes": RUNTIMES,
-        "tolerances": DRIFT_TOLERANCE,
-        "results": results,
-        "exceeded": exceeded,
-        "wall_time_s": round(wall, 1),
-    })  # fmt: skip
+    atomic_write_json(
+        args.out,
+        {
+            "benchmark": "precision_drift",
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": env,
+            "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "runtimes": RUNTIMES,
+            "tolerances": DRIFT_TOLERANCE,
+            "results": results,
+            "exceeded": exceeded,
+            "wall_time_s": round(wall, 1),
+        },
+    )
     atomic_write_text(markdown_out, markdown)
     print(f"wrote {args.out} and {markdown_out} (wall time {wall:.0f} s)")
     return 0

@@ -51,9 +51,21 @@ from hydra_deploy.fusion import DEFAULT_LOWERING, LOWERINGS
 DEFAULT_OUT = Path("benchmarks/results/profile_ort.json")
 ROLES = ("qkv", "attention", "proj", "mlp", "norm", "layout", "residual", "other")
 LAYOUT_OPS = {
-    "Transpose", "Reshape", "Split", "Concat", "Slice", "Squeeze", "Unsqueeze", "Gather",
-    "Expand", "Shape", "Flatten", "Identity", "Cast", "Tile",
-}  # fmt: skip
+    "Transpose",
+    "Reshape",
+    "Split",
+    "Concat",
+    "Slice",
+    "Squeeze",
+    "Unsqueeze",
+    "Gather",
+    "Expand",
+    "Shape",
+    "Flatten",
+    "Identity",
+    "Cast",
+    "Tile",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -152,9 +164,11 @@ def node_roles(path: Path) -> dict[str, str]:
             frontier = nxt
     # qkv / proj: the remaining MatMuls feeding attention (qkv) or fed by it (proj)
     attention_outputs = {
-        out for n in graph.node if roles.get(n.name) == "attention" and n.op_type == "MatMul"
+        out
+        for n in graph.node
+        if roles.get(n.name) == "attention" and n.op_type == "MatMul"
         for out in n.output
-    }  # fmt: skip
+    }
     for node in graph.node:
         if node.op_type not in ("MatMul", "Gemm") or node.name in roles:
             continue
@@ -226,11 +240,18 @@ def role_of(name: str, op: str, roles: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     refuse_existing(args.out, args.overwrite)
-    config = BenchConfig(backbone=args.backbone, members=args.members,
-                         heads_per_member=args.heads_per_member, batches=(args.batch,),
-                         backends=("ort",), variants=("single", "hydra"), threads=args.threads,
-                         exporter=args.exporter, lowering=args.lowering,
-                         img_size=args.img_size)  # fmt: skip
+    config = BenchConfig(
+        backbone=args.backbone,
+        members=args.members,
+        heads_per_member=args.heads_per_member,
+        batches=(args.batch,),
+        backends=("ort",),
+        variants=("single", "hydra"),
+        threads=args.threads,
+        exporter=args.exporter,
+        lowering=args.lowering,
+        img_size=args.img_size,
+    )
     started = time.perf_counter()
     variants = build_variants(config)
     feed = feed_of(variants.input_names, variants.example_inputs(args.batch))
@@ -239,11 +260,17 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         for variant in variants.variants:
             note(args, f"exporting {variant.name}")
-            paths, done = export_variant(variant, variants, workdir / variant.name,
-                                         exporter=args.exporter, max_batch=args.batch)  # fmt: skip
+            paths, done = export_variant(
+                variant,
+                variants,
+                workdir / variant.name,
+                exporter=args.exporter,
+                max_batch=args.batch,
+            )
             note(args, f"profiling {variant.name} ({args.runs} runs at batch {args.batch})")
-            per_node, ops, walls, optimized = profile(paths[0], feed, args.runs, args.threads,
-                                                      workdir)  # fmt: skip
+            per_node, ops, walls, optimized = profile(
+                paths[0], feed, args.runs, args.threads, workdir
+            )
             roles = node_roles(optimized)
             by_role: dict[str, float] = dict.fromkeys(ROLES, 0.0)
             by_op: dict[str, float] = collections.defaultdict(float)
@@ -251,11 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                 by_role[role_of(name, ops[name], roles)] += us / 1000
                 by_op[ops[name]] += us / 1000
             result["variants"][variant.name] = {
-                "wall_ms": walls, "median_wall_ms": float(np.median(walls)),
+                "wall_ms": walls,
+                "median_wall_ms": float(np.median(walls)),
                 "kernel_ms_by_role": by_role,
                 "kernel_ms_by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
-                "exporter": done["exporter"], "flops_ratio": variant.flops_ratio,
-            }  # fmt: skip
+                "exporter": done["exporter"],
+                "flops_ratio": variant.flops_ratio,
+            }
     single, hydra = result["variants"]["single"], result["variants"]["hydra"]
     flops = role_flops_ratios(variants)
     s_total = sum(single["kernel_ms_by_role"].values())
@@ -264,19 +293,42 @@ def main(argv: list[str] | None = None) -> int:
         s, h = single["kernel_ms_by_role"][role], hydra["kernel_ms_by_role"][role]
         if s == 0 and h == 0:
             continue
-        table.append([role, f"{s:.1f}", f"{h:.1f}", f"{h / s:.2f}" if s else "-",
-                      f"{flops[role]:.2f}" if role in flops else "-",
-                      f"{100 * (h - s) / max(1e-9, h_total - s_total):.0f}%"])  # fmt: skip
-    table.append(["kernels (sum)", f"{s_total:.1f}", f"{h_total:.1f}", f"{h_total / s_total:.2f}",
-                  f"{hydra['flops_ratio']:.2f}", "100%"])  # fmt: skip
-    table.append(["wall (median)", f"{single['median_wall_ms']:.1f}",
-                  f"{hydra['median_wall_ms']:.1f}",
-                  f"{hydra['median_wall_ms'] / single['median_wall_ms']:.2f}",
-                  f"{hydra['flops_ratio']:.2f}", ""])  # fmt: skip
+        table.append(
+            [
+                role,
+                f"{s:.1f}",
+                f"{h:.1f}",
+                f"{h / s:.2f}" if s else "-",
+                f"{flops[role]:.2f}" if role in flops else "-",
+                f"{100 * (h - s) / max(1e-9, h_total - s_total):.0f}%",
+            ]
+        )
+    table.append(
+        [
+            "kernels (sum)",
+            f"{s_total:.1f}",
+            f"{h_total:.1f}",
+            f"{h_total / s_total:.2f}",
+            f"{hydra['flops_ratio']:.2f}",
+            "100%",
+        ]
+    )
+    table.append(
+        [
+            "wall (median)",
+            f"{single['median_wall_ms']:.1f}",
+            f"{hydra['median_wall_ms']:.1f}",
+            f"{hydra['median_wall_ms'] / single['median_wall_ms']:.2f}",
+            f"{hydra['flops_ratio']:.2f}",
+            "",
+        ]
+    )
     header = ["role", "single ms", "hydra ms", "hydra x single", "FLOPs x", "share of the extra"]
-    print(f"{args.backbone}, M={args.members}, k={args.heads_per_member} ({args.lowering} "
-          f"lowering), batch {args.batch}, "
-          f"{args.threads} threads, ONNX Runtime CPU ({args.runs} profiled runs)")  # fmt: skip
+    print(
+        f"{args.backbone}, M={args.members}, k={args.heads_per_member} ({args.lowering} "
+        f"lowering), batch {args.batch}, "
+        f"{args.threads} threads, ONNX Runtime CPU ({args.runs} profiled runs)"
+    )
     print(print_table(table, header))
     result.update(
         command="python benchmarks/profile_ort.py " + " ".join(argv or sys.argv[1:]),

@@ -58,15 +58,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--backbone", default="vit_s16", help="timm ViT name or alias (default vit_s16)")  # fmt: skip
+    parser.add_argument(
+        "--backbone", default="vit_s16", help="timm ViT name or alias (default vit_s16)"
+    )
     parser.add_argument("--members", type=int, default=3, help="Hydra members (default 3)")
-    parser.add_argument("--heads-per-member", type=int, default=4, help="heads kept per member and layer (default 4)")  # fmt: skip
+    parser.add_argument(
+        "--heads-per-member",
+        type=int,
+        default=4,
+        help="heads kept per member and layer (default 4)",
+    )
     parser.add_argument("--images", type=int, default=256, help="JPEGs to score (default 256)")
     parser.add_argument("--batch", type=int, default=8, help="batch size (profile opt; default 8)")
     parser.add_argument("--shard-size", type=int, default=64, help="images per shard (default 64)")
-    parser.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster and threads in-process (default 2)")  # fmt: skip
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        default=2,
+        help="CPUs of the local Ray cluster and threads in-process (default 2)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of everything (default 0)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON report (default {DEFAULT_OUT}; .md beside it)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"JSON report (default {DEFAULT_OUT}; .md beside it)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.add_argument("--quiet", action="store_true", help="no notes on stderr")
     return parser.parse_args(argv)
@@ -83,16 +100,27 @@ def build_export(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     backbone = load_backbone(args.backbone)
     spec = HydraSpec.random(
-        backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim, args.members,
-        args.heads_per_member, seed=args.seed,
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        args.members,
+        args.heads_per_member,
+        seed=args.seed,
         disjoint=args.members * args.heads_per_member <= backbone.num_heads,
-    )  # fmt: skip
-    info = export_onnx(fuse(backbone, spec), folder, batch=(1, args.batch, 2 * args.batch),
-                       validate=False)  # fmt: skip
-    return {"backbone": backbone.name, "img_size": info["preprocessing"]["input_size"][1:],
-            "members": args.members, "heads_per_member": args.heads_per_member,
-            "layers": backbone.num_layers, "heads": backbone.num_heads,
-            "macs_per_example": info["macs_per_example"]["hydra"]}  # fmt: skip
+    )
+    info = export_onnx(
+        fuse(backbone, spec), folder, batch=(1, args.batch, 2 * args.batch), validate=False
+    )
+    return {
+        "backbone": backbone.name,
+        "img_size": info["preprocessing"]["input_size"][1:],
+        "members": args.members,
+        "heads_per_member": args.heads_per_member,
+        "layers": backbone.num_layers,
+        "heads": backbone.num_heads,
+        "macs_per_example": info["macs_per_example"]["hydra"],
+    }
 
 
 def make_images(folder: Path, count: int, seed: int) -> None:
@@ -112,7 +140,9 @@ def make_images(folder: Path, count: int, seed: int) -> None:
         Image.fromarray(np.ascontiguousarray(crop)).save(folder / f"img{index:04d}.jpg", quality=90)
 
 
-def in_process(export: Path, images: Path, args: argparse.Namespace) -> tuple[dict[str, Any], np.ndarray]:  # fmt: skip
+def in_process(
+    export: Path, images: Path, args: argparse.Namespace
+) -> tuple[dict[str, Any], np.ndarray]:
     from hydra_deploy.cli.run import score_inputs
     from hydra_deploy.engines import load_runner
     from hydra_deploy.engines.preprocess import find_images, preprocess_images
@@ -124,34 +154,68 @@ def in_process(export: Path, images: Path, args: argparse.Namespace) -> tuple[di
     results = score_inputs(runner, [images], batch_size=args.batch)
     wall = time.perf_counter() - begin
     files = find_images([images])  # the reference probs for the Ray runs (not timed)
-    probs = np.concatenate([
-        ensemble_scores(runner(preprocess_images(files[i : i + 64], runner.preprocessing))["member_logits"])["probs"]
-        for i in range(0, len(files), 64)
-    ])  # fmt: skip
-    row = {"name": "in-process", "actors": 1, "threads": args.cpus, "items": len(results),
-           "wall_s": wall, "ray_start_s": 0.0, "scoring_s": wall,
-           "session_load_s": loaded - begin}  # fmt: skip
+    probs = np.concatenate(
+        [
+            ensemble_scores(
+                runner(preprocess_images(files[i : i + 64], runner.preprocessing))["member_logits"]
+            )["probs"]
+            for i in range(0, len(files), 64)
+        ]
+    )
+    row = {
+        "name": "in-process",
+        "actors": 1,
+        "threads": args.cpus,
+        "items": len(results),
+        "wall_s": wall,
+        "ray_start_s": 0.0,
+        "scoring_s": wall,
+        "session_load_s": loaded - begin,
+    }
     return row, probs
 
 
-def on_ray(export: Path, images: Path, work: Path, actors: int, threads: int,
-           args: argparse.Namespace, reference: np.ndarray) -> dict[str, Any]:  # fmt: skip
+def on_ray(
+    export: Path,
+    images: Path,
+    work: Path,
+    actors: int,
+    threads: int,
+    args: argparse.Namespace,
+    reference: np.ndarray,
+) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from hydra_deploy.distributed import score_dataset
 
     out = work / f"scores-{actors}x{threads}.parquet"
     begin = time.perf_counter()
-    report = score_dataset(export, [images], out, num_cpus=args.cpus, actors=actors,
-                           threads=threads, batch_size=args.batch, shard_size=args.shard_size,
-                           providers=["cpu"], progress=False, quiet=True)  # fmt: skip
+    report = score_dataset(
+        export,
+        [images],
+        out,
+        num_cpus=args.cpus,
+        actors=actors,
+        threads=threads,
+        batch_size=args.batch,
+        shard_size=args.shard_size,
+        providers=["cpu"],
+        progress=False,
+        quiet=True,
+    )
     wall = time.perf_counter() - begin
     probs = np.array(pq.read_table(out, columns=["probs"])["probs"].to_pylist())
-    return {"name": f"ray {actors}x{threads}", "actors": actors, "threads": threads,
-            "items": report.items_scored, "wall_s": wall,
-            "ray_start_s": report.ray_start_seconds, "scoring_s": report.scoring_seconds,
-            "shards": report.shards,
-            "max_abs_probs_diff": float(np.abs(probs - reference).max())}  # fmt: skip
+    return {
+        "name": f"ray {actors}x{threads}",
+        "actors": actors,
+        "threads": threads,
+        "items": report.items_scored,
+        "wall_s": wall,
+        "ray_start_s": report.ray_start_seconds,
+        "scoring_s": report.scoring_seconds,
+        "shards": report.shards,
+        "max_abs_probs_diff": float(np.abs(probs - reference).max()),
+    }
 
 
 def with_ratios(rows: list[dict[str, Any]]) -> None:
@@ -164,15 +228,34 @@ def with_ratios(rows: list[dict[str, Any]]) -> None:
         row["ratio_excl_start"] = row["items_per_s_excl_start"] / base["items_per_s"]
 
 
-HEADER = ["run", "actors x threads", "wall s", "Ray start s", "scoring s", "items/s",
-          "items/s excl. start", "x in-process", "x in-process excl. start"]  # fmt: skip
+HEADER = [
+    "run",
+    "actors x threads",
+    "wall s",
+    "Ray start s",
+    "scoring s",
+    "items/s",
+    "items/s excl. start",
+    "x in-process",
+    "x in-process excl. start",
+]
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    return [[r["name"], f"{r['actors']} x {r['threads']}", f"{r['wall_s']:.1f}",
-             f"{r['ray_start_s']:.1f}", f"{r['scoring_s']:.1f}", f"{r['items_per_s']:.1f}",
-             f"{r['items_per_s_excl_start']:.1f}", f"{r['ratio']:.2f}",
-             f"{r['ratio_excl_start']:.2f}"] for r in rows]  # fmt: skip
+    return [
+        [
+            r["name"],
+            f"{r['actors']} x {r['threads']}",
+            f"{r['wall_s']:.1f}",
+            f"{r['ray_start_s']:.1f}",
+            f"{r['scoring_s']:.1f}",
+            f"{r['items_per_s']:.1f}",
+            f"{r['items_per_s_excl_start']:.1f}",
+            f"{r['ratio']:.2f}",
+            f"{r['ratio_excl_start']:.2f}",
+        ]
+        for r in rows
+    ]
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
@@ -197,11 +280,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "of this run.",
         "",
         "Largest |probs difference| of a Ray run from in-process: "
-        + ", ".join(f"{r['name']} {r['max_abs_probs_diff']:.1e}" for r in result["runs"][1:]) + ".",
+        + ", ".join(f"{r['name']} {r['max_abs_probs_diff']:.1e}" for r in result["runs"][1:])
+        + ".",
         "",
         f"Reproduce: `{command}`",
         "",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 
@@ -225,8 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         base, reference = in_process(work / "export", work / "images", args)
         rows = [base]
         for actors, threads in RAY_CONFIGS:
-            note(args, f"hydra-score-dataset on a local cluster: {actors} actor(s) x {threads} thread(s)")  # fmt: skip
-            rows.append(on_ray(work / "export", work / "images", work, actors, threads, args, reference))  # fmt: skip
+            note(
+                args,
+                f"hydra-score-dataset on a local cluster: {actors} actor(s) x {threads} thread(s)",
+            )
+            rows.append(
+                on_ray(work / "export", work / "images", work, actors, threads, args, reference)
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     with_ratios(rows)

@@ -48,8 +48,16 @@ import numpy as np
 RESULTS = Path("benchmarks/results")
 DEFAULT_OUT = RESULTS / "serve_load.json"
 PROG = ".venv/bin/python benchmarks/serve_load.py"
-OUTPUTS = ("member_logits", "probs", "msp", "predictive_entropy", "expected_entropy",
-           "mutual_information", "disagreement", "prediction")  # fmt: skip
+OUTPUTS = (
+    "member_logits",
+    "probs",
+    "msp",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+    "prediction",
+)
 TRITON_DTYPES = {"float32": "FP32", "int64": "INT64", "int32": "INT32", "float16": "FP16"}
 
 
@@ -137,10 +145,22 @@ class ServerProcess:
         return self.info["model"]
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "hydra_deploy.cli.serve", str(self.export_dir),
-                "--host", self.host, "--port", str(self.ports[0]),
-                "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]),
-                "--json", *self.extra_args]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "hydra_deploy.cli.serve",
+            str(self.export_dir),
+            "--host",
+            self.host,
+            "--port",
+            str(self.ports[0]),
+            "--grpc-port",
+            str(self.ports[1]),
+            "--metrics-port",
+            str(self.ports[2]),
+            "--json",
+            *self.extra_args,
+        ]
 
     def log_tail(self, lines: int = 40) -> str:
         path = self.log_dir / "stderr.txt"
@@ -155,8 +175,9 @@ class ServerProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_dir / "stdout.txt", "wb")  # noqa: SIM115 (the child keeps it)
         err = open(self.log_dir / "stderr.txt", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(self.command(), stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL)  # fmt: skip
+        self.process = subprocess.Popen(
+            self.command(), stdout=out, stderr=err, stdin=subprocess.DEVNULL
+        )
         out.close()
         err.close()
         deadline = time.monotonic() + timeout_s
@@ -225,7 +246,11 @@ def infer_once(client, module, model: str, arrays: dict[str, np.ndarray]) -> dic
     """One request: ``arrays`` (by input name, with the batch axis) in, every output out."""
     inputs = []
     for name, array in arrays.items():
-        tensor = module.InferInput(name, list(array.shape), TRITON_DTYPES.get(array.dtype.name, module.np_to_triton_dtype(array.dtype)))  # fmt: skip
+        tensor = module.InferInput(
+            name,
+            list(array.shape),
+            TRITON_DTYPES.get(array.dtype.name, module.np_to_triton_dtype(array.dtype)),
+        )
         tensor.set_data_from_numpy(np.ascontiguousarray(array))
         inputs.append(tensor)
     outputs = [module.InferRequestedOutput(name) for name in OUTPUTS]
@@ -309,8 +334,14 @@ def run_load(
         thread.join()
     wall = time.perf_counter() - start
     done = [i for i, value in enumerate(latencies) if value is not None]
-    return LoadRun(protocol, threads, [latencies[i] for i in done],  # type: ignore[misc]
-                   [answers[i] for i in done], wall, errors)  # type: ignore[misc]  # fmt: skip
+    return LoadRun(
+        protocol,
+        threads,
+        [latencies[i] for i in done],  # type: ignore[misc]
+        [answers[i] for i in done],
+        wall,
+        errors,
+    )  # type: ignore[misc]
 
 
 def batch_histogram(url: str, model: str) -> dict[int, int]:
@@ -327,7 +358,9 @@ def batch_histogram(url: str, model: str) -> dict[int, int]:
         for entry in model_stats.get("batch_stats", []):
             count = int(entry.get("compute_infer", {}).get("count", 0))
             if count:
-                histogram[int(entry["batch_size"])] = histogram.get(int(entry["batch_size"]), 0) + count  # fmt: skip
+                histogram[int(entry["batch_size"])] = (
+                    histogram.get(int(entry["batch_size"]), 0) + count
+                )
     return histogram
 
 
@@ -394,24 +427,55 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--backbone", default="vit_s16", help="timm ViT (default vit_s16)")
     parser.add_argument("--members", type=int, default=3, help="members M (default 3)")
-    parser.add_argument("--heads-per-member", type=int, default=4,
-                        help="heads kept per layer and member (default 4)")  # fmt: skip
-    parser.add_argument("--batch-profile", type=int, nargs=3, default=[1, 4, 8],
-                        metavar=("MIN", "OPT", "MAX"), help="export batch profile (default 1 4 8)")  # fmt: skip
-    parser.add_argument("--export", type=Path,
-                        help="serve this existing export folder instead of exporting one")  # fmt: skip
-    parser.add_argument("--requests", type=int, default=64,
-                        help="single-image requests per setting (default 64)")  # fmt: skip
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 4, 8],
-                        help="client threads, HTTP (default 1 4 8)")  # fmt: skip
-    parser.add_argument("--grpc-threads", type=int, nargs="*", default=[1, 8],
-                        help="client threads, gRPC (default 1 8)")  # fmt: skip
-    parser.add_argument("--queue-delay-us", type=int, default=2000,
-                        help="hydra-serve --queue-delay-us (default 2000)")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=12,
-                        help="in-process timed calls per batch size (default 12)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"JSON output (default {DEFAULT_OUT}); the tables go beside it as .md")  # fmt: skip
+    parser.add_argument(
+        "--heads-per-member",
+        type=int,
+        default=4,
+        help="heads kept per layer and member (default 4)",
+    )
+    parser.add_argument(
+        "--batch-profile",
+        type=int,
+        nargs=3,
+        default=[1, 4, 8],
+        metavar=("MIN", "OPT", "MAX"),
+        help="export batch profile (default 1 4 8)",
+    )
+    parser.add_argument(
+        "--export", type=Path, help="serve this existing export folder instead of exporting one"
+    )
+    parser.add_argument(
+        "--requests", type=int, default=64, help="single-image requests per setting (default 64)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1, 4, 8],
+        help="client threads, HTTP (default 1 4 8)",
+    )
+    parser.add_argument(
+        "--grpc-threads",
+        type=int,
+        nargs="*",
+        default=[1, 8],
+        help="client threads, gRPC (default 1 8)",
+    )
+    parser.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=2000,
+        help="hydra-serve --queue-delay-us (default 2000)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=12, help="in-process timed calls per batch size (default 12)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"JSON output (default {DEFAULT_OUT}); the tables go beside it as .md",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
@@ -434,16 +498,30 @@ def make_export(args: argparse.Namespace, folder: Path) -> tuple[Path, dict[str,
     torch.manual_seed(0)
     backbone = load_backbone(args.backbone)
     disjoint = args.members * args.heads_per_member <= backbone.num_heads
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=args.members,
-                            heads_per_member=args.heads_per_member, disjoint=disjoint, seed=0)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=args.members,
+        heads_per_member=args.heads_per_member,
+        disjoint=disjoint,
+        seed=0,
+    )
     hydra = fuse(backbone, spec)
     out = folder / f"{args.backbone}-m{args.members}"
     export_onnx(hydra, out, batch=tuple(args.batch_profile), validate=False)
-    model = {"backbone": args.backbone, "timm_name": backbone.name, "members": args.members,
-             "heads_per_member": args.heads_per_member, "num_heads": backbone.num_heads,
-             "num_layers": backbone.num_layers, "disjoint": disjoint,
-             "batch_profile": list(args.batch_profile), "weights": "random (timm init, seed 0)"}  # fmt: skip
+    model = {
+        "backbone": args.backbone,
+        "timm_name": backbone.name,
+        "members": args.members,
+        "heads_per_member": args.heads_per_member,
+        "num_heads": backbone.num_heads,
+        "num_layers": backbone.num_layers,
+        "disjoint": disjoint,
+        "batch_profile": list(args.batch_profile),
+        "weights": "random (timm init, seed 0)",
+    }
     return out, model
 
 
@@ -459,7 +537,11 @@ def in_process_rps(runner, example: np.ndarray, batch: int, rounds: int) -> dict
         ensemble_scores(runner(x)["member_logits"])
         times.append(time.perf_counter() - start)
     median = float(np.median(times))
-    return {"batch": batch, "call_ms": round(median * 1000, 2), "examples_per_s": round(batch / median, 3)}  # fmt: skip
+    return {
+        "batch": batch,
+        "call_ms": round(median * 1000, 2),
+        "examples_per_s": round(batch / median, 3),
+    }
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
@@ -485,8 +567,13 @@ def markdown(result: dict[str, Any], command: str) -> str:
             f"{row['ratio_vs_in_process_main_batch']:.2f} (b{row['main_batch']}) | "
             f"{row['load_average_1m']} |"
         )
-    lines += ["", "In-process (`load_runner` + `ensemble_scores`, same export, server stopped):", "",
-              "| batch | call ms | examples/s |", "|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "In-process (`load_runner` + `ensemble_scores`, same export, server stopped):",
+        "",
+        "| batch | call ms | examples/s |",
+        "|---:|---:|---:|",
+    ]
     for row in result["in_process"]:
         lines.append(f"| {row['batch']} | {row['call_ms']:.1f} | {row['examples_per_s']:.2f} |")
     check = result["correctness"]
@@ -507,8 +594,12 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name, package in (("pytriton", "nvidia-pytriton"), ("tritonclient", "tritonclient"),
-                          ("onnxruntime", "onnxruntime"), ("numpy", "numpy")):  # fmt: skip
+    for name, package in (
+        ("pytriton", "nvidia-pytriton"),
+        ("tritonclient", "tritonclient"),
+        ("onnxruntime", "onnxruntime"),
+        ("numpy", "numpy"),
+    ):
         with contextlib.suppress(PackageNotFoundError):
             found[name] = version(package)
     return found
@@ -536,11 +627,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         total = max(args.requests, 1)
         requests = [{"pixel_values": images[i % len(images)][None]} for i in range(total)]
         local = expected_answers(runner, [{"pixel_values": im[None]} for im in images])
-        settings_plan = [("http", t) for t in args.threads] + [("grpc", t) for t in args.grpc_threads]  # fmt: skip
-        rows, worst = [], {"member_logits": 0.0, "max_score_diff": 0.0, "prediction_mismatches": 0, "errors": 0}  # fmt: skip
+        settings_plan = [("http", t) for t in args.threads] + [
+            ("grpc", t) for t in args.grpc_threads
+        ]
+        rows, worst = (
+            [],
+            {"member_logits": 0.0, "max_score_diff": 0.0, "prediction_mismatches": 0, "errors": 0},
+        )
         note(args, "starting hydra-serve ...")
-        server = ServerProcess(Path(export_dir), folder / "logs",
-                               extra_args=["--queue-delay-us", str(args.queue_delay_us)])  # fmt: skip
+        server = ServerProcess(
+            Path(export_dir),
+            folder / "logs",
+            extra_args=["--queue-delay-us", str(args.queue_delay_us)],
+        )
         with server:
             info = server.info
             triton_version = server_version(server.http_url)
@@ -551,11 +650,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 url = server.http_url if protocol == "http" else server.grpc_url
                 before = batch_histogram(server.http_url, server.model_name)
                 run = run_load(url, server.model_name, requests, threads=threads, protocol=protocol)
-                histogram = histogram_delta(batch_histogram(server.http_url, server.model_name), before)  # fmt: skip
+                histogram = histogram_delta(
+                    batch_histogram(server.http_url, server.model_name), before
+                )
                 for index, answer in enumerate(run.answers):
                     diffs = max_differences(answer, local[index % len(images)])
                     worst["member_logits"] = max(worst["member_logits"], diffs["member_logits"])
-                    worst["max_score_diff"] = max(worst["max_score_diff"], *(diffs[n] for n in OUTPUTS[1:-1]))  # fmt: skip
+                    worst["max_score_diff"] = max(
+                        worst["max_score_diff"], *(diffs[n] for n in OUTPUTS[1:-1])
+                    )
                     worst["prediction_mismatches"] += int(diffs["prediction"])
                 worst["errors"] += len(run.errors)
                 row = run.summary()
@@ -564,14 +667,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ]  # a busy neighbour shows here
                 row["batch_histogram"] = {str(k): v for k, v in histogram.items()}
                 row["executions"] = sum(histogram.values())
-                row["mean_batch"] = round(sum(k * v for k, v in histogram.items()) / max(1, row["executions"]), 2)  # fmt: skip
+                row["mean_batch"] = round(
+                    sum(k * v for k, v in histogram.items()) / max(1, row["executions"]), 2
+                )
                 # the batch size most requests ran in
                 row["main_batch"] = (
                     max(histogram, key=lambda k: k * histogram[k]) if histogram else 1
                 )
                 rows.append(row)
-                note(args, f"{protocol} x{threads}: {row['throughput_rps']:.2f} req/s, p50 "
-                           f"{row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, batches {histogram}")  # fmt: skip
+                note(
+                    args,
+                    f"{protocol} x{threads}: {row['throughput_rps']:.2f} req/s, p50 "
+                    f"{row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, batches {histogram}",
+                )
             stop_started = time.perf_counter()
         stop_s = time.perf_counter() - stop_started
         note(args, "in-process runs ...")
@@ -579,8 +687,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         in_process = [in_process_rps(runner, images[:1], b, args.rounds) for b in batches]
         by_batch = {row["batch"]: row for row in in_process}
         for row in rows:
-            row["ratio_vs_in_process_b1"] = round(row["throughput_rps"] / by_batch[1]["examples_per_s"], 3)  # fmt: skip
-            row["ratio_vs_in_process_main_batch"] = round(row["throughput_rps"] / by_batch[row["main_batch"]]["examples_per_s"], 3)  # fmt: skip
+            row["ratio_vs_in_process_b1"] = round(
+                row["throughput_rps"] / by_batch[1]["examples_per_s"], 3
+            )
+            row["ratio_vs_in_process_main_batch"] = round(
+                row["throughput_rps"] / by_batch[row["main_batch"]]["examples_per_s"], 3
+            )
         runner.close()
     env = machine()
     env.update(_versions())
@@ -589,12 +701,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{model.get('backbone', export_dir)} Hydra, M={model.get('members', '?')} x "
         f"{model.get('heads_per_member', '?')} heads per layer, random weights"
     )
-    server_info = {key: info.get(key) for key in ("max_batch", "preferred_batch", "queue_delay_us",
-                                                    "instances", "providers", "inputs")}  # fmt: skip
+    server_info = {
+        key: info.get(key)
+        for key in (
+            "max_batch",
+            "preferred_batch",
+            "queue_delay_us",
+            "instances",
+            "providers",
+            "inputs",
+        )
+    }
     server_info["pytriton"] = env.get("pytriton")
     server_info["triton"] = triton_version
     server_info["stop_s"] = round(stop_s, 2)
-    command = f"{PROG} --requests {args.requests} --threads {' '.join(map(str, args.threads))} --grpc-threads {' '.join(map(str, args.grpc_threads))} --overwrite"  # fmt: skip
+    command = f"{PROG} --requests {args.requests} --threads {' '.join(map(str, args.threads))} --grpc-threads {' '.join(map(str, args.grpc_threads))} --overwrite"
     result = {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": model,

@@ -94,14 +94,25 @@ ROWS = (
 )
 #: Rows built from one trained base model (what a user with one checkpoint can make).
 ONE_BASE_HYDRA = (
-    "Hydra (Taylor)", "Hydra (Taylor, grouped MLP)", "Hydra (circuit)",
-    "Hydra (circuit, fine-tuned)", "Hydra (circuit, OOD validation)", "Hydra (shared trunk)",
-)  # fmt: skip
+    "Hydra (Taylor)",
+    "Hydra (Taylor, grouped MLP)",
+    "Hydra (circuit)",
+    "Hydra (circuit, fine-tuned)",
+    "Hydra (circuit, OOD validation)",
+    "Hydra (shared trunk)",
+)
 OOD_SCORES = ("msp", "mutual_information")
 OOD_METRICS = ("auroc", "aupr", "fpr95")
 CLASSIFICATION = ("accuracy", "ece", "nll", "brier")
-HIGHER_IS_BETTER = {"accuracy": True, "ece": False, "nll": False, "brier": False,
-                    "auroc": True, "aupr": True, "fpr95": False}  # fmt: skip
+HIGHER_IS_BETTER = {
+    "accuracy": True,
+    "ece": False,
+    "nll": False,
+    "brier": False,
+    "auroc": True,
+    "aupr": True,
+    "fpr95": False,
+}
 
 
 @dataclass
@@ -156,31 +167,41 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--seeds", type=int, default=default_seeds,
+        "--seeds",
+        type=int,
+        default=default_seeds,
         help=f"independent repetitions, seeds 0..N-1 (default {default_seeds}; at least 1)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="a smoke run: a tenth of the training steps and small evaluation sets (not a result)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--out", type=Path, default=default_out,
+        "--out",
+        type=Path,
+        default=default_out,
         help=f"output folder for report.json, report.md and the PNGs (default {default_out})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--cache", type=Path, default=Path(f"benchmarks/.cache/uq_{name}"),
+        "--cache",
+        type=Path,
+        default=Path(f"benchmarks/.cache/uq_{name}"),
         help="trained weights, reused by a rerun with the same settings (default %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--threads", type=int, default=None,
+        "--threads",
+        type=int,
+        default=None,
         help="torch intra-op threads (default: torch.get_num_threads() as found)",
-    )  # fmt: skip
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
     parser.add_argument(
-        "--render", action="store_true",
+        "--render",
+        action="store_true",
         help="train nothing: re-derive the tables, the 'why' section and report.md of the "
         "existing report.json in --out from its measurements",
-    )  # fmt: skip
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
     if args.seeds < 1:
@@ -188,8 +209,9 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     if args.render and (args.overwrite or args.quick):
-        parser.error("--render re-derives an existing report; it takes neither --overwrite nor "
-                     "--quick")  # fmt: skip
+        parser.error(
+            "--render re-derives an existing report; it takes neither --overwrite nor --quick"
+        )
     report = args.out / "report.json"
     if report.exists() and not args.overwrite and not args.render:
         parser.error(f"{report} exists; pass --overwrite to replace it, or another --out")
@@ -231,8 +253,9 @@ def member_logits(model: Any, x: torch.Tensor, batch: int, text: bool) -> np.nda
     return result.numpy()
 
 
-def mc_dropout_logits(adapter: Any, x: torch.Tensor, samples: int, batch: int, text: bool,
-                      seed: int) -> np.ndarray:  # fmt: skip
+def mc_dropout_logits(
+    adapter: Any, x: torch.Tensor, samples: int, batch: int, text: bool, seed: int
+) -> np.ndarray:
     """[N, samples, C]: ``samples`` passes with dropout on (eval everywhere else)."""
     module = adapter.module
     with torch.random.fork_rng():
@@ -245,14 +268,33 @@ def mc_dropout_logits(adapter: Any, x: torch.Tensor, samples: int, batch: int, t
     return np.stack(passes, axis=1)
 
 
-def train_stage(adapter: Any, spec: HydraSpec, data: tuple, steps: int, lr: float, seed: int,
-                recipe: Recipe, cache: Path | None, **options: Any) -> list[Any]:  # fmt: skip
+def train_stage(
+    adapter: Any,
+    spec: HydraSpec,
+    data: tuple,
+    steps: int,
+    lr: float,
+    seed: int,
+    recipe: Recipe,
+    cache: Path | None,
+    **options: Any,
+) -> list[Any]:
     """``finetune_members`` for ``steps`` steps: one trained adapter per member of ``spec``."""
     members = finetune_members(
-        adapter, spec, data, epochs=None, max_steps=steps, lr=lr, batch_size=recipe.batch_size,
-        warmup_steps=min(recipe.warmup_steps, max(steps - 1, 0)), seed=seed,
-        save_dir=cache, progress=False, eval_examples=128, **options,
-    )  # fmt: skip
+        adapter,
+        spec,
+        data,
+        epochs=None,
+        max_steps=steps,
+        lr=lr,
+        batch_size=recipe.batch_size,
+        warmup_steps=min(recipe.warmup_steps, max(steps - 1, 0)),
+        seed=seed,
+        save_dir=cache,
+        progress=False,
+        eval_examples=128,
+        **options,
+    )
     return [load_backbone(m) for m in members]
 
 
@@ -272,8 +314,13 @@ def train_steps(row: str, recipe: Recipe) -> int:
     M, base, tune = recipe.members, recipe.base_steps, recipe.finetune_steps
     if row in ("deep ensemble", "Hydra (fused deep ensemble)"):
         return M * (base + tune)
-    if row in ("single", "single Taylor-pruned", "MC dropout", "Hydra (circuit)",
-               "Hydra (circuit, OOD validation)"):  # fmt: skip
+    if row in (
+        "single",
+        "single Taylor-pruned",
+        "MC dropout",
+        "Hydra (circuit)",
+        "Hydra (circuit, OOD validation)",
+    ):
         return base + tune  # circuit rows select on the single model with forward passes only
     return base + M * tune  # one base, M recovered / fine-tuned members
 
@@ -298,8 +345,16 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     bases = []
     for m in range(M):
         fresh = task.new_model(seed * 100 + m)
-        (base,) = train_stage(fresh, full_spec(fresh), task.train, r.base_steps, r.base_lr,
-                              seed * 100 + m, r, _sub(cache, f"base{m}"))  # fmt: skip
+        (base,) = train_stage(
+            fresh,
+            full_spec(fresh),
+            task.train,
+            r.base_steps,
+            r.base_lr,
+            seed * 100 + m,
+            r,
+            _sub(cache, f"base{m}"),
+        )
         bases.append(base)
     info["seconds"]["base models"] = time.perf_counter() - started
     note(args, f"  seed {seed}: {M} base models trained ({info['seconds']['base models']:.0f} s)")
@@ -307,8 +362,16 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     started = time.perf_counter()
     ensemble = []
     for m, base in enumerate(bases):
-        (member,) = train_stage(base, full_spec(base), task.train, r.finetune_steps,
-                                r.finetune_lr, seed * 100 + 50 + m, r, _sub(cache, f"de{m}"))  # fmt: skip
+        (member,) = train_stage(
+            base,
+            full_spec(base),
+            task.train,
+            r.finetune_steps,
+            r.finetune_lr,
+            seed * 100 + 50 + m,
+            r,
+            _sub(cache, f"de{m}"),
+        )
         ensemble.append(member)
     single = ensemble[0]
     info["seconds"]["deep ensemble fine-tuning"] = time.perf_counter() - started
@@ -317,8 +380,16 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     taylor = select(bases[0], "taylor", task.train, seed, r, info)
     info["seconds"]["Taylor selection"] = time.perf_counter() - started
     started = time.perf_counter()
-    taylor_members = train_stage(bases[0], taylor, task.train, r.finetune_steps, r.finetune_lr,
-                                 seed * 100 + 80, r, _sub(cache, "taylor"))  # fmt: skip
+    taylor_members = train_stage(
+        bases[0],
+        taylor,
+        task.train,
+        r.finetune_steps,
+        r.finetune_lr,
+        seed * 100 + 80,
+        r,
+        _sub(cache, "taylor"),
+    )
     info["seconds"]["Hydra (Taylor) fine-tuning"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -326,16 +397,32 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     info["seconds"]["circuit selection"] = time.perf_counter() - started
     started = time.perf_counter()
     circuit_base = select(bases[0], "circuit", task.train, seed, r, info)
-    circuit_members = train_stage(bases[0], circuit_base, task.train, r.finetune_steps,
-                                  r.finetune_lr, seed * 100 + 90, r, _sub(cache, "circuit"))  # fmt: skip
+    circuit_members = train_stage(
+        bases[0],
+        circuit_base,
+        task.train,
+        r.finetune_steps,
+        r.finetune_lr,
+        seed * 100 + 90,
+        r,
+        _sub(cache, "circuit"),
+    )
     info["seconds"]["circuit (fine-tuned) selection and fine-tuning"] = (
         time.perf_counter() - started
     )
     started = time.perf_counter()
     one_base = []
     for m in range(M):
-        (member,) = train_stage(bases[0], full_spec(bases[0]), task.train, r.finetune_steps,
-                                r.finetune_lr, seed * 100 + 60 + m, r, _sub(cache, f"de1b{m}"))  # fmt: skip
+        (member,) = train_stage(
+            bases[0],
+            full_spec(bases[0]),
+            task.train,
+            r.finetune_steps,
+            r.finetune_lr,
+            seed * 100 + 60 + m,
+            r,
+            _sub(cache, f"de1b{m}"),
+        )
         one_base.append(member)
     info["seconds"]["deep ensemble (one base) fine-tuning"] = time.perf_counter() - started
 
@@ -343,27 +430,56 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     circuit_ood = None
     if task.ood_validation is not None:
         circuit_ood = select_members(
-            single, M, heads_per_member=r.heads_per_member, method="circuit", data=task.train,
-            ood_data=task.ood_validation[1], objective="ood", seed=seed,
+            single,
+            M,
+            heads_per_member=r.heads_per_member,
+            method="circuit",
+            data=task.train,
+            ood_data=task.ood_validation[1],
+            objective="ood",
+            seed=seed,
             max_examples=r.circuit_examples,
-        )  # fmt: skip
+        )
     info["seconds"]["circuit (OOD validation) selection"] = time.perf_counter() - started
 
     started = time.perf_counter()
     trunk_layers = max(1, bases[0].num_layers // 2)
     trunk_spec = _with_shared_trunk(taylor, trunk_layers)
-    trunk_members = train_stage(bases[0], trunk_spec, task.train, r.finetune_steps,
-                                r.finetune_lr, seed * 100 + 80, r, _sub(cache, "trunk"),
-                                shared_layers=trunk_layers)  # fmt: skip
+    trunk_members = train_stage(
+        bases[0],
+        trunk_spec,
+        task.train,
+        r.finetune_steps,
+        r.finetune_lr,
+        seed * 100 + 80,
+        r,
+        _sub(cache, "trunk"),
+        shared_layers=trunk_layers,
+    )
     info["seconds"]["Hydra (shared trunk) fine-tuning"] = time.perf_counter() - started
 
     started = time.perf_counter()
     fused_members, fused_heads = [], []
     for m, base in enumerate(bases):
-        own = select_members(base, 1, heads_per_member=r.heads_per_member, method="taylor",
-                             data=task.train, seed=seed * 100 + m, max_examples=r.taylor_examples)  # fmt: skip
-        (member,) = train_stage(base, own, task.train, r.finetune_steps, r.finetune_lr,
-                                seed * 100 + 50 + m, r, _sub(cache, f"fused{m}"))  # fmt: skip
+        own = select_members(
+            base,
+            1,
+            heads_per_member=r.heads_per_member,
+            method="taylor",
+            data=task.train,
+            seed=seed * 100 + m,
+            max_examples=r.taylor_examples,
+        )
+        (member,) = train_stage(
+            base,
+            own,
+            task.train,
+            r.finetune_steps,
+            r.finetune_lr,
+            seed * 100 + 50 + m,
+            r,
+            _sub(cache, f"fused{m}"),
+        )
         fused_members.append(member)
         fused_heads.append(own.members[0])
     fused_spec = taylor.replace(members=fused_heads, mlp_merge="grouped", meta={})
@@ -392,9 +508,14 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     if circuit_ood is None:
         raise ValueError(f"task {task.name} has no ood_validation family")
     assert models["Hydra (shared trunk)"].trunk_layers == trunk_layers
-    specs = {"taylor": taylor, "circuit": circuit, "circuit (fine-tuned)": circuit_base,
-             "circuit (OOD validation)": circuit_ood, "shared trunk": trunk_spec,
-             "fused deep ensemble": fused_spec}  # fmt: skip
+    specs = {
+        "taylor": taylor,
+        "circuit": circuit,
+        "circuit (fine-tuned)": circuit_base,
+        "circuit (OOD validation)": circuit_ood,
+        "shared trunk": trunk_spec,
+        "fused deep ensemble": fused_spec,
+    }
     info["specs"] = {k: v.to_dict() for k, v in specs.items()}
     info["heads_overlap"] = {k: v.overlap().round(3).tolist() for k, v in specs.items()}
     return models, info
@@ -407,14 +528,20 @@ def _with_shared_trunk(spec: HydraSpec, layers: int) -> HydraSpec:
     return spec.replace(members=members, meta={})
 
 
-def select(backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe,
-           info: dict) -> HydraSpec:  # fmt: skip
+def select(
+    backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe, info: dict
+) -> HydraSpec:
     """``select_members`` with the recipe's counts (members come out distinct by construction)."""
     examples = recipe.taylor_examples if method == "taylor" else recipe.circuit_examples
     return select_members(
-        backbone, recipe.members, heads_per_member=recipe.heads_per_member,
-        method=method, data=data, seed=seed, max_examples=examples,
-    )  # fmt: skip
+        backbone,
+        recipe.members,
+        heads_per_member=recipe.heads_per_member,
+        method=method,
+        data=data,
+        seed=seed,
+        max_examples=examples,
+    )
 
 
 def _sub(cache: Path | None, name: str) -> Path | None:
@@ -432,12 +559,16 @@ def evaluate_rows(task: Task, models: dict, seed: int) -> dict[str, dict[str, np
     logits: dict[str, dict[str, np.ndarray]] = {}
     for row, model in models.items():
         if isinstance(model, list):  # the deep ensembles: one model per member
-            logits[row] = {s: np.concatenate([member_logits(m, x, r.eval_batch, task.text)
-                                              for m in model], axis=1)
-                           for s, x in sets.items()}  # fmt: skip
+            logits[row] = {
+                s: np.concatenate(
+                    [member_logits(m, x, r.eval_batch, task.text) for m in model], axis=1
+                )
+                for s, x in sets.items()
+            }
         else:
-            logits[row] = {s: member_logits(model, x, r.eval_batch, task.text)
-                           for s, x in sets.items()}  # fmt: skip
+            logits[row] = {
+                s: member_logits(model, x, r.eval_batch, task.text) for s, x in sets.items()
+            }
     single = models["single"]
     logits["MC dropout"] = {
         s: mc_dropout_logits(single, x, r.mc_samples, r.eval_batch, task.text, seed + i)
@@ -454,29 +585,34 @@ def score_row(logits: dict[str, np.ndarray], task: Task) -> dict[str, Any]:
     for split, labels in (("id", task.test[1]), ("shift", task.shift[1])):
         probs, y = scores[split]["probs"].astype(np.float64), labels.numpy()
         out[split] = {
-            "accuracy": float((probs.argmax(1) == y).mean()), "ece": ece(probs, y),
-            "nll": nll(probs, y), "brier": brier(probs, y),
-        }  # fmt: skip
+            "accuracy": float((probs.argmax(1) == y).mean()),
+            "ece": ece(probs, y),
+            "nll": nll(probs, y),
+            "brier": brier(probs, y),
+        }
     member_pred = logits["id"].argmax(2)  # [N, M]
     y = task.test[1].numpy()
     out["members_accuracy"] = [float(v) for v in (member_pred == y[:, None]).mean(0)]
     if members > 1:  # fraction of examples on which two members' argmaxes differ, over pairs
         pairs = [(a, b) for a in range(members) for b in range(a + 1, members)]
-        out["disagreement"] = float(np.mean([(member_pred[:, a] != member_pred[:, b]).mean()
-                                             for a, b in pairs]))  # fmt: skip
+        out["disagreement"] = float(
+            np.mean([(member_pred[:, a] != member_pred[:, b]).mean() for a, b in pairs])
+        )
     out["ood"] = {}
     for name in task.ood:
         per = {}
         for score in OOD_SCORES:
             if score == "mutual_information" and members == 1:
                 continue
-            per[score] = ood_metrics(ood_score(scores["id"], score),
-                                     ood_score(scores[f"ood:{name}"], score))  # fmt: skip
+            per[score] = ood_metrics(
+                ood_score(scores["id"], score), ood_score(scores[f"ood:{name}"], score)
+            )
         out["ood"][name] = per
     out["ood_mean"] = {
         score: {m: float(np.mean([out["ood"][n][score][m] for n in task.ood])) for m in OOD_METRICS}
-        for score in OOD_SCORES if score in out["ood"][next(iter(task.ood))]
-    }  # fmt: skip
+        for score in OOD_SCORES
+        if score in out["ood"][next(iter(task.ood))]
+    }
     return out
 
 
@@ -499,10 +635,11 @@ def latency(task: Task, models: dict) -> dict[str, dict[str, float]]:
             single.module.eval()
 
     calls: dict[str, Callable[[], Any]] = {
-        row: (lambda m=model: [_forward(e, x) for e in m]) if isinstance(model, list)
+        row: (lambda m=model: [_forward(e, x) for e in m])
+        if isinstance(model, list)
         else (lambda m=model: _forward(m, x))
         for row, model in models.items()
-    }  # fmt: skip
+    }
     calls["MC dropout"] = run_mc
     times: dict[str, list[float]] = {row: [] for row in calls}
     with torch.inference_mode():
@@ -515,10 +652,12 @@ def latency(task: Task, models: dict) -> dict[str, dict[str, float]]:
                 times[row].append(time.perf_counter() - start)
     base = np.asarray(times["single"])
     return {
-        row: {"median_ms": float(np.median(t) * 1e3),
-              "ratio": float(np.median(np.asarray(t) / base))}
+        row: {
+            "median_ms": float(np.median(t) * 1e3),
+            "ratio": float(np.median(np.asarray(t) / base)),
+        }
         for row, t in times.items()
-    }  # fmt: skip
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -548,8 +687,9 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         for path in leaves[0]:
             values = [leaf[path] for leaf in leaves]
             std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-            _set_path(out, (row, *path), {"mean": float(np.mean(values)), "std": std,
-                                          "values": values})  # fmt: skip
+            _set_path(
+                out, (row, *path), {"mean": float(np.mean(values)), "std": std, "values": values}
+            )
     return out
 
 
@@ -565,46 +705,88 @@ CLAIM_METRICS = (
 CLAIMS = (
     *(
         (f"{row} {verb} the {name}", row, against, path, 0.0)
-        for against, name in (("single", "single model"),
-                              ("deep ensemble (one base)", "deep ensemble of one base"))
+        for against, name in (
+            ("single", "single model"),
+            ("deep ensemble (one base)", "deep ensemble of one base"),
+        )
         for row in ONE_BASE_HYDRA
         for path, verb in CLAIM_METRICS
     ),
     *(
-        (f"Hydra (fused deep ensemble) {verb} the deep ensemble", "Hydra (fused deep ensemble)",
-         "deep ensemble", path, 0.0)
+        (
+            f"Hydra (fused deep ensemble) {verb} the deep ensemble",
+            "Hydra (fused deep ensemble)",
+            "deep ensemble",
+            path,
+            0.0,
+        )
         for path, verb in CLAIM_METRICS
     ),
     *(
-        (f"Hydra (Taylor) {verb} one of its members alone", "Hydra (Taylor)",
-         "single Taylor-pruned", path, 0.0)
+        (
+            f"Hydra (Taylor) {verb} one of its members alone",
+            "Hydra (Taylor)",
+            "single Taylor-pruned",
+            path,
+            0.0,
+        )
         for path, verb in CLAIM_METRICS[3:]
     ),
-    ("Taylor pruning hurts calibration under shift (ECE)", "single", "single Taylor-pruned",
-     ("shift", "ece"), 0.0),
-    ("Taylor pruning hurts calibration under shift (NLL)", "single", "single Taylor-pruned",
-     ("shift", "nll"), 0.0),
-)  # fmt: skip
+    (
+        "Taylor pruning hurts calibration under shift (ECE)",
+        "single",
+        "single Taylor-pruned",
+        ("shift", "ece"),
+        0.0,
+    ),
+    (
+        "Taylor pruning hurts calibration under shift (NLL)",
+        "single",
+        "single Taylor-pruned",
+        ("shift", "nll"),
+        0.0,
+    ),
+)
 # The targets a user adopts the tool for (issue 19), per seed, paired.
 TARGETS = (
     *(
-        (f"{row} beats the single model by >= 1 AUROC point", row, "single",
-         ("ood_mean", "msp", "auroc"), 0.01)
+        (
+            f"{row} beats the single model by >= 1 AUROC point",
+            row,
+            "single",
+            ("ood_mean", "msp", "auroc"),
+            0.01,
+        )
         for row in ONE_BASE_HYDRA
     ),
     *(
-        (f"{row} has a lower FPR95 than the single model", row, "single",
-         ("ood_mean", "msp", "fpr95"), 0.0)
+        (
+            f"{row} has a lower FPR95 than the single model",
+            row,
+            "single",
+            ("ood_mean", "msp", "fpr95"),
+            0.0,
+        )
         for row in ONE_BASE_HYDRA
     ),
     *(
-        (f"{row} matches or beats the one-base deep ensemble on AUROC", row,
-         "deep ensemble (one base)", ("ood_mean", "msp", "auroc"), -1e-12)
+        (
+            f"{row} matches or beats the one-base deep ensemble on AUROC",
+            row,
+            "deep ensemble (one base)",
+            ("ood_mean", "msp", "auroc"),
+            -1e-12,
+        )
         for row in ONE_BASE_HYDRA
     ),
-    ("Hydra (fused deep ensemble) within 1 AUROC point of the deep ensemble",
-     "Hydra (fused deep ensemble)", "deep ensemble", ("ood_mean", "msp", "auroc"), -0.01),
-)  # fmt: skip
+    (
+        "Hydra (fused deep ensemble) within 1 AUROC point of the deep ensemble",
+        "Hydra (fused deep ensemble)",
+        "deep ensemble",
+        ("ood_mean", "msp", "auroc"),
+        -0.01,
+    ),
+)
 
 
 def _get(tree: dict, path: tuple) -> float:
@@ -618,8 +800,10 @@ def claims(per_seed: list[dict[str, Any]], table: Sequence[tuple] = CLAIMS) -> l
     out = []
     for claim, row, against, path, margin in table:
         higher = HIGHER_IS_BETTER[path[-1]]
-        diffs = [(_get(s["rows"][row], path) - _get(s["rows"][against], path)) * (1 if higher else -1)
-                 for s in per_seed]  # fmt: skip
+        diffs = [
+            (_get(s["rows"][row], path) - _get(s["rows"][against], path)) * (1 if higher else -1)
+            for s in per_seed
+        ]
         wins = sum(d > margin for d in diffs)
         mean = float(np.mean(diffs))
         if wins == len(diffs):
@@ -628,13 +812,20 @@ def claims(per_seed: list[dict[str, Any]], table: Sequence[tuple] = CLAIMS) -> l
             verdict = f"holds on average ({wins}/{len(diffs)} seeds)"
         else:
             verdict = f"does not hold ({wins}/{len(diffs)} seeds)"
-        out.append({
-            "claim": claim, "row": row, "against": against, "metric": ".".join(path),
-            "margin": margin,
-            "advantage_mean": mean, "advantage_std": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0,
-            "advantage_per_seed": [float(d) for d in diffs], "seeds_better": wins,
-            "verdict": verdict,
-        })  # fmt: skip
+        out.append(
+            {
+                "claim": claim,
+                "row": row,
+                "against": against,
+                "metric": ".".join(path),
+                "margin": margin,
+                "advantage_mean": mean,
+                "advantage_std": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0,
+                "advantage_per_seed": [float(d) for d in diffs],
+                "seeds_better": wins,
+                "verdict": verdict,
+            }
+        )
     return out
 
 
@@ -662,8 +853,12 @@ def pareto(report: dict[str, Any]) -> dict[str, Any]:
 
 def _dominates(a: str, b: str, gain: dict[str, float], cost: dict[str, float]) -> bool:
     """``a`` is at least as good and as cheap as ``b``, and strictly one of them."""
-    return (a != b and cost[a] <= cost[b] and gain[a] >= gain[b]
-            and (cost[a] < cost[b] or gain[a] > gain[b]))  # fmt: skip
+    return (
+        a != b
+        and cost[a] <= cost[b]
+        and gain[a] >= gain[b]
+        and (cost[a] < cost[b] or gain[a] > gain[b])
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -935,11 +1130,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"{report['train_steps'][row]} |"
         )
     lines += [
-        "", "## Members: each member's own accuracy and how often two members disagree", "",
+        "",
+        "## Members: each member's own accuracy and how often two members disagree",
+        "",
         "Member accuracy in % (mean over seeds, per member); disagreement = fraction of test "
-        "examples on which two members' argmaxes differ, averaged over pairs, in %.", "",
-        "| row | member accuracy | disagreement |", "|---|---|---|",
-    ]  # fmt: skip
+        "examples on which two members' argmaxes differ, averaged over pairs, in %.",
+        "",
+        "| row | member accuracy | disagreement |",
+        "|---|---|---|",
+    ]
     for row in ROWS:
         a = agg[row]
         accs = ", ".join(f"{v['mean'] * 100:.1f}" for v in a["members_accuracy"].values())
@@ -960,9 +1159,12 @@ def markdown(report: dict[str, Any]) -> str:
             cells.append(cell)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += [
-        "", f"## Under shift: {task['shift']}", "",
-        "| row | accuracy | ECE | NLL | Brier |", "|---|---|---|---|---|",
-    ]  # fmt: skip
+        "",
+        f"## Under shift: {task['shift']}",
+        "",
+        "| row | accuracy | ECE | NLL | Brier |",
+        "|---|---|---|---|---|",
+    ]
     for row in ROWS:
         s = agg[row]["shift"]
         lines.append(
@@ -970,11 +1172,15 @@ def markdown(report: dict[str, Any]) -> str:
             f"{_pm(s['nll'], 1, 3)} | {_pm(s['brier'], 1, 3)} |"
         )
     lines += [
-        "", "## The paper's claims, tested", "",
+        "",
+        "## The paper's claims, tested",
+        "",
         "Advantage = how much the first row beats the second, per seed, paired (positive = the claim "
-        "goes the paper's way; AUROC, FPR95 and ECE in points of %).", "",
-        "| claim | metric | advantage | verdict |", "|---|---|---|---|",
-    ]  # fmt: skip
+        "goes the paper's way; AUROC, FPR95 and ECE in points of %).",
+        "",
+        "| claim | metric | advantage | verdict |",
+        "|---|---|---|---|",
+    ]
     for c in report["claims"]:
         scale = 1 if c["metric"].endswith("nll") else 100
         lines.append(
@@ -982,24 +1188,34 @@ def markdown(report: dict[str, Any]) -> str:
             f"{c['advantage_std'] * scale:.2f} | {c['verdict']} |"
         )
     lines += [
-        "", "## Targets (what a user adopts Hydra for), per seed, paired", "",
-        "A target holds on a seed when the advantage exceeds the margin (points of %).", "",
-        "| target | metric | margin | advantage | verdict |", "|---|---|---|---|---|",
-    ]  # fmt: skip
+        "",
+        "## Targets (what a user adopts Hydra for), per seed, paired",
+        "",
+        "A target holds on a seed when the advantage exceeds the margin (points of %).",
+        "",
+        "| target | metric | margin | advantage | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for c in report["targets"]:
         lines.append(
             f"| {c['claim']} | {c['metric']} | {c['margin'] * 100:+.1f} | "
             f"{c['advantage_mean'] * 100:+.2f} ± {c['advantage_std'] * 100:.2f} | {c['verdict']} |"
         )
     t = report["latency_target"]
-    lines.append(f"| {t['target']} | latency (seed 0) | — | {t['ratio']:.2f} x | "
-                 f"{'holds' if t['holds'] else 'does not hold'} |")  # fmt: skip
+    lines.append(
+        f"| {t['target']} | latency (seed 0) | — | {t['ratio']:.2f} x | "
+        f"{'holds' if t['holds'] else 'does not hold'} |"
+    )
     lines += [
-        "", "## Pareto fronts (rows no other row beats on both the metric and the cost)", "",
-        "| metric vs cost | front (cheapest first) |", "|---|---|",
+        "",
+        "## Pareto fronts (rows no other row beats on both the metric and the cost)",
+        "",
+        "| metric vs cost | front (cheapest first) |",
+        "|---|---|",
         *(f"| {k} | {', '.join(v)} |" for k, v in report["pareto"].items()),
-        "", "See `pareto.png`.",
-    ]  # fmt: skip
+        "",
+        "See `pareto.png`.",
+    ]
     if "diagnosis" in report:
         lines += diagnosis_markdown(report["diagnosis"])
     lines += ["", "## Setup", ""]
@@ -1012,10 +1228,10 @@ def markdown(report: dict[str, Any]) -> str:
         f"{r['heads_per_member']} heads per member per layer; MC dropout {r['mc_samples']} passes",
         f"- latency: PyTorch CPU, batch {r['latency_batch']}, median over {r['latency_rounds']} "
         "interleaved rounds of the ratio to the single model (seed 0's models)",
-        "- mean wall-clock seconds per seed: " + ", ".join(
-            f"{k} {v:.0f}" for k, v in report["seconds_per_stage"].items()),
+        "- mean wall-clock seconds per seed: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in report["seconds_per_stage"].items()),
         "",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 
@@ -1031,14 +1247,19 @@ def pareto_plot(out: Path, report: dict[str, Any]) -> str:
     import matplotlib.pyplot as plt
 
     agg = report["aggregate"]
-    costs = (("latency_ratio", "CPU latency (x single)",
-              {r: report["latency"][r]["ratio"] for r in ROWS}),
-             ("parameters", "deployed parameters (M)",
-              {r: report["parameters"][r] / 1e6 for r in ROWS}),
-             ("train_steps", "optimizer steps in all", report["train_steps"]))  # fmt: skip
-    metrics = (("auroc_msp", "OOD AUROC, MSP (%)",
-                {r: agg[r]["ood_mean"]["msp"]["auroc"] for r in ROWS}),
-               ("ece", "ECE (%)", {r: agg[r]["id"]["ece"] for r in ROWS}))  # fmt: skip
+    costs = (
+        (
+            "latency_ratio",
+            "CPU latency (x single)",
+            {r: report["latency"][r]["ratio"] for r in ROWS},
+        ),
+        ("parameters", "deployed parameters (M)", {r: report["parameters"][r] / 1e6 for r in ROWS}),
+        ("train_steps", "optimizer steps in all", report["train_steps"]),
+    )
+    metrics = (
+        ("auroc_msp", "OOD AUROC, MSP (%)", {r: agg[r]["ood_mean"]["msp"]["auroc"] for r in ROWS}),
+        ("ece", "ECE (%)", {r: agg[r]["id"]["ece"] for r in ROWS}),
+    )
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     markers = dict(zip(ROWS, "os^v<>DPX*hp", strict=False))
     for i, (metric, label, cells) in enumerate(metrics):
@@ -1046,9 +1267,16 @@ def pareto_plot(out: Path, report: dict[str, Any]) -> str:
             ax = axes[i, j]
             front = report["pareto"][f"{metric} vs {cost}"]
             for row in ROWS:
-                ax.errorbar(spent[row], cells[row]["mean"] * 100, yerr=cells[row]["std"] * 100,
-                            marker=markers[row], capsize=2, ls="none", label=row,
-                            mfc="none" if row not in front else None)  # fmt: skip
+                ax.errorbar(
+                    spent[row],
+                    cells[row]["mean"] * 100,
+                    yerr=cells[row]["std"] * 100,
+                    marker=markers[row],
+                    capsize=2,
+                    ls="none",
+                    label=row,
+                    mfc="none" if row not in front else None,
+                )
             line = sorted(front, key=lambda r: spent[r])
             ax.plot([spent[r] for r in line], [cells[r]["mean"] * 100 for r in line], "k--", lw=0.8)
             ax.set_xlabel(cost_label)
@@ -1063,8 +1291,13 @@ def pareto_plot(out: Path, report: dict[str, Any]) -> str:
     return "pareto.png"
 
 
-def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarray,
-          agg: dict[str, Any], ood_names: list[str]) -> list[str]:  # fmt: skip
+def plots(
+    out: Path,
+    pooled: dict[str, dict[str, np.ndarray]],
+    labels: np.ndarray,
+    agg: dict[str, Any],
+    ood_names: list[str],
+) -> list[str]:
     """Reliability diagrams, score histograms and an AUROC chart; returns the file names."""
     import matplotlib
 
@@ -1079,8 +1312,14 @@ def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarra
         table = reliability_bins(probs, labels)
         centers = (table["edges"][:-1] + table["edges"][1:]) / 2
         filled = table["count"] > 0
-        ax.bar(centers[filled], table["accuracy"][filled], width=1 / len(centers), alpha=0.7,
-               edgecolor="k", label="accuracy")  # fmt: skip
+        ax.bar(
+            centers[filled],
+            table["accuracy"][filled],
+            width=1 / len(centers),
+            alpha=0.7,
+            edgecolor="k",
+            label="accuracy",
+        )
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set_title(f"{row}\nECE {ece(probs, labels) * 100:.2f}%", fontsize=9)
         ax.set_xlabel("confidence (max prob)")
@@ -1107,8 +1346,9 @@ def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarra
             every = np.concatenate(list(sets.values()))
             edges = np.linspace(float(every.min()), float(every.max()) + 1e-9, 31)
             for name, values in sets.items():
-                ax.hist(values, bins=edges, density=True, histtype="stepfilled", alpha=0.35,
-                        label=name)  # fmt: skip
+                ax.hist(
+                    values, bins=edges, density=True, histtype="stepfilled", alpha=0.35, label=name
+                )
             ax.set_title(f"{row}: {score}", fontsize=9)
             ax.legend(fontsize=7)
     fig.suptitle("Scores on the ID test set and the OOD sets (all seeds pooled)")
@@ -1123,8 +1363,7 @@ def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarra
     for i, row in enumerate(ROWS):
         means = [agg[row]["ood"][n]["msp"]["auroc"]["mean"] * 100 for n in ood_names]
         stds = [agg[row]["ood"][n]["msp"]["auroc"]["std"] * 100 for n in ood_names]
-        ax.bar(x + (i - len(ROWS) / 2 + 0.5) * width, means, width, yerr=stds, capsize=2,
-               label=row)  # fmt: skip
+        ax.bar(x + (i - len(ROWS) / 2 + 0.5) * width, means, width, yerr=stds, capsize=2, label=row)
     ax.set_xticks(x, ood_names)
     ax.set_ylabel("AUROC (MSP), %")
     low = min(agg[r]["ood"][n]["msp"]["auroc"]["mean"] for r in ROWS for n in ood_names) * 100
@@ -1142,8 +1381,12 @@ def plots(out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarra
 # the run
 
 
-def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str,
-         argv: Sequence[str] | None = None) -> int:  # fmt: skip
+def main(
+    task_factory: Callable[[argparse.Namespace], Task],
+    name: str,
+    doc: str,
+    argv: Sequence[str] | None = None,
+) -> int:
     args = parse_args(name, doc, argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.threads is not None:
@@ -1152,8 +1395,12 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
         return render(task_factory, args)
     started = time.perf_counter()
     task = task_factory(args)
-    note(args, f"{task.name}: {len(task.train[1])} train, {len(task.test[1])} test, "
-               f"{len(task.shift[1])} shifted, OOD " + ", ".join(f"{k} {len(v)}" for k, v in task.ood.items()))  # fmt: skip
+    note(
+        args,
+        f"{task.name}: {len(task.train[1])} train, {len(task.test[1])} test, "
+        f"{len(task.shift[1])} shifted, OOD "
+        + ", ".join(f"{k} {len(v)}" for k, v in task.ood.items()),
+    )
     per_seed, pooled = [], {row: {} for row in ROWS}
     lat, params = None, None
     for seed in range(args.seeds):
@@ -1165,19 +1412,25 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
         rows = {row: score_row(logits[row], task) for row in ROWS}
         for row in ROWS:
             for split, v in logits[row].items():
-                pooled[row][split] = v if split not in pooled[row] else np.concatenate(
-                    [pooled[row][split], v])  # fmt: skip
+                pooled[row][split] = (
+                    v if split not in pooled[row] else np.concatenate([pooled[row][split], v])
+                )
         if seed == 0:
             lat = latency(task, models)
-            params = {row: (sum(_parameters(e) for e in m) if isinstance(m, list)
-                            else _parameters(m)) for row, m in models.items()}  # fmt: skip
+            params = {
+                row: (sum(_parameters(e) for e in m) if isinstance(m, list) else _parameters(m))
+                for row, m in models.items()
+            }
             params["MC dropout"] = params["single"]
         info["seconds"]["total"] = time.perf_counter() - seed_start
         per_seed.append({"seed": seed, "rows": rows, **info})
-        note(args, f"  seed {seed}: done in {info['seconds']['total']:.0f} s; single acc "
-                   f"{rows['single']['id']['accuracy']:.3f}, Hydra (Taylor) "
-                   f"{rows['Hydra (Taylor)']['id']['accuracy']:.3f}, circuit "
-                   f"{rows['Hydra (circuit)']['id']['accuracy']:.3f}")  # fmt: skip
+        note(
+            args,
+            f"  seed {seed}: done in {info['seconds']['total']:.0f} s; single acc "
+            f"{rows['single']['id']['accuracy']:.3f}, Hydra (Taylor) "
+            f"{rows['Hydra (Taylor)']['id']['accuracy']:.3f}, circuit "
+            f"{rows['Hydra (circuit)']['id']['accuracy']:.3f}",
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     agg = aggregate(per_seed)
@@ -1186,22 +1439,29 @@ def main(task_factory: Callable[[argparse.Namespace], Task], name: str, doc: str
     stages = per_seed[0]["seconds"].keys()
     report = {
         "benchmark": f"uq_{name}",
-        "command": "python " + " ".join([f"benchmarks/uq_{name}.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": "python "
+        + " ".join([f"benchmarks/uq_{name}.py", *(argv if argv is not None else sys.argv[1:])]),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "seconds": time.perf_counter() - started,
-        "environment": {**machine(), "torch": torch.__version__,
-                        "torch_threads": torch.get_num_threads(), "load_average": load_average()},
+        "environment": {
+            **machine(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "load_average": load_average(),
+        },
         "settings": {"seeds": args.seeds, "quick": args.quick, "recipe": task.recipe.__dict__},
         "task": task.description,
         "rows": list(ROWS),
         "parameters": params,
         "train_steps": {row: train_steps(row, task.recipe) for row in ROWS},
         "latency": lat,
-        "seconds_per_stage": {k: float(np.mean([s["seconds"][k] for s in per_seed])) for k in stages},
+        "seconds_per_stage": {
+            k: float(np.mean([s["seconds"][k] for s in per_seed])) for k in stages
+        },
         "aggregate": agg,
         "per_seed": per_seed,
         "figures": figures,
-    }  # fmt: skip
+    }
     return finish(report, task, args)
 
 

@@ -63,16 +63,23 @@ def render_letters(count: int, seed: int) -> np.ndarray:
     images = np.zeros((count, 8, 8))
     for i in range(count):
         char = KEPT_LETTERS[rng.integers(len(KEPT_LETTERS))]
-        path = TextPath((0, 0), char, size=1.0, prop=FontProperties(family=FONTS[rng.integers(3)],
-                                                                     weight="bold"))  # fmt: skip
+        path = TextPath(
+            (0, 0),
+            char,
+            size=1.0,
+            prop=FontProperties(family=FONTS[rng.integers(3)], weight="bold"),
+        )
         box = path.get_extents()
         scale = rng.uniform(20, 28) / max(box.width, box.height)
         angle = rng.uniform(-12, 12)
         transform = (
-            Affine2D().translate(-box.x0 - box.width / 2, -box.y0 - box.height / 2)
-            .scale(scale).rotate_deg(angle).scale(1, -1)  # image rows grow downwards
+            Affine2D()
+            .translate(-box.x0 - box.width / 2, -box.y0 - box.height / 2)
+            .scale(scale)
+            .rotate_deg(angle)
+            .scale(1, -1)  # image rows grow downwards
             .translate(16 + rng.uniform(-2, 2), 16 + rng.uniform(-2, 2))
-        )  # fmt: skip
+        )
         inside = path.transformed(transform).contains_points(grid).reshape(32, 32)
         images[i] = inside.reshape(8, 4, 8, 4).sum(axis=(1, 3))
     return images
@@ -118,8 +125,9 @@ def shifted(x: torch.Tensor, seed: int) -> torch.Tensor:
     sign = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0)
     theta = magnitude * sign * math.pi / 180
     cos, sin = torch.cos(theta), torch.sin(theta)
-    affine = torch.stack([torch.stack([cos, -sin, torch.zeros(n)], 1),
-                          torch.stack([sin, cos, torch.zeros(n)], 1)], 1)  # fmt: skip
+    affine = torch.stack(
+        [torch.stack([cos, -sin, torch.zeros(n)], 1), torch.stack([sin, cos, torch.zeros(n)], 1)], 1
+    )
     grid = nn.functional.affine_grid(affine, list(x.shape), align_corners=False)
     background = -1.0  # the digits' zero
     rotated = nn.functional.grid_sample(x - background, grid, align_corners=False) + background
@@ -132,9 +140,18 @@ def new_model(seed: int):
 
     torch.manual_seed(seed)
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=SIZE, patch_size=4, in_chans=1,
-        embed_dim=96, depth=4, num_heads=6, mlp_ratio=2.0, num_classes=10, proj_drop_rate=0.1,
-    )  # fmt: skip
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=SIZE,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=96,
+        depth=4,
+        num_heads=6,
+        mlp_ratio=2.0,
+        num_classes=10,
+        proj_drop_rate=0.1,
+    )
     return load_backbone(model)
 
 
@@ -149,10 +166,21 @@ def make_task(args: argparse.Namespace) -> Task:
     test_x, test_y = x[TRAIN:], y[TRAIN:]
     ood_size = OOD_SIZE
     recipe = Recipe(
-        base_steps=600, base_lr=2e-3, finetune_steps=150, finetune_lr=5e-4, batch_size=64,
-        warmup_steps=30, members=3, heads_per_member=2, mc_samples=10, taylor_examples=512,
-        circuit_examples=512, eval_batch=256, latency_batch=64, latency_rounds=40,
-    )  # fmt: skip
+        base_steps=600,
+        base_lr=2e-3,
+        finetune_steps=150,
+        finetune_lr=5e-4,
+        batch_size=64,
+        warmup_steps=30,
+        members=3,
+        heads_per_member=2,
+        mc_samples=10,
+        taylor_examples=512,
+        circuit_examples=512,
+        eval_batch=256,
+        latency_batch=64,
+        latency_rounds=40,
+    )
     if args.quick:
         recipe.base_steps, recipe.finetune_steps, recipe.latency_rounds = 60, 15, 5
         test_x, test_y, ood_size = test_x[:200], test_y[:200], 100
@@ -193,11 +221,17 @@ def make_task(args: argparse.Namespace) -> Task:
         },
     }
     return Task(
-        name="digits", classes=[str(i) for i in range(10)], train=(x[:TRAIN], y[:TRAIN]),
-        test=(test_x, test_y), shift=(shifted(test_x, seed=3), test_y), ood=ood,
-        new_model=new_model, recipe=recipe, description=description,
+        name="digits",
+        classes=[str(i) for i in range(10)],
+        train=(x[:TRAIN], y[:TRAIN]),
+        test=(test_x, test_y),
+        shift=(shifted(test_x, seed=3), test_y),
+        ood=ood,
+        new_model=new_model,
+        recipe=recipe,
+        description=description,
         ood_validation=("scrambled digits", validation_ood),
-    )  # fmt: skip
+    )
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -74,7 +74,7 @@ LEXNAMES = {
     26: "state",
     27: "substance",
     28: "time",
-}  # fmt: skip  (WordNet's lexnames(5WN) numbering of the noun files)
+}  # (WordNet's lexnames(5WN) numbering of the noun files)
 ID_LEXFILES = (4, 5, 6, 10, 15, 18, 20, 26)
 NEAR_OOD_LEXFILES = (13, 8, 12, 28)
 TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE = 400, 75, 400
@@ -166,8 +166,9 @@ def _pick(items: list, count: int, rng: np.random.Generator) -> list:
 
 
 def _tokenize(texts: list[str], tokenizer) -> torch.Tensor:
-    encoded = tokenizer(texts, padding="longest", truncation=True, max_length=MAX_TOKENS,
-                        return_tensors="pt")  # fmt: skip
+    encoded = tokenizer(
+        texts, padding="longest", truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
+    )
     return torch.stack([encoded["input_ids"], encoded["attention_mask"]], dim=1)
 
 
@@ -183,10 +184,21 @@ def make_task(args: argparse.Namespace) -> Task:
         by_file.setdefault(lexfile, []).append(gloss)
     train_n, test_n, ood_n = TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE
     recipe = Recipe(
-        base_steps=400, base_lr=1e-4, finetune_steps=30, finetune_lr=5e-5, batch_size=32,
-        warmup_steps=10, members=3, heads_per_member=4, mc_samples=10, taylor_examples=256,
-        circuit_examples=128, eval_batch=128, latency_batch=32, latency_rounds=20,
-    )  # fmt: skip
+        base_steps=400,
+        base_lr=1e-4,
+        finetune_steps=30,
+        finetune_lr=5e-5,
+        batch_size=32,
+        warmup_steps=10,
+        members=3,
+        heads_per_member=4,
+        mc_samples=10,
+        taylor_examples=256,
+        circuit_examples=128,
+        eval_batch=128,
+        latency_batch=32,
+        latency_rounds=20,
+    )
     if args.quick:
         recipe.base_steps, recipe.finetune_steps, recipe.latency_rounds = 10, 3, 3
         recipe.taylor_examples, recipe.circuit_examples = 64, 32
@@ -210,16 +222,18 @@ def make_task(args: argparse.Namespace) -> Task:
     # the OOD *validation* family (circuit selection only): adjective glosses, a source no test
     # set draws from; its own generator, so the test sets stay those of earlier reports
     taken = train_set | set(near) | set(verbs) | set(docs)
-    adjectives = _pick(sorted({g for _, g in read_glosses("data.adj")} - taken), ood_n,
-                       np.random.default_rng(7))  # fmt: skip
+    adjectives = _pick(
+        sorted({g for _, g in read_glosses("data.adj")} - taken), ood_n, np.random.default_rng(7)
+    )
     test_texts = [g for g, _ in test]
     typo_rng = np.random.default_rng(1)
     shifted_texts = [typos(g, typo_rng) for g in test_texts]
     test_y = torch.tensor([y for _, y in test], dtype=torch.long)
 
     def new_model(seed: int):
-        adapter = load_backbone(f"hf:{folder}", num_classes=len(ID_LEXFILES), seed=seed,
-                                seq_len=MAX_TOKENS)  # fmt: skip
+        adapter = load_backbone(
+            f"hf:{folder}", num_classes=len(ID_LEXFILES), seed=seed, seq_len=MAX_TOKENS
+        )
         adapter.module.bert.embeddings.word_embeddings.weight.requires_grad_(False)
         return adapter
 
@@ -254,17 +268,25 @@ def make_task(args: argparse.Namespace) -> Task:
         },
     }
     return Task(
-        name="wordnet", classes=classes,
-        train=(_tokenize([g for g, _ in train], tokenizer),
-               torch.tensor([y for _, y in train], dtype=torch.long)),
+        name="wordnet",
+        classes=classes,
+        train=(
+            _tokenize([g for g, _ in train], tokenizer),
+            torch.tensor([y for _, y in train], dtype=torch.long),
+        ),
         test=(_tokenize(test_texts, tokenizer), test_y),
         shift=(_tokenize(shifted_texts, tokenizer), test_y),
-        ood={"held-out lexfiles": _tokenize(near, tokenizer),
-             "verb glosses": _tokenize(verbs, tokenizer),
-             "python docs": _tokenize(docs, tokenizer)},
-        new_model=new_model, recipe=recipe, description=description, text=True,
+        ood={
+            "held-out lexfiles": _tokenize(near, tokenizer),
+            "verb glosses": _tokenize(verbs, tokenizer),
+            "python docs": _tokenize(docs, tokenizer),
+        },
+        new_model=new_model,
+        recipe=recipe,
+        description=description,
+        text=True,
         ood_validation=("adjective glosses", _tokenize(adjectives, tokenizer)),
-    )  # fmt: skip
+    )
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,12 @@ from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text
 from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError
+from hydra_deploy.families import families
+
+
+def known_families() -> tuple[str, ...]:
+    return tuple(f.name for f in families())
+
 
 __all__ = [
     "FORMAT",
@@ -127,8 +133,11 @@ class ExportInfo:
                 "re-export the model with this version of hydra-export"
             )
         family = record.get("family")
-        if family is not None and not isinstance(family, str):
-            raise ExportFolderError(f"{path} has a malformed family {family!r:.60}; {_REDO}")
+        if family is not None and (not isinstance(family, str) or family not in known_families()):
+            raise ExportFolderError(
+                f"{path} has family {family!r:.60}; this version knows "
+                f"{', '.join(known_families())}: upgrade hydra-deploy, or {_REDO}"
+            )
         sha = record.get("onnx_sha256")
         if sha is not None and not (
             isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
@@ -176,9 +185,11 @@ def parse_batch_profile(
         return None
     keys = ("min", "opt", "max")
     values = [profile.get(k) for k in keys] if isinstance(profile, dict) else []
-    if len(values) != 3 or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in values
-    ) or not 1 <= values[0] <= values[1] <= values[2]:
+    if (
+        len(values) != 3
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        or not 1 <= values[0] <= values[1] <= values[2]
+    ):
         raise ExportFolderError(
             f"{where} has a malformed batch_profile {profile!r:.100} (expected "
             '{"min": 1, "opt": 8, "max": 32}: ints with 1 <= min <= opt <= max); '

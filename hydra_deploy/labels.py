@@ -102,8 +102,11 @@ def label_indices(
         for position, label in enumerate(labels):
             if label not in index:
                 header = " (a header line? remove it)" if index_labels and position == 0 else ""
-                fix = f"those names or class indices 0..{len(known) - 1}" if index_labels else (
-                    "those names")  # fmt: skip
+                fix = (
+                    f"those names or class indices 0..{len(known) - 1}"
+                    if index_labels
+                    else ("those names")
+                )
                 raise error(
                     f"{source} {where[position]}: label {label!r} is not one of the model's "
                     f"classes: {_shown(known)}{header}; use {fix}"
@@ -120,7 +123,11 @@ def label_indices(
         )
     logger.warning(
         "%s: the model records no class names; the %d names found, in sorted order, are taken "
-        "as classes 0..%d: %s", source, len(order), len(order) - 1, _shown(order),
-    )  # fmt: skip
+        "as classes 0..%d: %s",
+        source,
+        len(order),
+        len(order) - 1,
+        _shown(order),
+    )
     index = {name: i for i, name in enumerate(order)}
     return [index[label] for label in labels], order

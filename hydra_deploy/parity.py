@@ -190,24 +190,46 @@ def compare_outputs(
         bound = tolerance.logit_bound(ref[:, m])
         members.append(Check("member_logits", diff, bound, diff <= bound, member=m))
         agree = float(np.mean(ref[:, m].argmax(-1) == got[:, m].argmax(-1)))
-        members.append(Check("argmax", agree, tolerance.argmax, agree >= tolerance.argmax,
-                             member=m, kind="agreement"))  # fmt: skip
+        members.append(
+            Check(
+                "argmax",
+                agree,
+                tolerance.argmax,
+                agree >= tolerance.argmax,
+                member=m,
+                kind="agreement",
+            )
+        )
     expected = ensemble_scores(ref)
     actual = ensemble_scores(got, allow_nonfinite=True)
-    bounds = {"probs": tolerance.probs, "msp": tolerance.probs,
-              "predictive_entropy": tolerance.entropy, "expected_entropy": tolerance.entropy,
-              "mutual_information": tolerance.entropy}  # fmt: skip
+    bounds = {
+        "probs": tolerance.probs,
+        "msp": tolerance.probs,
+        "predictive_entropy": tolerance.entropy,
+        "expected_entropy": tolerance.entropy,
+        "mutual_information": tolerance.entropy,
+    }
     scores = []
     for name, bound in bounds.items():
         diff = _max_abs(expected[name].astype(np.float64) - actual[name])
         scores.append(Check(name, diff, bound, diff <= bound))
     agree = float(np.mean(expected["prediction"] == actual["prediction"]))
-    scores.append(Check("prediction", agree, tolerance.argmax, agree >= tolerance.argmax,
-                        kind="agreement"))  # fmt: skip
-    flips = float(np.mean(np.abs(expected["disagreement"] - actual["disagreement"].astype(np.float64))))  # fmt: skip
+    scores.append(
+        Check("prediction", agree, tolerance.argmax, agree >= tolerance.argmax, kind="agreement")
+    )
+    flips = float(
+        np.mean(np.abs(expected["disagreement"] - actual["disagreement"].astype(np.float64)))
+    )
     flips = flips if math.isfinite(flips) else math.inf
-    scores.append(Check("disagreement", flips, 1.0 - tolerance.argmax,
-                        flips <= 1.0 - tolerance.argmax + 1e-9, kind="mean_abs_diff"))  # fmt: skip
+    scores.append(
+        Check(
+            "disagreement",
+            flips,
+            1.0 - tolerance.argmax,
+            flips <= 1.0 - tolerance.argmax + 1e-9,
+            kind="mean_abs_diff",
+        )
+    )
     for name in UQ_GRAPH_OUTPUTS:  # the ensemble head inside the graph, when exported with it
         if name in outputs:
             diff = _max_abs(expected[name].astype(np.float64) - outputs[name])

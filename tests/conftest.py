@@ -15,13 +15,18 @@ from hydra_deploy.specs import HydraSpec
 
 # CI runs derandomized (reproducible); locally `HYPOTHESIS_PROFILE=dev` explores many more examples.
 settings.register_profile(
-    "ci", derandomize=True, deadline=None, max_examples=25,
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=25,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)  # fmt: skip
+)
 settings.register_profile(
-    "dev", deadline=None, max_examples=300,
+    "dev",
+    deadline=None,
+    max_examples=300,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)  # fmt: skip
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # One thread: tiny models are fastest so, and on a busy machine the barriers of multi-threaded
@@ -56,14 +61,35 @@ def scramble(module: torch.nn.Module, seed: int, gain: float = 1.5) -> torch.nn.
 
 
 TINY_VIT = {
-    "token": dict(img_size=16, patch_size=4, depth=3, num_heads=4, embed_dim=32, num_classes=5,
-                  qkv_bias=True),
-    "avg_reg_ls": dict(img_size=16, patch_size=4, depth=3, num_heads=4, embed_dim=32, num_classes=5,
-                       qkv_bias=False, class_token=False, global_pool="avg", reg_tokens=2,
-                       init_values=0.1, no_embed_class=True),
-    "prenorm": dict(img_size=16, patch_size=8, depth=2, num_heads=3, embed_dim=24, num_classes=4,
-                    pre_norm=True, qkv_bias=True, mlp_ratio=2.0),
-}  # fmt: skip
+    "token": dict(
+        img_size=16, patch_size=4, depth=3, num_heads=4, embed_dim=32, num_classes=5, qkv_bias=True
+    ),
+    "avg_reg_ls": dict(
+        img_size=16,
+        patch_size=4,
+        depth=3,
+        num_heads=4,
+        embed_dim=32,
+        num_classes=5,
+        qkv_bias=False,
+        class_token=False,
+        global_pool="avg",
+        reg_tokens=2,
+        init_values=0.1,
+        no_embed_class=True,
+    ),
+    "prenorm": dict(
+        img_size=16,
+        patch_size=8,
+        depth=2,
+        num_heads=3,
+        embed_dim=24,
+        num_classes=4,
+        pre_norm=True,
+        qkv_bias=True,
+        mlp_ratio=2.0,
+    ),
+}
 
 
 def tiny_vit(config: str = "token", seed: int = 0):
@@ -103,9 +129,17 @@ def train_digits_vit(epochs: int = 6, seed: int = 0):
     x, y = digits_data()
     torch.manual_seed(seed)
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, in_chans=1,
-        embed_dim=32, depth=3, num_heads=4, mlp_ratio=2.0, num_classes=10,
-    )  # fmt: skip
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=16,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=32,
+        depth=3,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=10,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     generator = torch.Generator().manual_seed(seed)
     model.train()

@@ -120,8 +120,9 @@ def test_load_by_alias_and_by_timm_name_build_the_same_architecture():
     assert by_alias.module.state_dict().keys() == by_name.module.state_dict().keys()
 
 
-@pytest.mark.parametrize(("typo", "suggestion"), [("vit_b17", "vit_b16"),
-                                                  ("vit_tiny_patch16_22", ARCH)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("typo", "suggestion"), [("vit_b17", "vit_b16"), ("vit_tiny_patch16_22", ARCH)]
+)
 def test_unknown_name_suggests_close_match(typo, suggestion):
     with pytest.raises(BackboneError, match="unknown backbone") as info:
         resolve_name(typo)
@@ -201,8 +202,13 @@ def _save(model: nn.Module, path: Path, kind: str) -> Path:
         torch.save({kind: state}, path / f"{kind}.pth")
         return path / f"{kind}.pth"
     if kind == "ema":  # timm prefers the EMA weights of a training checkpoint
-        torch.save({"state_dict": {k: torch.zeros_like(v) for k, v in state.items()},
-                    "state_dict_ema": state}, path / "ema.pth")  # fmt: skip
+        torch.save(
+            {
+                "state_dict": {k: torch.zeros_like(v) for k, v in state.items()},
+                "state_dict_ema": state,
+            },
+            path / "ema.pth",
+        )
         return path / "ema.pth"
     raise AssertionError(kind)
 
@@ -550,8 +556,9 @@ def test_gate_gradients_are_taylor_importances():
         with adapter.head_gates(gates):
             return nn.functional.cross_entropy(module(x), target)
 
-    gates = torch.ones(adapter.num_layers, adapter.num_heads, dtype=torch.float64,
-                       requires_grad=True)  # fmt: skip
+    gates = torch.ones(
+        adapter.num_layers, adapter.num_heads, dtype=torch.float64, requires_grad=True
+    )
     with adapter.head_gates(gates) as used:
         assert used is gates
         loss = nn.functional.cross_entropy(module(x), target)
@@ -656,8 +663,9 @@ def hand_macs(*, patches, prefix, in_chans, patch, D, H, hidden, C, L) -> int:
 )
 def test_macs_of_tiny_model_match_hand_formula(extra, prefix, hidden):
     adapter = tiny_adapter(**extra)
-    expected = hand_macs(patches=16, prefix=prefix, in_chans=3, patch=4, D=32, H=4,
-                         hidden=hidden, C=CLASSES, L=2)  # fmt: skip
+    expected = hand_macs(
+        patches=16, prefix=prefix, in_chans=3, patch=4, D=32, H=4, hidden=hidden, C=CLASSES, L=2
+    )
     assert adapter.macs() == expected
     if not extra:
         # by hand: patch 16*3*4*4*32 = 24576; per layer 52224 + 18496 + 17408 + 139264; head 160
@@ -685,5 +693,6 @@ def test_macs_of_vit_b16_match_the_cited_figure():
     assert (adapter.num_layers, adapter.num_heads, adapter.embed_dim) == (12, 12, 768)
     macs = adapter.macs()
     assert abs(macs - 17.58e9) / 17.58e9 < 0.01
-    assert macs == hand_macs(patches=196, prefix=1, in_chans=3, patch=16, D=768, H=12,
-                             hidden=3072, C=1000, L=12)  # fmt: skip
+    assert macs == hand_macs(
+        patches=196, prefix=1, in_chans=3, patch=16, D=768, H=12, hidden=3072, C=1000, L=12
+    )

@@ -37,9 +37,17 @@ def tiny_factory(seed: int):
 
 
 def tiny_config(**changes) -> bench.BenchConfig:
-    settings = dict(backbone="tiny_vit", members=M, heads_per_member=K, batches=(1, 3),
-                    backends=("torch", "ort") if HAS_ORT else ("torch",), rounds=3, warmup=1,
-                    threads=1, exporter="torchscript")  # fmt: skip
+    settings = dict(
+        backbone="tiny_vit",
+        members=M,
+        heads_per_member=K,
+        batches=(1, 3),
+        backends=("torch", "ort") if HAS_ORT else ("torch",),
+        rounds=3,
+        warmup=1,
+        threads=1,
+        exporter="torchscript",
+    )
     return bench.BenchConfig(**{**settings, **changes})
 
 
@@ -105,8 +113,10 @@ def test_ratios_flops_and_gap_arithmetic(tiny_result, tiny_variants):
 
 
 def test_summarize_takes_the_median_of_same_round_ratios():
-    variants = [bench.Variant("single", [], 100, 1.0, 1, False),
-                bench.Variant("hydra", [], 250, 2.5, 1, True)]  # fmt: skip
+    variants = [
+        bench.Variant("single", [], 100, 1.0, 1, False),
+        bench.Variant("hydra", [], 250, 2.5, 1, True),
+    ]
     times = {"single": [1.0, 2.0, 4.0], "hydra": [3.0, 3.0, 4.0]}  # ratios 3, 1.5, 1
     rows = bench.summarize(times, variants, batch=2)
     assert rows["hydra"]["ratio_vs_single"] == 1.5  # not median(hydra) / median(single) = 1.5 ...
@@ -181,13 +191,17 @@ def test_ort_member_logits_match_pytorch(tiny_result, tiny_variants, tmp_path):
     assert set(info["max_abs_diff_vs_torch_fp32"]) == set(bench.VARIANTS)
     assert max(info["max_abs_diff_vs_torch_fp32"].values()) < 1e-4
     hydra = tiny_variants["hydra"]  # and directly, at a batch size the run did not use
-    paths, done = bench.export_variant(hydra, tiny_variants, tmp_path / "hydra",
-                                    exporter="torchscript", max_batch=3)  # fmt: skip
+    paths, done = bench.export_variant(
+        hydra, tiny_variants, tmp_path / "hydra", exporter="torchscript", max_batch=3
+    )
     assert done["exporter"] == "torchscript" and "cleanup" in done["passes"]
     backend = bench.OrtBackend(tmp_path, "torchscript", threads=1, spinning=False)
     x = tiny_variants.example_inputs(2)
-    timer = bench.OrtTimer([backend.session(p) for p in paths],
-                           bench.feed_of(tiny_variants.input_names, x), sequential=False)  # fmt: skip
+    timer = bench.OrtTimer(
+        [backend.session(p) for p in paths],
+        bench.feed_of(tiny_variants.input_names, x),
+        sequential=False,
+    )
     with torch.inference_mode():
         np.testing.assert_allclose(timer.output(), hydra(*x).numpy(), atol=1e-4)
     assert timer() > 0
@@ -226,8 +240,9 @@ def test_cuda_graph_backend_matches_pytorch(tiny_variants, backend):
 
 @pytest.mark.skipif(not (HAS_TENSORRT and HAS_CUDA), reason="TensorRT or a CUDA device missing")
 def test_tensorrt_backend_matches_pytorch(tiny_variants):
-    result = bench.run_benchmark(tiny_config(backends=("tensorrt",)), quiet=True,
-                                 variants=tiny_variants)  # fmt: skip
+    result = bench.run_benchmark(
+        tiny_config(backends=("tensorrt",)), quiet=True, variants=tiny_variants
+    )
     assert max(result["backends"]["tensorrt"]["max_abs_diff_vs_torch_fp32"].values()) < 0.05
 
 
@@ -275,8 +290,10 @@ def test_check_lists_baseline_entries_not_measured(tiny_result):
     )
 
 
-@pytest.mark.parametrize(("key", "value"), [("backbone", "vit_b16"), ("members", 5),
-                                            ("heads_per_member", 1), ("trunk_layers", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("backbone", "vit_b16"), ("members", 5), ("heads_per_member", 1), ("trunk_layers", 2)],
+)
 def test_check_refuses_a_baseline_of_other_settings(tiny_result, key, value):
     baseline = {**check.make_baseline(tiny_result), key: value}
     with pytest.raises(BenchError, match=f"other settings: {key}"):
@@ -330,14 +347,35 @@ def test_cli_check_exits_1_on_a_regression(tiny_result, tmp_path, capsys, monkey
 )
 def test_cli_bad_inputs_give_one_line_errors(capsys, tmp_path, argv, message):
     (tmp_path / "bad.json").write_text("{not json")
-    (tmp_path / "other.json").write_text(json.dumps({
-        "format": check.BASELINE_FORMAT, "backbone": "vit_b16", "members": 3,
-        "heads_per_member": 1, "ratios": {}}))  # fmt: skip
-    files = {"NOT_JSON": tmp_path / "bad.json", "OTHER": tmp_path / "other.json",
-             "missing.json": "missing.json"}  # fmt: skip
+    (tmp_path / "other.json").write_text(
+        json.dumps(
+            {
+                "format": check.BASELINE_FORMAT,
+                "backbone": "vit_b16",
+                "members": 3,
+                "heads_per_member": 1,
+                "ratios": {},
+            }
+        )
+    )
+    files = {
+        "NOT_JSON": tmp_path / "bad.json",
+        "OTHER": tmp_path / "other.json",
+        "missing.json": "missing.json",
+    }
     argv = [files.get(a, a) for a in argv]
-    code, out, err = run_cli(capsys, "--backbone", "vit_ti16", "--img-size", "32",
-                             "--heads-per-member", "1", "--backend", "torch", *argv)  # fmt: skip
+    code, out, err = run_cli(
+        capsys,
+        "--backbone",
+        "vit_ti16",
+        "--img-size",
+        "32",
+        "--heads-per-member",
+        "1",
+        "--backend",
+        "torch",
+        *argv,
+    )
     assert code in (1, 2)
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
     assert out == ""
@@ -350,8 +388,27 @@ def test_cli_refuses_an_existing_output_without_overwrite(capsys, tmp_path):
 
 
 def test_cli_end_to_end_writes_result_plot_and_a_baseline_it_passes(capsys, tmp_path):
-    argv = ["--backbone", "vit_ti16", "--img-size", "32", "--members", "3", "-k", "1", "--batch",
-            "1", "2", "--backend", "torch", "--rounds", "2", "--warmup", "0", "--threads", "1"]  # fmt: skip
+    argv = [
+        "--backbone",
+        "vit_ti16",
+        "--img-size",
+        "32",
+        "--members",
+        "3",
+        "-k",
+        "1",
+        "--batch",
+        "1",
+        "2",
+        "--backend",
+        "torch",
+        "--rounds",
+        "2",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+    ]
     outputs = ["--out", tmp_path / "r.json", "--write-baseline", tmp_path / "b.json", "--json"]
     if importlib.util.find_spec("matplotlib"):
         outputs += ["--plot", tmp_path / "p.png"]
@@ -376,8 +433,11 @@ def test_markdown_report_holds_the_table_and_claims(tiny_result):
     text = bench.markdown_report(tiny_result, found, command="hydra-bench --backbone tiny_vit")
     assert "| torch | 3 | hydra |" in text and "hydra-bench --backbone tiny_vit" in text
     assert "hydra gap <= 1.1" in text and "hydra_trunk < hydra" in text
-    assert {c["claim"] for c in found} == {"hydra gap <= 1.1", "hydra < deep ensemble",
-                                           "hydra_trunk < hydra"}  # fmt: skip
+    assert {c["claim"] for c in found} == {
+        "hydra gap <= 1.1",
+        "hydra < deep ensemble",
+        "hydra_trunk < hydra",
+    }
 
 
 def load_script(name: str):
@@ -392,10 +452,34 @@ def load_script(name: str):
 
 def test_latency_script_writes_json_markdown_and_claims(tmp_path):
     script = load_script("latency")
-    argv = ["--backbone", "vit_ti16", "--img-size", "32", "-k", "1", "--batch", "8", "--backend",
-            "torch", "--variants", "hydra", "hydra_trunk", "--rounds", "1", "--warmup", "0",
-            "--threads", "1", "--out", tmp_path / "l.json", "--md", tmp_path / "l.md", "--plot",
-            tmp_path / "l.png", "--quiet"]  # fmt: skip
+    argv = [
+        "--backbone",
+        "vit_ti16",
+        "--img-size",
+        "32",
+        "-k",
+        "1",
+        "--batch",
+        "8",
+        "--backend",
+        "torch",
+        "--variants",
+        "hydra",
+        "hydra_trunk",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--threads",
+        "1",
+        "--out",
+        tmp_path / "l.json",
+        "--md",
+        tmp_path / "l.md",
+        "--plot",
+        tmp_path / "l.png",
+        "--quiet",
+    ]
     if not importlib.util.find_spec("matplotlib"):
         argv = [*argv[: argv.index("--plot")], "--quiet"]
     assert script.main([str(a) for a in argv]) == 0
@@ -410,8 +494,23 @@ def test_latency_script_writes_json_markdown_and_claims(tmp_path):
 def test_ort_profile_script_splits_every_kernel_into_roles(tmp_path, capsys):
     script = load_script("profile_ort")
     out = tmp_path / "p.json"
-    argv = ["--backbone", "vit_ti16", "--img-size", "32", "--heads-per-member", "1", "--batch",
-            "2", "--runs", "2", "--threads", "1", "--out", str(out), "--quiet"]  # fmt: skip
+    argv = [
+        "--backbone",
+        "vit_ti16",
+        "--img-size",
+        "32",
+        "--heads-per-member",
+        "1",
+        "--batch",
+        "2",
+        "--runs",
+        "2",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert script.main(argv) == 0
     result = json.loads(out.read_text())
     for name in ("single", "hydra"):

@@ -77,8 +77,20 @@ def tiny_text_export(root, batch=(1, 2, 4)):
 
     from hydra_deploy.export import export_onnx
 
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "a", "mat", "dog",
-             "ran"]  # fmt: skip
+    words = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "dog",
+        "ran",
+    ]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -88,8 +100,15 @@ def tiny_text_export(root, batch=(1, 2, 4)):
     source.mkdir(parents=True)
     tokenizer.save(str(source / "tokenizer.json"))
     backbone = tiny_bert("segments")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=2, heads_per_member=2, seed=0)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=2,
+        heads_per_member=2,
+        seed=0,
+    )
     hydra = fuse(backbone, spec)
     hydra.tokenizer_dir = str(source)
     export_onnx(hydra, root / "export", batch=batch, validate=False)
@@ -625,7 +644,10 @@ def test_num_classes_other_than_the_checkpoints_needs_new_classifier(tmp_path):
     backbone.module.config.id2label = dict(SHUFFLED_NAMES)
     backbone.module.save_pretrained(tmp_path / "classifier")
     folder = f"hf:{tmp_path / 'classifier'}"
-    with pytest.raises(BackboneError, match=r"classifier of 5 classes, not num_classes=3.*new_classifier=True \(CLI: --new-head\)"):  # fmt: skip
+    with pytest.raises(
+        BackboneError,
+        match=r"classifier of 5 classes, not num_classes=3.*new_classifier=True \(CLI: --new-head\)",
+    ):
         load_backbone(folder, num_classes=3)
     with pytest.raises(
         BackboneError, match=r"has 5 classes, not num_classes=3.*new_classifier=True"

@@ -51,13 +51,36 @@ def test_trtexec_for_one_generation_prints_the_exact_command(capsys, export_dir)
 
 
 def test_trtexec_options_reach_the_command(capsys, typed_export_dir, tmp_path):
-    code, out, _ = run(capsys, typed_export_dir, "--trtexec", "--trt", "10.12", "--out", tmp_path,
-                       "--gpu-tag", "orin-sm87", "--min-batch", "2", "--opt-batch", "3",
-                       "--max-batch", "8", "--timing-cache", tmp_path / "t.cache")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        typed_export_dir,
+        "--trtexec",
+        "--trt",
+        "10.12",
+        "--out",
+        tmp_path,
+        "--gpu-tag",
+        "orin-sm87",
+        "--min-batch",
+        "2",
+        "--opt-batch",
+        "3",
+        "--max-batch",
+        "8",
+        "--timing-cache",
+        tmp_path / "t.cache",
+    )
     assert code == 0
-    expected = trtexec_command(typed_export_dir, trt="10.12", out=tmp_path, gpu="orin-sm87",
-                               min_batch=2, opt_batch=3, max_batch=8,
-                               timing_cache=tmp_path / "t.cache")  # fmt: skip
+    expected = trtexec_command(
+        typed_export_dir,
+        trt="10.12",
+        out=tmp_path,
+        gpu="orin-sm87",
+        min_batch=2,
+        opt_batch=3,
+        max_batch=8,
+        timing_cache=tmp_path / "t.cache",
+    )
     assert out.splitlines() == [expected.shell]
     assert "--stronglyTyped" in expected.argv and "--fp16" not in expected.argv
 
@@ -102,19 +125,30 @@ def test_build_without_tensorrt_exits_1_with_one_line(capsys, export_dir):
         (["{missing}", "--trtexec"], "does not exist"),
         (["{empty}", "--trtexec"], "not an export folder"),
         (["{empty}"], "not an export folder"),
-        (["{export}", "--trtexec", "--min-batch", "8", "--max-batch", "4"], "1 <= min <= opt <= max"),
-        (["{export}", "--trtexec", "--trt", "8.6", "--precision", "bf16"], "BF16 needs TensorRT 10"),
+        (
+            ["{export}", "--trtexec", "--min-batch", "8", "--max-batch", "4"],
+            "1 <= min <= opt <= max",
+        ),
+        (
+            ["{export}", "--trtexec", "--trt", "8.6", "--precision", "bf16"],
+            "BF16 needs TensorRT 10",
+        ),
         (["{export}", "--trtexec", "--trt", "10.12"], "--precision fp16"),
         (["{typed}", "--trtexec", "--trt", "10", "--precision", "bf16"], "exported in fp16"),
         (["{export}", "--trt", "10"], "add --trtexec"),
         (["{export}", "--gpu-tag", "x"], "--gpu-tag names trtexec outputs"),
     ],
-)  # fmt: skip
-def test_bad_arguments_exit_1_with_the_reason(capsys, tmp_path, export_dir, typed_export_dir,
-                                              argv, message):  # fmt: skip
+)
+def test_bad_arguments_exit_1_with_the_reason(
+    capsys, tmp_path, export_dir, typed_export_dir, argv, message
+):
     (tmp_path / "empty").mkdir()
-    places = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "export": export_dir,
-              "typed": typed_export_dir}  # fmt: skip
+    places = {
+        "missing": tmp_path / "missing",
+        "empty": tmp_path / "empty",
+        "export": export_dir,
+        "typed": typed_export_dir,
+    }
     code, out, err = run(capsys, *(a.format(**places) for a in argv))
     assert code == 1 and out == ""
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
@@ -153,8 +187,11 @@ def fake_tensorrt(monkeypatch):
 
     version = "10.3.0.30"
     monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
-    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt",
-                        trt_standins.polygraphy_module(version, engine=b"engine"))  # fmt: skip
+    monkeypatch.setitem(
+        sys.modules,
+        "polygraphy.backend.trt",
+        trt_standins.polygraphy_module(version, engine=b"engine"),
+    )
     monkeypatch.setattr(
         engines_trt, "detect_gpu", lambda: engines_trt.GpuInfo("Orin (nvgpu)", 8, 7)
     )
@@ -170,14 +207,20 @@ def test_build_json_and_overwrite(capsys, export_dir, tmp_path, fake_tensorrt):
     assert sidecar["engine"] == engine.name and sidecar["engine_bytes"] == len(b"engine")
     assert (tmp_path / "timing.orin-nvgpu-sm87.trt10.3.cache").read_bytes() == b"timing-cache"
     assert (result["precision"], result["strongly_typed"], result["builder_flags"]) == (
-        "fp16", False, ["fp16"]
-    )  # fmt: skip
+        "fp16",
+        False,
+        ["fp16"],
+    )
     assert result["batch_profile"] == {"min": 1, "opt": 2, "max": 8}
     code, out, err = run(capsys, export_dir, "--out", tmp_path, "--max-batch", "8")
     assert code == 1 and "--overwrite" in err
     code, out, err = run(capsys, export_dir, "--out", tmp_path, "--max-batch", "8", "--overwrite")
     assert code == 0 and out.startswith(f"wrote {engine} (fp16, weakly typed, batch 1/2/8")
-    code, out, err = run(capsys, export_dir, "--out", tmp_path, "--precision", "bf16",
-                         "--weakly-typed", "--quiet")  # fmt: skip
-    assert code == 0 and out == "" and any(p.name.endswith(".bf16.orin-nvgpu-sm87.trt10.3.engine")
-                                           for p in tmp_path.iterdir())  # fmt: skip
+    code, out, err = run(
+        capsys, export_dir, "--out", tmp_path, "--precision", "bf16", "--weakly-typed", "--quiet"
+    )
+    assert (
+        code == 0
+        and out == ""
+        and any(p.name.endswith(".bf16.orin-nvgpu-sm87.trt10.3.engine") for p in tmp_path.iterdir())
+    )

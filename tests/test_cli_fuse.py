@@ -53,8 +53,9 @@ def plain_run(tmp_path_factory) -> tuple[int, str, str, Path]:
 
 @pytest.fixture(scope="module")
 def given_spec(tmp_path_factory) -> tuple[HydraSpec, Path]:
-    spec = HydraSpec.random(BACKBONE, LAYERS, HEADS, HEAD_DIM, members=2, heads_per_member=2,
-                            shared_layers=3, seed=5)  # fmt: skip
+    spec = HydraSpec.random(
+        BACKBONE, LAYERS, HEADS, HEAD_DIM, members=2, heads_per_member=2, shared_layers=3, seed=5
+    )
     path = tmp_path_factory.mktemp("given") / "given.json"
     spec.to_json(path)
     return spec, path
@@ -102,11 +103,16 @@ def test_save_spec_writes_the_printed_spec(plain_run):
     saved = HydraSpec.from_json(spec_path)
     assert saved.summary() in out  # the spec printed is the spec saved
     assert (saved.backbone, saved.num_layers, saved.num_heads, saved.head_dim) == (
-        BACKBONE, LAYERS, HEADS, HEAD_DIM)  # fmt: skip
+        BACKBONE,
+        LAYERS,
+        HEADS,
+        HEAD_DIM,
+    )
     assert saved.num_members == 3 and saved.importance == "random" and saved.seed == 0
     # the same command line draws the same spec (seeded)
-    assert saved == HydraSpec.random(BACKBONE, LAYERS, HEADS, HEAD_DIM, members=3,
-                                     heads_per_member=1, seed=0)  # fmt: skip
+    assert saved == HydraSpec.random(
+        BACKBONE, LAYERS, HEADS, HEAD_DIM, members=3, heads_per_member=1, seed=0
+    )
 
 
 def test_json_output(json_run, given_spec):
@@ -203,8 +209,9 @@ def test_usage_error_exits_2(capsys):
 def test_console_script_help():
     if not SCRIPT.is_file():
         pytest.skip(reason=f"console script {SCRIPT} is not on disk (pip install -e . creates it)")
-    result = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60,
-                            check=False)  # fmt: skip
+    result = subprocess.run(
+        [str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: hydra-fuse")
     assert "examples:" in result.stdout
@@ -219,18 +226,39 @@ def npz_data(tmp_path_factory) -> Path:
 
     rng = np.random.default_rng(0)
     path = tmp_path_factory.mktemp("data") / "train.npz"
-    np.savez(path, x=rng.standard_normal((4, 3, 224, 224)).astype("float32"),
-             y=rng.integers(0, CLASSES, 4))  # fmt: skip
+    np.savez(
+        path,
+        x=rng.standard_normal((4, 3, 224, 224)).astype("float32"),
+        y=rng.integers(0, CLASSES, 4),
+    )
     return path
 
 
 def test_taylor_selection_and_finetuning_from_the_cli(npz_data, tmp_path):
     spec_path, members_dir = tmp_path / "spec.json", tmp_path / "members"
-    argv = ("--backbone", BACKBONE, "--calib", str(npz_data), "--finetune", str(npz_data),
-            "--members", "2", "--heads-per-member", "1", "--finetune-steps", "2",
-            "--finetune-batch-size", "2",
-            "--finetune-dir", str(members_dir), "--batch", "1", "--save-spec", str(spec_path),
-            "--json")  # fmt: skip
+    argv = (
+        "--backbone",
+        BACKBONE,
+        "--calib",
+        str(npz_data),
+        "--finetune",
+        str(npz_data),
+        "--members",
+        "2",
+        "--heads-per-member",
+        "1",
+        "--finetune-steps",
+        "2",
+        "--finetune-batch-size",
+        "2",
+        "--finetune-dir",
+        str(members_dir),
+        "--batch",
+        "1",
+        "--save-spec",
+        str(spec_path),
+        "--json",
+    )
     code, out, err = invoke(*argv)
     assert code == 0, err
     report = json.loads(out)
@@ -240,7 +268,11 @@ def test_taylor_selection_and_finetuning_from_the_cli(npz_data, tmp_path):
     assert report["output_shape"] == [1, 2, CLASSES]
     assert HydraSpec.from_json(spec_path).to_dict() == report["spec"]
     assert sorted(p.name for p in members_dir.iterdir()) == [
-        "member_0.json", "member_0.safetensors", "member_1.json", "member_1.safetensors"]  # fmt: skip
+        "member_0.json",
+        "member_0.safetensors",
+        "member_1.json",
+        "member_1.safetensors",
+    ]
     # a second run resumes the saved members instead of training again
     code, out, err = invoke(*argv[:-3], "--json")
     assert code == 0, err
@@ -296,8 +328,9 @@ def bert_folder(tmp_path_factory) -> Path:
 
 def test_fuses_a_bert_backbone(bert_folder):
     """hydra-fuse's forward check passed the text inputs (a dict) as one positional argument."""
-    code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--members", "2", "--batch", "3",
-                            "--json", "--quiet")  # fmt: skip
+    code, out, err = invoke(
+        "--backbone", f"hf:{bert_folder}", "--members", "2", "--batch", "3", "--json", "--quiet"
+    )
     assert code == 0, err
     report = json.loads(out)
     assert report["input_shape"] == [3, 64]  # [batch, seq]: the tiny model's 64 positions
@@ -313,8 +346,17 @@ def test_num_classes_other_than_a_bert_checkpoints_needs_new_head(bert_folder):
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 1 and out == "" and len(errors) == 1 and "Traceback" not in err
     assert "classifier of 5 classes, not num_classes=3" in errors[0] and "--new-head" in errors[0]
-    code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--num-classes", "3", "--new-head",
-                            "--members", "2", "--json", "--quiet")  # fmt: skip
+    code, out, err = invoke(
+        "--backbone",
+        f"hf:{bert_folder}",
+        "--num-classes",
+        "3",
+        "--new-head",
+        "--members",
+        "2",
+        "--json",
+        "--quiet",
+    )
     assert code == 0, err
     assert json.loads(out)["output_shape"] == [2, 2, 3]
     code, _, err = invoke("--backbone", f"hf:{bert_folder}", "--new-head")
@@ -326,17 +368,47 @@ def test_num_classes_other_than_a_bert_checkpoints_needs_new_head(bert_folder):
 def test_shared_parts_and_warmup_from_the_cli(npz_data):
     """--shared-parts frozen keeps one copy of the embeddings and classifier (issue 17, finding
     11) and the parameters line says what is per member; --warmup-steps reaches fine-tuning."""
-    code, out, err = invoke("--backbone", BACKBONE, "--finetune", str(npz_data), "--members", "2",
-                            "--heads-per-member", "1", "--finetune-steps", "2",
-                            "--finetune-batch-size", "2", "--warmup-steps", "1",
-                            "--shared-parts", "frozen", "--batch", "1", "--json")  # fmt: skip
+    code, out, err = invoke(
+        "--backbone",
+        BACKBONE,
+        "--finetune",
+        str(npz_data),
+        "--members",
+        "2",
+        "--heads-per-member",
+        "1",
+        "--finetune-steps",
+        "2",
+        "--finetune-batch-size",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--shared-parts",
+        "frozen",
+        "--batch",
+        "1",
+        "--json",
+    )
     assert code == 0, err
     report = json.loads(out)
     assert report["merge"]["embeddings"] == report["merge"]["classifier"] == "shared"
     assert {e["shared_parts"] for e in report["finetune"]} == {"frozen"}
-    code, out, err = invoke("--backbone", BACKBONE, "--finetune", str(npz_data), "--members", "2",
-                            "--heads-per-member", "1", "--finetune-steps", "2",
-                            "--finetune-batch-size", "2", "--batch", "1")  # fmt: skip
+    code, out, err = invoke(
+        "--backbone",
+        BACKBONE,
+        "--finetune",
+        str(npz_data),
+        "--members",
+        "2",
+        "--heads-per-member",
+        "1",
+        "--finetune-steps",
+        "2",
+        "--finetune-batch-size",
+        "2",
+        "--batch",
+        "1",
+    )
     assert code == 0, err
     assert "x the single model's" in out and "per member: embeddings" in out
     for flag in (("--warmup-steps", "1"), ("--shared-parts", "averaged")):
@@ -345,9 +417,20 @@ def test_shared_parts_and_warmup_from_the_cli(npz_data):
 
 
 # --- a user's deep ensemble fused into one network (issue 19, item 6) --------------------------
-TINY_ARGS = ("--backbone", "vit_tiny_patch16_224", "--model-arg", "img_size=16", "--model-arg",
-             "patch_size=4", "--model-arg", "embed_dim=32", "--model-arg", "depth=2",
-             "--model-arg", "num_heads=4")  # fmt: skip
+TINY_ARGS = (
+    "--backbone",
+    "vit_tiny_patch16_224",
+    "--model-arg",
+    "img_size=16",
+    "--model-arg",
+    "patch_size=4",
+    "--model-arg",
+    "embed_dim=32",
+    "--model-arg",
+    "depth=2",
+    "--model-arg",
+    "num_heads=4",
+)
 
 
 @pytest.fixture(scope="module")
@@ -362,9 +445,16 @@ def ensemble_checkpoints(tmp_path_factory) -> list[Path]:
     paths = []
     for seed, classes in ((0, 3), (1, 3), (2, 3), (3, 4)):
         torch.manual_seed(seed)
-        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16,
-                                  patch_size=4, embed_dim=32, depth=2, num_heads=4,
-                                  num_classes=classes)  # fmt: skip
+        model = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            img_size=16,
+            patch_size=4,
+            embed_dim=32,
+            depth=2,
+            num_heads=4,
+            num_classes=classes,
+        )
         path = folder / f"member{seed}.safetensors"
         save_file({k: v.contiguous() for k, v in scramble(model, seed).state_dict().items()}, path)
         paths.append(path)
@@ -379,7 +469,9 @@ def test_several_checkpoints_fuse_as_members(ensemble_checkpoints):
     from hydra_deploy.cli.fuse import build_parser
 
     three = [str(p) for p in ensemble_checkpoints[:3]]
-    args = build_parser().parse_args([*TINY_ARGS, "--checkpoint", *three, "--heads-per-member", "2"])
+    args = build_parser().parse_args(
+        [*TINY_ARGS, "--checkpoint", *three, "--heads-per-member", "2"]
+    )
     _, spec, _, hydra = build.build_hydra(args, progress=False)
     assert spec.num_members == 3 and spec.mlp_merge == "grouped"
     assert spec.meta["checkpoints"] == three
@@ -388,10 +480,18 @@ def test_several_checkpoints_fuse_as_members(ensemble_checkpoints):
     with torch.no_grad():
         fused = hydra(x)
         for m, path in enumerate(three):  # member m is checkpoint m with its own heads kept
-            alone = load_backbone(args.backbone, checkpoint=path, img_size=16, patch_size=4,
-                                  embed_dim=32, depth=2, num_heads=4)  # fmt: skip
-            torch.testing.assert_close(fused[:, m], alone(x, spec.head_mask(m)), atol=1e-5,
-                                       rtol=1e-5)  # fmt: skip
+            alone = load_backbone(
+                args.backbone,
+                checkpoint=path,
+                img_size=16,
+                patch_size=4,
+                embed_dim=32,
+                depth=2,
+                num_heads=4,
+            )
+            torch.testing.assert_close(
+                fused[:, m], alone(x, spec.head_mask(m)), atol=1e-5, rtol=1e-5
+            )
     code, out, err = invoke(*TINY_ARGS, "--checkpoint", *three, "--batch", "2", "--json")
     assert code == 0, err
     assert json.loads(out)["output_shape"] == [2, 3, 3]

@@ -62,19 +62,55 @@ def invoke(*argv: str) -> tuple[int, str, str]:
 
 
 CONFIGS = [
-    dict(input_size=(3, 224, 224), interpolation="bicubic", mean=(0.485, 0.456, 0.406),
-         std=(0.229, 0.224, 0.225), crop_pct=0.9, crop_mode="center"),
-    dict(input_size=(3, 16, 16), interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3,
-         crop_pct=0.875, crop_mode="center"),
-    dict(input_size=(3, 48, 64), interpolation="bicubic", mean=(0.5,) * 3, std=(0.25,) * 3,
-         crop_pct=0.95, crop_mode="center"),
-    dict(input_size=(3, 32, 32), interpolation="lanczos", mean=(0.4, 0.5, 0.6), std=(0.2,) * 3,
-         crop_pct=1.0, crop_mode="squash"),
-    dict(input_size=(3, 40, 40), interpolation="bilinear", mean=(0.485, 0.456, 0.406),
-         std=(0.229, 0.224, 0.225), crop_pct=0.8, crop_mode="border"),
-    dict(input_size=(1, 20, 20), interpolation="nearest", mean=(0.5,), std=(0.5,),
-         crop_pct=0.9, crop_mode="center"),
-]  # fmt: skip
+    dict(
+        input_size=(3, 224, 224),
+        interpolation="bicubic",
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        crop_pct=0.9,
+        crop_mode="center",
+    ),
+    dict(
+        input_size=(3, 16, 16),
+        interpolation="bilinear",
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+        crop_pct=0.875,
+        crop_mode="center",
+    ),
+    dict(
+        input_size=(3, 48, 64),
+        interpolation="bicubic",
+        mean=(0.5,) * 3,
+        std=(0.25,) * 3,
+        crop_pct=0.95,
+        crop_mode="center",
+    ),
+    dict(
+        input_size=(3, 32, 32),
+        interpolation="lanczos",
+        mean=(0.4, 0.5, 0.6),
+        std=(0.2,) * 3,
+        crop_pct=1.0,
+        crop_mode="squash",
+    ),
+    dict(
+        input_size=(3, 40, 40),
+        interpolation="bilinear",
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        crop_pct=0.8,
+        crop_mode="border",
+    ),
+    dict(
+        input_size=(1, 20, 20),
+        interpolation="nearest",
+        mean=(0.5,),
+        std=(0.5,),
+        crop_pct=0.9,
+        crop_mode="center",
+    ),
+]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c['crop_mode']}-{c['input_size']}")
@@ -139,9 +175,18 @@ def test_arrays_to_csv(export_dir, tmp_path):
     np.savez(tmp_path / "x.npz", x=batch[2:3])
     np.save(tmp_path / "single.npy", batch[5])  # one example without its batch axis
     target = tmp_path / "out" / "scores.csv"
-    code, _, err = invoke(str(export_dir), str(tmp_path / "batch.npy"), str(tmp_path / "named.npz"),
-                          str(tmp_path / "x.npz"), str(tmp_path / "single.npy"), "--csv",
-                          str(target), "--batch-size", "3", "--quiet")  # fmt: skip
+    code, _, err = invoke(
+        str(export_dir),
+        str(tmp_path / "batch.npy"),
+        str(tmp_path / "named.npz"),
+        str(tmp_path / "x.npz"),
+        str(tmp_path / "single.npy"),
+        "--csv",
+        str(target),
+        "--batch-size",
+        "3",
+        "--quiet",
+    )
     assert code == 0, err
     rows = list(csv.DictReader(target.open()))
     assert [r["input"] for r in rows[:2]] == [f"{tmp_path / 'batch.npy'}[{i}]" for i in range(2)]
@@ -159,7 +204,14 @@ def test_table_and_stdout_json(export_dir, images):
     code, out, _ = invoke(str(export_dir), str(images / "china.jpg"), str(images / "flower.png"))
     assert code == 0
     header = out.splitlines()[0].split()
-    assert header == ["input", "prediction", "msp", "predictive_entropy", "mutual_information", "disagreement"]  # fmt: skip
+    assert header == [
+        "input",
+        "prediction",
+        "msp",
+        "predictive_entropy",
+        "mutual_information",
+        "disagreement",
+    ]
     assert any(name in out.splitlines()[2] for name in CLASSES)  # class names, not indices
     code, out, _ = invoke(str(export_dir), str(images / "china.jpg"), "--json", "-")
     assert code == 0 and json.loads(out)["results"][0]["input"].endswith("china.jpg")
@@ -207,8 +259,15 @@ def test_nonfinite_inputs_are_refused_unless_allowed(export_dir, tmp_path):
     assert code == 1 and "NaN or infinite" in err and "--allow-nonfinite" in err
     assert err.count("\n") == 1
     target = tmp_path / "scores.json"
-    code, _, err = invoke(str(export_dir), str(tmp_path / "nan.npy"), "--allow-nonfinite",
-                          "--json", str(target), "--top-k", "2")  # fmt: skip
+    code, _, err = invoke(
+        str(export_dir),
+        str(tmp_path / "nan.npy"),
+        "--allow-nonfinite",
+        "--json",
+        str(target),
+        "--top-k",
+        "2",
+    )
     assert code == 0, err
     results = json.loads(target.read_text())["results"]
     assert results[1]["prediction"] == -1 and results[1]["label"] is None

@@ -57,8 +57,17 @@ def test_good_export_passes(export_dir):
     assert ort.status == "compared" and ort.tolerance == TOLERANCES["fp32"]
     assert sorted({c.member for c in ort.members}) == [0, 1, 2]
     names = {c.name for c in ort.scores}
-    assert {"probs", "msp", "predictive_entropy", "expected_entropy", "mutual_information",
-            "disagreement", "prediction", "graph:probs", "graph:mutual_information"} <= names  # fmt: skip
+    assert {
+        "probs",
+        "msp",
+        "predictive_entropy",
+        "expected_entropy",
+        "mutual_information",
+        "disagreement",
+        "prediction",
+        "graph:probs",
+        "graph:mutual_information",
+    } <= names
     logits = [c for c in ort.members if c.name == "member_logits"]
     assert all(0 <= c.value <= 1e-4 for c in logits)
     json.dumps(report.to_dict(), allow_nan=False)  # JSON-ready
@@ -101,7 +110,9 @@ def test_bf16_export_skips_onnx_runtime_with_the_reason(export_dir, tmp_path):
     assert code == 0 and "onnxruntime: skipped: ONNX Runtime's CPU kernels" in out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed")  # fmt: skip
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed"
+)
 def test_engine_without_tensorrt_is_an_error(export_dir, tmp_path):
     engine = tmp_path / "model.engine"
     engine.write_bytes(b"x")

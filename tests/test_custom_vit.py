@@ -22,10 +22,22 @@ from hydra_deploy.backbones import load_backbone
 from hydra_deploy.errors import BackboneError, CheckpointError, HydraError, RunnerError
 
 ARGS = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, in_chans=1)
-PRETRAINED_CFG = {"mean": [0.5], "std": [0.5], "interpolation": "bilinear", "crop_pct": 1.0,
-                  "crop_mode": "center", "input_size": [1, 16, 16]}  # fmt: skip
-USER_CONFIG = {"input_size": (1, 16, 16), "interpolation": "bilinear", "mean": (0.5,),
-               "std": (0.5,), "crop_pct": 1.0, "crop_mode": "center"}  # fmt: skip
+PRETRAINED_CFG = {
+    "mean": [0.5],
+    "std": [0.5],
+    "interpolation": "bilinear",
+    "crop_pct": 1.0,
+    "crop_mode": "center",
+    "input_size": [1, 16, 16],
+}
+USER_CONFIG = {
+    "input_size": (1, 16, 16),
+    "interpolation": "bilinear",
+    "mean": (0.5,),
+    "std": (0.5,),
+    "crop_pct": 1.0,
+    "crop_mode": "center",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -51,10 +63,16 @@ def trained(tmp_path_factory):
     model = _model()
     folder = root / "digits-vit"
     folder.mkdir()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              str(folder / "model.safetensors"))  # fmt: skip
-    config = {"architecture": "vit_tiny_patch16_224", "num_classes": 3, "model_args": ARGS,
-              "pretrained_cfg": PRETRAINED_CFG}  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(folder / "model.safetensors"),
+    )
+    config = {
+        "architecture": "vit_tiny_patch16_224",
+        "num_classes": 3,
+        "model_args": ARGS,
+        "pretrained_cfg": PRETRAINED_CFG,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     bare = root / "bare" / "weights.safetensors"
     bare.parent.mkdir()
@@ -89,8 +107,13 @@ def test_timm_save_for_hf_folder_is_read(tmp_path):
     from timm.models import save_for_hf
 
     model = _model()
-    model.pretrained_cfg = {**model.pretrained_cfg, "mean": (0.5,), "std": (0.5,),
-                            "interpolation": "bilinear", "crop_pct": 1.0}  # fmt: skip
+    model.pretrained_cfg = {
+        **model.pretrained_cfg,
+        "mean": (0.5,),
+        "std": (0.5,),
+        "interpolation": "bilinear",
+        "crop_pct": 1.0,
+    }
     save_for_hf(model, tmp_path / "hub", safe_serialization=True)
     adapter = load_backbone(tmp_path / "hub")
     _same_weights(adapter, model)
@@ -101,8 +124,18 @@ def test_model_args_from_the_cli(trained):
     from hydra_deploy.cli.fuse import main
 
     _, _, bare = trained
-    argv = ["--backbone", "vit_tiny_patch16_224", "--checkpoint", str(bare), "-m", "2", "-k", "2",
-            "--json", "--quiet"]  # fmt: skip
+    argv = [
+        "--backbone",
+        "vit_tiny_patch16_224",
+        "--checkpoint",
+        str(bare),
+        "-m",
+        "2",
+        "-k",
+        "2",
+        "--json",
+        "--quiet",
+    ]
     pairs = [f"--model-arg={k}={json.dumps(v)}" for k, v in ARGS.items()]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -119,11 +152,14 @@ def test_model_args_from_the_cli(trained):
     # no numpy code), the one the image preprocessing implements
     assert INTERPOLATIONS is OWNED is preprocess.INTERPOLATIONS
 
-    assert parse_model_args(["img_size=[16, 16]", "qkv_bias=false", "global_pool=avg",
-                             "mlp_ratio=2"]) == {"img_size": [16, 16], "qkv_bias": False,
-                                                 "global_pool": "avg", "mlp_ratio": 2}  # fmt: skip
-    for bad, message in (("depth", "not KEY=VALUE"), ("num_classes=3", "--num-classes"),
-                         ("depth=2", "given twice")):  # fmt: skip
+    assert parse_model_args(
+        ["img_size=[16, 16]", "qkv_bias=false", "global_pool=avg", "mlp_ratio=2"]
+    ) == {"img_size": [16, 16], "qkv_bias": False, "global_pool": "avg", "mlp_ratio": 2}
+    for bad, message in (
+        ("depth", "not KEY=VALUE"),
+        ("num_classes=3", "--num-classes"),
+        ("depth=2", "given twice"),
+    ):
         with pytest.raises(HydraError, match=message):
             parse_model_args(["depth=4", bad] if bad == "depth=2" else [bad])
 
@@ -134,8 +170,10 @@ def test_mismatch_names_the_files_shapes_and_the_arguments(trained):
         load_backbone("vit_tiny_patch16_224", checkpoint=bare)
     message = str(caught.value)
     assert "\n" not in message
-    assert ("the file has embed_dim=32, depth=2, in_chans=1, patch_size=4, img_size=16 where the "
-            "model has embed_dim=192, depth=12, in_chans=3, patch_size=16, img_size=224") in message  # fmt: skip
+    assert (
+        "the file has embed_dim=32, depth=2, in_chans=1, patch_size=4, img_size=16 where the "
+        "model has embed_dim=192, depth=12, in_chans=3, patch_size=16, img_size=224"
+    ) in message
     assert "pos_embed: file (1, 17, 32) vs model (1, 197, 192)" in message  # not resampled to 197
     assert "--model-arg embed_dim=32 --model-arg depth=2" in message
     assert "num_heads as trained: the weights do not show it" in message
@@ -174,11 +212,13 @@ def test_preprocessing_given_wins_and_a_missing_one_is_warned(trained, caplog):
     adapter = load_backbone(folder, preprocessing={"mean": [0.25], "crop_mode": "squash"})
     copied = load_backbone(copy.deepcopy(adapter.module))
     assert copied.data_config() == {**USER_CONFIG, "mean": (0.25,), "crop_mode": "squash"}
-    for bad, message in (({"size": 3}, r"unknown entries \['size'\]"),
-                         ({"mean": [0.5, 0.5]}, "2 values, the model has 1 input channel"),
-                         ({"interpolation": "cubic"}, "interpolation 'cubic' is not one of"),
-                         ({"crop_pct": 0}, "crop_pct must be a positive number"),
-                         ({"std": [0]}, "std must be positive")):  # fmt: skip
+    for bad, message in (
+        ({"size": 3}, r"unknown entries \['size'\]"),
+        ({"mean": [0.5, 0.5]}, "2 values, the model has 1 input channel"),
+        ({"interpolation": "cubic"}, "interpolation 'cubic' is not one of"),
+        ({"crop_pct": 0}, "crop_pct must be a positive number"),
+        ({"std": [0]}, "std must be positive"),
+    ):
         with pytest.raises(BackboneError, match=message):
             load_backbone(folder, preprocessing=bad)
     with pytest.raises(BackboneError, match="preprocessing= applies to timm ViT backbones"):
@@ -193,14 +233,36 @@ def test_export_records_it_and_a_reexport_keeps_it(trained, tmp_path):
     common = ["--max-batch", "2", "--opt-batch", "2", "--no-validate", "--quiet"]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["--backbone", str(folder), "-m", "2", "-k", "2", "--crop-pct", "0.5",
-                     "--out", str(tmp_path / "a"), *common])  # fmt: skip
+        code = main(
+            [
+                "--backbone",
+                str(folder),
+                "-m",
+                "2",
+                "-k",
+                "2",
+                "--crop-pct",
+                "0.5",
+                "--out",
+                str(tmp_path / "a"),
+                *common,
+            ]
+        )
         assert code == 0, err.getvalue()
         recorded = json.loads((tmp_path / "a" / "hydra.json").read_text())["preprocessing"]
         assert recorded == {**json.loads(json.dumps(USER_CONFIG)), "crop_pct": 0.5}
         assert load_export(tmp_path / "a").preprocessing == recorded  # not the rebuilt default
-        code = main(["--from", str(tmp_path / "a"), "--crop-pct", "1", "--out", str(tmp_path / "b"),
-                     *common])  # fmt: skip
+        code = main(
+            [
+                "--from",
+                str(tmp_path / "a"),
+                "--crop-pct",
+                "1",
+                "--out",
+                str(tmp_path / "b"),
+                *common,
+            ]
+        )
         assert code == 0, err.getvalue()
     fixed = json.loads((tmp_path / "b" / "hydra.json").read_text())["preprocessing"]
     assert fixed == json.loads(json.dumps(USER_CONFIG))
@@ -223,8 +285,19 @@ def test_image_folder_loader_uses_the_recorded_preprocessing(trained, tmp_path):
     data = load_data(tmp_path, backbone=backbone)
     x = torch.cat([batch for batch, _ in data.loader(8)]).numpy()
     np.testing.assert_allclose(x, preprocess_images(files, backbone.data_config()), atol=1e-6)
-    user = np.stack([(np.asarray(Image.open(f).resize((16, 16), Image.Resampling.BILINEAR),
-                                 np.float32)[None] / 255 - 0.5) / 0.5 for f in files])  # fmt: skip
+    user = np.stack(
+        [
+            (
+                np.asarray(Image.open(f).resize((16, 16), Image.Resampling.BILINEAR), np.float32)[
+                    None
+                ]
+                / 255
+                - 0.5
+            )
+            / 0.5
+            for f in files
+        ]
+    )
     np.testing.assert_allclose(x, user, atol=1e-6)
 
 
@@ -233,14 +306,16 @@ def test_shape_hints_say_what_the_model_expects():
 
     spec = TensorSpec("pixel_values", ("batch", 1, 16, 16), "float32")
     cases = [
-        (np.zeros((5, 8, 8), np.float32),
-         r"expects \[N, C, H, W\] = \[N, 1, 16, 16\]; this looks like \[N, H, W\] images without "
-         r"the channel axis: add it \(x\[:, None\]\); the images are 8x8 and the model takes 16x16: "
-         r"resize them"),
+        (
+            np.zeros((5, 8, 8), np.float32),
+            r"expects \[N, C, H, W\] = \[N, 1, 16, 16\]; this looks like \[N, H, W\] images without "
+            r"the channel axis: add it \(x\[:, None\]\); the images are 8x8 and the model takes 16x16: "
+            r"resize them",
+        ),
         (np.zeros((1, 16, 16), np.float32), r"\(add the batch axis: x\[None\]\)"),
         (np.zeros((5, 1, 8, 8), np.float32), r"the images are 8x8 and the model takes 16x16"),
         (np.zeros((5, 16, 16, 1), np.float32), r"channels-last \[N, H, W, C\]: transpose it"),
-    ]  # fmt: skip
+    ]
     for value, message in cases:
         with pytest.raises(RunnerError, match=message) as caught:
             _check_one(spec, value, False)

@@ -33,9 +33,16 @@ def rgb_vit():
 def gray_vit():
     torch.manual_seed(0)
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, in_chans=1,
-        embed_dim=32, depth=2, num_heads=4, num_classes=5,
-    )  # fmt: skip
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=16,
+        patch_size=4,
+        in_chans=1,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        num_classes=5,
+    )
     return load_backbone(model.eval())
 
 
@@ -294,9 +301,14 @@ def test_image_folder_rgb(tmp_path, rgb_vit):
     assert xs.shape == (6, 3, 16, 16)
     # the pixels are exactly timm's eval transform for this model at its own input size
     transform = timm.data.create_transform(
-        input_size=(3, 16, 16), interpolation="bicubic", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-        crop_pct=0.9, crop_mode="center", is_training=False,
-    )  # fmt: skip
+        input_size=(3, 16, 16),
+        interpolation="bicubic",
+        mean=(0.5, 0.5, 0.5),
+        std=(0.5, 0.5, 0.5),
+        crop_pct=0.9,
+        crop_mode="center",
+        is_training=False,
+    )
     pretrained = rgb_vit.module.pretrained_cfg
     assert (pretrained["interpolation"], pretrained["crop_pct"]) == ("bicubic", 0.9)
     assert tuple(pretrained["mean"]) == (0.5, 0.5, 0.5)
@@ -335,9 +347,14 @@ def test_image_folder_grayscale(tmp_path, gray_vit):
     assert inputs_of(data).shape == (6, 1, 16, 16)
     assert data.classes == FOLDER_CLASSES
     transform = timm.data.create_transform(
-        input_size=(1, 16, 16), interpolation="bicubic", mean=(0.5,), std=(0.5,), crop_pct=0.9,
-        crop_mode="center", is_training=False,
-    )  # fmt: skip
+        input_size=(1, 16, 16),
+        interpolation="bicubic",
+        mean=(0.5,),
+        std=(0.5,),
+        crop_pct=0.9,
+        crop_mode="center",
+        is_training=False,
+    )
     expected = transform(Image.open(root / "ant" / "0.png").convert("L"))
     torch.testing.assert_close(x, expected)
 
@@ -345,9 +362,15 @@ def test_image_folder_grayscale(tmp_path, gray_vit):
 def test_image_folder_non_square_backbone(tmp_path):
     torch.manual_seed(0)
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=(8, 16), patch_size=4, embed_dim=32,
-        depth=1, num_heads=4, num_classes=3,
-    )  # fmt: skip
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=(8, 16),
+        patch_size=4,
+        embed_dim=32,
+        depth=1,
+        num_heads=4,
+        num_classes=3,
+    )
     data = load_data(write_images(tmp_path / "imgs"), load_backbone(model.eval()))
     assert tuple(data.dataset[0][0].shape) == (3, 8, 16)
 
@@ -517,5 +540,8 @@ def test_image_folder_of_a_model_with_class_names(tmp_path):
     data = load_data(root, backbone)
     assert labels_of(data).tolist() == [4, 4, 3, 3, 1, 1] and data.classes == backbone.class_names
     write_images(tmp_path / "imgs", classes=["owl"], seed=1)
-    with pytest.raises(DataError, match=r"sub-folder 'owl': label 'owl' is not one of the model's classes: dog, cat"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"sub-folder 'owl': label 'owl' is not one of the model's classes: dog, cat",
+    ):
         load_data(root, backbone)

@@ -68,11 +68,24 @@ def exports(hydra, tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
     folders = {"fp32": root / "fp32", "uq": root / "uq"}
     export_onnx(hydra, folders["fp32"], batch=(1, 4, 6), exporter="torchscript", validate=False)
-    export_onnx(hydra, folders["uq"], batch=(1, 4, 6), exporter="torchscript", validate=False,
-                uq_outputs=True)  # fmt: skip
+    export_onnx(
+        hydra,
+        folders["uq"],
+        batch=(1, 4, 6),
+        exporter="torchscript",
+        validate=False,
+        uq_outputs=True,
+    )
     folders["fp16-real"] = root / "fp16-real"
-    export_onnx(hydra, folders["fp16-real"], batch=(1, 4, 6), exporter="torchscript",
-                validate=False, uq_outputs=True, precision="fp16")  # fmt: skip
+    export_onnx(
+        hydra,
+        folders["fp16-real"],
+        batch=(1, 4, 6),
+        exporter="torchscript",
+        validate=False,
+        uq_outputs=True,
+        precision="fp16",
+    )
     for precision in ("fp16", "bf16"):
         folder = root / precision
         shutil.copytree(folders["uq"], folder)
@@ -153,9 +166,16 @@ def test_best_falls_back_to_fp16_with_a_note():
 
 @pytest.mark.parametrize(
     "version, generation",
-    [("8.6.1.6", "8.6"), ("10.0.1", "10"), ("10.3.0.30", "10"), ("10.11.0", "10"),
-     ("10.12.0.36", "10.12"), ("10.13.2", "10.12"), ("11.4.1", "11")],
-)  # fmt: skip
+    [
+        ("8.6.1.6", "8.6"),
+        ("10.0.1", "10"),
+        ("10.3.0.30", "10"),
+        ("10.11.0", "10"),
+        ("10.12.0.36", "10.12"),
+        ("10.13.2", "10.12"),
+        ("11.4.1", "11"),
+    ],
+)
 def test_generation_of(version, generation):
     assert generation_of(version) == generation
 
@@ -197,8 +217,11 @@ def test_plan_for_a_typed_graph_on_a_datacentre_gpu(exports):
     sha12 = info_of(exports["fp16"])["onnx_sha256"][:12]
     assert isinstance(plan, BuildPlan)
     assert (plan.precision, plan.strongly_typed, plan.builder_flags, plan.fp32_layers) == (
-        "fp16", True, (), ()
-    )  # fmt: skip
+        "fp16",
+        True,
+        (),
+        (),
+    )
     assert plan.precision_constraints is None
     assert plan.engine_path == exports["fp16"] / f"model.{sha12}.fp16.h200-sm90.trt10.13.engine"
     assert plan.sidecar_path == exports["fp16"] / f"model.{sha12}.fp16.h200-sm90.trt10.13.json"
@@ -211,8 +234,15 @@ def test_plan_for_a_typed_graph_on_a_datacentre_gpu(exports):
 
 
 def test_plan_for_an_fp32_graph_on_jetpack6(exports):
-    plan = plan_build(exports["uq"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
-                      min_batch=2, opt_batch=3, max_batch=16)  # fmt: skip
+    plan = plan_build(
+        exports["uq"],
+        precision="fp16",
+        trt_version="10.3.0.30",
+        gpu=ORIN,
+        min_batch=2,
+        opt_batch=3,
+        max_batch=16,
+    )
     assert (plan.precision, plan.strongly_typed, plan.builder_flags) == ("fp16", False, ("fp16",))
     assert plan.fp32_layers == tuple(fp32_layer_names(read_onnx(exports["uq"] / "model.onnx")))
     assert plan.precision_constraints == "obey"
@@ -236,8 +266,13 @@ def test_plan_best_on_an_old_gpu_falls_back_to_fp16(exports):
 def test_plan_defaults_out_folder_and_timing_cache(exports, tmp_path):
     cache = tmp_path / "shared.cache"
     cache.write_bytes(b"cache")
-    plan = plan_build(exports["fp16"], trt_version="10.13.0", gpu=H200, out=tmp_path / "engines",
-                      timing_cache=cache)  # fmt: skip
+    plan = plan_build(
+        exports["fp16"],
+        trt_version="10.13.0",
+        gpu=H200,
+        out=tmp_path / "engines",
+        timing_cache=cache,
+    )
     assert plan.engine_path.parent == tmp_path / "engines"
     assert plan.timing_cache == cache and plan.load_timing_cache == cache
 
@@ -249,8 +284,14 @@ def test_plan_defaults_out_folder_and_timing_cache(exports, tmp_path):
 )
 def test_plan_refuses_a_bad_profile(exports, batch):
     with pytest.raises(EngineError, match="1 <= min <= opt <= max"):
-        plan_build(exports["fp32"], trt_version="10.3.0", gpu=ORIN, min_batch=batch[0],
-                   opt_batch=batch[1], max_batch=batch[2])  # fmt: skip
+        plan_build(
+            exports["fp32"],
+            trt_version="10.3.0",
+            gpu=ORIN,
+            min_batch=batch[0],
+            opt_batch=batch[1],
+            max_batch=batch[2],
+        )
 
 
 def test_sidecar_records_the_build(exports):
@@ -260,10 +301,16 @@ def test_sidecar_records_the_build(exports):
     assert sidecar["format"] == "hydra-engine/1"
     assert sidecar["engine"] == plan.engine_path.name
     assert (sidecar["precision"], sidecar["graph_precision"], sidecar["strongly_typed"]) == (
-        "bf16", "bf16", True
-    )  # fmt: skip
-    assert sidecar["gpu"] == {"name": "NVIDIA H200", "compute_capability": "9.0", "sm": 90,
-                              "tag": "h200-sm90"}  # fmt: skip
+        "bf16",
+        "bf16",
+        True,
+    )
+    assert sidecar["gpu"] == {
+        "name": "NVIDIA H200",
+        "compute_capability": "9.0",
+        "sm": 90,
+        "tag": "h200-sm90",
+    }
     assert sidecar["tensorrt_version"] == "10.13.0.35"
     assert sidecar["cuda"]["driver"] == "12.8" and "runtime" in sidecar["cuda"]
     assert sidecar["batch_profile"] == {"min": 1, "opt": 4, "max": 6}
@@ -277,9 +324,13 @@ def test_sidecar_records_the_build(exports):
 
 @pytest.mark.parametrize(
     "name, major, minor, tag",
-    [("NVIDIA H200", 9, 0, "h200-sm90"), ("Orin (nvgpu)", 8, 7, "orin-nvgpu-sm87"),
-     ("NVIDIA GeForce RTX 4090", 8, 9, "geforce-rtx-4090-sm89"), ("Tesla T4", 7, 5, "tesla-t4-sm75")],
-)  # fmt: skip
+    [
+        ("NVIDIA H200", 9, 0, "h200-sm90"),
+        ("Orin (nvgpu)", 8, 7, "orin-nvgpu-sm87"),
+        ("NVIDIA GeForce RTX 4090", 8, 9, "geforce-rtx-4090-sm89"),
+        ("Tesla T4", 7, 5, "tesla-t4-sm75"),
+    ],
+)
 def test_gpu_tag(name, major, minor, tag):
     assert GpuInfo(name, major, minor).tag == tag
 
@@ -342,13 +393,18 @@ def test_not_an_export(tmp_path, exports):
 # --- trtexec commands, exactly ------------------------------------------------------------------------------------
 def expected_argv(folder: Path, tail: list[str], stem: str, cache: str) -> list[str]:
     return [
-        "trtexec", f"--onnx={folder}/model.onnx",
-        "--minShapes=pixel_values:1x3x16x16", "--optShapes=pixel_values:4x3x16x16",
-        "--maxShapes=pixel_values:6x3x16x16", *tail,
-        f"--saveEngine={folder}/{stem}.engine", f"--timingCacheFile={folder}/{cache}",
-        "--profilingVerbosity=detailed", "--dumpLayerInfo",
+        "trtexec",
+        f"--onnx={folder}/model.onnx",
+        "--minShapes=pixel_values:1x3x16x16",
+        "--optShapes=pixel_values:4x3x16x16",
+        "--maxShapes=pixel_values:6x3x16x16",
+        *tail,
+        f"--saveEngine={folder}/{stem}.engine",
+        f"--timingCacheFile={folder}/{cache}",
+        "--profilingVerbosity=detailed",
+        "--dumpLayerInfo",
         f"--exportLayerInfo={folder}/{stem}.layers.json",
-    ]  # fmt: skip
+    ]
 
 
 LN = ",".join(f"LayerNormalization_{i}:fp32" for i in range(7))
@@ -358,9 +414,24 @@ LN = ",".join(f"LayerNormalization_{i}:fp32" for i in range(7))
     "kind, precision, trt, tail",
     [
         ("fp32", "fp16", "8.6", ["--fp16"]),  # 8.6 leaves LayerNorm layers unnamed: no pins
-        ("fp32", "fp16", "10", ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
-        ("fp32", "bf16", "10", ["--bf16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
-        ("fp32", "best", "10", ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"]),
+        (
+            "fp32",
+            "fp16",
+            "10",
+            ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"],
+        ),
+        (
+            "fp32",
+            "bf16",
+            "10",
+            ["--bf16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"],
+        ),
+        (
+            "fp32",
+            "best",
+            "10",
+            ["--fp16", "--precisionConstraints=obey", f"--layerPrecisions={LN}"],
+        ),
         ("fp32", "fp32", "8.6", ["--noTF32"]),
         ("fp32", "fp32", "10", ["--noTF32"]),
         ("fp32", "fp32", "10.12", ["--stronglyTyped", "--noTF32"]),
@@ -372,7 +443,7 @@ LN = ",".join(f"LayerNormalization_{i}:fp32" for i in range(7))
         ("bf16", "best", "10.12", ["--stronglyTyped"]),
         ("bf16", "bf16", "11", ["--stronglyTyped"]),
     ],
-)  # fmt: skip
+)
 def test_trtexec_command_per_generation(exports, kind, precision, trt, tail):
     folder = exports[kind]
     command = trtexec_command(folder, precision=precision, trt=trt)
@@ -385,8 +456,11 @@ def test_trtexec_command_per_generation(exports, kind, precision, trt, tail):
 
 def test_trtexec_command_on_trt86_for_a_typed_graph_keeps_the_head_in_fp32(exports):
     command = trtexec_command(exports["fp16"], precision="fp16", trt="8.6")
-    names = [n for n in fp32_layer_names(read_onnx(exports["fp16"] / "model.onnx"))
-             if not n.startswith("LayerNormalization")]  # fmt: skip
+    names = [
+        n
+        for n in fp32_layer_names(read_onnx(exports["fp16"] / "model.onnx"))
+        if not n.startswith("LayerNormalization")
+    ]
     layer_arg = "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names)
     assert list(command.argv[5:8]) == ["--fp16", "--precisionConstraints=obey", layer_arg]
     assert "LogSoftmax_0:fp32" in layer_arg and "--stronglyTyped" not in command.argv
@@ -411,9 +485,17 @@ def test_trtexec_command_refuses(exports, kind, precision, trt, message):
 
 def test_trtexec_command_options_and_quoting(exports, tmp_path):
     out = tmp_path / "engines with space"
-    command = trtexec_command(exports["fp16"], trt="10.12", out=out, gpu="orin-sm87",
-                              layer_info=False, min_batch=2, opt_batch=2, max_batch=2,
-                              extra=["--useCudaGraph"])  # fmt: skip
+    command = trtexec_command(
+        exports["fp16"],
+        trt="10.12",
+        out=out,
+        gpu="orin-sm87",
+        layer_info=False,
+        min_batch=2,
+        opt_batch=2,
+        max_batch=2,
+        extra=["--useCudaGraph"],
+    )
     sha12 = info_of(exports["fp16"])["onnx_sha256"][:12]
     assert command.engine == out / f"model.{sha12}.fp16.orin-sm87.trt10.12.engine"
     assert command.timing_cache == out / "timing.orin-sm87.trt10.12.cache"
@@ -422,8 +504,9 @@ def test_trtexec_command_options_and_quoting(exports, tmp_path):
     assert command.argv[-1] == "--useCudaGraph"
     assert shlex.split(str(command)) == list(command.argv)  # quoted for a shell
     assert "'--saveEngine=" in command.shell  # the space is quoted
-    named = trtexec_command(exports["fp32"], trt="10", engine=tmp_path / "a.engine",
-                            timing_cache=tmp_path / "t.cache")  # fmt: skip
+    named = trtexec_command(
+        exports["fp32"], trt="10", engine=tmp_path / "a.engine", timing_cache=tmp_path / "t.cache"
+    )
     assert f"--saveEngine={tmp_path}/a.engine" in named.argv
     assert f"--exportLayerInfo={tmp_path}/a.layers.json" in named.argv
     assert f"--timingCacheFile={tmp_path}/t.cache" in named.argv
@@ -445,14 +528,26 @@ def trtexec_of(tmp_path_factory):
 
 def run_script(bin_folder, script: str, *args: str, **env: str):
     environment = {**os.environ, "PATH": f"{bin_folder}{os.pathsep}{os.environ['PATH']}", **env}
-    for key in ("OUT_DIR", "GPU_TAG", "MIN_BATCH", "OPT_BATCH", "MAX_BATCH", "DRY_RUN", "TRTEXEC",
-                "TRT_VERSION", "FAKE_TRTEXEC_REPORT"):  # fmt: skip
+    for key in (
+        "OUT_DIR",
+        "GPU_TAG",
+        "MIN_BATCH",
+        "OPT_BATCH",
+        "MAX_BATCH",
+        "DRY_RUN",
+        "TRTEXEC",
+        "TRT_VERSION",
+        "FAKE_TRTEXEC_REPORT",
+    ):
         if key not in env:
             environment.pop(key, None)
     return subprocess.run(
         ["bash", str(ROOT / "engines" / script), *args],
-        capture_output=True, text=True, env=environment, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize(
@@ -469,7 +564,7 @@ def run_script(bin_folder, script: str, *args: str, **env: str):
         ("trtexec_build.sh", "fp32", ["10.12", "fp32"], "fp32", "10.12"),
         ("trtexec_build.sh", "uq", ["10", "best"], "best", "10"),
     ],
-)  # fmt: skip
+)
 def test_scripts_run_the_command_trtexec_command_gives(
     trtexec_of, exports, script, kind, args, precision, trt
 ):
@@ -482,21 +577,36 @@ def test_scripts_run_the_command_trtexec_command_gives(
 
 def test_script_environment_and_dry_run(trtexec_of, exports, tmp_path):
     folder = exports["fp16"]
-    env = dict(OUT_DIR=str(tmp_path / "out"), GPU_TAG="orin-sm87", MIN_BATCH="2", OPT_BATCH="3",
-               MAX_BATCH="5")  # fmt: skip
-    result = run_script(trtexec_of["10"], "build_jetpack6_fp16.sh", str(folder), "--",
-                        "--useCudaGraph", **env)  # fmt: skip
+    env = dict(
+        OUT_DIR=str(tmp_path / "out"),
+        GPU_TAG="orin-sm87",
+        MIN_BATCH="2",
+        OPT_BATCH="3",
+        MAX_BATCH="5",
+    )
+    result = run_script(
+        trtexec_of["10"], "build_jetpack6_fp16.sh", str(folder), "--", "--useCudaGraph", **env
+    )
     assert result.returncode == 0, result.stderr
-    expected = trtexec_command(folder, precision="fp16", trt="10", out=tmp_path / "out",
-                               gpu="orin-sm87", min_batch=2, opt_batch=3, max_batch=5,
-                               extra=["--useCudaGraph"])  # fmt: skip
+    expected = trtexec_command(
+        folder,
+        precision="fp16",
+        trt="10",
+        out=tmp_path / "out",
+        gpu="orin-sm87",
+        min_batch=2,
+        opt_batch=3,
+        max_batch=5,
+        extra=["--useCudaGraph"],
+    )
     assert result.stdout.splitlines() == list(expected.argv[1:])
     dry = run_script(trtexec_of["10.12"], "build_strongly_typed.sh", str(folder), DRY_RUN="1")
     assert dry.returncode == 0, dry.stderr
     assert shlex.split(dry.stdout) == list(trtexec_command(folder, trt="10.12").argv)
     # a dry run for another machine: TRT_VERSION instead of the trtexec here
-    other = run_script(trtexec_of["10"], "build_trt86_fp16.sh", str(folder), DRY_RUN="1",
-                       TRT_VERSION="8.6.2")  # fmt: skip
+    other = run_script(
+        trtexec_of["10"], "build_trt86_fp16.sh", str(folder), DRY_RUN="1", TRT_VERSION="8.6.2"
+    )
     assert other.returncode == 0, other.stderr
     assert shlex.split(other.stdout)[1:] == list(trtexec_command(folder, trt="8.6").argv[1:])
 
@@ -510,8 +620,9 @@ def test_script_environment_and_dry_run(trtexec_of, exports, tmp_path):
         ("trtexec_build.sh", "fp32", ["9"], "unknown TensorRT generation"),
     ],
 )
-def test_scripts_refuse_what_trtexec_command_refuses(trtexec_of, exports, script, kind, args,
-                                                     message):  # fmt: skip
+def test_scripts_refuse_what_trtexec_command_refuses(
+    trtexec_of, exports, script, kind, args, message
+):
     trt = args[0] if script == "trtexec_build.sh" and args[0] in trt_standins.RELEASES else "10.12"
     result = run_script(trtexec_of[trt], script, str(exports[kind]), *args)
     assert result.returncode == 1 and result.stdout == ""
@@ -536,21 +647,38 @@ def text_export(tmp_path_factory):
 
 def run_trtexec(bin_folder: Path, argv, **env: str):
     environment = {**os.environ, **env}
-    return subprocess.run([str(bin_folder / "trtexec"), *argv[1:]], capture_output=True,
-                          text=True, env=environment, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [str(bin_folder / "trtexec"), *argv[1:]],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=60,
+    )
 
 
 GENERATION_LINES = [
-    ("fp32", "fp16", "8.6"), ("uq", "fp16", "8.6"), ("fp16", "fp16", "8.6"), ("fp32", "fp32", "8.6"),
-    ("fp32", "fp16", "10"), ("uq", "bf16", "10"), ("fp16", "fp16", "10"), ("bf16", "bf16", "10"),
-    ("fp32", "fp32", "10"), ("fp16", "fp16", "10.12"), ("bf16", "bf16", "10.12"),
-    ("fp32", "fp32", "10.12"), ("fp16", "fp16", "11"), ("bf16", "bf16", "11"), ("fp32", "fp32", "11"),
-]  # fmt: skip
+    ("fp32", "fp16", "8.6"),
+    ("uq", "fp16", "8.6"),
+    ("fp16", "fp16", "8.6"),
+    ("fp32", "fp32", "8.6"),
+    ("fp32", "fp16", "10"),
+    ("uq", "bf16", "10"),
+    ("fp16", "fp16", "10"),
+    ("bf16", "bf16", "10"),
+    ("fp32", "fp32", "10"),
+    ("fp16", "fp16", "10.12"),
+    ("bf16", "bf16", "10.12"),
+    ("fp32", "fp32", "10.12"),
+    ("fp16", "fp16", "11"),
+    ("bf16", "bf16", "11"),
+    ("fp32", "fp32", "11"),
+]
 
 
 @pytest.mark.parametrize("kind, precision, trt", GENERATION_LINES)
-def test_every_generations_lines_pass_that_generations_trtexec(trtexec_of, exports, kind,
-                                                               precision, trt):  # fmt: skip
+def test_every_generations_lines_pass_that_generations_trtexec(
+    trtexec_of, exports, kind, precision, trt
+):
     command = trtexec_command(exports[kind], precision=precision, trt=trt)
     result = run_trtexec(trtexec_of[trt], command.argv)
     assert result.returncode == 0, result.stderr
@@ -583,8 +711,9 @@ def test_every_fp32_command_turns_tf32_off(exports, trt):
 
 
 # Finding 2, trtexec side: on 8.6 --layerPrecisions cannot reach LayerNormalization layers.
-def test_trt86_lines_pin_only_layers_that_exist_and_say_what_they_cannot(trtexec_of, exports,
-                                                                        tmp_path):  # fmt: skip
+def test_trt86_lines_pin_only_layers_that_exist_and_say_what_they_cannot(
+    trtexec_of, exports, tmp_path
+):
     report = tmp_path / "report.json"
     for kind in ("fp32", "uq"):
         command = trtexec_command(exports[kind], precision="fp16", trt="8.6")
@@ -592,8 +721,10 @@ def test_trt86_lines_pin_only_layers_that_exist_and_say_what_they_cannot(trtexec
         assert result.returncode == 0, result.stderr
         seen = json.loads(report.read_text())
         assert seen["unmatched"] == []  # every name given is a layer of 8.6's network
-        assert any("cannot pin the 7 LayerNormalization layers" in n and "hydra-build" in n
-                   for n in command.notes)  # fmt: skip
+        assert any(
+            "cannot pin the 7 LayerNormalization layers" in n and "hydra-build" in n
+            for n in command.notes
+        )
         assert bool(seen["matched"]) == (kind == "uq")  # the head's layers are named
         script = run_script(trtexec_of["8.6"], "build_trt86_fp16.sh", str(exports[kind]))
         assert script.returncode == 0, script.stderr
@@ -617,12 +748,27 @@ def test_trt86_lines_pin_only_layers_that_exist_and_say_what_they_cannot(trtexec
         ("build_jetpack6_bf16.sh", "fp32", [], "8.6", "8.6", "build_trt86_fp16.sh"),
         ("build_trt86_fp16.sh", "fp32", [], "10", "10.3", "build_jetpack6_fp16.sh"),  # JetPack 6.1
         ("build_strongly_typed.sh", "fp16", [], "10", "10.3", "build_jetpack6_fp16.sh"),
-        ("build_strongly_typed.sh", "fp16", ["11"], "10.12", "10.13", "build_strongly_typed.sh EXPORT_DIR 10.12"),
-        ("trtexec_build.sh", "fp16", ["10.12"], "11", "11.0", "build_strongly_typed.sh EXPORT_DIR 11"),
+        (
+            "build_strongly_typed.sh",
+            "fp16",
+            ["11"],
+            "10.12",
+            "10.13",
+            "build_strongly_typed.sh EXPORT_DIR 10.12",
+        ),
+        (
+            "trtexec_build.sh",
+            "fp16",
+            ["10.12"],
+            "11",
+            "11.0",
+            "build_strongly_typed.sh EXPORT_DIR 11",
+        ),
     ],
-)  # fmt: skip
-def test_scripts_refuse_a_recipe_for_another_tensorrt(trtexec_of, exports, script, kind, args,
-                                                      installed, release, hint):  # fmt: skip
+)
+def test_scripts_refuse_a_recipe_for_another_tensorrt(
+    trtexec_of, exports, script, kind, args, installed, release, hint
+):
     result = run_script(trtexec_of[installed], script, str(exports[kind]), *args)
     assert result.returncode == 1 and result.stdout == ""
     assert f"this machine has TensorRT {release}" in result.stderr and hint in result.stderr
@@ -642,11 +788,15 @@ def test_scripts_without_trtexec_refuse_to_run_but_dry_run(exports, tmp_path):
 # Finding 5: a text export's sequence axis, in the scripts as in trtexec_command.
 @pytest.mark.parametrize(
     "script, args, precision, trt",
-    [("build_jetpack6_fp16.sh", [], "fp16", "10"), ("build_trt86_fp16.sh", [], "fp16", "8.6"),
-     ("trtexec_build.sh", ["10.12", "fp32"], "fp32", "10.12")],
-)  # fmt: skip
-def test_scripts_print_the_same_command_for_text_exports(trtexec_of, text_export, script, args,
-                                                         precision, trt):  # fmt: skip
+    [
+        ("build_jetpack6_fp16.sh", [], "fp16", "10"),
+        ("build_trt86_fp16.sh", [], "fp16", "8.6"),
+        ("trtexec_build.sh", ["10.12", "fp32"], "fp32", "10.12"),
+    ],
+)
+def test_scripts_print_the_same_command_for_text_exports(
+    trtexec_of, text_export, script, args, precision, trt
+):
     result = run_script(trtexec_of[trt], script, str(text_export), *args)
     assert result.returncode == 0, result.stderr
     expected = trtexec_command(text_export, precision=precision, trt=trt)
@@ -668,8 +818,11 @@ def test_the_trt_extra_needs_a_polygraphy_that_handles_tensorrt_11():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     for group in ("trt", "dev"):
-        (floor,) = [re.fullmatch(r"polygraphy>=([\d.]+)", r).group(1)
-                    for r in project["optional-dependencies"][group] if r.startswith("polygraphy")]  # fmt: skip
+        (floor,) = [
+            re.fullmatch(r"polygraphy>=([\d.]+)", r).group(1)
+            for r in project["optional-dependencies"][group]
+            if r.startswith("polygraphy")
+        ]
         assert tuple(int(p) for p in floor.split(".")) >= (0, 49, 9), group
 
 
@@ -694,16 +847,29 @@ def test_the_tensorrt_provider_gets_caches_and_fallbacks(tmp_path, monkeypatch):
     from hydra_deploy.engines.runner import ort_tensorrt_cache_dir, resolve_providers
 
     available = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-    caches = {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(tmp_path),
-              "trt_timing_cache_enable": True, "trt_timing_cache_path": str(tmp_path)}  # fmt: skip
+    caches = {
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(tmp_path),
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": str(tmp_path),
+    }
     assert resolve_providers(["tensorrt"], available, cache_dir=tmp_path) == [
-        ("TensorrtExecutionProvider", caches), "CUDAExecutionProvider", "CPUExecutionProvider"
-    ]  # fmt: skip
-    own = resolve_providers([("trt", {"trt_fp16_enable": True, "trt_engine_cache_path": "/x"}), "cpu"],
-                            available, cache_dir=tmp_path)  # fmt: skip
-    assert own == [("TensorrtExecutionProvider", {**caches, "trt_fp16_enable": True,
-                                                  "trt_engine_cache_path": "/x"}),
-                   "CPUExecutionProvider"]  # fmt: skip
+        ("TensorrtExecutionProvider", caches),
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+    own = resolve_providers(
+        [("trt", {"trt_fp16_enable": True, "trt_engine_cache_path": "/x"}), "cpu"],
+        available,
+        cache_dir=tmp_path,
+    )
+    assert own == [
+        (
+            "TensorrtExecutionProvider",
+            {**caches, "trt_fp16_enable": True, "trt_engine_cache_path": "/x"},
+        ),
+        "CPUExecutionProvider",
+    ]
     no_cuda = ["TensorrtExecutionProvider", "CPUExecutionProvider"]
     assert resolve_providers("tensorrt", no_cuda, cache_dir=tmp_path)[1:] == [
         "CPUExecutionProvider"
@@ -723,8 +889,9 @@ def test_import_needs_neither_tensorrt_nor_torch():
         "print(sorted(m for m in ('torch', 'timm', 'onnx', 'onnxruntime', 'tensorrt', "
         "'polygraphy') if m in sys.modules))"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     assert result.stdout.strip() == "[]"
 
 
@@ -746,16 +913,19 @@ def use_standins(monkeypatch, version: str) -> dict:
     """Install the TensorRT and Polygraphy stand-ins of ``version``; returns what they record."""
     calls: dict = {}
     monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
-    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt",
-                        trt_standins.polygraphy_module(version, calls))  # fmt: skip
+    monkeypatch.setitem(
+        sys.modules, "polygraphy.backend.trt", trt_standins.polygraphy_module(version, calls)
+    )
     return calls
 
 
-def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(exports, tmp_path,
-                                                                        monkeypatch):  # fmt: skip
+def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(
+    exports, tmp_path, monkeypatch
+):
     calls = use_standins(monkeypatch, "10.3.0.30")
-    plan = plan_build(exports["uq"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
-                      out=tmp_path)  # fmt: skip
+    plan = plan_build(
+        exports["uq"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN, out=tmp_path
+    )
     sidecar = execute_plan(plan)
     assert plan.engine_path.read_bytes() == b"serialized-engine"
     assert json.loads(plan.sidecar_path.read_text()) == sidecar
@@ -790,29 +960,33 @@ def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(exports,
 
 
 # Finding 1 (issue 18): TensorRT returns an IHostMemory (buffer protocol, nbytes, no len()).
-def test_a_buffer_only_engine_is_written_with_its_sidecar_and_timing_cache(exports, tmp_path,
-                                                                            monkeypatch):  # fmt: skip
+def test_a_buffer_only_engine_is_written_with_its_sidecar_and_timing_cache(
+    exports, tmp_path, monkeypatch
+):
     use_standins(monkeypatch, "10.3.0.30")
     engine = trt_standins.host_memory(b"x")
     with pytest.raises(TypeError):
         len(engine)  # what the real object does
-    plan = plan_build(exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
-                      out=tmp_path)  # fmt: skip
+    plan = plan_build(
+        exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN, out=tmp_path
+    )
     sidecar = execute_plan(plan)
     assert plan.engine_path.read_bytes() == b"serialized-engine"
     assert json.loads(plan.sidecar_path.read_text())["engine_bytes"] == len(b"serialized-engine")
     assert (tmp_path / sidecar["timing_cache"]).read_bytes() == b"timing-cache"
     # the second build starts from that cache
-    again = plan_build(exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
-                       out=tmp_path)  # fmt: skip
+    again = plan_build(
+        exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN, out=tmp_path
+    )
     assert again.load_timing_cache == tmp_path / sidecar["timing_cache"]
 
 
 def test_a_failed_build_or_an_unwritable_sidecar_leaves_no_engine(exports, tmp_path, monkeypatch):
     use_standins(monkeypatch, "10.3.0.30")
     module = sys.modules["polygraphy.backend.trt"]
-    plan = plan_build(exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN,
-                      out=tmp_path)  # fmt: skip
+    plan = plan_build(
+        exports["fp32"], precision="fp16", trt_version="10.3.0.30", gpu=ORIN, out=tmp_path
+    )
     monkeypatch.setattr(module.EngineBytesFromNetwork, "__call__", lambda self: None)
     with pytest.raises(EngineError, match="empty engine"):
         execute_plan(plan)
@@ -836,8 +1010,9 @@ def test_a_failed_build_or_an_unwritable_sidecar_leaves_no_engine(exports, tmp_p
 
 # Finding 2: 8.6's parser leaves LayerNormalization layers unnamed; pins go by layer type.
 @pytest.mark.parametrize("version", ["8.6.1.6", "10.3.0.30"])
-def test_layernorms_are_pinned_by_layer_type_on_every_release(exports, tmp_path, monkeypatch,
-                                                              version, caplog):  # fmt: skip
+def test_layernorms_are_pinned_by_layer_type_on_every_release(
+    exports, tmp_path, monkeypatch, version, caplog
+):
     calls = use_standins(monkeypatch, version)
     plan = plan_build(exports["uq"], precision="fp16", trt_version=version, gpu=ORIN, out=tmp_path)
     with caplog.at_level("INFO", logger="hydra_deploy.engines"):
@@ -848,11 +1023,13 @@ def test_layernorms_are_pinned_by_layer_type_on_every_release(exports, tmp_path,
         version.startswith("8.")
     )
     network = calls["parsed"]
-    norms = [layer for layer in network.layers
-             if layer.type is trt_standins.LayerType.NORMALIZATION]  # fmt: skip
+    norms = [
+        layer for layer in network.layers if layer.type is trt_standins.LayerType.NORMALIZATION
+    ]
     assert len(norms) == 7
-    assert all(layer.precision_is_set and layer.precision is trt_standins.DataType.FLOAT
-               for layer in norms)  # fmt: skip
+    assert all(
+        layer.precision_is_set and layer.precision is trt_standins.DataType.FLOAT for layer in norms
+    )
     assert any(layer.name.startswith("(Unnamed Layer*") for layer in norms) == version.startswith(
         "8."
     )
@@ -873,8 +1050,9 @@ def test_sidecar_records_the_engines_io_dtypes(text_export, tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("version, ids", [("8.6.1.6", "int32"), ("10.3.0.30", "int64")])
-def test_a_text_engine_gets_token_ids_in_its_own_dtype(text_export, tmp_path, monkeypatch, version,
-                                                       ids):  # fmt: skip
+def test_a_text_engine_gets_token_ids_in_its_own_dtype(
+    text_export, tmp_path, monkeypatch, version, ids
+):
     """Polygraphy copies input bytes as they are: the runner must cast int64 ids to an 8.6
     engine's INT32 (the stand-in TrtRunner refuses any other dtype)."""
     import numpy as np
@@ -887,17 +1065,27 @@ def test_a_text_engine_gets_token_ids_in_its_own_dtype(text_export, tmp_path, mo
     monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: None)
     monkeypatch.setattr(trt_standins.TrtRunner, "feeds", [])
     names = [i["name"] for i in info_of(text_export)["inputs"]]
-    engine = trt_standins.engine_file(tmp_path / "model.engine", text_export / "model.onnx",
-                                      version, {n: [[1, 1], [2, 16], [4, 64]] for n in names})  # fmt: skip
+    engine = trt_standins.engine_file(
+        tmp_path / "model.engine",
+        text_export / "model.onnx",
+        version,
+        {n: [[1, 1], [2, 16], [4, 64]] for n in names},
+    )
     runner = runner_module.TensorRTRunner(engine, info=info_of(text_export))
     assert {spec.name: spec.dtype for spec in runner.inputs} == dict.fromkeys(names, ids)
-    feed = {n: np.array([[2, 4, 5, 3], [2, 6, 3, 0]]) if n == "input_ids" else
-            np.array([[1, 1, 1, 1], [1, 1, 1, 0]]) if n == "attention_mask" else
-            np.zeros((2, 4), dtype=np.int64) for n in names}  # fmt: skip
+    feed = {
+        n: np.array([[2, 4, 5, 3], [2, 6, 3, 0]])
+        if n == "input_ids"
+        else np.array([[1, 1, 1, 1], [1, 1, 1, 0]])
+        if n == "attention_mask"
+        else np.zeros((2, 4), dtype=np.int64)
+        for n in names
+    }
     got = runner(feed)["member_logits"]
     assert trt_standins.TrtRunner.feeds == [dict.fromkeys(names, ids)]
-    session = ort.InferenceSession(str(text_export / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    session = ort.InferenceSession(
+        str(text_export / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     expected = session.run(["member_logits"], {n: a.astype(np.int64) for n, a in feed.items()})[0]
     np.testing.assert_allclose(got, expected, atol=1e-5)
     with pytest.raises(runner_module.RunnerError, match="only run on the TensorRT version"):
@@ -909,8 +1097,7 @@ def test_a_text_engine_gets_token_ids_in_its_own_dtype(text_export, tmp_path, mo
 def test_a_trt11_build_never_touches_layer_precision(exports, tmp_path, monkeypatch, kind):
     """TensorRT 11 has no ILayer.precision (pyGraph.cpp v11.0); its builds are strongly typed."""
     calls = use_standins(monkeypatch, "11.0.0.1")
-    plan = plan_build(exports[kind], precision=kind, trt_version="11.0.0.1", gpu=H200,
-                      out=tmp_path)  # fmt: skip
+    plan = plan_build(exports[kind], precision=kind, trt_version="11.0.0.1", gpu=H200, out=tmp_path)
     sidecar = execute_plan(plan)
     assert plan.strongly_typed and calls["pinned"] == {} and sidecar["fp32_pinned"] == []
     assert calls["config"]["precision_constraints"] is None
@@ -928,8 +1115,11 @@ def test_a_strongly_typed_or_bf16_build_on_trt86_fails_as_polygraphy_does(export
     assert not plan.strongly_typed and plan.builder_flags == ("fp16",)
 
 
-@pytest.mark.skipif(not HAS_TENSORRT, reason="TensorRT is not installed: pip install "
-                    '"hydra-deploy[trt]" on a machine with an NVIDIA GPU to run this')  # fmt: skip
+@pytest.mark.skipif(
+    not HAS_TENSORRT,
+    reason="TensorRT is not installed: pip install "
+    '"hydra-deploy[trt]" on a machine with an NVIDIA GPU to run this',
+)
 def test_real_engine_builds_and_matches_onnx_runtime(exports, tmp_path):
     import numpy as np
     import onnxruntime as ort
@@ -940,8 +1130,9 @@ def test_real_engine_builds_and_matches_onnx_runtime(exports, tmp_path):
     sidecar = json.loads(engine.with_suffix(".json").read_text())
     assert sidecar["precision"] == "fp32" and (tmp_path / sidecar["timing_cache"]).is_file()
     x = np.random.default_rng(0).standard_normal((5, 3, 16, 16)).astype(np.float32)
-    session = ort.InferenceSession(str(exports["fp32"] / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    session = ort.InferenceSession(
+        str(exports["fp32"] / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     expected = session.run(["member_logits"], {"pixel_values": x})[0]
     with TrtRunner(EngineFromBytes(BytesFromPath(str(engine)))) as runner:
         got = runner.infer({"pixel_values": x})["member_logits"]

@@ -46,7 +46,10 @@ def data(tmp_path_factory):
     y = rng.integers(0, 5, 21)
     np.savez(folder / "id.npz", x=x, y=y)
     np.savez(folder / "noise.npz", x=(3 * rng.standard_normal((13, 3, 16, 16))).astype(np.float32))
-    np.savez(folder / "flat.npz", x=np.full((9, 3, 16, 16), 0.5, np.float32) + rng.random((9, 1, 1, 1), np.float32))  # fmt: skip
+    np.savez(
+        folder / "flat.npz",
+        x=np.full((9, 3, 16, 16), 0.5, np.float32) + rng.random((9, 1, 1, 1), np.float32),
+    )
     np.savez(folder / "empty.npz", x=np.zeros((0, 3, 16, 16), np.float32))
     np.savez(folder / "bad_labels.npz", x=x, y=np.where(y == 0, 7, y))
     return folder
@@ -61,10 +64,22 @@ def invoke(*argv: str) -> tuple[int, str, str]:
 
 def test_report_equals_direct_metrics(export_dir, data, tmp_path):
     out = tmp_path / "report"
-    code, stdout, stderr = invoke(str(export_dir), "--id", str(data / "id.npz"),
-                                  "--ood", f"noise={data / 'noise.npz'}",
-                                  "--ood", f"flat={data / 'flat.npz'}",
-                                  "--out", str(out), "--batch-size", "4", "--bins", "10", "--json")  # fmt: skip
+    code, stdout, stderr = invoke(
+        str(export_dir),
+        "--id",
+        str(data / "id.npz"),
+        "--ood",
+        f"noise={data / 'noise.npz'}",
+        "--ood",
+        f"flat={data / 'flat.npz'}",
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--bins",
+        "10",
+        "--json",
+    )
     assert code == 0, stderr
     report = json.loads((out / "report.json").read_text())
     assert json.loads(stdout) == report
@@ -76,8 +91,10 @@ def test_report_equals_direct_metrics(export_dir, data, tmp_path):
         x, y = f["x"], f["y"]
     with load_runner(export_dir) as runner:
         ident = ensemble_scores(runner(x, batch_size=8)["member_logits"])
-        oods = {n: ensemble_scores(runner(np.load(data / f"{n}.npz")["x"])["member_logits"])
-                for n in ("noise", "flat")}  # fmt: skip
+        oods = {
+            n: ensemble_scores(runner(np.load(data / f"{n}.npz")["x"])["member_logits"])
+            for n in ("noise", "flat")
+        }
     expected = classification_metrics(ident["probs"], y, bins=10)
     for key, value in expected.items():
         assert report["id"]["classification"][key] == pytest.approx(value, abs=1e-6), key
@@ -101,11 +118,27 @@ def test_report_equals_direct_metrics(export_dir, data, tmp_path):
     assert f"| noise | msp | {auroc:.4f} |" in md
     assert sorted(p.name for p in out.parent.iterdir()) == ["report"]  # no temporary left
 
-    code, _, err = invoke(str(export_dir), "--id", str(data / "id.npz"),
-                          "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
+    code, _, err = invoke(
+        str(export_dir),
+        "--id",
+        str(data / "id.npz"),
+        "--ood",
+        f"noise={data / 'noise.npz'}",
+        "--out",
+        str(out),
+    )
     assert code == 1 and "--overwrite" in err and len(err.strip().splitlines()) == 1
-    code, _, err = invoke(str(export_dir), "--id", str(data / "id.npz"), "--quiet", "--overwrite",
-                          "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
+    code, _, err = invoke(
+        str(export_dir),
+        "--id",
+        str(data / "id.npz"),
+        "--quiet",
+        "--overwrite",
+        "--ood",
+        f"noise={data / 'noise.npz'}",
+        "--out",
+        str(out),
+    )
     assert code == 0 and err == ""
     assert list(json.loads((out / "report.json").read_text())["ood"]) == ["noise"]
 
@@ -118,7 +151,11 @@ def test_library_and_image_folder(export_dir, tmp_path):
             pixels = rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(tmp_path / "id" / cls / f"{i}.png")
     with load_runner(export_dir) as runner:
-        report = evaluate(runner, tmp_path / "id", {"noise": rng.standard_normal((5, 3, 16, 16)).astype(np.float32)})  # fmt: skip
+        report = evaluate(
+            runner,
+            tmp_path / "id",
+            {"noise": rng.standard_normal((5, 3, 16, 16)).astype(np.float32)},
+        )
     assert report["counts"] == {"id": 15, "ood": {"noise": 5}}
     assert report["id"]["ece_bins"] == 15
     assert set(report["ood"]["noise"]["scores"]) == set(SCORES)
@@ -142,8 +179,15 @@ def test_errors_are_one_line(export_dir, data, tmp_path, change, message):
     ood = args["--ood"]
     if "=" in ood and ood.split("=", 1)[0]:
         ood = f"{ood.split('=', 1)[0]}={data / ood.split('=', 1)[1]}"
-    code, _, err = invoke(str(export_dir), "--id", str(data / args["--id"]), "--ood", ood,
-                          "--out", str(tmp_path / "rep"))  # fmt: skip
+    code, _, err = invoke(
+        str(export_dir),
+        "--id",
+        str(data / args["--id"]),
+        "--ood",
+        ood,
+        "--out",
+        str(tmp_path / "rep"),
+    )
     assert code == 1 and message in err, err
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
     assert not (tmp_path / "rep").exists()
@@ -181,15 +225,19 @@ def test_a_pytorch_text_model_takes_token_arrays(tmp_path):
 
     backbone = tiny_bert()
     L, H = backbone.num_layers, backbone.num_heads
-    spec = HydraSpec.random(backbone.name, L, H, backbone.head_dim, members=2,
-                            heads_per_member=1, seed=0)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name, L, H, backbone.head_dim, members=2, heads_per_member=1, seed=0
+    )
     model = fuse(backbone, spec)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 90, (6, 7))
     mask = np.ones_like(ids)
     mask[:3, 5:] = 0
-    report = evaluate(model, ({"input_ids": ids, "attention_mask": mask}, rng.integers(0, 2, 6)),
-                      {"rand": {"input_ids": ids[:, ::-1].copy(), "attention_mask": mask}})  # fmt: skip
+    report = evaluate(
+        model,
+        ({"input_ids": ids, "attention_mask": mask}, rng.integers(0, 2, 6)),
+        {"rand": {"input_ids": ids[:, ::-1].copy(), "attention_mask": mask}},
+    )
     assert report["counts"] == {"id": 6, "ood": {"rand": 6}}
     import torch
 
@@ -215,13 +263,21 @@ def test_one_member_reports_mutual_information_as_not_applicable(data, tmp_path,
     backbone = tiny_vit("token")
     spec = HydraSpec.full(backbone.name, 3, 4, 8, members=1)
     single = tmp_path / "single"
-    export_onnx(fuse(backbone, spec), single, batch=(1, 4, 8), exporter="torchscript",
-                validate=False)  # fmt: skip
+    export_onnx(
+        fuse(backbone, spec), single, batch=(1, 4, 8), exporter="torchscript", validate=False
+    )
     out = tmp_path / "report"
     umask = os.umask(0o022)
     try:
-        code, _, stderr = invoke(str(single), "--id", str(data / "id.npz"),
-                                      "--ood", f"noise={data / 'noise.npz'}", "--out", str(out))  # fmt: skip
+        code, _, stderr = invoke(
+            str(single),
+            "--id",
+            str(data / "id.npz"),
+            "--ood",
+            f"noise={data / 'noise.npz'}",
+            "--out",
+            str(out),
+        )
     finally:
         os.umask(umask)
     assert code == 0, stderr
@@ -262,9 +318,14 @@ def test_tsv_labels_map_through_the_class_names(tmp_path):
     data = load_eval_data(tmp_path / "id.tsv", model, name="ID data", labelled=True)
     assert data.labels.tolist() == [1, 2, 1] and data.texts == ["a dog", "red", "a cat"]
     (tmp_path / "ids.tsv").write_text("2\tred\n0\tto run\n")  # integer labels stay indices
-    assert load_eval_data(tmp_path / "ids.tsv", model, name="ID", labelled=True).labels.tolist() == [2, 0]  # fmt: skip
+    assert load_eval_data(
+        tmp_path / "ids.tsv", model, name="ID", labelled=True
+    ).labels.tolist() == [2, 0]
     (tmp_path / "unknown.tsv").write_text("noun\ta dog\n\ncognition\tto think\n")
-    with pytest.raises(DataError, match=r"line 3: label 'cognition' is not one of the model's classes: verb, noun, adj"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"line 3: label 'cognition' is not one of the model's classes: verb, noun, adj",
+    ):
         load_eval_data(tmp_path / "unknown.tsv", model, name="ID data", labelled=True)
     (tmp_path / "header.tsv").write_text("label\ttext\nnoun\ta dog\n")
     with pytest.raises(DataError, match=r"line 1: label 'label' .*a header line\? remove it"):
@@ -272,7 +333,10 @@ def test_tsv_labels_map_through_the_class_names(tmp_path):
     # OOD sets may carry any labels
     assert load_eval_data(tmp_path / "unknown.tsv", model, name="OOD", labelled=False).count == 2
     unnamed = NamedModel("bert", None, classes=3)
-    with pytest.raises(DataError, match=r"names 2 classes \(adj, noun\) but the model has 3 classes and records no class names"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"names 2 classes \(adj, noun\) but the model has 3 classes and records no class names",
+    ):
         load_eval_data(tmp_path / "id.tsv", unnamed, name="ID data", labelled=True)
     (tmp_path / "all.tsv").write_text("noun\ta dog\nadj\tred\nverb\tto run\n")
     data = load_eval_data(tmp_path / "all.tsv", unnamed, name="ID data", labelled=True)
@@ -289,9 +353,13 @@ def test_image_folder_classes_map_through_the_class_names(tmp_path):
     named = NamedModel("vit", ["dog", "cat", "bee", "ant"])
     data = load_eval_data(tmp_path / "id", named, name="ID data", labelled=True)
     assert data.labels.tolist() == [3, 1]  # ant, cat by the model's names
-    with pytest.raises(DataError, match=r"sub-folder 'cat': label 'cat' is not one of the model's classes: dog, bee, ant; use those names$"):  # fmt: skip
-        load_eval_data(tmp_path / "id", NamedModel("vit", ["dog", "bee", "ant"]), name="ID",
-                       labelled=True)  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"sub-folder 'cat': label 'cat' is not one of the model's classes: dog, bee, ant; use those names$",
+    ):
+        load_eval_data(
+            tmp_path / "id", NamedModel("vit", ["dog", "bee", "ant"]), name="ID", labelled=True
+        )
     with pytest.raises(DataError, match=r"names 2 classes .* the model has 5 classes"):
         load_eval_data(
             tmp_path / "id", NamedModel("vit", None, classes=5), name="ID", labelled=True

@@ -215,8 +215,20 @@ def invoke(*argv: str) -> tuple[int, str, str]:
 
 def test_cli_exports_and_prints_the_trtexec_line(tmp_path, caplog):
     out = tmp_path / "vit_ti16"
-    code, stdout, err = invoke("--backbone", "vit_ti16", "--members", "2", "--max-batch", "3",
-                               "--opt-batch", "2", "--exporter", "torchscript", "--out", str(out))  # fmt: skip
+    code, stdout, err = invoke(
+        "--backbone",
+        "vit_ti16",
+        "--members",
+        "2",
+        "--max-batch",
+        "3",
+        "--opt-batch",
+        "2",
+        "--exporter",
+        "torchscript",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     assert "validated in ONNX Runtime at batch 1, 3" in stdout
     assert f"trtexec --onnx={out / 'model.onnx'} --minShapes=pixel_values:1x3x224x224" in stdout
@@ -234,8 +246,16 @@ def test_cli_errors_are_one_line(tmp_path):
     assert code == 1 and err.count("\n") == 1 and "vit_b16" in err
     code, _, err = invoke("--backbone", "vit_ti16", "--opset", "9", "--out", str(tmp_path / "y"))
     assert code == 1 and "opset 9" in err
-    code, _, err = invoke("--backbone", "vit_ti16", "--min-batch", "5", "--max-batch", "4",
-                          "--out", str(tmp_path / "y"))  # fmt: skip
+    code, _, err = invoke(
+        "--backbone",
+        "vit_ti16",
+        "--min-batch",
+        "5",
+        "--max-batch",
+        "4",
+        "--out",
+        str(tmp_path / "y"),
+    )
     assert code == 1 and "got (5, 4, 4)" in err  # refused before anything is built
     assert not (tmp_path / "y").exists()
 
@@ -261,8 +281,15 @@ def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, c
 
     caplog.set_level(logging.INFO, logger="hydra_deploy")
     path = tmp_path / "mean.onnx"
-    used = export_module(Mean(), torch.randn(2, 5), path, input_names=["x"], output_names=["y"],
-                         opset=17, max_batch=4)  # fmt: skip
+    used = export_module(
+        Mean(),
+        torch.randn(2, 5),
+        path,
+        input_names=["x"],
+        output_names=["y"],
+        opset=17,
+        max_batch=4,
+    )
     assert used == "torchscript"
     assert "retrying with the TorchScript exporter" in caplog.text
     assert "does not convert to 17" in caplog.text  # why dynamo's file was not used
@@ -283,10 +310,19 @@ def test_polygraphy_runs_the_export(exported):
         pytest.skip(reason="polygraphy is not installed (it comes with the [dev] extra)")
     batch = info["batch_profile"]["max"]
     result = subprocess.run(
-        [tool, "run", str(out / "model.onnx"), "--onnxrt",
-         "--input-shapes", f"pixel_values:[{batch},3,16,16]"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            tool,
+            "run",
+            str(out / "model.onnx"),
+            "--onnxrt",
+            "--input-shapes",
+            f"pixel_values:[{batch},3,16,16]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "PASSED" in result.stdout + result.stderr
     assert f"shape=({batch}, 3, 5)" in result.stdout + result.stderr
@@ -320,9 +356,16 @@ def test_reexport_from_saved_spec_and_weights(tiny_vits, config, finetuned, tmp_
     from hydra_deploy.export import load_export
 
     backbone = tiny_vits[config]
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=1, shared_layers=1,
-                            seed=2)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=1,
+        shared_layers=1,
+        seed=2,
+    )
     members = perturbed_members(backbone, 3, seed=4) if finetuned else backbone
     hydra = fuse(members, spec, "grouped" if finetuned else "average")
     first = tmp_path / "first"
@@ -334,8 +377,9 @@ def test_reexport_from_saved_spec_and_weights(tiny_vits, config, finetuned, tmp_
     second = tmp_path / "second"
     export_onnx(rebuilt, second, exporter="torchscript", batch=(1, 2, 3))
     x = hydra.example_inputs(3, seed=9)
-    np.testing.assert_allclose(run_ort(second / "model.onnx", x), run_ort(first / "model.onnx", x),
-                               atol=1e-5, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        run_ort(second / "model.onnx", x), run_ort(first / "model.onnx", x), atol=1e-5, rtol=0
+    )
 
 
 def test_load_export_refuses_broken_folders(exported, tmp_path):
@@ -374,8 +418,17 @@ def test_load_export_notices_weights_from_another_model(exported, hydra, tmp_pat
 
 def test_cli_reexports_from_a_folder(exported, tmp_path):
     out, _ = exported
-    code, _, err = invoke("--from", str(out), "--uq-outputs", "--exporter", "torchscript",
-                               "--max-batch", "3", "--out", str(tmp_path / "again"))  # fmt: skip
+    code, _, err = invoke(
+        "--from",
+        str(out),
+        "--uq-outputs",
+        "--exporter",
+        "torchscript",
+        "--max-batch",
+        "3",
+        "--out",
+        str(tmp_path / "again"),
+    )
     assert code == 0, err
     info = json.loads((tmp_path / "again" / "hydra.json").read_text())
     assert (
@@ -416,8 +469,13 @@ def test_exports_are_reproducible_across_processes(exporter, tmp_path):
     digests = []
     for run, hash_seed in enumerate(("1", "2")):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"run{run}")],
-                              capture_output=True, text=True, env=env, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / f"run{run}")],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         digests.append([line for line in done.stdout.splitlines() if line.count(" ") == 1])
     assert len(digests[0]) == 3 and digests[0] == digests[1]
@@ -445,8 +503,12 @@ def test_an_interrupted_export_leaves_nothing_behind(tmp_path):
     folder appears under the output name and the staging folder is removed."""
     out = tmp_path / "export"
     script = INTERRUPT_SCRIPT.format(tests=str(Path(__file__).parent))
-    proc = subprocess.Popen([sys.executable, "-c", script, str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # blocks until validation starts
         assert line.strip() == "validating", proc.stderr.read()[-2000:]
@@ -473,10 +535,13 @@ def test_constant_folding_prints_no_graphsurgeon_noise(capsys):
     transposed = gs.Variable("transposed", np.float32, (512, 1024))
     y = gs.Variable("y", np.float32, (2, 1024))
     graph = gs.Graph(
-        nodes=[gs.Node("Transpose", inputs=[weight], outputs=[transposed], attrs={"perm": [1, 0]}),
-               gs.Node("MatMul", inputs=[x, transposed], outputs=[y])],
-        inputs=[x], outputs=[y],
-    )  # fmt: skip
+        nodes=[
+            gs.Node("Transpose", inputs=[weight], outputs=[transposed], attrs={"perm": [1, 0]}),
+            gs.Node("MatMul", inputs=[x, transposed], outputs=[y]),
+        ],
+        inputs=[x],
+        outputs=[y],
+    )
     G_LOGGER.once_logged.clear()  # the warning is logged once per process
     severity, colors = G_LOGGER.severity, G_LOGGER.colors
     surgery.cleanup(graph)

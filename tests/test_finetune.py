@@ -26,9 +26,14 @@ FAST = dict(max_steps=30, batch_size=64, lr=1e-3, progress=False)
 
 def make_spec(backbone, members: int = 3) -> HydraSpec:
     return HydraSpec.random(
-        backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim,
-        members=members, heads_per_member=2, seed=0,
-    )  # fmt: skip
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=members,
+        heads_per_member=2,
+        seed=0,
+    )
 
 
 def state_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -75,10 +80,16 @@ def tuned(digits_vit, tmp_path_factory):
         backbone, spec, train, save_dir=save_dir, eval_examples=len(train), **FAST
     )
     return {
-        "backbone": backbone, "train": train, "val": val, "spec": spec, "members": members,
-        "before": before, "rng_before": rng_before, "rng_after": torch.get_rng_state(),
+        "backbone": backbone,
+        "train": train,
+        "val": val,
+        "spec": spec,
+        "members": members,
+        "before": before,
+        "rng_before": rng_before,
+        "rng_after": torch.get_rng_state(),
         "save_dir": save_dir,
-    }  # fmt: skip
+    }
 
 
 # --- 1. the loss goes down -----------------------------------------------------------------------
@@ -208,9 +219,13 @@ def test_changed_settings_retrain_with_a_warning(tuned, tmp_path, caplog, capsys
     one = spec.with_members(spec.members[:1])
     with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
         changed = finetune_members(
-            backbone, one, train, save_dir=folder, eval_examples=64,
+            backbone,
+            one,
+            train,
+            save_dir=folder,
+            eval_examples=64,
             **{**FAST, "lr": 2e-3, "progress": True},
-        )  # fmt: skip
+        )
     assert changed.history[0]["resumed"] is False
     assert "member 0" in caplog.text and "lr=0.001 -> 0.002" in caplog.text
     assert "member 0" in capsys.readouterr().err  # the progress bar
@@ -233,9 +248,13 @@ def test_other_data_is_not_silently_reused(tuned, tmp_path, caplog):
     one = spec.with_members(spec.members[:1])
     with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
         other = finetune_members(
-            backbone, one, train.subset(range(1000)), save_dir=folder, eval_examples=64,
+            backbone,
+            one,
+            train.subset(range(1000)),
+            save_dir=folder,
+            eval_examples=64,
             **{**FAST, "max_steps": 2},
-        )  # fmt: skip
+        )
     assert other.history[0]["resumed"] is False and "data differ" in caplog.text
 
 
@@ -274,18 +293,23 @@ def test_interrupted_save_leaves_no_half_written_member(tuned, tmp_path, monkeyp
     one = spec.with_members(spec.members[:1])
     folder = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        finetune_members(backbone, one, train, save_dir=folder, eval_examples=64,
-                         **{**FAST, "max_steps": 2})  # fmt: skip
+        finetune_members(
+            backbone, one, train, save_dir=folder, eval_examples=64, **{**FAST, "max_steps": 2}
+        )
     assert list(folder.iterdir()) == []
 
 
 # --- 6. errors -----------------------------------------------------------------------------------
 def test_spec_for_another_geometry_is_refused(digits_vit):
     backbone, train, _ = digits_vit
-    for layers, heads, head_dim, word in [(4, 4, 8, "num_layers=4"), (3, 6, 8, "num_heads=6"),
-                                          (3, 4, 16, "head_dim=16")]:  # fmt: skip
-        spec = HydraSpec.random(backbone.name, layers, heads, head_dim, members=2,
-                                heads_per_member=1)  # fmt: skip
+    for layers, heads, head_dim, word in [
+        (4, 4, 8, "num_layers=4"),
+        (3, 6, 8, "num_heads=6"),
+        (3, 4, 16, "head_dim=16"),
+    ]:
+        spec = HydraSpec.random(
+            backbone.name, layers, heads, head_dim, members=2, heads_per_member=1
+        )
         with pytest.raises(SpecError, match=word):
             finetune_members(backbone, spec, train, **FAST)
     with pytest.raises(SpecError, match="HydraSpec"):
@@ -346,8 +370,14 @@ def test_shared_parts_stay_shared_and_the_fused_model_stores_them_once(
     tuned, shared_parts, tmp_path
 ):
     backbone, spec, train = tuned["backbone"], tuned["spec"], tuned["train"]
-    members = finetune_members(backbone, spec, train, shared_parts=shared_parts,
-                               save_dir=tmp_path, **{**FAST, "max_steps": 10})  # fmt: skip
+    members = finetune_members(
+        backbone,
+        spec,
+        train,
+        shared_parts=shared_parts,
+        save_dir=tmp_path,
+        **{**FAST, "max_steps": 10},
+    )
     tables = [dict(m.named_parameters()) for m in members]
     for name in SHARED:
         assert all(torch.equal(t[name], tables[0][name]) for t in tables), name
@@ -373,8 +403,14 @@ def test_shared_parts_stay_shared_and_the_fused_model_stores_them_once(
             alone = load_backbone(module)(x, spec.head_mask(m))
             torch.testing.assert_close(fused[:, m], alone, atol=1e-5, rtol=1e-5)
     # a saved run with other shared_parts is not reused
-    again = finetune_members(backbone, spec, train, shared_parts="per-member", save_dir=tmp_path,
-                             **{**FAST, "max_steps": 10})  # fmt: skip
+    again = finetune_members(
+        backbone,
+        spec,
+        train,
+        shared_parts="per-member",
+        save_dir=tmp_path,
+        **{**FAST, "max_steps": 10},
+    )
     assert not any(e["resumed"] for e in again.history)
 
 
@@ -391,8 +427,12 @@ def test_no_progress_bars_in_a_log_file(digits_vit, capsys, caplog):
 
     backbone, train, _ = digits_vit
     with caplog.at_level(logging.INFO, logger="hydra_deploy"):
-        finetune_members(backbone, make_spec(backbone, members=2), train,
-                         **{**FAST, "max_steps": 3, "progress": True})  # fmt: skip
+        finetune_members(
+            backbone,
+            make_spec(backbone, members=2),
+            train,
+            **{**FAST, "max_steps": 3, "progress": True},
+        )
     err = capsys.readouterr().err
     assert "it/s" not in err and "|" not in err
     summaries = [r.getMessage() for r in caplog.records if "masked loss" in r.getMessage()]
@@ -403,11 +443,17 @@ def test_shared_layers_are_frozen_and_fused_once(tuned):
     """A shared trunk: the first layers keep the same heads and weights in every member, so the
     fused model computes them once; a spec whose members differ there is refused."""
     backbone, train = tuned["backbone"], tuned["train"]
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=2, shared_layers=1,
-                            seed=0)  # fmt: skip
-    members = finetune_members(backbone, spec, train, shared_layers=1,
-                               **{**FAST, "max_steps": 5})  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=2,
+        shared_layers=1,
+        seed=0,
+    )
+    members = finetune_members(backbone, spec, train, shared_layers=1, **{**FAST, "max_steps": 5})
     base = dict(backbone.module.named_parameters())
     tables = [dict(module.named_parameters()) for module in members]
     trunk = [

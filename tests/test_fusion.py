@@ -47,10 +47,13 @@ def assert_members_match(hydra, references, spec, x, atol=ATOL):
 
 # --- GroupedLinear -------------------------------------------------------------------------------
 @given(
-    groups=st.integers(1, 4), din=st.integers(1, 9), dout=st.integers(1, 9),
-    rows=st.lists(st.integers(1, 4), min_size=0, max_size=2), bias=st.booleans(),
+    groups=st.integers(1, 4),
+    din=st.integers(1, 9),
+    dout=st.integers(1, 9),
+    rows=st.lists(st.integers(1, 4), min_size=0, max_size=2),
+    bias=st.booleans(),
     seed=st.integers(0, 2**16),
-)  # fmt: skip
+)
 def test_grouped_linear_lowerings_equal_per_group_matmul(groups, din, dout, rows, bias, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(groups, *rows, din, generator=g)
@@ -150,8 +153,9 @@ def test_shared_trunk_is_detected_exact_and_cheaper(tiny_vits, shared):
 def test_trunk_needs_identical_weights(tiny_vits):
     """Members with the same heads but different (fine-tuned) weights get no shared trunk."""
     backbone = tiny_vits["token"]
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2,
-                            shared_layers=2, seed=0)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name, 3, 4, 8, members=2, heads_per_member=2, shared_layers=2, seed=0
+    )
     members = perturbed_members(backbone, 2, seed=5)
     hydra = fuse(members, spec, "grouped")
     assert hydra.trunk_layers == 0
@@ -222,8 +226,9 @@ def test_member_count_and_architecture_mismatch(tiny_vits):
     wider = timm.create_model("vit_tiny_patch16_224", **{**TINY_VIT["token"], "mlp_ratio": 2.0})
     with pytest.raises(FusionError, match="member 2 is not the same architecture"):
         fuse([backbone, other, wider], spec)
-    pooled = timm.create_model("vit_tiny_patch16_224", **{**TINY_VIT["token"], "global_pool": "avg",
-                                                           "fc_norm": False})  # fmt: skip
+    pooled = timm.create_model(
+        "vit_tiny_patch16_224", **{**TINY_VIT["token"], "global_pool": "avg", "fc_norm": False}
+    )
     with pytest.raises(FusionError, match="pooling"):
         fuse([backbone, backbone, pooled], spec)
 
@@ -276,21 +281,24 @@ def vit_s16():
 def test_vit_s16_any_spec_equals_masked_backbone(vit_s16, data, merge):
     spec = data.draw(specs(vit_s16, max_members=4))
     hydra = fuse(vit_s16, spec, merge)
-    assert_members_match(hydra, [vit_s16] * spec.num_members, spec, vit_s16.example_inputs(1),
-                         atol=1e-4)  # fmt: skip
+    assert_members_match(
+        hydra, [vit_s16] * spec.num_members, spec, vit_s16.example_inputs(1), atol=1e-4
+    )
 
 
 @pytest.mark.slow
 def test_vit_s16_fused_equals_members(vit_s16):
     backbone = vit_s16
-    spec = HydraSpec.random(backbone.name, 12, 6, 64, members=3, heads_per_member=[2, 3, 1],
-                            shared_layers=2, seed=0)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name, 12, 6, 64, members=3, heads_per_member=[2, 3, 1], shared_layers=2, seed=0
+    )
     hydra = fuse(backbone, spec)
     assert hydra.trunk_layers == 2
     assert_members_match(hydra, [backbone] * 3, spec, backbone.example_inputs(2), atol=1e-4)
     members = perturbed_members(backbone, 3, seed=0, scale=0.01)
-    assert_members_match(fuse(members, spec, "grouped"), members, spec,
-                         backbone.example_inputs(1), atol=1e-4)  # fmt: skip
+    assert_members_match(
+        fuse(members, spec, "grouped"), members, spec, backbone.example_inputs(1), atol=1e-4
+    )
 
 
 def test_cli_lowerings_mirror_the_fusion_module():

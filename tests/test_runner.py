@@ -102,7 +102,10 @@ def _copy_export(export_dir, tmp_path):
         (lambda info: info["spec"]["members"].pop(), "hydra.json says 2 members"),
         (lambda info: info.update(class_names=["a", "b"]), "hydra.json says 2 classes"),
         (lambda info: info.update(spec=[1, 2]), "the spec in hydra.json is malformed"),
-        (lambda info: info.update(class_names="cat"), "class_names in .*hydra.json is not a list of"),
+        (
+            lambda info: info.update(class_names="cat"),
+            "class_names in .*hydra.json is not a list of",
+        ),
     ],
     ids=["member-count", "class-count", "malformed-spec", "class-names-not-a-list"],
 )
@@ -118,7 +121,9 @@ def test_metadata_that_disagrees_with_the_graph_is_refused(export_dir, tmp_path,
 def test_hydra_json_of_a_future_format_or_not_an_object_is_refused(export_dir, tmp_path):
     folder, info = _copy_export(export_dir, tmp_path)
     (folder / "hydra.json").write_text(json.dumps({**info, "format": "hydra-export/9"}))
-    with pytest.raises(RunnerError, match="has format 'hydra-export/9'; this version reads 'hydra-export/1'"):
+    with pytest.raises(
+        RunnerError, match="has format 'hydra-export/9'; this version reads 'hydra-export/1'"
+    ):
         load_runner(folder)
     (folder / "hydra.json").write_text("[1, 2]")
     with pytest.raises(RunnerError, match="holds list, not a JSON object; restore it or re-export"):
@@ -220,8 +225,12 @@ def test_providers(export_dir):
     default = runner_module.resolve_providers(None, available)
     assert "TensorrtExecutionProvider" not in default and default[-1] == "CPUExecutionProvider"
     assert runner_module.resolve_providers(["cpu", ("CPU", {"a": "1"})], available) == [
-        "CPUExecutionProvider", ("CPUExecutionProvider", {"a": "1"})]  # fmt: skip
-    with pytest.raises(RunnerError, match=r"provider 'nope' is not available.*available: .*CPUExecutionProvider"):  # fmt: skip
+        "CPUExecutionProvider",
+        ("CPUExecutionProvider", {"a": "1"}),
+    ]
+    with pytest.raises(
+        RunnerError, match=r"provider 'nope' is not available.*available: .*CPUExecutionProvider"
+    ):
         load_runner(export_dir, providers=["nope"])
     if "CUDAExecutionProvider" not in available:
         with pytest.raises(RunnerError, match=r"provider 'cuda' is not available.*onnxruntime-gpu"):
@@ -254,9 +263,13 @@ def test_paths_and_backends_are_checked(export_dir, tmp_path):
         load_runner(_fake_engine_file(tmp_path), backend="onnxruntime")
 
 
-@pytest.mark.skipif(HAS_TENSORRT, reason="TensorRT is installed: the missing-TensorRT error cannot show")  # fmt: skip
+@pytest.mark.skipif(
+    HAS_TENSORRT, reason="TensorRT is installed: the missing-TensorRT error cannot show"
+)
 def test_engine_without_tensorrt_says_what_to_do(tmp_path):
-    with pytest.raises(RunnerError, match=r"TensorRT is not installed .*hydra-deploy\[trt\].*ONNX Runtime"):  # fmt: skip
+    with pytest.raises(
+        RunnerError, match=r"TensorRT is not installed .*hydra-deploy\[trt\].*ONNX Runtime"
+    ):
         load_runner(_fake_engine_file(tmp_path))
 
 
@@ -270,13 +283,18 @@ def test_bf16_file_is_refused_with_the_reason(tmp_path):
         helper.make_node("Cast", ["yb"], ["member_logits"], to=TensorProto.FLOAT),
     ]
     graph = helper.make_graph(
-        nodes, "bf16", [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("member_logits", TensorProto.FLOAT, ["batch", 4])], [weight],
-    )  # fmt: skip
+        nodes,
+        "bf16",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("member_logits", TensorProto.FLOAT, ["batch", 4])],
+        [weight],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, tmp_path / "model.onnx")
-    (tmp_path / "hydra.json").write_text(json.dumps({"format": "hydra-export/1", "precision": "bf16"}))
+    (tmp_path / "hydra.json").write_text(
+        json.dumps({"format": "hydra-export/1", "precision": "bf16"})
+    )
     with pytest.raises(RunnerError, match=r"do not implement BF16 MatMul.*hydra-build"):
         load_runner(tmp_path)
 
@@ -293,11 +311,15 @@ def text_model(tmp_path_factory):
     ]
     axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
     graph = helper.make_graph(
-        nodes, "text",
-        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in (ids, mask, types)],
+        nodes,
+        "text",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+            for n in (ids, mask, types)
+        ],
         [helper.make_tensor_value_info("member_logits", TensorProto.FLOAT, ["batch", 1, "seq"])],
         [axes],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     path = tmp_path_factory.mktemp("text") / "text.onnx"
@@ -312,7 +334,9 @@ def test_text_inputs_are_cast_and_token_type_ids_default_to_zeros(text_model):
     np.testing.assert_array_equal(out[:, 0], ids + 1)
     with pytest.raises(RunnerError, match=r"missing \['attention_mask'\]"):
         text_model({"input_ids": ids})
-    with pytest.raises(RunnerError, match="must be int64, got float64 \\(token ids must be integers\\)"):  # fmt: skip
+    with pytest.raises(
+        RunnerError, match="must be int64, got float64 \\(token ids must be integers\\)"
+    ):
         text_model({"input_ids": ids * 1.0, "attention_mask": mask})
     with pytest.raises(RunnerError, match="'attention_mask' has batch 1 but 'input_ids' has 2"):
         text_model({"input_ids": ids, "attention_mask": mask[:1]})
@@ -382,7 +406,9 @@ def fake_tensorrt(monkeypatch, runner):
 def test_engine_runner_reads_its_profile_pads_and_splits(fake_tensorrt, runner, export_dir):
     engine_path = export_dir.parent / "vit.fp16.engine"
     engine_path.write_bytes(b"serialized")
-    engine_path.with_suffix(".json").write_text(json.dumps({"precision": "fp16", "export_dir": "export"}))  # fmt: skip
+    engine_path.with_suffix(".json").write_text(
+        json.dumps({"precision": "fp16", "export_dir": "export"})
+    )
     engine = load_runner(engine_path)
     assert engine.backend == "tensorrt" and (engine.min_batch, engine.max_batch) == (2, 4)
     assert engine.inputs[0].shape == (None, 3, 16, 16) and engine.precision == "fp16"
@@ -397,7 +423,10 @@ def test_engine_runner_reads_its_profile_pads_and_splits(fake_tensorrt, runner, 
     assert not engine._trt_runner.is_active
 
 
-SIDECAR = {"tensorrt_version": "10.13.0.35", "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"}}  # fmt: skip
+SIDECAR = {
+    "tensorrt_version": "10.13.0.35",
+    "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+}
 
 
 @pytest.mark.parametrize(
@@ -420,7 +449,9 @@ def test_engine_target_mismatch_reads_the_sidecar(version, capability, message):
     assert runner_module.engine_target_mismatch(None, "8.6.1", "8.7") is None
 
 
-def test_an_engine_for_another_tensorrt_is_refused_before_loading(fake_tensorrt, export_dir, monkeypatch):  # fmt: skip
+def test_an_engine_for_another_tensorrt_is_refused_before_loading(
+    fake_tensorrt, export_dir, monkeypatch
+):
     fake_tensorrt.__version__ = "10.3.0"
     monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: "8.7")
     engine_path = export_dir.parent / "other.engine"
@@ -429,11 +460,17 @@ def test_an_engine_for_another_tensorrt_is_refused_before_loading(fake_tensorrt,
     with pytest.raises(RunnerError) as caught:
         load_runner(engine_path)
     text = str(caught.value)
-    assert "TensorRT 10.13.0.35 (this machine has 10.3.0) and NVIDIA H200 of compute capability 9.0 (this GPU has 8.7)" in text  # fmt: skip
+    assert (
+        "TensorRT 10.13.0.35 (this machine has 10.3.0) and NVIDIA H200 of compute capability 9.0 (this GPU has 8.7)"
+        in text
+    )
     assert "rebuild it here with hydra-build" in text
 
 
-@pytest.mark.skipif(not HAS_TENSORRT, reason="TensorRT is not installed: pip install 'hydra-deploy[trt]' on an NVIDIA GPU")  # fmt: skip
+@pytest.mark.skipif(
+    not HAS_TENSORRT,
+    reason="TensorRT is not installed: pip install 'hydra-deploy[trt]' on an NVIDIA GPU",
+)
 def test_real_tensorrt_engine_equals_onnx_runtime(runner, export_dir, tmp_path):  # pragma: no cover
     from polygraphy.backend.trt import (
         CreateConfig,
@@ -443,9 +480,12 @@ def test_real_tensorrt_engine_equals_onnx_runtime(runner, export_dir, tmp_path):
         SaveEngine,
     )
 
-    profile = Profile().add("pixel_values", min=(1, 3, 16, 16), opt=(2, 3, 16, 16), max=(4, 3, 16, 16))  # fmt: skip
-    build = EngineFromNetwork(NetworkFromOnnxPath(str(export_dir / "model.onnx")),
-                              config=CreateConfig(profiles=[profile]))  # fmt: skip
+    profile = Profile().add(
+        "pixel_values", min=(1, 3, 16, 16), opt=(2, 3, 16, 16), max=(4, 3, 16, 16)
+    )
+    build = EngineFromNetwork(
+        NetworkFromOnnxPath(str(export_dir / "model.onnx")), config=CreateConfig(profiles=[profile])
+    )
     SaveEngine(build, str(tmp_path / "model.engine"))()
     with load_runner(tmp_path / "model.engine") as engine:
         x = inputs(6, seed=5)

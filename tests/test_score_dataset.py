@@ -24,8 +24,12 @@ from conftest import tiny_vit
 from PIL import Image
 from sklearn.datasets import load_digits, load_sample_image
 
-pytest.importorskip("pyarrow", reason="hydra-score-dataset needs pyarrow: pip install 'hydra-deploy[ray]'")  # fmt: skip
-pytest.importorskip("ray.data", reason="hydra-score-dataset needs Ray Data: pip install 'hydra-deploy[ray]'")  # fmt: skip
+pytest.importorskip(
+    "pyarrow", reason="hydra-score-dataset needs pyarrow: pip install 'hydra-deploy[ray]'"
+)
+pytest.importorskip(
+    "ray.data", reason="hydra-score-dataset needs Ray Data: pip install 'hydra-deploy[ray]'"
+)
 
 import pyarrow.parquet as pq
 
@@ -53,8 +57,14 @@ def ray_cluster():
     """One local cluster for the module: in-process main() calls find Ray connected and keep it."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=256 * 1024**2, logging_level=logging.ERROR)  # fmt: skip
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=256 * 1024**2,
+        logging_level=logging.ERROR,
+    )
     yield
     ray.shutdown()
 
@@ -131,9 +141,23 @@ def part_stats(out: Path) -> dict[str, tuple[int, int, bytes]]:
 # --- scoring equals the local runner ---------------------------------------------------------------
 def test_images_scored_on_two_actors_equal_the_local_runner(export_dir, images, tmp_path):
     out = tmp_path / "scores.parquet"
-    code, stdout, err = invoke(export_dir, images, "--out", out, "--shard-size", 5, "--actors", 2,
-                               "--threads", 1, "--batch-size", 4, "--member-logits", "--json",
-                               "--quiet")  # fmt: skip
+    code, stdout, err = invoke(
+        export_dir,
+        images,
+        "--out",
+        out,
+        "--shard-size",
+        5,
+        "--actors",
+        2,
+        "--threads",
+        1,
+        "--batch-size",
+        4,
+        "--member-logits",
+        "--json",
+        "--quiet",
+    )
     assert code == 0, err
     assert err == ""  # --quiet: no Ray noise
     summary = json.loads(stdout)
@@ -146,8 +170,15 @@ def test_images_scored_on_two_actors_equal_the_local_runner(export_dir, images, 
     assert temp_files(out) == []
 
     table = pq.read_table(out)  # the folder reads as one table, in input order
-    assert table.column_names == ["item", "shard", "prediction", "label", *SCALAR_SCORES, "probs",
-                                  "member_logits"]  # fmt: skip
+    assert table.column_names == [
+        "item",
+        "shard",
+        "prediction",
+        "label",
+        *SCALAR_SCORES,
+        "probs",
+        "member_logits",
+    ]
     assert str(table.schema.field("probs").type) == "list<element: float>"
     assert str(table.schema.field("msp").type) == "float"
     assert table["item"].to_pylist() == [str(p) for p in files]  # each once, sorted, recursive
@@ -157,8 +188,12 @@ def test_images_scored_on_two_actors_equal_the_local_runner(export_dir, images, 
     assert table["label"].to_pylist() == [CLASSES[p] for p in expected["prediction"]]
     for name in SCALAR_SCORES:
         np.testing.assert_allclose(table[name].to_numpy(), expected[name], atol=ATOL, rtol=0)
-    np.testing.assert_allclose(np.array(table["probs"].to_pylist()), expected["probs"], atol=ATOL, rtol=0)  # fmt: skip
-    np.testing.assert_allclose(np.array(table["member_logits"].to_pylist()), logits, atol=ATOL, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        np.array(table["probs"].to_pylist()), expected["probs"], atol=ATOL, rtol=0
+    )
+    np.testing.assert_allclose(
+        np.array(table["member_logits"].to_pylist()), logits, atol=ATOL, rtol=0
+    )
     import pandas as pd
 
     frame = pd.read_parquet(out)
@@ -178,8 +213,9 @@ def test_text_lines_equal_the_local_runner(text_export, tmp_path):
     first.write_text("the cat sat\n\na dog ran on the mat\nthe mat\n")  # the empty line is skipped
     second.write_text("dog\ncat cat cat\nthe the\nran\nsat on a mat\n")
     out = tmp_path / "text.parquet"
-    code, stdout, err = invoke(text_export, first, second, "--out", out, "--shard-size", 3,
-                               "--quiet", "--json")  # fmt: skip
+    code, stdout, err = invoke(
+        text_export, first, second, "--out", out, "--shard-size", 3, "--quiet", "--json"
+    )
     assert code == 0, err
     summary = json.loads(stdout)
     assert summary["items"] == 8 and summary["shards"] == 3  # shards cross file boundaries
@@ -189,8 +225,16 @@ def test_text_lines_equal_the_local_runner(text_export, tmp_path):
     ]
     assert table["shard"].to_pylist() == [0, 0, 0, 1, 1, 1, 2, 2]
     runner = load_runner(text_export)
-    lines = ["the cat sat", "a dog ran on the mat", "the mat", "dog", "cat cat cat", "the the",
-             "ran", "sat on a mat"]  # fmt: skip
+    lines = [
+        "the cat sat",
+        "a dog ran on the mat",
+        "the mat",
+        "dog",
+        "cat cat cat",
+        "the the",
+        "ran",
+        "sat on a mat",
+    ]
     expected = ensemble_scores(runner(runner.text_encoder()(lines))["member_logits"])
     np.testing.assert_array_equal(table["prediction"].to_numpy(), expected["prediction"])
     assert table["label"].to_pylist() == [None] * 8  # the export has no class names
@@ -225,8 +269,13 @@ def assert_tables_equal(got, want) -> None:
     for name in ("item", "shard", "prediction", "label"):
         assert got[name].to_pylist() == want[name].to_pylist(), name
     for name in (*SCALAR_SCORES, "probs"):
-        np.testing.assert_allclose(np.array(got[name].to_pylist()), np.array(want[name].to_pylist()),
-                                   atol=1e-6, rtol=0, err_msg=name)  # fmt: skip
+        np.testing.assert_allclose(
+            np.array(got[name].to_pylist()),
+            np.array(want[name].to_pylist()),
+            atol=1e-6,
+            rtol=0,
+            err_msg=name,
+        )
 
 
 def test_sigkill_then_resume_keeps_finished_parts_untouched(export_dir, images, tmp_path, caplog):
@@ -234,10 +283,22 @@ def test_sigkill_then_resume_keeps_finished_parts_untouched(export_dir, images, 
     argv = [str(export_dir), str(images), "--out", str(out), "--shard-size", "4", "--threads", "1"]
     env = {**os.environ, TEST_DELAY_ENV: "0.5"}  # 2 batches per shard: >= 1 s per shard
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hydra_deploy.cli.score_dataset", *argv, "--actors", "1",
-         "--num-cpus", "1", "--quiet"],
-        env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hydra_deploy.cli.score_dataset",
+            *argv,
+            "--actors",
+            "1",
+            "--num-cpus",
+            "1",
+            "--quiet",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (out / "part-00000.parquet").exists():
@@ -281,8 +342,19 @@ def test_undecodable_image_stops_the_run_and_keeps_finished_parts(
     broken.write_bytes(b"\xff\xd8 this is not a JPEG")
     out = tmp_path / "scores.parquet"
     monkeypatch.setenv(TEST_DELAY_ENV, "0.3")
-    code, stdout, err = invoke(export_dir, folder, "--out", out, "--shard-size", 4, "--actors", 1,
-                               "--threads", 1, "--quiet")  # fmt: skip
+    code, stdout, err = invoke(
+        export_dir,
+        folder,
+        "--out",
+        out,
+        "--shard-size",
+        4,
+        "--actors",
+        1,
+        "--threads",
+        1,
+        "--quiet",
+    )
     assert code == 1 and stdout == ""
     assert err.startswith("error: cannot read the image") and str(broken) in err
     assert "--resume" in err and "Traceback" not in err and err.count("\n") == 1
@@ -295,7 +367,9 @@ def test_undecodable_image_stops_the_run_and_keeps_finished_parts(
         table = pq.read_table(path)
         shard = int(path.stem.split("-")[1])
         assert table["item"].to_pylist() == [str(p) for p in files[4 * shard : 4 * shard + 4]]
-        np.testing.assert_allclose(table["msp"].to_numpy(), expected["msp"][4 * shard : 4 * shard + 4], atol=ATOL)  # fmt: skip
+        np.testing.assert_allclose(
+            table["msp"].to_numpy(), expected["msp"][4 * shard : 4 * shard + 4], atol=ATOL
+        )
 
     before = part_stats(out)
     Image.fromarray(load_sample_image("china.jpg")[:50, :60]).save(
@@ -416,10 +490,14 @@ def test_errors_from_actors_are_unwrapped():
             super().__init__("ray::MapWorker(...).submit() traceback ...")
             self.cause = cause
 
-    inner = RunnerError("cannot read the image 'a.jpg': truncated\nFailed to apply UDF transform after 1/1 attempts")  # fmt: skip
+    inner = RunnerError(
+        "cannot read the image 'a.jpg': truncated\nFailed to apply UDF transform after 1/1 attempts"
+    )
     found = unwrap_ray_error(Wrapper(inner))
     assert type(found) is RunnerError and str(found) == "cannot read the image 'a.jpg': truncated"
-    lost = Exception("Traceback ...\nhydra_deploy.errors.RunnerError: cannot read the image 'b.jpg': x\n")  # fmt: skip
+    lost = Exception(
+        "Traceback ...\nhydra_deploy.errors.RunnerError: cannot read the image 'b.jpg': x\n"
+    )
     found = unwrap_ray_error(lost)  # a Ray that lost the cause still printed its traceback
     assert type(found) is RunnerError and str(found) == "cannot read the image 'b.jpg': x"
     found = unwrap_ray_error(Wrapper(MemoryError("out of memory")))

@@ -25,8 +25,17 @@ from hydra_deploy.uncertainty import ensemble_scores
 def reference(logits: np.ndarray) -> dict[str, np.ndarray]:
     """The definitions, one example and member at a time (scipy-free, float64)."""
     B = logits.shape[0]
-    out = {k: [] for k in ("probs", "msp", "predictive_entropy", "expected_entropy",
-                           "mutual_information", "disagreement")}  # fmt: skip
+    out = {
+        k: []
+        for k in (
+            "probs",
+            "msp",
+            "predictive_entropy",
+            "expected_entropy",
+            "mutual_information",
+            "disagreement",
+        )
+    }
     for b in range(B):
         member = [np.exp(row - row.max()) / np.exp(row - row.max()).sum() for row in logits[b]]
         probs = np.mean(member, axis=0)
@@ -41,16 +50,24 @@ def reference(logits: np.ndarray) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in out.items()}
 
 
-@given(arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(2, 7)),
-              elements=st.floats(-30, 30)))  # fmt: skip
+@given(
+    arrays(
+        np.float64,
+        st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(2, 7)),
+        elements=st.floats(-30, 30),
+    )
+)
 def test_scores_match_their_definitions(logits):
     scores = ensemble_scores(logits)
     expected = reference(logits)
     for name, value in expected.items():
         np.testing.assert_allclose(scores[name], value, atol=2e-5, rtol=1e-5, err_msg=name)
-    np.testing.assert_allclose(np.log(scores["member_probs"].astype(np.float64).clip(1e-300)),
-                               scipy_log_softmax(logits, axis=-1).clip(np.log(1e-300)),
-                               atol=1e-4, rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        np.log(scores["member_probs"].astype(np.float64).clip(1e-300)),
+        scipy_log_softmax(logits, axis=-1).clip(np.log(1e-300)),
+        atol=1e-4,
+        rtol=1e-5,
+    )
     assert (scores["mutual_information"] >= 0).all()
     np.testing.assert_allclose(scores["probs"].sum(-1), 1.0, atol=1e-5)
 
@@ -104,7 +121,9 @@ def test_scores_equal_scipy(logits):
     np.testing.assert_allclose(scores["probs"], probs, atol=1e-6)
     np.testing.assert_allclose(scores["predictive_entropy"], predictive, atol=2e-5)
     np.testing.assert_allclose(scores["expected_entropy"], expected, atol=2e-5)
-    np.testing.assert_allclose(scores["mutual_information"], np.maximum(predictive - expected, 0), atol=2e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        scores["mutual_information"], np.maximum(predictive - expected, 0), atol=2e-5
+    )
     np.testing.assert_allclose(scores["msp"], probs.max(-1), atol=1e-6)
     assert scores["prediction"].dtype == np.int64
     top2 = np.sort(probs, axis=-1)[:, -2:]
@@ -216,8 +235,9 @@ def test_uq_outputs_in_the_exported_graph(tmp_path):
     assert names == ["member_logits", *UQ_OUTPUTS] and info["uq_outputs"]
     assert info["exporter"] == "dynamo" and info["graph_passes"]["fold_attention_scale"] == 3
     assert set(info["validation"]["batches"]["4"]) == set(names)  # every output validated
-    session = ort.InferenceSession(str(tmp_path / "uq" / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])  # fmt: skip
+    session = ort.InferenceSession(
+        str(tmp_path / "uq" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     x = hydra.example_inputs(5, seed=3).numpy()
     outputs = dict(zip(names, session.run(None, {"pixel_values": x}), strict=True))
     expected = ensemble_scores(outputs["member_logits"])

@@ -146,8 +146,10 @@ def test_batches_above_the_max_are_refused_and_serving_goes_on(server, export_di
         with pytest.raises(Exception, match="batch-size must be <= 4"):
             serve_load.infer_once(c, module, server.model_name, {"pixel_values": images(5, 0)})
         x = images(4, 1)
-        assert_answer(serve_load.infer_once(c, module, server.model_name, {"pixel_values": x}),
-                      expected(export_dir, x))  # fmt: skip
+        assert_answer(
+            serve_load.infer_once(c, module, server.model_name, {"pixel_values": x}),
+            expected(export_dir, x),
+        )
 
 
 @needs_server
@@ -157,19 +159,27 @@ def test_bad_requests_get_a_clean_error_and_serving_goes_on(server, export_dir, 
     nan = images(2, 2)
     nan[1, 0, 3, 3] = np.nan
     cases = {
-        "NaN": ({"pixel_values": nan}, "RunnerError: input 'pixel_values' holds NaN or infinite values in 1 of 2"),
-        "shape": ({"pixel_values": images(1, 3)[:, :, :8]}, "unexpected shape for input 'pixel_values'"),
+        "NaN": (
+            {"pixel_values": nan},
+            "RunnerError: input 'pixel_values' holds NaN or infinite values in 1 of 2",
+        ),
+        "shape": (
+            {"pixel_values": images(1, 3)[:, :, :8]},
+            "unexpected shape for input 'pixel_values'",
+        ),
         "dtype": ({"pixel_values": images(1, 3).astype(np.float64)}, "data-type is 'FP64'"),
         "name": ({"pixels": images(1, 3)}, "unexpected inference input 'pixels'"),
-    }  # fmt: skip
+    }
     with contextlib.closing(c):
         for case, (arrays, message) in cases.items():
             with pytest.raises(module.InferenceServerException) as caught:
                 serve_load.infer_once(c, module, server.model_name, arrays)
             assert message in str(caught.value), (case, str(caught.value)[-600:])
         x = images(3, 4)
-        assert_answer(serve_load.infer_once(c, module, server.model_name, {"pixel_values": x}),
-                      expected(export_dir, x))  # fmt: skip
+        assert_answer(
+            serve_load.infer_once(c, module, server.model_name, {"pixel_values": x}),
+            expected(export_dir, x),
+        )
         assert c.is_server_live() and c.is_model_ready(server.model_name)
 
 
@@ -189,9 +199,16 @@ def test_model_config_declares_the_dynamic_batcher_and_the_outputs(server):
         ("pixel_values", "TYPE_FP32", [3, 16, 16])
     ]
     dims = {o["name"]: [int(d) for d in o["dims"]] for o in config["output"]}
-    assert dims == {"member_logits": [3, 5], "probs": [5], "msp": [1], "predictive_entropy": [1],
-                    "expected_entropy": [1], "mutual_information": [1], "disagreement": [1],
-                    "prediction": [1]}  # fmt: skip
+    assert dims == {
+        "member_logits": [3, 5],
+        "probs": [5],
+        "msp": [1],
+        "predictive_entropy": [1],
+        "expected_entropy": [1],
+        "mutual_information": [1],
+        "disagreement": [1],
+        "prediction": [1],
+    }
     assert {o["name"]: o["datatype"] for o in metadata["outputs"]}["prediction"] == "INT64"
     g = grpc.InferenceServerClient(server.grpc_url)
     with contextlib.closing(g):
@@ -223,7 +240,9 @@ def test_bounded_load_all_answers_correct(server, export_dir):
 
 # --- the inference callable, in-process ----------------------------------------------------------------
 def test_infer_callable_splits_answers_and_names_the_bad_request_of_a_batch(export_dir):
-    pytest.importorskip("pytriton", reason="PyTriton is not installed: pip install 'hydra-deploy[serve]'")  # fmt: skip
+    pytest.importorskip(
+        "pytriton", reason="PyTriton is not installed: pip install 'hydra-deploy[serve]'"
+    )
     from pytriton.proxy.types import Request
 
     from hydra_deploy.errors import RunnerError
@@ -238,7 +257,10 @@ def test_infer_callable_splits_answers_and_names_the_bad_request_of_a_batch(expo
     assert_answer({k: np.concatenate([a[k] for a in answers]) for k in answers[0]}, want)
     bad = x.copy()
     bad[2, 1, 0, 0] = np.inf
-    with pytest.raises(RunnerError, match=r"request\(s\) 2 of the 2 requests batched together are refused .* holds NaN or infinite values in 1 of 2"):  # fmt: skip
+    with pytest.raises(
+        RunnerError,
+        match=r"request\(s\) 2 of the 2 requests batched together are refused .* holds NaN or infinite values in 1 of 2",
+    ):
         infer([Request(data={"pixel_values": x[:1]}), Request(data={"pixel_values": bad[1:]})])
     with pytest.raises(RunnerError, match="holds NaN or infinite values in 1 of 1") as caught:
         infer([Request(data={"pixel_values": bad[2:]})])
@@ -261,17 +283,23 @@ def test_bad_arguments_are_refused_with_one_line(export_dir, tmp_path):
     free = ["--port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]]
     cases = [
         ((str(export_dir), "--port", "70000"), "--port 70000 is not a TCP port"),
-        ((str(export_dir), *free, "--instances", "0"), "--instances must be an integer of at least 1"),
+        (
+            (str(export_dir), *free, "--instances", "0"),
+            "--instances must be an integer of at least 1",
+        ),
         ((str(export_dir), *free, "--model-name", "a/b"), "is not a Triton model name"),
         ((str(export_dir), "--port", ports[0], "--grpc-port", ports[0]), "three different ports"),
-    ]  # fmt: skip
+    ]
     if UNAVAILABLE is None:  # these load the export first
         cases += [
             ((str(tmp_path / "missing"), *free), "does not exist"),
             ((str(export_dir), *free, "--max-batch", "8"), "above the export's maximum batch 4"),
-            ((str(export_dir), *free, "--preferred-batch", "2", "8"), "--preferred-batch 8 is above the max batch 4"),
+            (
+                (str(export_dir), *free, "--preferred-batch", "2", "8"),
+                "--preferred-batch 8 is above the max batch 4",
+            ),
             ((str(tmp_path), *free), "is not an export folder"),
-        ]  # fmt: skip
+        ]
     for argv, message in cases:
         code, out, err = invoke(*argv)
         assert code == 1 and err.startswith("error: ") and message in err, (argv, err)
@@ -284,8 +312,9 @@ def test_without_pytriton_the_install_is_named(export_dir, monkeypatch):
     for name in ("pytriton", "pytriton.triton"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
     ports = [str(p) for p in serve_load.free_ports(3)]
-    code, _, err = invoke(str(export_dir), "--port", ports[0], "--grpc-port", ports[1],
-                          "--metrics-port", ports[2])  # fmt: skip
+    code, _, err = invoke(
+        str(export_dir), "--port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]
+    )
     assert code == 1 and "pip install 'hydra-deploy[serve]'" in err and err.count("\n") == 1
 
 
@@ -294,8 +323,15 @@ def test_a_port_in_use_is_named_with_its_flag(export_dir):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", ports[1]))
         taken.listen()
-        code, _, err = invoke(str(export_dir), "--port", str(ports[0]), "--grpc-port",
-                              str(ports[1]), "--metrics-port", str(ports[2]))  # fmt: skip
+        code, _, err = invoke(
+            str(export_dir),
+            "--port",
+            str(ports[0]),
+            "--grpc-port",
+            str(ports[1]),
+            "--metrics-port",
+            str(ports[2]),
+        )
     assert code == 1 and f"port {ports[1]} on 127.0.0.1 is not free" in err
     assert "--grpc-port" in err and err.count("\n") == 1
 
@@ -331,8 +367,15 @@ def test_text_export_with_two_instances_and_sigterm(tmp_path):
     from test_bert import tiny_bert
 
     backbone = tiny_bert("segments")
-    spec = HydraSpec.random(backbone.name, backbone.num_layers, backbone.num_heads,
-                            backbone.head_dim, members=3, heads_per_member=2, seed=2)  # fmt: skip
+    spec = HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=3,
+        heads_per_member=2,
+        seed=2,
+    )
     out = tmp_path / "bert-m3"
     export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), validate=False)
     runner = load_runner(out)
@@ -342,14 +385,16 @@ def test_text_export_with_two_instances_and_sigterm(tmp_path):
         x = backbone.example_inputs(1 + index % 3, seed=index, seq_len=5 + index % 5)
         requests.append({name: x[name].numpy() for name in runner.input_names})
     local = serve_load.expected_answers(runner, requests)
-    process = serve_load.ServerProcess(out, tmp_path / "logs",
-                                       extra_args=["--instances", "2", "--threads", "1"])  # fmt: skip
+    process = serve_load.ServerProcess(
+        out, tmp_path / "logs", extra_args=["--instances", "2", "--threads", "1"]
+    )
     with process:
         assert process.info["instances"] == 2 and process.info["threads"] == 1
         assert [t["dims"] for t in process.info["inputs"]] == [[-1]] * 3
         for protocol, url in (("http", process.http_url), ("grpc", process.grpc_url)):
-            run = serve_load.run_load(url, process.model_name, requests, threads=4,
-                                      protocol=protocol)  # fmt: skip
+            run = serve_load.run_load(
+                url, process.model_name, requests, threads=4, protocol=protocol
+            )
             assert not run.errors, run.errors[0]
             for index, answer in enumerate(run.answers):
                 diffs = serve_load.max_differences(answer, local[index])
@@ -375,4 +420,7 @@ def test_sigint_stops_the_server_cleanly(server):
     assert len(stdout) == 1 and stdout[0].startswith('{"model"'), stdout[:3]  # Triton's log: stderr
     from hydra_deploy.serve.pytriton_app import check_ports_free
 
-    check_ports_free("127.0.0.1", dict(zip(("--port", "--grpc-port", "--metrics-port"), server.ports, strict=True)))  # fmt: skip
+    check_ports_free(
+        "127.0.0.1",
+        dict(zip(("--port", "--grpc-port", "--metrics-port"), server.ports, strict=True)),
+    )

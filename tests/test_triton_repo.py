@@ -42,14 +42,23 @@ def exports(tmp_path_factory):
     backbone = tiny_vit("token")
     spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=1)
     hydra = fuse(backbone, spec)
-    export_onnx(hydra, root / "vit", batch=(1, 2, 4), class_names=CLASSES, validate=False,
-                uq_outputs=True)  # fmt: skip
+    export_onnx(
+        hydra, root / "vit", batch=(1, 2, 4), class_names=CLASSES, validate=False, uq_outputs=True
+    )
     export_onnx(hydra, root / "plain", batch=(1, 2, 4), validate=False)
     text = tiny_bert("segments")
-    text_spec = HydraSpec.random(text.name, text.num_layers, text.num_heads, text.head_dim,
-                                 members=2, heads_per_member=2, seed=0)  # fmt: skip
-    export_onnx(fuse(text, text_spec), root / "bert", batch=(1, 3, 6), validate=False,
-                uq_outputs=True)  # fmt: skip
+    text_spec = HydraSpec.random(
+        text.name,
+        text.num_layers,
+        text.num_heads,
+        text.head_dim,
+        members=2,
+        heads_per_member=2,
+        seed=0,
+    )
+    export_onnx(
+        fuse(text, text_spec), root / "bert", batch=(1, 3, 6), validate=False, uq_outputs=True
+    )
     return {"vit": root / "vit", "bert": root / "bert", "plain": root / "plain"}
 
 
@@ -142,11 +151,17 @@ def fake_engine(export_dir, folder, profile, sha=None):
     folder.mkdir(parents=True, exist_ok=True)
     engine = folder / "model.abc.fp16.h200-sm90.trt10.13.engine"
     engine.write_bytes(b"not really a TensorRT plan" * 10)
-    sidecar = {"format": "hydra-engine/1", "engine": engine.name, "precision": "fp16",
-               "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
-               "tensorrt_version": "10.13.0.35", "batch_profile": profile,
-               "inputs": info["inputs"], "outputs": info["outputs"],
-               "onnx_sha256": sha or info["onnx_sha256"]}  # fmt: skip
+    sidecar = {
+        "format": "hydra-engine/1",
+        "engine": engine.name,
+        "precision": "fp16",
+        "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0"},
+        "tensorrt_version": "10.13.0.35",
+        "batch_profile": profile,
+        "inputs": info["inputs"],
+        "outputs": info["outputs"],
+        "onnx_sha256": sha or info["onnx_sha256"],
+    }
     engine.with_suffix(".json").write_text(json.dumps(sidecar))
     return engine
 
@@ -155,8 +170,9 @@ def test_engine_becomes_a_tensorrt_plan_model(exports, tmp_path):
     engine = fake_engine(exports["vit"], tmp_path / "eng", {"min": 1, "opt": 3, "max": 3})
     result = write_triton_repository(exports["vit"], tmp_path / "repo", engine=engine)
     assert [(m["name"], m["platform"]) for m in result["models"]] == [
-        ("vit", "onnxruntime_onnx"), ("vit-trt", "tensorrt_plan")
-    ]  # fmt: skip
+        ("vit", "onnxruntime_onnx"),
+        ("vit-trt", "tensorrt_plan"),
+    ]
     folder = tmp_path / "repo" / "vit-trt"
     config = load_config(folder)
     assert config.platform == "tensorrt_plan" and config.default_model_filename == "model.plan"
@@ -179,8 +195,9 @@ def test_engine_without_sidecar_uses_the_export_profile(exports, tmp_path):
 # Issue 18, finding 6: TensorRT 8.6 has no INT64; Triton's TensorRT backend refuses a config whose
 # data_type differs from the engine's, so the plan's config takes the engine's dtypes.
 @pytest.mark.parametrize("version, ids", [("8.6.1.6", "TYPE_INT32"), ("10.3.0.30", "TYPE_INT64")])
-def test_a_text_engine_config_declares_the_engines_dtypes(exports, tmp_path, monkeypatch, version,
-                                                          ids):  # fmt: skip
+def test_a_text_engine_config_declares_the_engines_dtypes(
+    exports, tmp_path, monkeypatch, version, ids
+):
     import sys
 
     import trt_standins
@@ -188,10 +205,16 @@ def test_a_text_engine_config_declares_the_engines_dtypes(exports, tmp_path, mon
     from hydra_deploy.engines.tensorrt import GpuInfo, execute_plan, plan_build
 
     monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
-    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt",
-                        trt_standins.polygraphy_module(version))  # fmt: skip
-    plan = plan_build(exports["bert"], precision="fp16", trt_version=version,
-                      gpu=GpuInfo("Orin (nvgpu)", 8, 7), out=tmp_path / "eng")  # fmt: skip
+    monkeypatch.setitem(
+        sys.modules, "polygraphy.backend.trt", trt_standins.polygraphy_module(version)
+    )
+    plan = plan_build(
+        exports["bert"],
+        precision="fp16",
+        trt_version=version,
+        gpu=GpuInfo("Orin (nvgpu)", 8, 7),
+        out=tmp_path / "eng",
+    )
     execute_plan(plan)
     write_triton_repository(exports["bert"], tmp_path / "repo", engine=plan.engine_path)
     name = lambda t: model_config_pb2.DataType.Name(t.data_type)  # noqa: E731
@@ -210,8 +233,16 @@ def test_a_trtexec_86_engine_without_sidecar_takes_int32(exports, tmp_path):
 
 
 def test_settings_reach_the_config(exports, tmp_path):
-    write_triton_repository(exports["vit"], tmp_path / "repo", model_name="hydra.v2", max_batch=3,
-                            preferred_batch=[3, 1], queue_delay_us=2500, instances=2, kind="cpu")  # fmt: skip
+    write_triton_repository(
+        exports["vit"],
+        tmp_path / "repo",
+        model_name="hydra.v2",
+        max_batch=3,
+        preferred_batch=[3, 1],
+        queue_delay_us=2500,
+        instances=2,
+        kind="cpu",
+    )
     config = load_config(tmp_path / "repo" / "hydra.v2")
     assert config.name == "hydra.v2" and config.max_batch_size == 3
     assert list(config.dynamic_batching.preferred_batch_size) == [1, 3]
@@ -246,8 +277,9 @@ def test_export_without_the_ensemble_head_is_refused(exports, tmp_path):
 
 
 def test_engine_of_another_onnx_is_refused(exports, tmp_path):
-    engine = fake_engine(exports["vit"], tmp_path / "eng", {"min": 1, "opt": 2, "max": 4},
-                         sha="0" * 64)  # fmt: skip
+    engine = fake_engine(
+        exports["vit"], tmp_path / "eng", {"min": 1, "opt": 2, "max": 4}, sha="0" * 64
+    )
     with pytest.raises(ServeError, match="built from another ONNX file"):
         write_triton_repository(exports["vit"], tmp_path / "repo", engine=engine)
     assert not (tmp_path / "repo").exists()
@@ -280,8 +312,9 @@ def test_a_failed_write_leaves_no_model_and_keeps_the_old_one(exports, tmp_path,
 
     monkeypatch.setattr(triton_repo.shutil, "copy2", failing_copy)
     with pytest.raises(ServeError, match=r"cannot write the Triton repository.*No space left"):
-        write_triton_repository(exports["vit"], repo, engine=engine, overwrite=True,
-                                preferred_batch=[1])  # fmt: skip
+        write_triton_repository(
+            exports["vit"], repo, engine=engine, overwrite=True, preferred_batch=[1]
+        )
     assert sorted(p.name for p in repo.iterdir()) == ["README.md", "vit"]  # no -trt, no staging
     # the ONNX model was replaced whole before the plan failed: still a complete model folder
     assert load_config(repo / "vit").name == "vit" and (repo / "vit" / "1" / "model.onnx").is_file()
@@ -306,9 +339,21 @@ def invoke(main, *argv):
 def test_hydra_export_triton_adds_the_ensemble_head(exports, tmp_path):
     """--triton on an export without --uq-outputs: the new graph computes the scores."""
     out, repo = tmp_path / "reexport", tmp_path / "repo"
-    code, stdout, err = invoke(export_cli.main, "--from", exports["plain"], "--out", out,
-                               "--no-validate", "--triton", repo, "--triton-name", "m3",
-                               "--triton-instances", "2", "--json")  # fmt: skip
+    code, stdout, err = invoke(
+        export_cli.main,
+        "--from",
+        exports["plain"],
+        "--out",
+        out,
+        "--no-validate",
+        "--triton",
+        repo,
+        "--triton-name",
+        "m3",
+        "--triton-instances",
+        "2",
+        "--json",
+    )
     assert code == 0, err
     reported = json.loads(stdout)
     assert reported["uq_outputs"] is True
@@ -322,15 +367,35 @@ def test_hydra_export_triton_adds_the_ensemble_head(exports, tmp_path):
 def test_hydra_export_triton_refuses_before_exporting(exports, tmp_path):
     repo = tmp_path / "repo"
     write_triton_repository(exports["vit"], repo, model_name="taken")
-    code, _, err = invoke(export_cli.main, "--from", exports["vit"], "--out", tmp_path / "new",
-                          "--no-validate", "--triton", repo, "--triton-name", "taken")  # fmt: skip
+    code, _, err = invoke(
+        export_cli.main,
+        "--from",
+        exports["vit"],
+        "--out",
+        tmp_path / "new",
+        "--no-validate",
+        "--triton",
+        repo,
+        "--triton-name",
+        "taken",
+    )
     assert code == 1 and "already holds model(s) taken; pass --overwrite" in err
     assert not (tmp_path / "new").exists()  # refused before the export started
-    code, _, err = invoke(export_cli.main, "--from", exports["vit"], "--out", tmp_path / "new",
-                          "--triton-name", "x")  # fmt: skip
+    code, _, err = invoke(
+        export_cli.main, "--from", exports["vit"], "--out", tmp_path / "new", "--triton-name", "x"
+    )
     assert code == 1 and "--triton-name set(s) up a Triton repository; add --triton REPO" in err
-    code, _, err = invoke(export_cli.main, "--from", exports["vit"], "--out", tmp_path / "new",
-                          "--triton", repo, "--triton-instances", "0")  # fmt: skip
+    code, _, err = invoke(
+        export_cli.main,
+        "--from",
+        exports["vit"],
+        "--out",
+        tmp_path / "new",
+        "--triton",
+        repo,
+        "--triton-instances",
+        "0",
+    )
     assert code == 1 and "--triton-instances must be an integer >= 1" in err
     assert not (tmp_path / "new").exists()
 
@@ -338,12 +403,14 @@ def test_hydra_export_triton_refuses_before_exporting(exports, tmp_path):
 def test_hydra_build_triton_with_a_prebuilt_engine(exports, tmp_path):
     engine = fake_engine(exports["vit"], tmp_path / "eng", {"min": 1, "opt": 2, "max": 4})
     repo = tmp_path / "repo"
-    code, stdout, err = invoke(build_cli.main, exports["vit"], "--triton", repo, "--engine", engine,
-                               "--json")  # fmt: skip
+    code, stdout, err = invoke(
+        build_cli.main, exports["vit"], "--triton", repo, "--engine", engine, "--json"
+    )
     assert code == 0, err
     assert [m["platform"] for m in json.loads(stdout)["triton"]["models"]] == [
-        "onnxruntime_onnx", "tensorrt_plan"
-    ]  # fmt: skip
+        "onnxruntime_onnx",
+        "tensorrt_plan",
+    ]
     assert load_config(repo / "vit-trt").platform == "tensorrt_plan"
 
 

@@ -91,11 +91,21 @@ def _task(rng, members=3):
 
     test_y = torch.as_tensor(rng.integers(0, 4, 30))
     task = uq_common.Task(
-        name="t", classes=list("abcd"), train=(None, None), test=(None, test_y),
-        shift=(None, test_y), ood={"a": None, "b": None}, new_model=None, recipe=None,
-    )  # fmt: skip
-    sets = {"id": logits(30, 3.0), "shift": logits(30, 1.0), "ood:a": logits(20, 1.0),
-            "ood:b": logits(25, 0.5)}  # fmt: skip
+        name="t",
+        classes=list("abcd"),
+        train=(None, None),
+        test=(None, test_y),
+        shift=(None, test_y),
+        ood={"a": None, "b": None},
+        new_model=None,
+        recipe=None,
+    )
+    sets = {
+        "id": logits(30, 3.0),
+        "shift": logits(30, 1.0),
+        "ood:a": logits(20, 1.0),
+        "ood:b": logits(25, 0.5),
+    }
     return task, sets
 
 
@@ -126,10 +136,11 @@ def test_aggregate_and_claims_are_paired_over_seeds():
     def seed_rows(offset):
         rows = {}
         for i, row in enumerate(uq_common.ROWS):
-            rows[row] = {"id": {"ece": 0.1 - 0.01 * i + offset},
-                         "shift": {"ece": 0.2, "nll": 1.0 + offset * (row == "single Taylor-pruned")},
-                         "ood_mean": {"msp": {"auroc": 0.7 + 0.01 * i + offset,
-                                              "fpr95": 0.5}}}  # fmt: skip
+            rows[row] = {
+                "id": {"ece": 0.1 - 0.01 * i + offset},
+                "shift": {"ece": 0.2, "nll": 1.0 + offset * (row == "single Taylor-pruned")},
+                "ood_mean": {"msp": {"auroc": 0.7 + 0.01 * i + offset, "fpr95": 0.5}},
+            }
         return {"rows": rows}
 
     per_seed = [seed_rows(0.0), seed_rows(0.02), seed_rows(-0.01)]
@@ -140,8 +151,9 @@ def test_aggregate_and_claims_are_paired_over_seeds():
     assert cell["values"] == pytest.approx(values)
     assert cell["std"] == pytest.approx(np.std(values, ddof=1))
     claims = {(c["claim"]): c for c in uq_common.claims(per_seed)}
-    gap = 0.01 * (uq_common.ROWS.index("Hydra (circuit)")
-                  - uq_common.ROWS.index("deep ensemble (one base)"))  # fmt: skip
+    gap = 0.01 * (
+        uq_common.ROWS.index("Hydra (circuit)") - uq_common.ROWS.index("deep ensemble (one base)")
+    )
     # circuit has a lower AUROC than the one-base ensemble (further down ROWS) on every seed
     beat = claims["Hydra (circuit) detects OOD better than the deep ensemble of one base"]
     assert beat["advantage_mean"] == pytest.approx(gap) and beat["seeds_better"] == 0
@@ -162,8 +174,15 @@ def test_aggregate_and_claims_are_paired_over_seeds():
 
 
 def test_pareto_front_and_training_steps():
-    recipe = uq_common.Recipe(base_steps=100, base_lr=1e-3, finetune_steps=10, finetune_lr=1e-3,
-                              batch_size=8, warmup_steps=1, members=3)  # fmt: skip
+    recipe = uq_common.Recipe(
+        base_steps=100,
+        base_lr=1e-3,
+        finetune_steps=10,
+        finetune_lr=1e-3,
+        batch_size=8,
+        warmup_steps=1,
+        members=3,
+    )
     steps = {row: uq_common.train_steps(row, recipe) for row in uq_common.ROWS}
     assert steps["single"] == 110 and steps["deep ensemble"] == 330
     assert steps["Hydra (Taylor)"] == steps["deep ensemble (one base)"] == 130
@@ -174,11 +193,14 @@ def test_pareto_front_and_training_steps():
     latency = {row: 2.0 for row in uq_common.ROWS}
     latency.update({"single": 1.0, "deep ensemble": 3.0, "Hydra (Taylor)": 2.0})
     report = {
-        "aggregate": {r: {"ood_mean": {"msp": {"auroc": {"mean": auroc[r]}}},
-                          "id": {"ece": {"mean": ece[r]}}} for r in uq_common.ROWS},
+        "aggregate": {
+            r: {"ood_mean": {"msp": {"auroc": {"mean": auroc[r]}}}, "id": {"ece": {"mean": ece[r]}}}
+            for r in uq_common.ROWS
+        },
         "latency": {r: {"ratio": latency[r]} for r in uq_common.ROWS},
-        "parameters": {r: 1.0 for r in uq_common.ROWS}, "train_steps": steps,
-    }  # fmt: skip
+        "parameters": {r: 1.0 for r in uq_common.ROWS},
+        "train_steps": steps,
+    }
     fronts = uq_common.pareto(report)
     # the cheapest at 0.7, Hydra (Taylor) at 0.8 for 2 x, the ensemble at 0.9 for 3 x; MC dropout
     # (0.8 at 2 x, a tie with Hydra) is on the front too: no row beats it on both
@@ -202,8 +224,9 @@ def test_scrambled_digits_keep_the_values_and_lose_the_shape():
         tiles = {
             tuple(image[r : r + 2, c : c + 2].ravel()) for r in (0, 2, 4, 6) for c in (0, 2, 4, 6)
         }
-        assert tiles == {tuple(source[r:r + 2, c:c + 2].ravel())
-                         for r in (0, 2, 4, 6) for c in (0, 2, 4, 6)}  # fmt: skip
+        assert tiles == {
+            tuple(source[r : r + 2, c : c + 2].ravel()) for r in (0, 2, 4, 6) for c in (0, 2, 4, 6)
+        }
 
 
 def test_text_batches_trimmed_and_sorted_give_the_full_length_logits():
@@ -223,38 +246,76 @@ def test_text_batches_trimmed_and_sorted_give_the_full_length_logits():
     np.testing.assert_allclose(got[:, 0], expected, atol=1e-5)
 
 
+def tiny_timm_vit(seed: int, **kwargs):
+    """A tiny timm ViT (8x8 grey input, 3 classes), seeded: the protocol's model in these tests."""
+    import timm
+
+    torch.manual_seed(seed)
+    return load_backbone(
+        timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            img_size=8,
+            patch_size=4,
+            in_chans=1,
+            embed_dim=16,
+            depth=2,
+            num_heads=4,
+            mlp_ratio=1.0,
+            num_classes=3,
+            **kwargs,
+        )
+    )
+
+
 # --- the whole protocol, tiny --------------------------------------------------------------------
 def test_main_writes_every_row_report_and_plot(tmp_path):
-    import timm
 
     rng = torch.Generator().manual_seed(0)
 
     def new_model(seed):
-        torch.manual_seed(seed)
-        return load_backbone(timm.create_model(
-            "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, in_chans=1,
-            embed_dim=16, depth=2, num_heads=4, mlp_ratio=1.0, num_classes=3, proj_drop_rate=0.1,
-        ))  # fmt: skip
+        return tiny_timm_vit(seed, proj_drop_rate=0.1)
 
     def data(n):
         return torch.randn(n, 1, 8, 8, generator=rng), torch.randint(0, 3, (n,), generator=rng)
 
     recipe = uq_common.Recipe(
-        base_steps=3, base_lr=1e-3, finetune_steps=2, finetune_lr=1e-3, batch_size=8,
-        warmup_steps=1, heads_per_member=2, mc_samples=3, taylor_examples=16,
-        circuit_examples=16, eval_batch=16, latency_batch=4, latency_rounds=2,
-    )  # fmt: skip
+        base_steps=3,
+        base_lr=1e-3,
+        finetune_steps=2,
+        finetune_lr=1e-3,
+        batch_size=8,
+        warmup_steps=1,
+        heads_per_member=2,
+        mc_samples=3,
+        taylor_examples=16,
+        circuit_examples=16,
+        eval_batch=16,
+        latency_batch=4,
+        latency_rounds=2,
+    )
     train, test, noise = data(24), data(20), 3 * torch.randn(10, 1, 8, 8, generator=rng)
-    description = {"title": "tiny", "summary": "a tiny run", "shift": "none",
-                   "ood": {"noise": "noise"}, "details": {"data": "random"}}  # fmt: skip
+    description = {
+        "title": "tiny",
+        "summary": "a tiny run",
+        "shift": "none",
+        "ood": {"noise": "noise"},
+        "details": {"data": "random"},
+    }
 
     def make_task(args):
         return uq_common.Task(
-            name="tiny", classes=list("abc"), train=train, test=test, shift=test,
-            ood={"noise": noise}, new_model=new_model,
-            recipe=recipe, description=description,
+            name="tiny",
+            classes=list("abc"),
+            train=train,
+            test=test,
+            shift=test,
+            ood={"noise": noise},
+            new_model=new_model,
+            recipe=recipe,
+            description=description,
             ood_validation=("blobs", torch.randn(12, 1, 8, 8, generator=rng).abs() * 2),
-        )  # fmt: skip
+        )
 
     out = tmp_path / "report"
     argv = ["--seeds", "2", "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"]
@@ -274,18 +335,26 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     assert len(fused["members_accuracy"]) == 3 and 0 <= fused["disagreement"] <= 1
     assert "disagreement" not in report["per_seed"][0]["rows"]["single"]
     assert report["per_seed"][0]["specs"]["circuit (OOD validation)"]["importance"] == "circuit"
-    assert set(report["pareto"]) == {f"{m} vs {c}" for m in ("auroc_msp", "ece")
-                                     for c in ("latency_ratio", "parameters", "train_steps")}  # fmt: skip
+    assert set(report["pareto"]) == {
+        f"{m} vs {c}"
+        for m in ("auroc_msp", "ece")
+        for c in ("latency_ratio", "parameters", "train_steps")
+    }
     assert isinstance(report["latency_target"]["holds"], bool)
     why = report["diagnosis"]
     ceiling = why["one_base_ceiling"]
-    assert ceiling["values"] == pytest.approx([
-        s["rows"]["deep ensemble (one base)"]["ood_mean"]["msp"]["auroc"]
-        - s["rows"]["single"]["ood_mean"]["msp"]["auroc"] for s in report["per_seed"]])
+    assert ceiling["values"] == pytest.approx(
+        [
+            s["rows"]["deep ensemble (one base)"]["ood_mean"]["msp"]["auroc"]
+            - s["rows"]["single"]["ood_mean"]["msp"]["auroc"]
+            for s in report["per_seed"]
+        ]
+    )
     assert ceiling["seeds_above_1_point"] == sum(v > 0.01 for v in ceiling["values"])
     assert why["best_one_base_row"] in uq_common.ONE_BASE_HYDRA
     assert why["fused"]["latency_over_deep_ensemble"] == pytest.approx(
-        report["latency_target"]["ratio"])
+        report["latency_target"]["ratio"]
+    )
     assert why["costs"] == uq_common.cost_model(new_model(0), recipe)
     md = (out / "report.md").read_text()
     assert "## Why: the measurements behind each target" in md
@@ -334,13 +403,7 @@ def test_cost_model_equals_the_fused_models_own_count(family):
     from hydra_deploy.pruning import select_members
 
     if family == "vit":
-        import timm
-
-        def make(seed):
-            torch.manual_seed(seed)
-            return load_backbone(timm.create_model(
-                "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, in_chans=1,
-                embed_dim=16, depth=2, num_heads=4, mlp_ratio=1.0, num_classes=3))  # fmt: skip
+        make = tiny_timm_vit
     else:
         from test_bert import tiny_bert
 
@@ -348,16 +411,27 @@ def test_cost_model_equals_the_fused_models_own_count(family):
             torch.manual_seed(seed)
             return tiny_bert()
 
-    recipe = uq_common.Recipe(base_steps=1, base_lr=1e-3, finetune_steps=1, finetune_lr=1e-3,
-                              batch_size=4, warmup_steps=0, members=3, heads_per_member=1)  # fmt: skip
+    recipe = uq_common.Recipe(
+        base_steps=1,
+        base_lr=1e-3,
+        finetune_steps=1,
+        finetune_lr=1e-3,
+        batch_size=4,
+        warmup_steps=0,
+        members=3,
+        heads_per_member=1,
+    )
     members = [make(seed) for seed in range(3)]
     costs = uq_common.cost_model(members[0], recipe)
-    heads = [select_members(m, 1, heads_per_member=1, method="random", seed=i).members[0]
-             for i, m in enumerate(members)]  # fmt: skip
+    heads = [
+        select_members(m, 1, heads_per_member=1, method="random", seed=i).members[0]
+        for i, m in enumerate(members)
+    ]
     spec = uq_common.full_spec(members[0], 3).replace(members=heads, mlp_merge="grouped", meta={})
     fused = fuse(members, spec, mlp_merge="grouped")
     assert costs["fused_deep_ensemble_over_deep_ensemble"] == pytest.approx(
-        fused.macs["hydra"] / fused.macs["deep_ensemble"])
+        fused.macs["hydra"] / fused.macs["deep_ensemble"]
+    )
     rest, H = costs["non_attention_share"], costs["heads"]
     assert costs["fused_deep_ensemble_over_deep_ensemble"] == pytest.approx(rest + (1 - rest) / H)
     k = costs["max_heads_for_0.8x"]
@@ -366,50 +440,73 @@ def test_cost_model_equals_the_fused_models_own_count(family):
 
 def _tiny_task(seed: int = 0):
     """A tiny ViT task (8x8, 3 classes) with an OOD validation family, for the scripts' runs."""
-    import timm
 
     rng = torch.Generator().manual_seed(seed)
 
-    def new_model(s):
-        torch.manual_seed(s)
-        return load_backbone(timm.create_model(
-            "vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=4, in_chans=1,
-            embed_dim=16, depth=2, num_heads=4, mlp_ratio=1.0, num_classes=3,
-        ))  # fmt: skip
+    new_model = tiny_timm_vit
 
     def data(n):
         return torch.randn(n, 1, 8, 8, generator=rng), torch.randint(0, 3, (n,), generator=rng)
 
     recipe = uq_common.Recipe(
-        base_steps=3, base_lr=1e-3, finetune_steps=2, finetune_lr=1e-3, batch_size=8,
-        warmup_steps=1, heads_per_member=1, taylor_examples=16, circuit_examples=16,
+        base_steps=3,
+        base_lr=1e-3,
+        finetune_steps=2,
+        finetune_lr=1e-3,
+        batch_size=8,
+        warmup_steps=1,
+        heads_per_member=1,
+        taylor_examples=16,
+        circuit_examples=16,
         eval_batch=16,
-    )  # fmt: skip
+    )
     test = data(12)
     return uq_common.Task(
-        name="tiny", classes=list("abc"), train=data(30), test=test, shift=test,
-        ood={"noise": 3 * torch.randn(8, 1, 8, 8, generator=rng)}, new_model=new_model,
-        recipe=recipe, description={},
+        name="tiny",
+        classes=list("abc"),
+        train=data(30),
+        test=test,
+        shift=test,
+        ood={"noise": 3 * torch.randn(8, 1, 8, 8, generator=rng)},
+        new_model=new_model,
+        recipe=recipe,
+        description={},
         ood_validation=("blobs", torch.randn(10, 1, 8, 8, generator=rng).abs() * 2),
-    )  # fmt: skip
+    )
 
 
 def test_sweep_ranks_on_validation_only(tmp_path):
     import uq_sweep
 
     out = tmp_path / "sweep"
-    argv = ["--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet",
-            "--only", "grouped MLP", "circuit, OOD objective, HeadMap conditioning"]  # fmt: skip
+    argv = [
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--quiet",
+        "--only",
+        "grouped MLP",
+        "circuit, OOD objective, HeadMap conditioning",
+    ]
     assert uq_sweep.main(argv, task_factory=lambda args: _tiny_task()) == 0
     report = json.loads((out / "report.json").read_text())
     rows = report["rows"]
-    assert {"base recipe", "grouped MLP", "circuit, OOD objective, HeadMap conditioning",
-            "single (2 recovery steps)", "deep ensemble (one base, 2 steps)"} <= set(rows)  # fmt: skip
+    assert {
+        "base recipe",
+        "grouped MLP",
+        "circuit, OOD objective, HeadMap conditioning",
+        "single (2 recovery steps)",
+        "deep ensemble (one base, 2 steps)",
+    } <= set(rows)
     assert rows["grouped MLP"]["train_steps"] == 3 + 3 * 2 and rows["grouped MLP"]["members"] == 3
     # the ranking follows the validation AUROC, among rows within 1 point of the single's accuracy
     single = rows["single (2 recovery steps)"]["val"]["accuracy"]
-    eligible = [n for n, r in rows.items() if not r["baseline"]
-                and r["val"]["accuracy"] >= single - uq_sweep.ACCURACY_SLACK]  # fmt: skip
+    eligible = [
+        n
+        for n, r in rows.items()
+        if not r["baseline"] and r["val"]["accuracy"] >= single - uq_sweep.ACCURACY_SLACK
+    ]
     assert report["ranking"] == sorted(eligible, key=lambda n: -rows[n]["val_ood"]["auroc"])
     assert report["recommended"] == (report["ranking"][0] if report["ranking"] else None)
     assert "Ranking on validation" in (out / "report.md").read_text()

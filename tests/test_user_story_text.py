@@ -34,7 +34,15 @@ KEYWORDS = {
     "food": ["bread", "soup", "rice", "cake"],
 }
 FILLER = ["the", "a", "of", "and", "some", "very", "big", "small"]
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLER, *(w for ws in KEYWORDS.values() for w in ws)]  # fmt: skip
+VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    *FILLER,
+    *(w for ws in KEYWORDS.values() for w in ws),
+]
 
 
 def sentences(n: int, seed: int, classes: list[str]) -> list[tuple[str, str]]:
@@ -60,11 +68,17 @@ def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("story") / "wordnet-bert"
     tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(VOCAB)})
     config = transformers.BertConfig(
-        vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=48, max_position_embeddings=32, id2label=ID2LABEL,
-        label2id={v: k for k, v in ID2LABEL.items()}, hidden_dropout_prob=0.0,
+        vocab_size=len(VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=32,
+        id2label=ID2LABEL,
+        label2id={v: k for k, v in ID2LABEL.items()},
+        hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)
     train = sentences(96, seed=0, classes=list(KEYWORDS))
@@ -92,12 +106,31 @@ def test_text_user_story(checkpoint, tmp_path, capsys):
     (tmp_path / "ood.txt").write_text("zebra quantum\nthe of and\nglorp\n", encoding="utf-8")
     out = tmp_path / "export"
 
-    code = export_main([
-        "--backbone", f"hf:{checkpoint}", "--calib", str(tmp_path / "train.tsv"),
-        "--finetune", str(tmp_path / "train.tsv"), "--finetune-steps", "30", "--lr", "1e-3",
-        "--finetune-batch-size", "16", "--members", "2", "--heads-per-member", "2",
-        "--max-batch", "8", "--out", str(out), "--quiet",
-    ])  # fmt: skip
+    code = export_main(
+        [
+            "--backbone",
+            f"hf:{checkpoint}",
+            "--calib",
+            str(tmp_path / "train.tsv"),
+            "--finetune",
+            str(tmp_path / "train.tsv"),
+            "--finetune-steps",
+            "30",
+            "--lr",
+            "1e-3",
+            "--finetune-batch-size",
+            "16",
+            "--members",
+            "2",
+            "--heads-per-member",
+            "2",
+            "--max-batch",
+            "8",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     info = json.loads((out / "hydra.json").read_text())
     assert (out / "tokenizer" / "tokenizer.json").is_file()  # issue 17: --finetune dropped it
@@ -106,20 +139,32 @@ def test_text_user_story(checkpoint, tmp_path, capsys):
     assert info["validation"]["passed"]
 
     capsys.readouterr()
-    code = run_main([str(out), "--text", "a big dog", "--text", "some soup", "--top-k", "2",
-                     "--json", "-"])  # fmt: skip
+    code = run_main(
+        [str(out), "--text", "a big dog", "--text", "some soup", "--top-k", "2", "--json", "-"]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     results = json.loads(captured.out)["results"]
     for result in results:
         assert result["label"] == ID2LABEL[result["prediction"]]
-        assert [e["label"] for e in result["top_k"]] == [ID2LABEL[e["class"]]
-                                                         for e in result["top_k"]]  # fmt: skip
+        assert [e["label"] for e in result["top_k"]] == [
+            ID2LABEL[e["class"]] for e in result["top_k"]
+        ]
     assert [r["label"] for r in results] == ["animal", "food"]  # the model learnt its keywords
 
-    code = eval_main([str(out), "--id", str(tmp_path / "test.tsv"), "--ood",
-                      f"unknown={tmp_path / 'ood.txt'}", "--out", str(tmp_path / "report"),
-                      "--json", "--quiet"])  # fmt: skip
+    code = eval_main(
+        [
+            str(out),
+            "--id",
+            str(tmp_path / "test.tsv"),
+            "--ood",
+            f"unknown={tmp_path / 'ood.txt'}",
+            "--out",
+            str(tmp_path / "report"),
+            "--json",
+            "--quiet",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)

@@ -30,8 +30,14 @@ from hydra_deploy.uncertainty import ensemble_scores
 from hydra_deploy.uncertainty.metrics import nll
 
 CLASSES = 4
-MODEL_ARGS = {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 4,
-              "in_chans": 1}  # fmt: skip
+MODEL_ARGS = {
+    "img_size": 16,
+    "patch_size": 4,
+    "embed_dim": 32,
+    "depth": 2,
+    "num_heads": 4,
+    "in_chans": 1,
+}
 
 
 def user_preprocess(image: Image.Image) -> torch.Tensor:
@@ -42,8 +48,13 @@ def user_preprocess(image: Image.Image) -> torch.Tensor:
 
 def cli(module: str, *argv: str) -> subprocess.CompletedProcess:
     """Run a console script (``python -m hydra_deploy.cli.<module>``) as a user would."""
-    return subprocess.run([sys.executable, "-m", f"hydra_deploy.cli.{module}", *argv],
-                          capture_output=True, text=True, timeout=300, env={**os.environ})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", f"hydra_deploy.cli.{module}", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +62,19 @@ def story(tmp_path_factory):
     root = tmp_path_factory.mktemp("story")
     digits = load_digits()
     keep = digits.target < CLASSES
-    images = [Image.fromarray((img * 255 / 16).round().astype(np.uint8), "L")
-              for img in digits.images[keep]]  # fmt: skip
+    images = [
+        Image.fromarray((img * 255 / 16).round().astype(np.uint8), "L")
+        for img in digits.images[keep]
+    ]
     labels = digits.target[keep]
     test_idx = np.concatenate([np.flatnonzero(labels == c)[:6] for c in range(CLASSES)])
     train_idx = np.setdiff1d(np.arange(len(labels)), test_idx)
 
     # train from scratch, a couple hundred steps
     torch.manual_seed(0)
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=CLASSES,
-                              **MODEL_ARGS)  # fmt: skip
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, num_classes=CLASSES, **MODEL_ARGS
+    )
     x = torch.stack([user_preprocess(images[i]) for i in train_idx])
     y = torch.as_tensor(labels[train_idx])
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -76,13 +90,27 @@ def story(tmp_path_factory):
 
     folder = root / "digits-vit"  # timm's hub layout
     folder.mkdir()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              str(folder / "model.safetensors"))  # fmt: skip
-    (folder / "config.json").write_text(json.dumps({
-        "architecture": "vit_tiny_patch16_224", "num_classes": CLASSES, "model_args": MODEL_ARGS,
-        "pretrained_cfg": {"mean": [0.5], "std": [0.5], "interpolation": "bilinear",
-                           "crop_pct": 1.0, "crop_mode": "center", "input_size": [1, 16, 16]},
-    }))  # fmt: skip
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architecture": "vit_tiny_patch16_224",
+                "num_classes": CLASSES,
+                "model_args": MODEL_ARGS,
+                "pretrained_cfg": {
+                    "mean": [0.5],
+                    "std": [0.5],
+                    "interpolation": "bilinear",
+                    "crop_pct": 1.0,
+                    "crop_mode": "center",
+                    "input_size": [1, 16, 16],
+                },
+            }
+        )
+    )
 
     test_dir = root / "test"  # the test digits as 8x8 grayscale PNGs, one folder per class
     files = []
@@ -99,21 +127,42 @@ def story(tmp_path_factory):
             noise_dir / f"{i}.png"
         )
     np.savez(root / "raw.npz", x=digits.images[test_idx].astype(np.float32), y=labels[test_idx])
-    return {"root": root, "model": model, "folder": folder, "files": files,
-            "labels": labels[test_idx]}  # fmt: skip
+    return {
+        "root": root,
+        "model": model,
+        "folder": folder,
+        "files": files,
+        "labels": labels[test_idx],
+    }
 
 
 def test_custom_vit_export_run_eval(story):
     root, folder, files = story["root"], story["folder"], story["files"]
     export = root / "export"
-    done = cli("export", "--backbone", str(folder), "--members", "2", "--heads-per-member", "2",
-               "--max-batch", "8", "--out", str(export))  # fmt: skip
+    done = cli(
+        "export",
+        "--backbone",
+        str(folder),
+        "--members",
+        "2",
+        "--heads-per-member",
+        "2",
+        "--max-batch",
+        "8",
+        "--out",
+        str(export),
+    )
     assert done.returncode == 0, done.stderr
     assert "WARNING" not in done.stderr and "default" not in done.stderr, done.stderr
     info = json.loads((export / "hydra.json").read_text())
-    assert info["preprocessing"] == {"input_size": [1, 16, 16], "interpolation": "bilinear",
-                                     "mean": [0.5], "std": [0.5], "crop_pct": 1.0,
-                                     "crop_mode": "center"}  # fmt: skip
+    assert info["preprocessing"] == {
+        "input_size": [1, 16, 16],
+        "interpolation": "bilinear",
+        "mean": [0.5],
+        "std": [0.5],
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+    }
 
     # the same fused model in plain PyTorch, on the user's own preprocessing
     spec = HydraSpec.from_dict(info["spec"])
@@ -139,8 +188,17 @@ def test_custom_vit_export_run_eval(story):
     for name in ("msp", "predictive_entropy", "mutual_information"):
         np.testing.assert_allclose([r[name] for r in results], expected[name], atol=1e-5, rtol=0)
 
-    done = cli("eval", str(export), "--id", str(root / "test"), "--ood",
-               f"noise={root / 'noise'}", "--out", str(root / "report"), "--quiet")  # fmt: skip
+    done = cli(
+        "eval",
+        str(export),
+        "--id",
+        str(root / "test"),
+        "--ood",
+        f"noise={root / 'noise'}",
+        "--out",
+        str(root / "report"),
+        "--quiet",
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads((root / "report" / "report.json").read_text())["id"]
     assert report["count"] == len(files)
@@ -152,8 +210,12 @@ def test_custom_vit_export_run_eval(story):
     from hydra_deploy.evaluation.evaluate import evaluate
 
     from_folder = fuse(load_backbone(folder), spec)
-    assert from_folder.preprocessing == {**info["preprocessing"], "input_size": (1, 16, 16),
-                                         "mean": (0.5,), "std": (0.5,)}  # fmt: skip
+    assert from_folder.preprocessing == {
+        **info["preprocessing"],
+        "input_size": (1, 16, 16),
+        "mean": (0.5,),
+        "std": (0.5,),
+    }
     in_torch = evaluate(from_folder, root / "test", {"noise": root / "noise"})
     in_torch = in_torch["id"]["classification"]
     assert in_torch["accuracy"] == metrics["accuracy"]

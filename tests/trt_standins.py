@@ -38,8 +38,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OPTIONS = json.loads((HERE / "data" / "trtexec_options.json").read_text())["versions"]
 # a release of each trtexec generation (and the key of its option list in OPTIONS)
-RELEASES = {"8.6": ("8.6.2", "8.6"), "10": ("10.3.0", "10"), "10.12": ("10.13.0", "10.13"),
-            "11": ("11.0.0", "11")}  # fmt: skip
+RELEASES = {
+    "8.6": ("8.6.2", "8.6"),
+    "10": ("10.3.0", "10"),
+    "10.12": ("10.13.0", "10.13"),
+    "11": ("11.0.0", "11"),
+}
 
 
 class DataType(enum.Enum):
@@ -133,11 +137,23 @@ class Network:
         return self.outputs[index]
 
 
-ONNX_DTYPES = {1: DataType.FLOAT, 10: DataType.HALF, 16: DataType.BF16, 3: DataType.INT8,
-               6: DataType.INT32, 7: DataType.INT64, 9: DataType.BOOL, 2: DataType.UINT8}  # fmt: skip
-LAYER_TYPES = {"LayerNormalization": LayerType.NORMALIZATION, "MatMul": LayerType.MATRIX_MULTIPLY,
-               "Softmax": LayerType.SOFTMAX, "Add": LayerType.ELEMENTWISE,
-               "Mul": LayerType.ELEMENTWISE}  # fmt: skip
+ONNX_DTYPES = {
+    1: DataType.FLOAT,
+    10: DataType.HALF,
+    16: DataType.BF16,
+    3: DataType.INT8,
+    6: DataType.INT32,
+    7: DataType.INT64,
+    9: DataType.BOOL,
+    2: DataType.UINT8,
+}
+LAYER_TYPES = {
+    "LayerNormalization": LayerType.NORMALIZATION,
+    "MatMul": LayerType.MATRIX_MULTIPLY,
+    "Softmax": LayerType.SOFTMAX,
+    "Add": LayerType.ELEMENTWISE,
+    "Mul": LayerType.ELEMENTWISE,
+}
 
 
 def parse_onnx(path: str | Path, version: str) -> Network:
@@ -177,12 +193,22 @@ def tensorrt_module(version: str) -> types.ModuleType:
     trt.__version__ = version
     trt.DataType, trt.LayerType = DataType, LayerType
     trt.float32, trt.float16, trt.int32, trt.int8, trt.bool = (
-        DataType.FLOAT, DataType.HALF, DataType.INT32, DataType.INT8, DataType.BOOL
-    )  # fmt: skip
+        DataType.FLOAT,
+        DataType.HALF,
+        DataType.INT32,
+        DataType.INT8,
+        DataType.BOOL,
+    )
     if not old:
         trt.int64, trt.bfloat16 = DataType.INT64, DataType.BF16
-    mapping = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8,
-               DataType.INT32: np.int32, DataType.BOOL: np.bool_, DataType.UINT8: np.uint8}  # fmt: skip
+    mapping = {
+        DataType.FLOAT: np.float32,
+        DataType.HALF: np.float16,
+        DataType.INT8: np.int8,
+        DataType.INT32: np.int32,
+        DataType.BOOL: np.bool_,
+        DataType.UINT8: np.uint8,
+    }
     if not old:
         mapping[DataType.INT64] = np.int64
 
@@ -225,9 +251,12 @@ class Engine:
         self.onnx_path, self.profile, self.trt = onnx_path, profile, trt
         network = parse_onnx(onnx_path, version)
         graph = onnx.load(onnx_path, load_external_data=False).graph
-        dims = {v.name: [d.dim_value if d.HasField("dim_value") else -1
-                         for d in v.type.tensor_type.shape.dim]
-                for v in [*graph.input, *graph.output]}  # fmt: skip
+        dims = {
+            v.name: [
+                d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim
+            ]
+            for v in [*graph.input, *graph.output]
+        }
         self.tensors = [(t.name, t.dtype, "INPUT", dims[t.name]) for t in network.inputs] + [
             (t.name, t.dtype, "OUTPUT", dims[t.name]) for t in network.outputs
         ]
@@ -280,8 +309,9 @@ class TrtRunner:
         TrtRunner.feeds.append({name: array.dtype.name for name, array in feed.items()})
         session = ort.InferenceSession(self.engine.onnx_path, providers=["CPUExecutionProvider"])
         types_ = {i.name: i.type for i in session.get_inputs()}
-        onnx_feed = {n: a.astype("int64") if types_[n] == "tensor(int64)" else a
-                     for n, a in feed.items()}  # fmt: skip
+        onnx_feed = {
+            n: a.astype("int64") if types_[n] == "tensor(int64)" else a for n, a in feed.items()
+        }
         names = [o.name for o in session.get_outputs()]
         outputs = dict(zip(names, session.run(None, onnx_feed), strict=True))
         return {
@@ -289,8 +319,9 @@ class TrtRunner:
         }
 
 
-def polygraphy_module(version: str, calls: dict | None = None,
-                      engine: bytes = b"serialized-engine") -> types.ModuleType:  # fmt: skip
+def polygraphy_module(
+    version: str, calls: dict | None = None, engine: bytes = b"serialized-engine"
+) -> types.ModuleType:
     """``polygraphy.backend.trt`` over TensorRT ``version``; ``calls`` records what was asked."""
     old = parse_version(version) < (10, 0)
     calls = calls if calls is not None else {}
@@ -339,14 +370,20 @@ def polygraphy_module(version: str, calls: dict | None = None,
         def __call__(self):
             built = self.network() if callable(self.network) else self.network
             _, network, _ = built
-            calls["pinned"] = {layer.name: layer.precision for layer in network.layers
-                               if layer.precision_is_set}  # fmt: skip
+            calls["pinned"] = {
+                layer.name: layer.precision for layer in network.layers if layer.precision_is_set
+            }
             if self.timing_cache:
                 Path(self.timing_cache).write_bytes(b"timing-cache")
             return host_memory(engine)
 
-    for item in (NetworkFromOnnxPath, SetLayerPrecisions, Profile, CreateConfig,
-                 EngineBytesFromNetwork):  # fmt: skip
+    for item in (
+        NetworkFromOnnxPath,
+        SetLayerPrecisions,
+        Profile,
+        CreateConfig,
+        EngineBytesFromNetwork,
+    ):
         setattr(module, item.__name__, item)
     return module
 

@@ -14,6 +14,7 @@ from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
 from hydra_deploy.backbones.checkpoint import folder_config, load_into, read_state_dict
 from hydra_deploy.backbones.timm_vit import TimmVitAdapter
 from hydra_deploy.errors import BackboneError, CheckpointError
+from hydra_deploy.families import families, family_for_prefix, family_of_module, get_family
 
 __all__ = [
     "ALIASES",
@@ -84,7 +85,7 @@ def load_backbone(
     BERT classifiers also take ``new_classifier=True`` (see :func:`~hydra_deploy.backbones.hf_bert.
     load_bert`); other families refuse it.
     """
-    if preprocessing is not None and not _is_vit(name_or_module):
+    if preprocessing is not None and not _takes_preprocessing(name_or_module):
         raise BackboneError(
             "preprocessing= applies to timm ViT backbones; BERT models take text and OpenCLIP "
             "models use open_clip's own image preprocessing"
@@ -95,19 +96,13 @@ def load_backbone(
             set_preprocessing(name_or_module.module, preprocessing)
         return name_or_module
     if isinstance(name_or_module, nn.Module):
-        family = module_family(name_or_module)
+        family = family_of_module(name_or_module)
         if preprocessing is not None:
             set_preprocessing(name_or_module, preprocessing)
-        if family == "bert":
-            from hydra_deploy.backbones.hf_bert import wrap_bert
-
-            return wrap_bert(name_or_module, checkpoint, num_classes, **timm_kwargs)
-        _refuse_new_classifier(timm_kwargs, type(name_or_module).__name__)
-        if family == "openclip":
-            from hydra_deploy.backbones.openclip import wrap_openclip
-
-            return wrap_openclip(name_or_module, checkpoint, num_classes, **timm_kwargs)
-        return _wrap_module(name_or_module, checkpoint, num_classes, timm_kwargs)
+        if not family.takes_new_classifier:
+            _refuse_new_classifier(timm_kwargs, type(name_or_module).__name__)
+        wrap = family.resolve("wrapper")
+        return wrap(name_or_module, checkpoint, num_classes, **timm_kwargs)
     if not isinstance(name_or_module, (str, os.PathLike)):
         raise BackboneError(
             f"load_backbone expects a name, a folder or a timm VisionTransformer, "
@@ -115,25 +110,19 @@ def load_backbone(
         )
     name = str(name_or_module)
     prefix, sep, rest = name.partition(":")
-    if sep and prefix in FAMILY_PREFIXES and not Path(name).expanduser().exists():
-        if prefix == "openclip":
-            from hydra_deploy.backbones.openclip import load_openclip
-
+    family = family_for_prefix(prefix) if sep else None
+    if family is not None and not Path(name).expanduser().exists():
+        if not family.takes_new_classifier:
             _refuse_new_classifier(timm_kwargs, name)
-            return load_openclip(rest, checkpoint, num_classes, **timm_kwargs)
-        from hydra_deploy.backbones.hf_bert import load_bert
-
-        return load_bert(rest, checkpoint, num_classes, **timm_kwargs)
+        return family.resolve("loader")(rest, checkpoint, num_classes, **timm_kwargs)
     if sep and len(prefix) > 1 and not Path(name).expanduser().exists():
+        prefixed = [f.description for f in families() if f.prefix]
         raise BackboneError(
             f"unknown backbone family {prefix!r} in {name!r}; use a timm ViT name or alias "
-            f"({', '.join(ALIASES)}), 'hf:<folder>' for a Hugging Face BERT classifier or "
-            "'openclip:<model name>'"
+            f"({', '.join(ALIASES)}), {', '.join(prefixed[:-1])} or {prefixed[-1]}"
         )
     if Path(name).expanduser().is_dir() and _is_hf_folder(name):  # transformers' config.json
-        from hydra_deploy.backbones.hf_bert import load_bert
-
-        return load_bert(name, checkpoint, num_classes, **timm_kwargs)
+        return get_family("bert").resolve("loader")(name, checkpoint, num_classes, **timm_kwargs)
     if Path(name).expanduser().is_dir():  # a timm / HF hub folder: config.json names the model
         config = folder_config(name)
         if "architecture" not in config:
@@ -147,16 +136,19 @@ def load_backbone(
     return _build_timm(name, checkpoint, num_classes, timm_kwargs, preprocessing)
 
 
-def _is_vit(name_or_module: Any) -> bool:
-    """Whether ``load_backbone`` builds or wraps a timm ViT for this argument."""
+def _takes_preprocessing(name_or_module: Any) -> bool:
+    """Whether ``load_backbone`` builds or wraps a model of a family that takes
+    ``preprocessing=`` (timm ViTs) for this argument."""
     if isinstance(name_or_module, BackboneAdapter):
-        return name_or_module.family == "vit"
+        return get_family(name_or_module.family).takes_preprocessing
     if isinstance(name_or_module, nn.Module):
-        return module_family(name_or_module) == "vit"
+        return family_of_module(name_or_module).takes_preprocessing
     name = str(name_or_module)
     if Path(name).expanduser().is_dir():
         return not _is_hf_folder(name)
-    return name.partition(":")[0] not in FAMILY_PREFIXES
+    prefix, sep, _ = name.partition(":")
+    family = family_for_prefix(prefix) if sep else None
+    return family is None or family.takes_preprocessing
 
 
 #: The data-config entries ``preprocessing=`` may set (timm's ``resolve_data_config`` names).
@@ -245,19 +237,6 @@ def _refuse_new_classifier(kwargs: dict[str, Any], name: str) -> None:
 
 
 #: ``family:`` prefixes of backbone names that are not timm ViTs.
-FAMILY_PREFIXES = ("hf", "openclip")
-
-
-def module_family(module: nn.Module) -> str:
-    """The family of a built model, from the library that defines its class."""
-    origin = type(module).__module__
-    if origin.startswith("transformers."):
-        return "bert"
-    if origin.startswith("open_clip") or origin == "hydra_deploy.backbones.openclip":
-        return "openclip"  # open_clip's CLIP, or our ZeroShotClassifier wrapping its image tower
-    return "vit"
-
-
 def _is_hf_folder(folder: str) -> bool:
     """A transformers checkpoint folder: its config.json has ``model_type`` (timm's has none)."""
     import json
@@ -283,7 +262,10 @@ def _refuse_extra(adapter: BackboneAdapter, checkpoint, num_classes, timm_kwargs
         )
 
 
-def _wrap_module(module: nn.Module, checkpoint, num_classes, timm_kwargs) -> BackboneAdapter:
+def wrap_vit(
+    module: nn.Module, checkpoint=None, num_classes: int | None = None, **timm_kwargs: Any
+) -> BackboneAdapter:
+    """A built timm VisionTransformer -> its adapter (the ``vit`` family's wrapper)."""
     if timm_kwargs:
         raise BackboneError(
             f"timm keyword arguments {sorted(timm_kwargs)} apply only when building from a name"
@@ -360,8 +342,11 @@ def _build_timm(
             else:
                 logger.warning(
                     "%s: the checkpoint's config.json is for %r; building %s as asked, without "
-                    "its model_args and pretrained_cfg", name, config["architecture"], timm_name
-                )  # fmt: skip
+                    "its model_args and pretrained_cfg",
+                    name,
+                    config["architecture"],
+                    timm_name,
+                )
                 config = {}
         model = _create(timm, timm_name, pretrained=False, **kwargs)
         if preprocessing is not None:
@@ -465,8 +450,11 @@ def _warn_default_preprocessing(model, name: str, checkpoint, config: dict, prep
         "%s: checkpoint %s records no %s; using timm's default for the architecture (%s): if the "
         "model was trained otherwise, pass preprocessing={...} (CLI: --mean, --std, "
         "--interpolation, --crop-pct) or put them in the folder's config.json pretrained_cfg",
-        name, checkpoint, "/".join(defaulted), shown,
-    )  # fmt: skip
+        name,
+        checkpoint,
+        "/".join(defaulted),
+        shown,
+    )
 
 
 def _short(value: Any) -> str:
@@ -527,8 +515,11 @@ def check_file_shapes(state_dict: dict, model: nn.Module, source: str, timm_name
     wanted = ", ".join(f"{key}={_arg(file_args[key])}" for key in differ)
     flags = " ".join(f"--model-arg {key}={_arg(file_args[key])}" for key in differ)
     heads = getattr(model.blocks[0].attn, "num_heads", "?") if len(model.blocks) else "?"
-    heads_hint = (f", and num_heads as trained: the weights do not show it (the model has {heads})"
-                  if {"embed_dim", "depth"} & set(differ) else "")  # fmt: skip
+    heads_hint = (
+        f", and num_heads as trained: the weights do not show it (the model has {heads})"
+        if {"embed_dim", "depth"} & set(differ)
+        else ""
+    )
     raise CheckpointError(
         f"checkpoint {source!r} does not fit the model ({timm_name} as built), it was trained "
         "with other constructor arguments: "

@@ -100,10 +100,16 @@ class BackboneAdapter(abc.ABC):
             raise SpecError(
                 f"{user} expects a HydraSpec, got {type(spec).__name__}; see HydraSpec.from_json"
             )
-        expected = {"num_layers": self.num_layers, "num_heads": self.num_heads,
-                    "head_dim": self.head_dim}  # fmt: skip
-        wrong = [f"{k}={getattr(spec, k)} (backbone has {v})" for k, v in expected.items()
-                 if getattr(spec, k) != v]  # fmt: skip
+        expected = {
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "head_dim": self.head_dim,
+        }
+        wrong = [
+            f"{k}={getattr(spec, k)} (backbone has {v})"
+            for k, v in expected.items()
+            if getattr(spec, k) != v
+        ]
         if wrong:
             raise SpecError(
                 f"the spec does not fit backbone {self.name}: {', '.join(wrong)}; build the spec "

@@ -113,9 +113,12 @@ def load_bert(
         tokenizer_dir = str(folder)
     weights = str(checkpoint) if checkpoint is not None else str(folder)
     return HfBertAdapter(
-        module, name=f"hf:{source}", weights=weights, tokenizer_dir=tokenizer_dir,
+        module,
+        name=f"hf:{source}",
+        weights=weights,
+        tokenizer_dir=tokenizer_dir,
         seq_len=kwargs.get("seq_len"),
-    )  # fmt: skip
+    )
 
 
 def wrap_bert(
@@ -257,8 +260,9 @@ def _from_pretrained(cls: Any, folder: Path) -> nn.Module:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     try:
-        model, info = cls.from_pretrained(str(folder), local_files_only=True,
-                                          output_loading_info=True)  # fmt: skip
+        model, info = cls.from_pretrained(
+            str(folder), local_files_only=True, output_loading_info=True
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:
@@ -266,13 +270,22 @@ def _from_pretrained(cls: Any, folder: Path) -> nn.Module:
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
     if missing:
-        logger.warning("%s: %d weights are not in the checkpoint and stay random (%s%s)",
-                       folder, len(missing), ", ".join(missing[:4]),
-                       ", ..." if len(missing) > 4 else "")  # fmt: skip
+        logger.warning(
+            "%s: %d weights are not in the checkpoint and stay random (%s%s)",
+            folder,
+            len(missing),
+            ", ".join(missing[:4]),
+            ", ..." if len(missing) > 4 else "",
+        )
     if unexpected:
-        logger.info("%s: %d checkpoint weights are not used by %s (%s%s)", folder,
-                    len(unexpected), cls.__name__, ", ".join(unexpected[:4]),
-                    ", ..." if len(unexpected) > 4 else "")  # fmt: skip
+        logger.info(
+            "%s: %d checkpoint weights are not used by %s (%s%s)",
+            folder,
+            len(unexpected),
+            cls.__name__,
+            ", ".join(unexpected[:4]),
+            ", ..." if len(unexpected) > 4 else "",
+        )
     return model
 
 
@@ -309,8 +322,10 @@ def _classifier_from_encoder(
         model.classifier.bias.zero_()
     logger.warning(
         "%s: a new random classifier with %d classes (seed %d); fine-tune it or load a checkpoint",
-        getattr(config, "_name_or_path", "") or type(encoder).__name__, num_classes, seed,
-    )  # fmt: skip
+        getattr(config, "_name_or_path", "") or type(encoder).__name__,
+        num_classes,
+        seed,
+    )
     return model.to(next(encoder.parameters()).dtype).eval()
 
 
@@ -345,9 +360,11 @@ def rebuild_bert(backbone_kwargs: Mapping[str, Any]) -> HfBertAdapter:
     torch_dtype = getattr(torch, str(backbone_kwargs.get("dtype", "float32")), torch.float32)
     model = BertForSequenceClassification(config).to(torch_dtype)
     return HfBertAdapter(
-        model, name=backbone_kwargs.get("name"), weights="export",
+        model,
+        name=backbone_kwargs.get("name"),
+        weights="export",
         seq_len=backbone_kwargs.get("seq_len"),
-    )  # fmt: skip
+    )
 
 
 def check_supported(model: nn.Module) -> None:
@@ -438,15 +455,26 @@ class HfBertAdapter(BackboneAdapter):
         if self.type_vocab_size > 1:
             self.input_names += ("token_type_ids",)
         # for the next wrap of this module or of a copy (fine-tuned members): see wrap_bert
-        setattr(model, ADAPTER_SETTINGS, {"name": self.name, "weights": self.weights,
-                                          "tokenizer_dir": self.tokenizer_dir,
-                                          "seq_len": self.seq_len})  # fmt: skip
+        setattr(
+            model,
+            ADAPTER_SETTINGS,
+            {
+                "name": self.name,
+                "weights": self.weights,
+                "tokenizer_dir": self.tokenizer_dir,
+                "seq_len": self.seq_len,
+            },
+        )
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """What :func:`rebuild_bert` needs to rebuild this architecture (JSON-able)."""
         dtype = str(next(self.module.parameters()).dtype).removeprefix("torch.")
-        return {"config": self.config.to_dict(), "name": self.name, "seq_len": self.seq_len,
-                "dtype": dtype}  # fmt: skip
+        return {
+            "config": self.config.to_dict(),
+            "name": self.name,
+            "seq_len": self.seq_len,
+            "dtype": dtype,
+        }
 
     # --- inputs ------------------------------------------------------------------------------------
     def text_inputs(self, inputs: TextInputs) -> dict[str, torch.Tensor]:
@@ -556,14 +584,22 @@ class HfBertAdapter(BackboneAdapter):
             bias = None if linear.bias is None else linear.bias.detach().view(H, hd)
             return linear.weight.detach().view(H, hd, D), bias
 
-        (q, q_b), (k, k_b), (v, v_b) = (heads(attention.self.query), heads(attention.self.key),
-                                        heads(attention.self.value))  # fmt: skip
+        (q, q_b), (k, k_b), (v, v_b) = (
+            heads(attention.self.query),
+            heads(attention.self.key),
+            heads(attention.self.value),
+        )
         dense = attention.output.dense
         return AttentionWeights(
-            q=q, k=k, v=v, q_bias=q_b, k_bias=k_b, v_bias=v_b,
+            q=q,
+            k=k,
+            v=v,
+            q_bias=q_b,
+            k_bias=k_b,
+            v_bias=v_b,
             proj=dense.weight.detach().view(D, H, hd),
             proj_bias=None if dense.bias is None else dense.bias.detach(),
-        )  # fmt: skip
+        )
 
     def example_inputs(
         self, batch_size: int = 2, seed: int = 0, seq_len: int | None = None
@@ -575,10 +611,13 @@ class HfBertAdapter(BackboneAdapter):
         model uses them. ``seq_len`` defaults to the adapter's ``seq_len``.
         """
         return random_text_inputs(
-            batch_size, seed=seed, seq_len=self.seq_len if seq_len is None else seq_len,
-            vocab_size=self.vocab_size, pad_token_id=self.pad_token_id,
+            batch_size,
+            seed=seed,
+            seq_len=self.seq_len if seq_len is None else seq_len,
+            vocab_size=self.vocab_size,
+            pad_token_id=self.pad_token_id,
             with_token_types=self.type_vocab_size > 1,
-        )  # fmt: skip
+        )
 
     # --- cost --------------------------------------------------------------------------------------
     def macs(

@@ -448,13 +448,15 @@ class OpenClipAdapter(BackboneAdapter):
         qkv_b = None if attn.in_proj_bias is None else attn.in_proj_bias.detach().view(3, H, hd)
         proj_b = attn.out_proj.bias
         return AttentionWeights(
-            q=qkv_w[0], k=qkv_w[1], v=qkv_w[2],
+            q=qkv_w[0],
+            k=qkv_w[1],
+            v=qkv_w[2],
             q_bias=None if qkv_b is None else qkv_b[0],
             k_bias=None if qkv_b is None else qkv_b[1],
             v_bias=None if qkv_b is None else qkv_b[2],
             proj=attn.out_proj.weight.detach().view(D, H, hd),
             proj_bias=None if proj_b is None else proj_b.detach(),
-        )  # fmt: skip
+        )
 
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed)
@@ -518,21 +520,27 @@ class OpenClipAdapter(BackboneAdapter):
             )
         preprocess = self.preprocess_cfg()
         return {
-            "image_size": list(self.img_size), "patch_size": list(self.patch_size),
-            "width": self.embed_dim, "layers": self.num_layers, "heads": self.num_heads,
+            "image_size": list(self.img_size),
+            "patch_size": list(self.patch_size),
+            "width": self.embed_dim,
+            "layers": self.num_layers,
+            "heads": self.num_heads,
             # +0.5: open_clip takes int(width * mlp_ratio), which must give mlp_hidden exactly
             "mlp_ratio": (self.mlp_hidden + 0.5) / self.embed_dim,
             "ls_init_value": 1.0 if hasattr(block.ls_1, "gamma") else None,
-            "output_dim": self.output_dim, "pool_type": visual.pool_type,
+            "output_dim": self.output_dim,
+            "pool_type": visual.pool_type,
             "final_ln_after_pool": bool(visual.final_ln_after_pool),
             "no_ln_pre": _is_identity(visual.ln_pre),
-            "quick_gelu": quick_gelu, "gelu_approximate": approximate,
+            "quick_gelu": quick_gelu,
+            "gelu_approximate": approximate,
             "layer_norm_eps": float(block.ln_1.eps),
             "num_classes": self.num_classes,
             "logit_bias": self.module.logit_bias is not None,
-            "preprocess_cfg": {k: (list(v) if isinstance(v, tuple) else v)
-                               for k, v in preprocess.items()},
-        }  # fmt: skip
+            "preprocess_cfg": {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in preprocess.items()
+            },
+        }
 
     def backbone_kwargs(self) -> dict[str, Any]:
         """What an export folder records to rebuild the model: name, classes, templates, tower."""
@@ -699,17 +707,25 @@ def wrap_openclip(
     class_weights = class_weights_from_text(module, tokenizer, class_names, template_list)
     logit_bias = getattr(module, "logit_bias", None)
     classifier = ZeroShotClassifier(
-        module.visual, class_weights, module.logit_scale.detach(),
-        None if logit_bias is None else logit_bias.detach(), class_names,
-    )  # fmt: skip
+        module.visual,
+        class_weights,
+        module.logit_scale.detach(),
+        None if logit_bias is None else logit_bias.detach(),
+        class_names,
+    )
     logger.info(
         "openclip %s: zero-shot classifier over %d classes from %d prompt templates",
-        display, len(class_names), len(template_list),
-    )  # fmt: skip
+        display,
+        len(class_names),
+        len(template_list),
+    )
     return OpenClipAdapter(
-        classifier, name=f"openclip:{display}", weights=weights or "module",
-        model_name=model_name, templates=template_list,
-    )  # fmt: skip
+        classifier,
+        name=f"openclip:{display}",
+        weights=weights or "module",
+        model_name=model_name,
+        templates=template_list,
+    )
 
 
 def _check_num_classes(num_classes: int | None, actual: int) -> None:
@@ -795,10 +811,15 @@ def load_openclip(
     else:
         weights = str(checkpoint or pretrained or model_name)
     return wrap_openclip(
-        clip.eval(), checkpoint, None, classes=class_names, templates=templates,
-        tokenizer=tokenizer or _tokenizer_for(model_name, clip), model_name=model_name,
+        clip.eval(),
+        checkpoint,
+        None,
+        classes=class_names,
+        templates=templates,
+        tokenizer=tokenizer or _tokenizer_for(model_name, clip),
+        model_name=model_name,
         weights=weights,
-    )  # fmt: skip
+    )
 
 
 def build_visual(kwargs: dict[str, Any]) -> nn.Module:
@@ -815,10 +836,14 @@ def build_visual(kwargs: dict[str, Any]) -> nn.Module:
     act = QuickGELU if quick_gelu else partial(nn.GELU, approximate=approximate)
     try:
         visual = VisionTransformer(
-            **{**kwargs, "image_size": tuple(kwargs["image_size"]),
-               "patch_size": tuple(kwargs["patch_size"])},
-            act_layer=act, norm_layer=partial(LayerNorm, eps=eps),
-        )  # fmt: skip
+            **{
+                **kwargs,
+                "image_size": tuple(kwargs["image_size"]),
+                "patch_size": tuple(kwargs["patch_size"]),
+            },
+            act_layer=act,
+            norm_layer=partial(LayerNorm, eps=eps),
+        )
     except (TypeError, AssertionError, KeyError) as err:
         raise UnsupportedModelError(
             f"cannot rebuild the OpenCLIP image tower from {kwargs}: {err}"
@@ -840,11 +865,17 @@ def rebuild_openclip(backbone_kwargs: dict[str, Any]) -> OpenClipAdapter:
     classes = list(backbone_kwargs.get("classes") or [])
     num_classes = int(vision.get("num_classes", len(classes)))
     classifier = ZeroShotClassifier(
-        visual, torch.zeros(num_classes, int(vision["output_dim"])), 0.0,
-        0.0 if vision.get("logit_bias") else None, classes or None,
-    )  # fmt: skip
+        visual,
+        torch.zeros(num_classes, int(vision["output_dim"])),
+        0.0,
+        0.0 if vision.get("logit_bias") else None,
+        classes or None,
+    )
     name = backbone_kwargs.get("name") or f"openclip:{backbone_kwargs.get('model_name')}"
     return OpenClipAdapter(
-        classifier, name=name, weights=str(backbone_kwargs.get("weights", "export")),
-        model_name=backbone_kwargs.get("model_name"), templates=backbone_kwargs.get("templates"),
-    )  # fmt: skip
+        classifier,
+        name=name,
+        weights=str(backbone_kwargs.get("weights", "export")),
+        model_name=backbone_kwargs.get("model_name"),
+        templates=backbone_kwargs.get("templates"),
+    )

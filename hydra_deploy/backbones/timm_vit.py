@@ -97,9 +97,10 @@ def build_vit(kwargs: dict) -> nn.Module:
         kwargs[key] = tuple(kwargs[key])
     try:
         return VisionTransformer(
-            **kwargs, norm_layer=partial(nn.LayerNorm, eps=eps),
+            **kwargs,
+            norm_layer=partial(nn.LayerNorm, eps=eps),
             act_layer=partial(nn.GELU, approximate=approximate),
-        ).eval()  # fmt: skip
+        ).eval()
     except (TypeError, AssertionError) as err:
         raise UnsupportedModelError(f"cannot rebuild the ViT from {kwargs}: {err}") from err
 
@@ -109,12 +110,22 @@ class TimmVitAdapter(BackboneAdapter):
 
     family = "vit"
     shared_parameter_prefixes = (
-        "cls_token", "reg_token", "pos_embed", "patch_embed.", "norm_pre.", "norm.", "fc_norm.",
+        "cls_token",
+        "reg_token",
+        "pos_embed",
+        "patch_embed.",
+        "norm_pre.",
+        "norm.",
+        "fc_norm.",
         "head.",
-    )  # fmt: skip
+    )
     embedding_parameter_prefixes = (
-        "cls_token", "reg_token", "pos_embed", "patch_embed.", "norm_pre."
-    )  # fmt: skip
+        "cls_token",
+        "reg_token",
+        "pos_embed",
+        "patch_embed.",
+        "norm_pre.",
+    )
     layer_parameter_prefix = "blocks.{}."
 
     def __init__(self, model: nn.Module, name: str | None = None, weights: str = "random") -> None:
@@ -161,12 +172,15 @@ class TimmVitAdapter(BackboneAdapter):
         proj_w = attn.proj.weight.detach().view(D, H, hd)
         proj_b = None if attn.proj.bias is None else attn.proj.bias.detach()
         return AttentionWeights(
-            q=qkv_w[0], k=qkv_w[1], v=qkv_w[2],
+            q=qkv_w[0],
+            k=qkv_w[1],
+            v=qkv_w[2],
             q_bias=None if qkv_b is None else qkv_b[0],
             k_bias=None if qkv_b is None else qkv_b[1],
             v_bias=None if qkv_b is None else qkv_b[2],
-            proj=proj_w, proj_bias=proj_b,
-        )  # fmt: skip
+            proj=proj_w,
+            proj_bias=proj_b,
+        )
 
     def constructor_kwargs(self) -> dict:
         """The ``VisionTransformer(**kwargs)`` arguments that rebuild this architecture (JSON-able).
@@ -181,10 +195,14 @@ class TimmVitAdapter(BackboneAdapter):
                 f"cannot record how to rebuild an MLP activation {type(act).__name__} (only GELU)"
             )
         return {
-            "img_size": list(self.img_size), "patch_size": list(model.patch_embed.patch_size),
-            "in_chans": self.in_chans, "num_classes": self.num_classes,
-            "global_pool": model.global_pool, "embed_dim": self.embed_dim,
-            "depth": self.num_layers, "num_heads": self.num_heads,
+            "img_size": list(self.img_size),
+            "patch_size": list(model.patch_embed.patch_size),
+            "in_chans": self.in_chans,
+            "num_classes": self.num_classes,
+            "global_pool": model.global_pool,
+            "embed_dim": self.embed_dim,
+            "depth": self.num_layers,
+            "num_heads": self.num_heads,
             "mlp_ratio": self.mlp_hidden / self.embed_dim,
             "qkv_bias": block.attn.qkv.bias is not None,
             "proj_bias": block.attn.proj.bias is not None,
@@ -201,7 +219,7 @@ class TimmVitAdapter(BackboneAdapter):
             "pool_include_prefix": bool(getattr(model, "pool_include_prefix", False)),
             "layer_norm_eps": float(block.norm1.eps),
             "gelu_approximate": act.approximate,
-        }  # fmt: skip
+        }
 
     def data_config(self) -> dict:
         """Preprocessing (timm's data config: input size, interpolation, crop, mean, std).

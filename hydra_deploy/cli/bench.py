@@ -45,19 +45,31 @@ def build_parser(prog: str = "hydra-bench", **defaults: Any) -> argparse.Argumen
         EXAMPLES,
     )
     model = p.add_argument_group("model")
-    model.add_argument("--backbone", required="backbone" not in defaults,
-                       help="vit_s16, vit_b16 (or another alias / timm ViT name), minilm (the "
-                            "MiniLM BERT), or hf:<folder> of a BERT model")  # fmt: skip
+    model.add_argument(
+        "--backbone",
+        required="backbone" not in defaults,
+        help="vit_s16, vit_b16 (or another alias / timm ViT name), minilm (the "
+        "MiniLM BERT), or hf:<folder> of a BERT model",
+    )
     model.add_argument(
         "--members", "-m", type=int, default=3, help="M, ensemble members (default 3)"
     )
-    model.add_argument("--heads-per-member", "-k", type=int, default=4,
-                       help="heads each member keeps per layer (default 4)")  # fmt: skip
-    model.add_argument("--trunk-layers", type=int,
-                       help="leading layers hydra_trunk shares (default: half the layers)")  # fmt: skip
+    model.add_argument(
+        "--heads-per-member",
+        "-k",
+        type=int,
+        default=4,
+        help="heads each member keeps per layer (default 4)",
+    )
+    model.add_argument(
+        "--trunk-layers",
+        type=int,
+        help="leading layers hydra_trunk shares (default: half the layers)",
+    )
     model.add_argument("--seq-len", type=int, default=128, help="text models: tokens (default 128)")
-    model.add_argument("--classes", type=int,
-                       help="classifier size (default: timm's 1000; minilm: 2, random)")  # fmt: skip
+    model.add_argument(
+        "--classes", type=int, help="classifier size (default: timm's 1000; minilm: 2, random)"
+    )
     model.add_argument(
         "--img-size", type=int, help="timm ViTs: input resolution (default: the model's)"
     )
@@ -67,37 +79,70 @@ def build_parser(prog: str = "hydra-bench", **defaults: Any) -> argparse.Argumen
         "--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)"
     )
     timing.add_argument("--backend", nargs="+", metavar="NAME", help=BACKEND_HELP)
-    timing.add_argument("--variants", nargs="+", metavar="NAME",
-                        help="variants to time (default: all; single is always timed)")  # fmt: skip
+    timing.add_argument(
+        "--variants",
+        nargs="+",
+        metavar="NAME",
+        help="variants to time (default: all; single is always timed)",
+    )
     timing.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
-    timing.add_argument("--warmup", type=int, default=2,
-                        help="untimed runs of each variant first (default 2)")  # fmt: skip
-    timing.add_argument("--threads", type=int,
-                        help="CPU threads for torch and ONNX Runtime (default: torch's)")  # fmt: skip
-    timing.add_argument("--exporter", default="auto", choices=("auto", "dynamo", "torchscript"),
-                        help="torch -> ONNX exporter for ort/tensorrt (default auto)")  # fmt: skip
-    timing.add_argument("--cuda-replays", type=int, default=10,
-                        help="CUDA-graph replays per timed run (default 10)")  # fmt: skip
-    timing.add_argument("--ort-spinning", action="store_true",
-                        help="let ONNX Runtime's idle threads spin (its default; off here)")  # fmt: skip
-    timing.add_argument("--lowering", default=DEFAULT_LOWERING, choices=LOWERINGS,
-                        help="how the fused variants' grouped projections run and export "
-                             f"(default {DEFAULT_LOWERING}; bmm: one batched MatMul)")  # fmt: skip
+    timing.add_argument(
+        "--warmup", type=int, default=2, help="untimed runs of each variant first (default 2)"
+    )
+    timing.add_argument(
+        "--threads", type=int, help="CPU threads for torch and ONNX Runtime (default: torch's)"
+    )
+    timing.add_argument(
+        "--exporter",
+        default="auto",
+        choices=("auto", "dynamo", "torchscript"),
+        help="torch -> ONNX exporter for ort/tensorrt (default auto)",
+    )
+    timing.add_argument(
+        "--cuda-replays", type=int, default=10, help="CUDA-graph replays per timed run (default 10)"
+    )
+    timing.add_argument(
+        "--ort-spinning",
+        action="store_true",
+        help="let ONNX Runtime's idle threads spin (its default; off here)",
+    )
+    timing.add_argument(
+        "--lowering",
+        default=DEFAULT_LOWERING,
+        choices=LOWERINGS,
+        help="how the fused variants' grouped projections run and export "
+        f"(default {DEFAULT_LOWERING}; bmm: one batched MatMul)",
+    )
     timing.add_argument("--seed", type=int, default=0, help="seed of weights, specs and inputs")
 
     output = p.add_argument_group("output and regression check")
     output.add_argument("--out", type=Path, metavar="FILE", help="write the result as JSON")
-    output.add_argument("--plot", type=Path, metavar="PNG",
-                        help="write a plot of latency against batch size (needs matplotlib)")  # fmt: skip
+    output.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="write a plot of latency against batch size (needs matplotlib)",
+    )
     output.add_argument("--overwrite", action="store_true", help="replace existing output files")
     output.add_argument("--json", action="store_true", help="print the result JSON on stdout")
-    output.add_argument("--check", type=Path, metavar="BASELINE",
-                        help="compare the ratios with a baseline file; exit 1 on a regression")  # fmt: skip
-    output.add_argument("--tolerance", type=float,
-                        help="relative worsening of a ratio allowed by --check (default: the "
-                             "baseline's, else 0.15); also the one --write-baseline records")  # fmt: skip
-    output.add_argument("--write-baseline", type=Path, metavar="PATH",
-                        help="write this run's ratios as a baseline file")  # fmt: skip
+    output.add_argument(
+        "--check",
+        type=Path,
+        metavar="BASELINE",
+        help="compare the ratios with a baseline file; exit 1 on a regression",
+    )
+    output.add_argument(
+        "--tolerance",
+        type=float,
+        help="relative worsening of a ratio allowed by --check (default: the "
+        "baseline's, else 0.15); also the one --write-baseline records",
+    )
+    output.add_argument(
+        "--write-baseline",
+        type=Path,
+        metavar="PATH",
+        help="write this run's ratios as a baseline file",
+    )
     output.add_argument("--note", help="--write-baseline: why its tolerance is what it is")
     p.set_defaults(**defaults)
     return p
@@ -108,14 +153,25 @@ def config_from_args(args: argparse.Namespace):
     from hydra_deploy.bench.latency import VARIANTS, BenchConfig
 
     return BenchConfig(
-        backbone=args.backbone, members=args.members, heads_per_member=args.heads_per_member,
-        batches=tuple(args.batch), backends=None if args.backend in (None, ["auto"]) else tuple(args.backend),
+        backbone=args.backbone,
+        members=args.members,
+        heads_per_member=args.heads_per_member,
+        batches=tuple(args.batch),
+        backends=None if args.backend in (None, ["auto"]) else tuple(args.backend),
         variants=tuple(args.variants) if args.variants else VARIANTS,
-        trunk_layers=args.trunk_layers, rounds=args.rounds, warmup=args.warmup,
-        threads=args.threads, seq_len=args.seq_len, classes=args.classes, img_size=args.img_size,
-        exporter=args.exporter, cuda_replays=args.cuda_replays, ort_spinning=args.ort_spinning,
-        seed=args.seed, lowering=args.lowering,
-    )  # fmt: skip
+        trunk_layers=args.trunk_layers,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        threads=args.threads,
+        seq_len=args.seq_len,
+        classes=args.classes,
+        img_size=args.img_size,
+        exporter=args.exporter,
+        cuda_replays=args.cuda_replays,
+        ort_spinning=args.ort_spinning,
+        seed=args.seed,
+        lowering=args.lowering,
+    )
 
 
 def command_for(config, threads: int, backends: list[str], prog: str = "hydra-bench") -> str:
@@ -123,12 +179,31 @@ def command_for(config, threads: int, backends: list[str], prog: str = "hydra-be
     starts it as given (not quoted)."""
     from hydra_deploy.bench.latency import VARIANTS, is_text_backbone
 
-    argv = ["--backbone", config.backbone, "--members", config.members,
-            "--heads-per-member", config.heads_per_member, "--batch", *config.batches,
-            "--backend", *backends, "--rounds", config.rounds, "--warmup", config.warmup,
-            "--threads", threads, "--seed", config.seed]  # fmt: skip
-    optional = {"--trunk-layers": config.trunk_layers, "--classes": config.classes,
-                "--img-size": config.img_size}  # fmt: skip
+    argv = [
+        "--backbone",
+        config.backbone,
+        "--members",
+        config.members,
+        "--heads-per-member",
+        config.heads_per_member,
+        "--batch",
+        *config.batches,
+        "--backend",
+        *backends,
+        "--rounds",
+        config.rounds,
+        "--warmup",
+        config.warmup,
+        "--threads",
+        threads,
+        "--seed",
+        config.seed,
+    ]
+    optional = {
+        "--trunk-layers": config.trunk_layers,
+        "--classes": config.classes,
+        "--img-size": config.img_size,
+    }
     argv += [x for flag, value in optional.items() if value is not None for x in (flag, value)]
     if is_text_backbone(config.backbone):
         argv += ["--seq-len", config.seq_len]
@@ -148,10 +223,15 @@ def pre_run_settings(config) -> dict[str, Any]:
     from hydra_deploy.bench.latency import is_text_backbone
 
     text = is_text_backbone(config.backbone)
-    return {"backbone": config.backbone, "members": config.members,
-            "heads_per_member": config.heads_per_member, "trunk_layers": config.trunk_layers,
-            "img_size": config.img_size, "seq_len": config.seq_len if text else None,
-            "classes": config.classes}  # fmt: skip
+    return {
+        "backbone": config.backbone,
+        "members": config.members,
+        "heads_per_member": config.heads_per_member,
+        "trunk_layers": config.trunk_layers,
+        "img_size": config.img_size,
+        "seq_len": config.seq_len if text else None,
+        "classes": config.classes,
+    }
 
 
 def prepare(args: argparse.Namespace):
@@ -185,8 +265,11 @@ def print_report(result: dict[str, Any], file: TextIO = sys.stdout) -> None:
         diffs = info.get("max_abs_diff_vs_torch_fp32") or {}
         if diffs:
             worst = max(diffs, key=diffs.get)
-            print(f"{name}: largest logit difference from PyTorch FP32 {diffs[worst]:.2g} "
-                  f"({worst}, batch {info['diff_batch']})", file=file)  # fmt: skip
+            print(
+                f"{name}: largest logit difference from PyTorch FP32 {diffs[worst]:.2g} "
+                f"({worst}, batch {info['diff_batch']})",
+                file=file,
+            )
 
 
 def finish(args: argparse.Namespace, config, result: dict[str, Any], baseline) -> int:
@@ -208,8 +291,12 @@ def finish(args: argparse.Namespace, config, result: dict[str, Any], baseline) -
     if args.write_baseline is not None:
         command = command_for(config, result["config"]["threads"], result["config"]["backends"])
         tolerance = args.tolerance if args.tolerance is not None else check.DEFAULT_TOLERANCE
-        check.write_baseline(args.write_baseline, check.make_baseline(
-            result, tolerance=tolerance, tolerance_note=args.note, command=command))  # fmt: skip
+        check.write_baseline(
+            args.write_baseline,
+            check.make_baseline(
+                result, tolerance=tolerance, tolerance_note=args.note, command=command
+            ),
+        )
         log.info("wrote baseline %s", args.write_baseline)
     if args.out is not None:
         atomic_write_json(args.out, result)

@@ -70,9 +70,12 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         "--spec", type=Path, help="HydraSpec JSON file (instead of choosing heads)"
     )
     members.add_argument(
-        "--members", "-m", type=int, default=None,
+        "--members",
+        "-m",
+        type=int,
+        default=None,
         help="M (default 3; with several --checkpoint files, one member per checkpoint)",
-    )  # fmt: skip
+    )
     members.add_argument(
         "--heads-per-member",
         "-k",
@@ -147,9 +150,11 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
     tune.add_argument("--finetune-steps", type=int, help="stop each member after this many steps")
     tune.add_argument("--lr", type=float, default=1e-4, help="fine-tuning learning rate")
     tune.add_argument(
-        "--warmup-steps", type=int, default=0,
+        "--warmup-steps",
+        type=int,
+        default=0,
         help="linear learning-rate warm-up steps before the cosine decay (default 0)",
-    )  # fmt: skip
+    )
     tune.add_argument("--finetune-batch-size", type=int, default=32)
     tune.add_argument(
         "--finetune-dir", type=Path, help="save members here and resume from them on a later run"
@@ -171,11 +176,16 @@ def add_build_arguments(p: argparse.ArgumentParser, backbone_required: bool = Tr
         help="average: one MLP of the members' mean weights (paper); "
         "grouped: every member keeps its own MLP",
     )
-    fusion.add_argument("--lowering", "--grouped-linear", dest="lowering", default=DEFAULT_LOWERING,
-                        choices=LOWERINGS,
-                        help="how grouped projections run and export (default loop: one MatMul per "
-                             "member on a 2-D weight, fastest on the CPU; bmm: one batched MatMul; "
-                             "einsum writes Einsum nodes)")  # fmt: skip
+    fusion.add_argument(
+        "--lowering",
+        "--grouped-linear",
+        dest="lowering",
+        default=DEFAULT_LOWERING,
+        choices=LOWERINGS,
+        help="how grouped projections run and export (default loop: one MatMul per "
+        "member on a 2-D weight, fastest on the CPU; bmm: one batched MatMul; "
+        "einsum writes Einsum nodes)",
+    )
 
 
 CROP_MODES = ("center", "squash", "border")
@@ -207,14 +217,19 @@ def add_preprocessing_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="center-crop fraction: resize to size / crop_pct, then crop (1.0: no crop)",
     )
-    prep.add_argument("--crop-mode", choices=CROP_MODES,
-                      help="center (resize the shorter side), squash (both sides) or border (pad)")  # fmt: skip
+    prep.add_argument(
+        "--crop-mode",
+        choices=CROP_MODES,
+        help="center (resize the shorter side), squash (both sides) or border (pad)",
+    )
 
 
 def preprocessing_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``preprocessing=`` mapping the flags give (None when no flag is given)."""
-    given = {key: getattr(args, key, None) for key in ("mean", "std", "interpolation", "crop_pct",
-                                                       "crop_mode")}  # fmt: skip
+    given = {
+        key: getattr(args, key, None)
+        for key in ("mean", "std", "interpolation", "crop_pct", "crop_mode")
+    }
     given = {key: value for key, value in given.items() if value is not None}
     return given or None
 
@@ -292,12 +307,17 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
 
     if args.spec is not None:
         spec = HydraSpec.from_json(args.spec)
-        wrong = [f"{k}={getattr(spec, k)} (backbone has {getattr(backbone, k)})"
-                 for k in ("num_layers", "num_heads", "head_dim")
-                 if getattr(spec, k) != getattr(backbone, k)]  # fmt: skip
+        wrong = [
+            f"{k}={getattr(spec, k)} (backbone has {getattr(backbone, k)})"
+            for k in ("num_layers", "num_heads", "head_dim")
+            if getattr(spec, k) != getattr(backbone, k)
+        ]
         if wrong:
-            made_for = (f"it was made for {spec.backbone!r}: pass --backbone {spec.backbone}, or "
-                        if spec.backbone != args.backbone else "")  # fmt: skip
+            made_for = (
+                f"it was made for {spec.backbone!r}: pass --backbone {spec.backbone}, or "
+                if spec.backbone != args.backbone
+                else ""
+            )
             raise SpecError(
                 f"--spec {args.spec} does not fit --backbone {args.backbone}: {', '.join(wrong)}; "
                 f"{made_for}write a spec for this backbone with hydra-fuse --backbone "
@@ -320,9 +340,12 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
     if args.members == 1 and keeps_all and args.importance is None:
         logging.getLogger("hydra_deploy").info(
             "one member keeping all %d heads per layer: the plain model (the single-model "
-            "baseline to compare a Hydra export with)", backbone.num_heads)  # fmt: skip
-        return HydraSpec.full(backbone.name, backbone.num_layers, backbone.num_heads,
-                              backbone.head_dim, members=1)  # fmt: skip
+            "baseline to compare a Hydra export with)",
+            backbone.num_heads,
+        )
+        return HydraSpec.full(
+            backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim, members=1
+        )
     importance = args.importance or ("taylor" if args.calib else "random")
     if importance != "random" and not args.calib:
         raise HydraError(
@@ -331,21 +354,37 @@ def choose_spec(args: argparse.Namespace, backbone: Any):
     if importance == "random" and not args.importance:
         logging.getLogger("hydra_deploy").info(
             "no --calib data: heads are drawn at random (seed %d); pass --calib DATA to choose "
-            "them by importance", args.seed)  # fmt: skip
+            "them by importance",
+            args.seed,
+        )
     if importance != "random" and (args.shared_layers or args.disjoint):
         raise HydraError("--shared-layers and --disjoint apply to --importance random only")
     if importance == "random" and args.keep_ratio is None:
         return HydraSpec.random(
-            backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim,
-            members=args.members, heads_per_member=k, shared_layers=args.shared_layers,
-            disjoint=args.disjoint, seed=args.seed,
-        )  # fmt: skip
+            backbone.name,
+            backbone.num_layers,
+            backbone.num_heads,
+            backbone.head_dim,
+            members=args.members,
+            heads_per_member=k,
+            shared_layers=args.shared_layers,
+            disjoint=args.disjoint,
+            seed=args.seed,
+        )
     return select_members(
-        backbone, args.members, heads_per_member=k, keep_ratio=args.keep_ratio,
-        method=importance, data=args.calib, ood_data=args.ood, seed=args.seed,
-        objective=args.objective, temperature=args.temperature, max_examples=args.max_examples,
+        backbone,
+        args.members,
+        heads_per_member=k,
+        keep_ratio=args.keep_ratio,
+        method=importance,
+        data=args.calib,
+        ood_data=args.ood,
+        seed=args.seed,
+        objective=args.objective,
+        temperature=args.temperature,
+        max_examples=args.max_examples,
         conditioning=args.conditioning,
-    )  # fmt: skip
+    )
 
 
 def build_hydra(args: argparse.Namespace, progress: bool = True):
@@ -387,13 +426,25 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
         from hydra_deploy.pruning import finetune_members
 
         members = finetune_members(
-            backbone, spec, args.finetune, epochs=args.epochs, lr=args.lr,
-            batch_size=args.finetune_batch_size, max_steps=args.finetune_steps, seed=args.seed,
-            save_dir=args.finetune_dir, progress=progress, shared_parts=args.shared_parts,
+            backbone,
+            spec,
+            args.finetune,
+            epochs=args.epochs,
+            lr=args.lr,
+            batch_size=args.finetune_batch_size,
+            max_steps=args.finetune_steps,
+            seed=args.seed,
+            save_dir=args.finetune_dir,
+            progress=progress,
+            shared_parts=args.shared_parts,
             warmup_steps=args.warmup_steps,
-        )  # fmt: skip
-    elif (args.finetune_steps or args.finetune_dir or args.warmup_steps
-          or args.shared_parts != "per-member"):  # fmt: skip
+        )
+    elif (
+        args.finetune_steps
+        or args.finetune_dir
+        or args.warmup_steps
+        or args.shared_parts != "per-member"
+    ):
         raise HydraError(
             "--finetune-steps, --finetune-dir, --warmup-steps and --shared-parts need --finetune DATA"
         )
@@ -401,8 +452,9 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
     return backbone, hydra.spec, members, hydra  # the spec as fused (its mlp_merge)
 
 
-def _build_from_checkpoints(args: argparse.Namespace, checkpoints: list, load_kwargs: dict,
-                            progress: bool):  # fmt: skip
+def _build_from_checkpoints(
+    args: argparse.Namespace, checkpoints: list, load_kwargs: dict, progress: bool
+):
     """A deep ensemble fused into one network: one member per checkpoint, heads chosen on each
     checkpoint's own model (``choose_spec`` with one member, seed ``seed + m``), fine-tuned on
     its own when asked, fused with per-member MLPs."""
@@ -423,8 +475,11 @@ def _build_from_checkpoints(args: argparse.Namespace, checkpoints: list, load_kw
     first = backbones[0]
     for checkpoint, other in zip(checkpoints[1:], backbones[1:], strict=True):
         fields = ("family", "num_layers", "num_heads", "head_dim", "embed_dim", "num_classes")
-        wrong = [f"{k} {getattr(other, k)} (vs {getattr(first, k)})" for k in fields
-                 if getattr(other, k) != getattr(first, k)]  # fmt: skip
+        wrong = [
+            f"{k} {getattr(other, k)} (vs {getattr(first, k)})"
+            for k in fields
+            if getattr(other, k) != getattr(first, k)
+        ]
         own = {k: tuple(v.shape) for k, v in first.module.state_dict().items()}
         theirs = {k: tuple(v.shape) for k, v in other.module.state_dict().items()}
         if not wrong and own != theirs:
@@ -450,12 +505,21 @@ def _build_from_checkpoints(args: argparse.Namespace, checkpoints: list, load_kw
             from hydra_deploy.pruning import finetune_members
 
             tuned = finetune_members(
-                backbone, own_spec, args.finetune, epochs=args.epochs, lr=args.lr,
-                batch_size=args.finetune_batch_size, max_steps=args.finetune_steps,
-                seed=args.seed + m, progress=progress, shared_parts="per-member",
+                backbone,
+                own_spec,
+                args.finetune,
+                epochs=args.epochs,
+                lr=args.lr,
+                batch_size=args.finetune_batch_size,
+                max_steps=args.finetune_steps,
+                seed=args.seed + m,
+                progress=progress,
+                shared_parts="per-member",
                 warmup_steps=args.warmup_steps,
-                save_dir=None if args.finetune_dir is None else args.finetune_dir / f"checkpoint{m}",
-            )  # fmt: skip
+                save_dir=None
+                if args.finetune_dir is None
+                else args.finetune_dir / f"checkpoint{m}",
+            )
             member = tuned[0]
             history.append({**tuned.history[0], "member": m, "checkpoint": str(checkpoints[m])})
         members.append(member)
@@ -467,10 +531,16 @@ def _build_from_checkpoints(args: argparse.Namespace, checkpoints: list, load_kw
             "trained checkpoints have their own embeddings and classifiers"
         )
     spec = HydraSpec(
-        first.name, first.num_layers, first.num_heads, first.head_dim, heads,
-        mlp_merge="grouped", importance=args.importance or ("taylor" if args.calib else "random"),
-        seed=args.seed, meta={"checkpoints": [str(c) for c in checkpoints]},
-    )  # fmt: skip
+        first.name,
+        first.num_layers,
+        first.num_heads,
+        first.head_dim,
+        heads,
+        mlp_merge="grouped",
+        importance=args.importance or ("taylor" if args.calib else "random"),
+        seed=args.seed,
+        meta={"checkpoints": [str(c) for c in checkpoints]},
+    )
     hydra = fuse(members, spec, "grouped", lowering=args.lowering)
     tuned_members = FinetunedMembers([getattr(m, "module", m) for m in members], history)
     return first, hydra.spec, tuned_members if args.finetune else first, hydra

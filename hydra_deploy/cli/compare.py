@@ -28,39 +28,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="a hydra-export folder")
     p.add_argument("--engine", type=Path, metavar="FILE", help="a TensorRT engine built from it")
-    p.add_argument("--inputs", type=Path, metavar="FILE",
-                   help="preprocessed inputs (.npy, or .npz with key 'x' or the input name; text "
-                        "models: .npz with input_ids, attention_mask[, token_type_ids]); default: "
-                        "--batch of the model's own seeded examples (random pixels, or token ids "
-                        "with padded rows)")  # fmt: skip
+    p.add_argument(
+        "--inputs",
+        type=Path,
+        metavar="FILE",
+        help="preprocessed inputs (.npy, or .npz with key 'x' or the input name; text "
+        "models: .npz with input_ids, attention_mask[, token_type_ids]); default: "
+        "--batch of the model's own seeded examples (random pixels, or token ids "
+        "with padded rows)",
+    )
     p.add_argument("--batch", type=int, default=8, help="random examples when no --inputs (8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
-    p.add_argument("--providers", help="ONNX Runtime providers, comma-separated (default: CUDA, CPU)")  # fmt: skip
+    p.add_argument(
+        "--providers", help="ONNX Runtime providers, comma-separated (default: CUDA, CPU)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
 def _table(report) -> str:
-    lines = [f"{report.export_dir} ({report.precision}), {report.batch} inputs "
-             f"({report.inputs}), reference: {report.reference}"]  # fmt: skip
+    lines = [
+        f"{report.export_dir} ({report.precision}), {report.batch} inputs "
+        f"({report.inputs}), reference: {report.reference}"
+    ]
     for backend in report.backends:
         if backend.status == "skipped":
             lines.append(f"\n{backend.backend}: skipped: {backend.reason}")
             continue
         verdict = "PASS" if backend.passed else "FAIL"
-        lines.append(f"\n{backend.backend} ({backend.path}), {backend.tolerance.precision} "
-                     f"tolerances: {verdict}")  # fmt: skip
+        lines.append(
+            f"\n{backend.backend} ({backend.path}), {backend.tolerance.precision} "
+            f"tolerances: {verdict}"
+        )
         rows = []
         by_member: dict[int, dict] = {}
         for check in backend.members:
             by_member.setdefault(check.member, {})[check.name] = check
         for member, checks in by_member.items():
             logits, argmax = checks["member_logits"], checks["argmax"]
-            rows.append([f"member {member}", f"{logits.value:.3g}", f"{logits.bound:.3g}",
-                         f"{100 * argmax.value:.1f}%", f">= {100 * argmax.bound:.0f}%",
-                         "ok" if logits.passed and argmax.passed else "FAIL"])  # fmt: skip
-        lines.append(common.print_table(
-            rows, ["member", "logits max diff", "bound", "argmax agree", "needs", ""]))  # fmt: skip
+            rows.append(
+                [
+                    f"member {member}",
+                    f"{logits.value:.3g}",
+                    f"{logits.bound:.3g}",
+                    f"{100 * argmax.value:.1f}%",
+                    f">= {100 * argmax.bound:.0f}%",
+                    "ok" if logits.passed and argmax.passed else "FAIL",
+                ]
+            )
+        lines.append(
+            common.print_table(
+                rows, ["member", "logits max diff", "bound", "argmax agree", "needs", ""]
+            )
+        )
         rows = []
         for check in backend.scores:
             if check.kind == "agreement":
@@ -78,8 +98,14 @@ def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.evaluation.compare import compare_export
 
     providers = args.providers.split(",") if args.providers else None
-    report = compare_export(args.export_dir, engine=args.engine, inputs=args.inputs,
-                            batch=args.batch, seed=args.seed, providers=providers)  # fmt: skip
+    report = compare_export(
+        args.export_dir,
+        engine=args.engine,
+        inputs=args.inputs,
+        batch=args.batch,
+        seed=args.seed,
+        providers=providers,
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif not args.quiet:

@@ -90,10 +90,15 @@ def _trtexec(args: argparse.Namespace) -> int:
 
     source = load_source(args.export_dir)
     kwargs = dict(
-        precision=args.precision, out=args.out, gpu=args.gpu_tag, timing_cache=args.timing_cache,
-        min_batch=args.min_batch, opt_batch=args.opt_batch, max_batch=args.max_batch,
+        precision=args.precision,
+        out=args.out,
+        gpu=args.gpu_tag,
+        timing_cache=args.timing_cache,
+        min_batch=args.min_batch,
+        opt_batch=args.opt_batch,
+        max_batch=args.max_batch,
         strongly_typed=args.strongly_typed,
-    )  # fmt: skip
+    )
     generations = [args.trt] if args.trt else list(GENERATION_NAMES)
     results = []
     for trt in generations:
@@ -104,13 +109,19 @@ def _trtexec(args: argparse.Namespace) -> int:
                 raise
             results.append({"trt": trt, "error": str(err)})
             continue
-        results.append({
-            "trt": trt, "precision": command.precision, "strongly_typed": command.strongly_typed,
-            "argv": list(command.argv), "command": command.shell, "engine": str(command.engine),
-            "timing_cache": str(command.timing_cache),
-            "layer_info": str(command.layer_info) if command.layer_info else None,
-            "notes": list(command.notes),
-        })  # fmt: skip
+        results.append(
+            {
+                "trt": trt,
+                "precision": command.precision,
+                "strongly_typed": command.strongly_typed,
+                "argv": list(command.argv),
+                "command": command.shell,
+                "engine": str(command.engine),
+                "timing_cache": str(command.timing_cache),
+                "layer_info": str(command.layer_info) if command.layer_info else None,
+                "notes": list(command.notes),
+            }
+        )
     if args.json:
         print(json.dumps({"export": str(args.export_dir), "commands": results}, indent=2))
         return 0
@@ -155,11 +166,19 @@ def main_body(args: argparse.Namespace) -> int:
                 "the target, then hydra-build EXPORT_DIR --triton REPO --engine FILE"
             )
         if args.engine is not None:
-            building = [flag for flag, value in (
-                ("--precision", args.precision), ("--out", args.out), ("--min-batch", args.min_batch),
-                ("--opt-batch", args.opt_batch), ("--max-batch", args.max_batch),
-                ("--timing-cache", args.timing_cache), ("--strongly-typed/--weakly-typed", args.strongly_typed),
-            ) if value is not None]  # fmt: skip
+            building = [
+                flag
+                for flag, value in (
+                    ("--precision", args.precision),
+                    ("--out", args.out),
+                    ("--min-batch", args.min_batch),
+                    ("--opt-batch", args.opt_batch),
+                    ("--max-batch", args.max_batch),
+                    ("--timing-cache", args.timing_cache),
+                    ("--strongly-typed/--weakly-typed", args.strongly_typed),
+                )
+                if value is not None
+            ]
             if building:
                 raise EngineError(
                     f"--engine adds an engine already built, so {', '.join(building)} (settings of "
@@ -177,10 +196,16 @@ def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.engines.tensorrt import build_engine
 
     engine = build_engine(
-        args.export_dir, precision=args.precision, min_batch=args.min_batch,
-        opt_batch=args.opt_batch, max_batch=args.max_batch, timing_cache=args.timing_cache,
-        strongly_typed=args.strongly_typed, out=args.out, overwrite=args.overwrite,
-    )  # fmt: skip
+        args.export_dir,
+        precision=args.precision,
+        min_batch=args.min_batch,
+        opt_batch=args.opt_batch,
+        max_batch=args.max_batch,
+        timing_cache=args.timing_cache,
+        strongly_typed=args.strongly_typed,
+        out=args.out,
+        overwrite=args.overwrite,
+    )
     sidecar_path = engine.with_suffix(".json")
     sidecar = json.loads(sidecar_path.read_text(encoding="utf-8"))
     repository = triton.write(args, args.export_dir, engine=engine) if args.triton else None

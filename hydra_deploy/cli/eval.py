@@ -37,18 +37,41 @@ def build_parser() -> argparse.ArgumentParser:
         EXAMPLES,
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")
-    p.add_argument("--id", dest="id_data", type=Path, required=True, metavar="DATA",
-                   help="labelled in-distribution data")  # fmt: skip
-    p.add_argument("--ood", action="append", required=True, metavar="NAME=DATA",
-                   help="an OOD set and its name (repeat for more)")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, metavar="REPORT_DIR",
-                   help="report folder to write (refused if it exists, unless --overwrite)")  # fmt: skip
-    p.add_argument("--batch-size", type=int, metavar="N",
-                   help="examples per forward pass (default: the model's max batch, else 32)")  # fmt: skip
+    p.add_argument(
+        "--id",
+        dest="id_data",
+        type=Path,
+        required=True,
+        metavar="DATA",
+        help="labelled in-distribution data",
+    )
+    p.add_argument(
+        "--ood",
+        action="append",
+        required=True,
+        metavar="NAME=DATA",
+        help="an OOD set and its name (repeat for more)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="REPORT_DIR",
+        help="report folder to write (refused if it exists, unless --overwrite)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="examples per forward pass (default: the model's max batch, else 32)",
+    )
     p.add_argument("--bins", type=int, default=15, help="ECE / reliability bins (default 15)")
-    p.add_argument("--scores", default="msp,predictive_entropy,mutual_information",
-                   help="comma-separated OOD scores (default: msp,predictive_entropy,"
-                        "mutual_information; also expected_entropy, disagreement)")  # fmt: skip
+    p.add_argument(
+        "--scores",
+        default="msp,predictive_entropy,mutual_information",
+        help="comma-separated OOD scores (default: msp,predictive_entropy,"
+        "mutual_information; also expected_entropy, disagreement)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing REPORT_DIR")
     p.add_argument("--json", action="store_true", help="also print report.json on stdout")
     return p
@@ -85,16 +108,28 @@ def main_body(args: argparse.Namespace) -> int:
     scores = [s.strip() for s in args.scores.split(",") if s.strip()]
     common.refuse_existing(args.out, args.overwrite)
     with load_runner(args.model) as runner:
-        report, arrays = evaluate(runner, args.id_data, ood, batch_size=args.batch_size,
-                                  bins=args.bins, scores=scores, return_scores=True)  # fmt: skip
+        report, arrays = evaluate(
+            runner,
+            args.id_data,
+            ood,
+            batch_size=args.batch_size,
+            bins=args.bins,
+            scores=scores,
+            return_scores=True,
+        )
     report["model"] = str(args.model)
     write_report(report, arrays, args.out, overwrite=args.overwrite)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
     if not args.quiet:
         c = report["id"]["classification"]
-        log.info("ID: accuracy %.4f, ECE %.4f (%d bins), NLL %.4f", c["accuracy"], c["ece"],
-                 args.bins, c["nll"])  # fmt: skip
+        log.info(
+            "ID: accuracy %.4f, ECE %.4f (%d bins), NLL %.4f",
+            c["accuracy"],
+            c["ece"],
+            args.bins,
+            c["nll"],
+        )
         for name, entry in report["ood"].items():
             parts = ", ".join(
                 f"{s} AUROC {m['auroc']:.4f}"

@@ -71,16 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     out.add_argument("--json", action="store_true", help="print hydra.json's contents as JSON")
     triton.add_arguments(p, engine=False)
-    return p  # fmt: skip
+    return p
 
 
 def default_name(backbone: str) -> str:
     """A folder name for a backbone: ``vit_b16``, ``hf:/models/minilm`` -> ``minilm``,
     ``openclip:ViT-B-32`` -> ``openclip-ViT-B-32``."""
-    family, sep, rest = str(backbone).partition(":")
-    if sep and family == "hf":
+    prefix, sep, rest = str(backbone).partition(":")
+    if sep and prefix == "hf":
         return Path(rest.rstrip("/")).name or "hf"
-    if sep and family == "openclip":
+    if sep and prefix == "openclip":
         return "openclip-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", rest)
     return Path(str(backbone).rstrip("/")).name
 
@@ -96,8 +96,10 @@ def trtexec_lines(info: dict, out: Path) -> list[str]:
 
     if info.get("precision", "fp32") != "fp32":
         return [f"{trtexec_command(out, trt='10.12')}   # TensorRT 10.12+ / 11"]
-    return [f"{trtexec_command(out, precision='fp16', trt='10')}   # TensorRT 10.0-10.11 (JetPack 6.1/6.2)",
-            "# TensorRT 10.12+ / 11: export with --precision fp16 and build --stronglyTyped"]  # fmt: skip
+    return [
+        f"{trtexec_command(out, precision='fp16', trt='10')}   # TensorRT 10.0-10.11 (JetPack 6.1/6.2)",
+        "# TensorRT 10.12+ / 11: export with --precision fp16 and build --stronglyTyped",
+    ]
 
 
 def validation_line(validation: dict) -> str:
@@ -106,22 +108,28 @@ def validation_line(validation: dict) -> str:
     worst = max(b["member_logits"]["max_abs_diff"] for b in batches.values())
     limit = max(b["member_logits"]["atol"] for b in batches.values())
     precision = validation.get("precision", "fp32")
-    line = (f"validated in ONNX Runtime at batch {', '.join(batches)}: max member-logit difference "
-            f"{worst:.2g} (tolerance {limit:.2g})")  # fmt: skip
+    line = (
+        f"validated in ONNX Runtime at batch {', '.join(batches)}: max member-logit difference "
+        f"{worst:.2g} (tolerance {limit:.2g})"
+    )
     if precision == "fp32":
         return line
     line = line.replace(
         "in ONNX Runtime", f"the {precision} file's float32 widening in ONNX Runtime"
     )
     drift = [b["drift_vs_fp32"] for b in batches.values()]
-    moved = ", ".join(f"{name} {max(d[name] for d in drift):.2g}" for name in
-                      ("member_logits", "probs", "predictive_entropy", "mutual_information")
-                      if name in drift[0])  # fmt: skip
+    moved = ", ".join(
+        f"{name} {max(d[name] for d in drift):.2g}"
+        for name in ("member_logits", "probs", "predictive_entropy", "mutual_information")
+        if name in drift[0]
+    )
     agreement = min(d["argmax_agreement"] for d in drift)  # printed to 0.01%: 98.96% is not 99%
     state = "within" if validation.get("drift_within_tolerance") else "BEYOND"
-    return (f"{line} against PyTorch with {precision} weights\n{precision} vs fp32 (measured in "
-            f"{validation['drift_measured_in']}): max {moved}; argmax agreement {agreement:.2%} "
-            f"({state} the {precision} tolerances)")  # fmt: skip
+    return (
+        f"{line} against PyTorch with {precision} weights\n{precision} vs fp32 (measured in "
+        f"{validation['drift_measured_in']}): max {moved}; argmax agreement {agreement:.2%} "
+        f"({state} the {precision} tolerances)"
+    )
 
 
 def main_body(args: argparse.Namespace) -> int:
@@ -146,8 +154,10 @@ def main_body(args: argparse.Namespace) -> int:
     if args.triton is not None:
         triton.preflight(args, args.out, with_engine=False)
         if not args.uq_outputs:
-            log.info("--triton: the ensemble head goes in the graph (--uq-outputs), so Triton "
-                     "answers the uncertainty scores itself")  # fmt: skip
+            log.info(
+                "--triton: the ensemble head goes in the graph (--uq-outputs), so Triton "
+                "answers the uncertainty scores itself"
+            )
             args.uq_outputs = True
     opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
     batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
@@ -166,16 +176,29 @@ def main_body(args: argparse.Namespace) -> int:
     else:
         _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
     macs = hydra.macs
-    heads = ", ".join(f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
-                      for n in spec.heads_per_layer().sum(1))  # fmt: skip
-    log.info("built %d member%s (%s), %s, %.2f x the single model's MACs", spec.num_members,
-             "s" * (spec.num_members != 1), heads, hydra.parameters_line(),
-             macs["hydra"] / macs["single"])  # fmt: skip
+    heads = ", ".join(
+        f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
+        for n in spec.heads_per_layer().sum(1)
+    )
+    log.info(
+        "built %d member%s (%s), %s, %.2f x the single model's MACs",
+        spec.num_members,
+        "s" * (spec.num_members != 1),
+        heads,
+        hydra.parameters_line(),
+        macs["hydra"] / macs["single"],
+    )
     info = export_onnx(
-        hydra, args.out, opset=args.opset, batch=batch,
-        exporter=args.exporter, validate=not args.no_validate, uq_outputs=args.uq_outputs,
-        precision=args.precision, overwrite=args.overwrite,
-    )  # fmt: skip
+        hydra,
+        args.out,
+        opset=args.opset,
+        batch=batch,
+        exporter=args.exporter,
+        validate=not args.no_validate,
+        uq_outputs=args.uq_outputs,
+        precision=args.precision,
+        overwrite=args.overwrite,
+    )
     repository = triton.write(args, args.out) if args.triton is not None else None
     if args.json:
         print(json.dumps(info if repository is None else {**info, "triton": repository}, indent=2))

@@ -89,24 +89,33 @@ def main_body(args: argparse.Namespace) -> int:
         return 0
     params, macs = report["parameters"], hydra.macs
     rows = [
-        (name, f"{params[name] / 1e6:.2f}", f"{params[name] / single_params:.2f}",
-         f"{macs[name] / 1e9:.3f}", f"{macs[name] / macs['single']:.2f}")
+        (
+            name,
+            f"{params[name] / 1e6:.2f}",
+            f"{params[name] / single_params:.2f}",
+            f"{macs[name] / 1e9:.3f}",
+            f"{macs[name] / macs['single']:.2f}",
+        )
         for name in ("single", "hydra", "deep_ensemble")
-    ]  # fmt: skip
+    ]
     print(hydra.spec.summary())
     print()
     print(hydra.summary())
     for entry in report["finetune"] or []:
-        print(f"member {entry['member']}: fine-tuned {entry['steps']} steps, training loss "
-              f"{entry['loss_before']:.4f} -> {entry['loss_after']:.4f}"
-              f"{' (resumed)' if entry.get('resumed') else ''}")  # fmt: skip
+        print(
+            f"member {entry['member']}: fine-tuned {entry['steps']} steps, training loss "
+            f"{entry['loss_before']:.4f} -> {entry['loss_after']:.4f}"
+            f"{' (resumed)' if entry.get('resumed') else ''}"
+        )
     print()
     print(
         common.print_table(rows, ("model", "params (M)", "x single", "GMACs/example", "x single"))
     )
     print()
-    print(f"forward: input {tuple(inputs[0].shape)} -> member_logits {tuple(logits.shape)} "
-          f"[batch, members, classes] in {latency_ms:.0f} ms (second call)")  # fmt: skip
+    print(
+        f"forward: input {tuple(inputs[0].shape)} -> member_logits {tuple(logits.shape)} "
+        f"[batch, members, classes] in {latency_ms:.0f} ms (second call)"
+    )
     if args.save_spec is not None:
         print(f"spec written to {args.save_spec}")
     return 0

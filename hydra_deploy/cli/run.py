@@ -16,6 +16,7 @@ import numpy as np
 
 from hydra_deploy.cli import common
 from hydra_deploy.errors import HydraError, RunnerError
+from hydra_deploy.families import get_family
 
 EXAMPLES = """\
   hydra-run export/vit_b16-m3 images/                    # every image under images/, a table
@@ -44,25 +45,54 @@ def build_parser() -> argparse.ArgumentParser:
         EXAMPLES,
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")
-    p.add_argument("inputs", type=Path, nargs="*", metavar="INPUT",
-                   help="image files or folders, .npy/.npz arrays, or (text models) .txt files "
-                        "with one input per line")  # fmt: skip
-    p.add_argument("--text", action="append", metavar="TEXT",
-                   help="a text to classify (text models; repeat for more)")  # fmt: skip
-    p.add_argument("--batch-size", type=int,
-                   help="examples per forward pass (default: the model's max batch, else 32)")  # fmt: skip
+    p.add_argument(
+        "inputs",
+        type=Path,
+        nargs="*",
+        metavar="INPUT",
+        help="image files or folders, .npy/.npz arrays, or (text models) .txt files "
+        "with one input per line",
+    )
+    p.add_argument(
+        "--text",
+        action="append",
+        metavar="TEXT",
+        help="a text to classify (text models; repeat for more)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="examples per forward pass (default: the model's max batch, else 32)",
+    )
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON ('-': stdout)")  # fmt: skip
-    out.add_argument("--csv", type=Path, metavar="FILE", help="write the results as CSV ('-': stdout)")  # fmt: skip
-    p.add_argument("--top-k", type=int, default=1, metavar="K",
-                   help="also report the K most probable classes (default 1: the prediction only)")  # fmt: skip
-    p.add_argument("--backend", choices=("onnxruntime", "tensorrt"),
-                   help="default: TensorRT for engine files, ONNX Runtime otherwise")  # fmt: skip
-    p.add_argument("--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)")  # fmt: skip
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --json/--csv file")  # fmt: skip
-    p.add_argument("--allow-nonfinite", action="store_true",
-                   help="run inputs holding NaN/inf and pass non-finite logits through (prediction "
-                        "-1, scores null in JSON, empty in CSV) instead of refusing them")  # fmt: skip
+    out.add_argument(
+        "--json", type=Path, metavar="FILE", help="write the results as JSON ('-': stdout)"
+    )
+    out.add_argument(
+        "--csv", type=Path, metavar="FILE", help="write the results as CSV ('-': stdout)"
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=1,
+        metavar="K",
+        help="also report the K most probable classes (default 1: the prediction only)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("onnxruntime", "tensorrt"),
+        help="default: TensorRT for engine files, ONNX Runtime otherwise",
+    )
+    p.add_argument(
+        "--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json/--csv file")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="run inputs holding NaN/inf and pass non-finite logits through (prediction "
+        "-1, scores null in JSON, empty in CSV) instead of refusing them",
+    )
     return p
 
 
@@ -82,7 +112,10 @@ class _Source:
         for start in range(0, len(self.labels), size):
             labels = self.labels[start : start + size]
             if self.kind == "images":
-                yield labels, preprocess_images(self.images[start : start + size], runner.preprocessing)  # fmt: skip
+                yield (
+                    labels,
+                    preprocess_images(self.images[start : start + size], runner.preprocessing),
+                )
             elif self.kind == "text":
                 yield labels, runner.text_encoder()(self.texts[start : start + size])
             elif isinstance(self.array, dict):
@@ -96,9 +129,10 @@ def _load_array(path: Path, runner) -> np.ndarray | dict[str, np.ndarray]:
 
     names = runner.input_names
     data: Any = read_array_file(
-        path, error=RunnerError,
+        path,
+        error=RunnerError,
         hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays",
-    )  # fmt: skip
+    )
     if isinstance(data, dict):
         keys = list(data)
         if len(names) > 1 and set(names) - {"token_type_ids"} <= set(keys):
@@ -125,15 +159,17 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
     """Sort the INPUT arguments into image groups and arrays; refuse what the model cannot take."""
     from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
 
-    family = runner.family or "vit"
+    family = get_family(runner.family or "vit")
     sources: list[_Source] = []
     for path in paths:
         suffix = path.suffix.lower()
         if not path.exists():
             raise RunnerError(f"input {str(path)!r} does not exist")
         if path.is_dir() or suffix in IMAGE_SUFFIXES:
-            if family not in ("vit", "openclip"):
-                raise RunnerError(f"{path}: images need a vision model; MODEL is a {family} model")
+            if family.input_kind != "images":
+                raise RunnerError(
+                    f"{path}: images need a vision model; MODEL is a {family.name} model"
+                )
             images = find_images([path])
             sources.append(_Source("images", [str(p) for p in images], images=images))
         elif suffix in ARRAY_SUFFIXES:
@@ -147,7 +183,7 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
                 )
             labels = [f"{path}[{i}]" for i in range(count)]
             sources.append(_Source("array", labels, array=data))
-        elif suffix == ".txt" and family == "bert":
+        elif suffix == ".txt" and family.text:
             from hydra_deploy.engines.text import read_lines
 
             lines = read_lines(path)
@@ -155,9 +191,12 @@ def collect_sources(runner, paths: list[Path]) -> list[_Source]:
             sources.append(_Source("text", labels, texts=lines))
         elif suffix in TEXT_SUFFIXES:
             first = runner.inputs[0]
-            what = ("text models read .txt files (one input per line)" if family == "bert" else
-                    f"text inputs are for text models; MODEL is a {family} model taking "
-                    f"{first.describe()}: give image files, folders or preprocessed .npy/.npz arrays")  # fmt: skip
+            what = (
+                "text models read .txt files (one input per line)"
+                if family.text
+                else f"text inputs are for text models; MODEL is a {family.name} model taking "
+                f"{first.describe()}: give image files, folders or preprocessed .npy/.npz arrays"
+            )
             raise RunnerError(f"{path} looks like text: {what}")
         else:
             raise RunnerError(
@@ -176,9 +215,14 @@ def _fmt(value: float | None) -> str:
     return "nan" if value is None else f"{value:.4f}"
 
 
-def score_inputs(runner, paths: list[Path], batch_size: int | None = None, top_k: int = 1,
-                 texts: list[str] | None = None,
-                 allow_nonfinite: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+def score_inputs(
+    runner,
+    paths: list[Path],
+    batch_size: int | None = None,
+    top_k: int = 1,
+    texts: list[str] | None = None,
+    allow_nonfinite: bool = False,
+) -> list[dict[str, Any]]:
     """Run ``runner`` over the INPUT paths; one result dict per example, in input order.
 
     ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
@@ -223,10 +267,13 @@ def score_inputs(runner, paths: list[Path], batch_size: int | None = None, top_k
                 result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
                 if top_k > 1:
                     result["top_k"] = [
-                        {"class": int(c), "label": names[c] if names else None,
-                         "prob": _finite_or_none(scores["probs"][row, c])}
+                        {
+                            "class": int(c),
+                            "label": names[c] if names else None,
+                            "prob": _finite_or_none(scores["probs"][row, c]),
+                        }
                         for c in top[row]
-                    ]  # fmt: skip
+                    ]
                 results.append(result)
     return results
 
@@ -273,10 +320,20 @@ def main_body(args: argparse.Namespace) -> int:
         common.refuse_existing(target, args.overwrite)
     providers = args.providers.split(",") if args.providers else None
     with load_runner(args.model, backend=args.backend, providers=providers) as runner:
-        results = score_inputs(runner, args.inputs, args.batch_size, args.top_k, args.text,
-                               allow_nonfinite=args.allow_nonfinite)  # fmt: skip
-        meta = {"model": str(args.model), "backend": runner.backend,
-                "providers": list(runner.providers), "precision": runner.precision}  # fmt: skip
+        results = score_inputs(
+            runner,
+            args.inputs,
+            args.batch_size,
+            args.top_k,
+            args.text,
+            allow_nonfinite=args.allow_nonfinite,
+        )
+        meta = {
+            "model": str(args.model),
+            "backend": runner.backend,
+            "providers": list(runner.providers),
+            "precision": runner.precision,
+        }
     if args.json is not None:
         report = {**meta, "count": len(results), "results": results}
         _write(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
@@ -287,19 +344,28 @@ def main_body(args: argparse.Namespace) -> int:
             header = ["input", "prediction", *SCALAR_SCORES]
             header.remove("expected_entropy")
             rows = [
-                [r["input"], r["label"] if r["label"] is not None else r["prediction"],
-                 *(_fmt(r[s]) for s in header[2:])]
+                [
+                    r["input"],
+                    r["label"] if r["label"] is not None else r["prediction"],
+                    *(_fmt(r[s]) for s in header[2:]),
+                ]
                 for r in results
-            ]  # fmt: skip
+            ]
             print(common.print_table(rows, header))
             if args.top_k > 1:
                 for r in results:
-                    print(f"{r['input']}: " + ", ".join(
-                        f"{e['label'] if e['label'] is not None else e['class']} {_fmt(e['prob'])}"
-                        for e in r["top_k"]))  # fmt: skip
+                    print(
+                        f"{r['input']}: "
+                        + ", ".join(
+                            f"{e['label'] if e['label'] is not None else e['class']} {_fmt(e['prob'])}"
+                            for e in r["top_k"]
+                        )
+                    )
     elif not args.quiet and str(target) != "-":
-        print(f"wrote {len(results)} result(s) to {target} ({meta['backend']}, "
-              f"{', '.join(meta['providers'])})")  # fmt: skip
+        print(
+            f"wrote {len(results)} result(s) to {target} ({meta['backend']}, "
+            f"{', '.join(meta['providers'])})"
+        )
     return 0
 
 

@@ -35,43 +35,88 @@ def build_parser() -> argparse.ArgumentParser:
         "cannot be read (an undecodable image) stops the run; the parts finished before are kept.",
         EXAMPLES,
     )
-    p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="export folder (hydra-export --out)")  # fmt: skip
-    p.add_argument("inputs", type=Path, nargs="+", metavar="INPUT",
-                   help="image files or folders (searched recursively, sorted, as hydra-run); for "
-                        "text exports .txt files with one input per non-empty line")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, metavar="OUT",
-                   help="output folder of part-NNNNN.parquet files (e.g. scores.parquet)")  # fmt: skip
+    p.add_argument(
+        "export_dir", type=Path, metavar="EXPORT_DIR", help="export folder (hydra-export --out)"
+    )
+    p.add_argument(
+        "inputs",
+        type=Path,
+        nargs="+",
+        metavar="INPUT",
+        help="image files or folders (searched recursively, sorted, as hydra-run); for "
+        "text exports .txt files with one input per non-empty line",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="OUT",
+        help="output folder of part-NNNNN.parquet files (e.g. scores.parquet)",
+    )
     ray_args = p.add_argument_group("Ray")
-    ray_args.add_argument("--address", metavar="ADDR",
-                          help="join a running cluster: 'auto' (this machine's, from ray start), "
-                               "HOST:6379, or ray://HOST:10001 (Ray Client: the run goes to the "
-                               "cluster as one task; paths are made absolute); default: start a "
-                               "local cluster on this machine for this run. Every node needs "
-                               "hydra-deploy[ray] and the export, inputs and OUT at the same "
-                               "paths")  # fmt: skip
-    ray_args.add_argument("--num-cpus", type=int, metavar="N",
-                          help="CPUs of the local cluster (default: all of this machine's)")  # fmt: skip
-    ray_args.add_argument("--actors", type=int, metavar="N",
-                          help="scoring actors, one ONNX Runtime session each (default: one per 2 "
-                               "CPUs of the cluster, at least 1)")  # fmt: skip
-    ray_args.add_argument("--threads", type=int, metavar="N",
-                          help="ONNX Runtime intra-op threads per actor, also the CPUs each actor "
-                               "reserves (default: the cluster's CPUs / actors, at least 1)")  # fmt: skip
-    p.add_argument("--batch-size", type=int, metavar="B",
-                   help="examples per forward pass (default: the export's batch_profile opt from "
-                        "hydra.json, capped at its max; at most that max)")  # fmt: skip
-    p.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, metavar="N",
-                   help=f"inputs per shard and part file (default {DEFAULT_SHARD_SIZE}); text "
-                        "lines are sharded the same way, across .txt files")  # fmt: skip
-    p.add_argument("--member-logits", action="store_true",
-                   help="also store every member's logits (list<list<float32>>: members x classes)")  # fmt: skip
+    ray_args.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="join a running cluster: 'auto' (this machine's, from ray start), "
+        "HOST:6379, or ray://HOST:10001 (Ray Client: the run goes to the "
+        "cluster as one task; paths are made absolute); default: start a "
+        "local cluster on this machine for this run. Every node needs "
+        "hydra-deploy[ray] and the export, inputs and OUT at the same "
+        "paths",
+    )
+    ray_args.add_argument(
+        "--num-cpus",
+        type=int,
+        metavar="N",
+        help="CPUs of the local cluster (default: all of this machine's)",
+    )
+    ray_args.add_argument(
+        "--actors",
+        type=int,
+        metavar="N",
+        help="scoring actors, one ONNX Runtime session each (default: one per 2 "
+        "CPUs of the cluster, at least 1)",
+    )
+    ray_args.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="ONNX Runtime intra-op threads per actor, also the CPUs each actor "
+        "reserves (default: the cluster's CPUs / actors, at least 1)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="examples per forward pass (default: the export's batch_profile opt from "
+        "hydra.json, capped at its max; at most that max)",
+    )
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        default=DEFAULT_SHARD_SIZE,
+        metavar="N",
+        help=f"inputs per shard and part file (default {DEFAULT_SHARD_SIZE}); text "
+        "lines are sharded the same way, across .txt files",
+    )
+    p.add_argument(
+        "--member-logits",
+        action="store_true",
+        help="also store every member's logits (list<list<float32>>: members x classes)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true",
-                      help="finish an existing OUT: keep its parts, score the missing shards (the "
-                           "model, inputs, shard size and columns must match its manifest)")  # fmt: skip
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an existing OUT: keep its parts, score the missing shards (the "
+        "model, inputs, shard size and columns must match its manifest)",
+    )
     mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    p.add_argument("--json", action="store_true",
-                   help="print a JSON summary on stdout (items, shards done/skipped, seconds, items/s)")  # fmt: skip
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary on stdout (items, shards done/skipped, seconds, items/s)",
+    )
     return p
 
 
@@ -79,20 +124,33 @@ def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.distributed import score_dataset
 
     report = score_dataset(
-        args.export_dir, args.inputs, args.out, address=args.address, num_cpus=args.num_cpus,
-        actors=args.actors, threads=args.threads, batch_size=args.batch_size,
-        shard_size=args.shard_size, member_logits=args.member_logits, resume=args.resume,
-        overwrite=args.overwrite, progress=not args.quiet, quiet=args.quiet, debug=args.debug,
-    )  # fmt: skip
+        args.export_dir,
+        args.inputs,
+        args.out,
+        address=args.address,
+        num_cpus=args.num_cpus,
+        actors=args.actors,
+        threads=args.threads,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        member_logits=args.member_logits,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        quiet=args.quiet,
+        debug=args.debug,
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif not args.quiet:
         skipped = f" ({report.shards_skipped} were done already)" if report.shards_skipped else ""
         if report.shards_done:  # (nothing to do: the library said so)
-            print(f"wrote {report.shards_done} part(s) to {report.out}{skipped}: "
-                  f"{report.items_scored} item(s) in {report.seconds:.1f} s "
-                  f"({report.items_per_second:.1f} items/s; "
-                  f"{report.items_per_second_scoring:.1f} items/s after Ray start-up)")  # fmt: skip
+            print(
+                f"wrote {report.shards_done} part(s) to {report.out}{skipped}: "
+                f"{report.items_scored} item(s) in {report.seconds:.1f} s "
+                f"({report.items_per_second:.1f} items/s; "
+                f"{report.items_per_second_scoring:.1f} items/s after Ray start-up)"
+            )
     return 0
 
 

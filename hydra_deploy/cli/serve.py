@@ -34,38 +34,75 @@ def build_parser() -> argparse.ArgumentParser:
         "Needs pip install 'hydra-deploy[serve]' (Linux). Triton's own log goes to stderr.",
         EXAMPLES,
     )
-    p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR",
-                   help="export folder (hydra-export --out), or a .onnx / engine file")  # fmt: skip
+    p.add_argument(
+        "export_dir",
+        type=Path,
+        metavar="EXPORT_DIR",
+        help="export folder (hydra-export --out), or a .onnx / engine file",
+    )
     net = p.add_argument_group("network")
-    net.add_argument("--host", default="127.0.0.1",
-                     help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")  # fmt: skip
+    net.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)",
+    )
     net.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     net.add_argument("--grpc-port", type=int, help="gRPC port (default: --port + 1)")
-    net.add_argument("--metrics-port", type=int,
-                     help="Prometheus metrics port (default: --port + 2)")  # fmt: skip
+    net.add_argument(
+        "--metrics-port", type=int, help="Prometheus metrics port (default: --port + 2)"
+    )
     model = p.add_argument_group("model")
-    model.add_argument("--model-name", metavar="NAME",
-                       help="Triton model name (default: the export folder's name, in letters, "
-                            "digits, '.', '_', '-')")  # fmt: skip
-    model.add_argument("--max-batch", type=int, metavar="N",
-                       help="largest batch Triton forms or accepts (default: the export's "
-                            "batch_profile max; at most that)")  # fmt: skip
-    model.add_argument("--preferred-batch", type=int, nargs="+", metavar="N",
-                       help="batch sizes the dynamic batcher aims for (default: the profile's opt "
-                            "and max)")  # fmt: skip
-    model.add_argument("--queue-delay-us", type=int, default=1000, metavar="US",
-                       help="longest a request waits for others to batch with (default 1000)")  # fmt: skip
-    model.add_argument("--instances", type=int, default=1, metavar="N",
-                       help="model instances running batches in parallel, each its own ONNX "
-                            "Runtime session (default 1)")  # fmt: skip
-    model.add_argument("--threads", type=int, metavar="N",
-                       help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's; "
-                            "with --instances > 1: cores / instances)")  # fmt: skip
-    model.add_argument("--providers",
-                       help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)")  # fmt: skip
-    p.add_argument("--json", action="store_true",
-                   help="once ready, print the served model (endpoints, inputs, outputs, "
-                        "batching) as one JSON line on stdout")  # fmt: skip
+    model.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="Triton model name (default: the export folder's name, in letters, "
+        "digits, '.', '_', '-')",
+    )
+    model.add_argument(
+        "--max-batch",
+        type=int,
+        metavar="N",
+        help="largest batch Triton forms or accepts (default: the export's "
+        "batch_profile max; at most that)",
+    )
+    model.add_argument(
+        "--preferred-batch",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="batch sizes the dynamic batcher aims for (default: the profile's opt and max)",
+    )
+    model.add_argument(
+        "--queue-delay-us",
+        type=int,
+        default=1000,
+        metavar="US",
+        help="longest a request waits for others to batch with (default 1000)",
+    )
+    model.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="model instances running batches in parallel, each its own ONNX "
+        "Runtime session (default 1)",
+    )
+    model.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's; "
+        "with --instances > 1: cores / instances)",
+    )
+    model.add_argument(
+        "--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="once ready, print the served model (endpoints, inputs, outputs, "
+        "batching) as one JSON line on stdout",
+    )
     return p
 
 
@@ -91,8 +128,11 @@ class _TritonLog:
 
     def errors(self, count: int = 3) -> list[str]:
         """The last error lines (Triton's ``E...`` lines, Python errors), most recent last."""
-        found = [line.strip() for line in self.lines
-                 if line.startswith("E") or "Error" in line or "error:" in line]  # fmt: skip
+        found = [
+            line.strip()
+            for line in self.lines
+            if line.startswith("E") or "Error" in line or "error:" in line
+        ]
         return [line[:300] for line in found[-count:]]
 
 
@@ -121,12 +161,19 @@ def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
 
     config = ServeConfig(
-        export_dir=args.export_dir, host=args.host, http_port=args.port,
-        grpc_port=args.grpc_port, metrics_port=args.metrics_port, model_name=args.model_name,
-        max_batch=args.max_batch, preferred_batch=args.preferred_batch,
-        queue_delay_us=args.queue_delay_us, instances=args.instances, threads=args.threads,
+        export_dir=args.export_dir,
+        host=args.host,
+        http_port=args.port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        model_name=args.model_name,
+        max_batch=args.max_batch,
+        preferred_batch=args.preferred_batch,
+        queue_delay_us=args.queue_delay_us,
+        instances=args.instances,
+        threads=args.threads,
         providers=args.providers.split(",") if args.providers else None,
-    )  # fmt: skip
+    )
     server = HydraServer(config)  # every check; nothing started yet
     log = _TritonLog(quiet=args.quiet)
     try:

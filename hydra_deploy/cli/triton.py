@@ -14,37 +14,67 @@ def add_arguments(p: argparse.ArgumentParser, *, engine: bool) -> None:
     """``--triton REPO`` and its settings; ``engine``: also ``--engine FILE`` (hydra-build)."""
     g = p.add_argument_group("Triton model repository")
     g.add_argument(
-        "--triton", type=Path, metavar="REPO",
+        "--triton",
+        type=Path,
+        metavar="REPO",
         help="also add the model to this Triton model repository (made when absent): the ONNX "
-             "model (onnxruntime_onnx)" + (" and the engine (tensorrt_plan)" if engine else "")
-             + ", each with a config.pbtxt (dynamic batching, instance group), and a README on "
-             "starting Triton on it",
-    )  # fmt: skip
-    g.add_argument("--triton-name", metavar="NAME",
-                   help="model name in the repository (default: the export folder's name; the "
-                        "engine's is NAME-trt)")  # fmt: skip
-    g.add_argument("--triton-preferred-batch", type=int, nargs="+", metavar="N",
-                   help="dynamic batcher's preferred batch sizes (default: the profile's opt and "
-                        "max)")  # fmt: skip
-    g.add_argument("--triton-queue-delay-us", type=int, default=100, metavar="US",
-                   help="dynamic batcher's max queue delay in microseconds (default 100)")  # fmt: skip
-    g.add_argument("--triton-instances", type=int, default=1, metavar="N",
-                   help="model instances per device (default 1)")  # fmt: skip
-    g.add_argument("--triton-device", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="the ONNX model's instance kind (default auto: GPU where Triton has one); "
-                        "a TensorRT plan always runs on the GPU")  # fmt: skip
+        "model (onnxruntime_onnx)"
+        + (" and the engine (tensorrt_plan)" if engine else "")
+        + ", each with a config.pbtxt (dynamic batching, instance group), and a README on "
+        "starting Triton on it",
+    )
+    g.add_argument(
+        "--triton-name",
+        metavar="NAME",
+        help="model name in the repository (default: the export folder's name; the "
+        "engine's is NAME-trt)",
+    )
+    g.add_argument(
+        "--triton-preferred-batch",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="dynamic batcher's preferred batch sizes (default: the profile's opt and max)",
+    )
+    g.add_argument(
+        "--triton-queue-delay-us",
+        type=int,
+        default=100,
+        metavar="US",
+        help="dynamic batcher's max queue delay in microseconds (default 100)",
+    )
+    g.add_argument(
+        "--triton-instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="model instances per device (default 1)",
+    )
+    g.add_argument(
+        "--triton-device",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="the ONNX model's instance kind (default auto: GPU where Triton has one); "
+        "a TensorRT plan always runs on the GPU",
+    )
     if engine:
-        g.add_argument("--engine", type=Path, metavar="FILE",
-                       help="with --triton: add this engine (built by trtexec or an earlier "
-                            "hydra-build) instead of building one")  # fmt: skip
+        g.add_argument(
+            "--engine",
+            type=Path,
+            metavar="FILE",
+            help="with --triton: add this engine (built by trtexec or an earlier "
+            "hydra-build) instead of building one",
+        )
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
-        model_name=args.triton_name, preferred_batch=args.triton_preferred_batch,
-        queue_delay_us=args.triton_queue_delay_us, instances=args.triton_instances,
+        model_name=args.triton_name,
+        preferred_batch=args.triton_preferred_batch,
+        queue_delay_us=args.triton_queue_delay_us,
+        instances=args.triton_instances,
         kind=args.triton_device,
-    )  # fmt: skip
+    )
 
 
 def check_unused(args: argparse.Namespace) -> None:
@@ -53,8 +83,11 @@ def check_unused(args: argparse.Namespace) -> None:
 
     if args.triton is not None:
         return
-    given = [f"--{k.replace('_', '-')}" for k in ("triton_name", "triton_preferred_batch")
-             if getattr(args, k) is not None]  # fmt: skip
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("triton_name", "triton_preferred_batch")
+        if getattr(args, k) is not None
+    ]
     given += ["--engine"] if getattr(args, "engine", None) is not None else []
     if given:
         raise ServeError(f"{', '.join(given)} set(s) up a Triton repository; add --triton REPO")
@@ -87,11 +120,17 @@ def write(args: argparse.Namespace, export_dir: Path, engine: Path | None = None
     """Write the repository entries and say where they went."""
     from hydra_deploy.serve.triton_repo import write_triton_repository
 
-    result = write_triton_repository(export_dir, args.triton, engine=engine,
-                                     overwrite=args.overwrite, **options(args))  # fmt: skip
+    result = write_triton_repository(
+        export_dir, args.triton, engine=engine, overwrite=args.overwrite, **options(args)
+    )
     for model in result["models"]:
-        logger.info("wrote Triton model %s (%s, max batch %d, preferred %s) in %s",
-                    model["name"], model["platform"], model["max_batch_size"],
-                    model["preferred_batch_size"], result["repository"])  # fmt: skip
+        logger.info(
+            "wrote Triton model %s (%s, max batch %d, preferred %s) in %s",
+            model["name"],
+            model["platform"],
+            model["max_batch_size"],
+            model["preferred_batch_size"],
+            result["repository"],
+        )
     logger.info("start Triton on it: see %s", Path(result["repository"]) / "README.md")
     return result

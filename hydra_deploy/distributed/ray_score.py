@@ -75,8 +75,13 @@ OBJECT_STORE_BYTES = 256 * 1024**2  # local cluster: only paths, texts and score
 CONNECT_TIMEOUT_S = 5.0
 #: Test hook: seconds each actor sleeps after every batch (so that a test can kill a run midway).
 TEST_DELAY_ENV = "HYDRA_SCORE_DATASET_TEST_DELAY_S"
-SCALAR_COLUMNS = ("msp", "predictive_entropy", "expected_entropy", "mutual_information",
-                  "disagreement")  # fmt: skip
+SCALAR_COLUMNS = (
+    "msp",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+)
 INSTALL = "pip install 'hydra-deploy[ray]'"
 
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
@@ -144,8 +149,10 @@ class DriverExport:
 
     @property
     def kind(self) -> str:
-        """``"text"`` for BERT exports, ``"images"`` otherwise."""
-        return "text" if self.family == "bert" else "images"
+        """``"text"`` or ``"images"``: what the export's family takes."""
+        from hydra_deploy.families import get_family
+
+        return get_family(self.family).input_kind
 
     def default_batch_size(self) -> int:
         """The batch profile's opt, capped at its max (no profile: 32)."""
@@ -172,8 +179,13 @@ class Shard:
         return _digest(self.labels, self.sources)
 
     def summary(self) -> dict[str, Any]:
-        return {"part": self.part, "items": len(self.labels), "first": self.labels[0],
-                "last": self.labels[-1], "sha256": self.sha256}  # fmt: skip
+        return {
+            "part": self.part,
+            "items": len(self.labels),
+            "first": self.labels[0],
+            "last": self.labels[-1],
+            "sha256": self.sha256,
+        }
 
 
 def _digest(labels: Sequence[str], sources: Sequence[str]) -> str:
@@ -191,7 +203,9 @@ def collect_items(kind: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[
     from hydra_deploy.engines.text import read_lines
 
     if not inputs:
-        raise RunnerError("no INPUTS given: give image files or folders (or .txt files for text models)")  # fmt: skip
+        raise RunnerError(
+            "no INPUTS given: give image files or folders (or .txt files for text models)"
+        )
     labels: list[str] = []
     sources: list[str] = []
     for entry in map(Path, inputs):
@@ -200,7 +214,9 @@ def collect_items(kind: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[
             raise RunnerError(f"input {str(entry)!r} does not exist")
         if entry.is_dir() or suffix in IMAGE_SUFFIXES:
             if kind != "images":
-                raise RunnerError(f"{entry}: images need a vision model; EXPORT_DIR is a text model (give .txt files)")  # fmt: skip
+                raise RunnerError(
+                    f"{entry}: images need a vision model; EXPORT_DIR is a text model (give .txt files)"
+                )
             for path in find_images([entry]):
                 labels.append(str(path))
                 sources.append(os.path.abspath(path))
@@ -230,9 +246,13 @@ def collect_items(kind: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[
 def plan_shards(labels: Sequence[str], sources: Sequence[str], shard_size: int) -> list[Shard]:
     """Consecutive chunks of ``shard_size`` items (the last one may be shorter)."""
     return [
-        Shard(index, tuple(labels[start : start + shard_size]), tuple(sources[start : start + shard_size]))
+        Shard(
+            index,
+            tuple(labels[start : start + shard_size]),
+            tuple(sources[start : start + shard_size]),
+        )
         for index, start in enumerate(range(0, len(labels), shard_size))
-    ]  # fmt: skip
+    ]
 
 
 # --- the manifest --------------------------------------------------------------------------------
@@ -280,8 +300,10 @@ class Manifest:
         """What differs between this (OUT's) manifest and ``other`` (this run's), in words."""
         found = []
         if self.onnx_sha256 != other.onnx_sha256:
-            found.append(f"the model differs (model.onnx sha256 {self.onnx_sha256[:12]}... in "
-                         f"OUT, {other.onnx_sha256[:12]}... now, {other.export})")  # fmt: skip
+            found.append(
+                f"the model differs (model.onnx sha256 {self.onnx_sha256[:12]}... in "
+                f"OUT, {other.onnx_sha256[:12]}... now, {other.export})"
+            )
         if self.kind != other.kind:
             found.append(f"the inputs are {other.kind}, OUT holds {self.kind}")
         elif self.items_sha256 != other.items_sha256:
@@ -290,9 +312,11 @@ class Manifest:
                 if mine.get("sha256") != theirs.get("sha256"):
                     where = f"; the first difference is in shard {theirs['part']}"
                     break
-            found.append(f"the inputs differ ({self.items} items in OUT, {other.items} now{where})")  # fmt: skip
+            found.append(f"the inputs differ ({self.items} items in OUT, {other.items} now{where})")
         if self.shard_size != other.shard_size:
-            found.append(f"the shard size differs ({self.shard_size} in OUT, {other.shard_size} now)")  # fmt: skip
+            found.append(
+                f"the shard size differs ({self.shard_size} in OUT, {other.shard_size} now)"
+            )
         if self.columns != other.columns:
             found.append(
                 f"the columns differ ({'with' if self.member_logits else 'without'} "
@@ -315,8 +339,9 @@ def _ours(name: str) -> bool:
     return name == MANIFEST or bool(_PART_RE.match(name)) or bool(_TEMP_RE.match(name))
 
 
-def inspect_out(out: Path, manifest: Manifest, shards: Sequence[Shard], *, resume: bool,
-                overwrite: bool) -> OutState:  # fmt: skip
+def inspect_out(
+    out: Path, manifest: Manifest, shards: Sequence[Shard], *, resume: bool, overwrite: bool
+) -> OutState:
     """Check OUT against this run and the flags; nothing is changed yet (see :func:`prepare_out`)."""
     if resume and overwrite:
         raise ServeError("--resume and --overwrite exclude each other: pick one")
@@ -348,7 +373,9 @@ def inspect_out(out: Path, manifest: Manifest, shards: Sequence[Shard], *, resum
             "to start over"
         )
     if MANIFEST not in names:
-        raise ServeError(f"{str(out)!r} has no {MANIFEST}, so it cannot be resumed; pass --overwrite to start over")  # fmt: skip
+        raise ServeError(
+            f"{str(out)!r} has no {MANIFEST}, so it cannot be resumed; pass --overwrite to start over"
+        )
     previous = Manifest.read(out / MANIFEST)
     differences = previous.differences(manifest)
     if differences:
@@ -359,7 +386,9 @@ def inspect_out(out: Path, manifest: Manifest, shards: Sequence[Shard], *, resum
     done = set()
     for index, path in sorted(parts.items()):
         if index >= len(shards):
-            raise ServeError(f"{path} is not one of the {len(shards)} shards of the manifest; remove it and rerun with --resume")  # fmt: skip
+            raise ServeError(
+                f"{path} is not one of the {len(shards)} shards of the manifest; remove it and rerun with --resume"
+            )
         rows = _parquet_rows(path)
         if rows != len(shards[index].labels):
             raise ServeError(
@@ -422,7 +451,9 @@ class HydraScorer:
                 f"{list(self.runner.output_names)}); is it a Hydra export?"
             )
         if kind == "images" and not self.runner.preprocessing:
-            raise RunnerError(f"{export_dir}: hydra.json has no preprocessing config; re-export the model")  # fmt: skip
+            raise RunnerError(
+                f"{export_dir}: hydra.json has no preprocessing config; re-export the model"
+            )
         self.kind = kind
         self.encoder = self.runner.text_encoder() if kind == "text" else None
         self.batch_size = batch_size
@@ -455,8 +486,9 @@ class HydraScorer:
 
 
 # --- parts -------------------------------------------------------------------------------------------
-def part_table(shard: Shard, rows: dict[str, np.ndarray], class_names: list[str] | None,
-               member_logits: bool):  # fmt: skip
+def part_table(
+    shard: Shard, rows: dict[str, np.ndarray], class_names: list[str] | None, member_logits: bool
+):
     """The Parquet table of one complete shard from its scored rows (in any order)."""
     import pyarrow as pa
 
@@ -467,8 +499,10 @@ def part_table(shard: Shard, rows: dict[str, np.ndarray], class_names: list[str]
             f"not each of its {len(shard.labels)} items once; this is a bug, please report it"
         )
     prediction = rows["prediction"][order]
-    labels = [class_names[p] if class_names and 0 <= p < len(class_names) else None
-              for p in prediction.tolist()]  # fmt: skip
+    labels = [
+        class_names[p] if class_names and 0 <= p < len(class_names) else None
+        for p in prediction.tolist()
+    ]
     columns: dict[str, Any] = {
         "item": pa.array(shard.labels, pa.string()),
         "shard": pa.array(np.full(len(order), shard.index, dtype=np.int64)),
@@ -573,8 +607,12 @@ def _ray_console(quiet: bool, debug: bool) -> Iterator[None]:
         if not quiet or debug:
             yield
             return
-        handlers = [h for name in ("ray", "ray.data") for h in logging.getLogger(name).handlers
-                    if type(h) is not logging.FileHandler and isinstance(h, logging.StreamHandler)]  # fmt: skip
+        handlers = [
+            h
+            for name in ("ray", "ray.data")
+            for h in logging.getLogger(name).handlers
+            if type(h) is not logging.FileHandler and isinstance(h, logging.StreamHandler)
+        ]
         levels = [h.level for h in handlers]
         for handler in handlers:
             handler.setLevel(logging.CRITICAL)
@@ -595,8 +633,13 @@ def _ray_console(quiet: bool, debug: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None, *, quiet: bool = False,
-                debug: bool = False) -> Iterator[RaySession]:  # fmt: skip
+def ray_session(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    *,
+    quiet: bool = False,
+    debug: bool = False,
+) -> Iterator[RaySession]:
     """Connect to Ray: a new local cluster (``address`` None; ``num_cpus``: default all of this
     machine's), or the cluster at ``address`` ('auto', HOST:PORT, ray://HOST:PORT). A process
     already connected (``ray.init`` in a notebook) keeps its connection. A cluster started here
@@ -604,7 +647,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *, quie
     ray = _import_ray()
     if address is not None:
         if num_cpus is not None:
-            raise ServeError("--num-cpus sizes a local cluster; a cluster joined with --address has its own CPUs")  # fmt: skip
+            raise ServeError(
+                "--num-cpus sizes a local cluster; a cluster joined with --address has its own CPUs"
+            )
         check_address(address)
     started = False
     begin = time.perf_counter()
@@ -612,12 +657,19 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *, quie
         if ray.is_initialized():
             where = "the Ray cluster this process is connected to"
         else:
-            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=debug,
-                                          logging_level=logging.DEBUG if debug else logging.ERROR)  # fmt: skip
+            kwargs: dict[str, Any] = dict(
+                include_dashboard=False,
+                log_to_driver=debug,
+                logging_level=logging.DEBUG if debug else logging.ERROR,
+            )
             try:
                 if address is None:
-                    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
-                             object_store_memory=OBJECT_STORE_BYTES, **kwargs)  # fmt: skip
+                    ray.init(
+                        address="local",
+                        num_cpus=num_cpus or os.cpu_count() or 1,
+                        object_store_memory=OBJECT_STORE_BYTES,
+                        **kwargs,
+                    )
                     where = "a local Ray cluster"
                 else:
                     ray.init(address=address, **kwargs)
@@ -628,8 +680,13 @@ def ray_session(address: str | None = None, num_cpus: int | None = None, *, quie
         try:
             cpus = int(ray.cluster_resources().get("CPU", 0))
             session = RaySession(address or "local", started, cpus, time.perf_counter() - begin)
-            logger.info("%s %s (%d CPUs) in %.1f s", "started" if started and address is None
-                        else "connected to", where, cpus, session.start_seconds)  # fmt: skip
+            logger.info(
+                "%s %s (%d CPUs) in %.1f s",
+                "started" if started and address is None else "connected to",
+                where,
+                cpus,
+                session.start_seconds,
+            )
             yield session
         finally:
             if started:
@@ -643,9 +700,11 @@ def _connect_error(address: str | None, err: BaseException) -> ServeError:
         chain.append(f"{type(current).__name__}: {current}")
         current = current.__cause__ or current.__context__
     if any("AuthToken" in c or "AuthenticationError" in c for c in chain):
-        fix = ("the cluster uses token authentication: set RAY_AUTH_MODE=token here, with the "
-               "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (ray get-auth-token on the "
-               "head prints it)")  # fmt: skip
+        fix = (
+            "the cluster uses token authentication: set RAY_AUTH_MODE=token here, with the "
+            "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN (ray get-auth-token on the "
+            "head prints it)"
+        )
     else:
         fix = "start one with ray start --head, or omit --address to start a local cluster"
     return ServeError(
@@ -661,8 +720,11 @@ def _data_context(progress: bool) -> Iterator[Any]:
     import ray.data
 
     context = ray.data.DataContext.get_current()
-    wanted = {"enable_progress_bars": progress, "print_on_execution_start": progress,
-              "raise_original_map_exception": True}  # fmt: skip
+    wanted = {
+        "enable_progress_bars": progress,
+        "print_on_execution_start": progress,
+        "raise_original_map_exception": True,
+    }
     saved = {k: getattr(context, k) for k in wanted if hasattr(context, k)}
     for key in saved:
         setattr(context, key, wanted[key])
@@ -697,7 +759,9 @@ def unwrap_ray_error(err: BaseException) -> HydraError:
 
         name, message = found[-1]
         kind = getattr(errors, name, HydraError)
-        return (kind if isinstance(kind, type) and issubclass(kind, HydraError) else HydraError)(message)  # fmt: skip
+        return (kind if isinstance(kind, type) and issubclass(kind, HydraError) else HydraError)(
+            message
+        )
     lines = [line for line in str(innermost).split(_UDF_SUFFIX, 1)[0].splitlines() if line.strip()]
     detail = lines[-1].strip() if lines else type(innermost).__name__
     return ServeError(
@@ -736,8 +800,11 @@ class ScoreReport:
         return self.items_scored / self.scoring_seconds if self.scoring_seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "items_per_second": round(self.items_per_second, 3),
-                "items_per_second_scoring": round(self.items_per_second_scoring, 3)}  # fmt: skip
+        return {
+            **asdict(self),
+            "items_per_second": round(self.items_per_second, 3),
+            "items_per_second_scoring": round(self.items_per_second_scoring, 3),
+        }
 
 
 def _check_count(name: str, value: int | None) -> None:
@@ -777,18 +844,36 @@ def score_dataset(
 
     if address is not None and address.startswith("ray://"):
         return _score_over_ray_client(
-            export_dir, inputs, out, address=address, num_cpus=num_cpus, actors=actors,
-            threads=threads, batch_size=batch_size, shard_size=shard_size,
-            member_logits=member_logits, resume=resume, overwrite=overwrite, providers=providers,
-            quiet=quiet, debug=debug,
-        )  # fmt: skip
+            export_dir,
+            inputs,
+            out,
+            address=address,
+            num_cpus=num_cpus,
+            actors=actors,
+            threads=threads,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            member_logits=member_logits,
+            resume=resume,
+            overwrite=overwrite,
+            providers=providers,
+            quiet=quiet,
+            debug=debug,
+        )
     begin = time.perf_counter()
-    for name, value in (("actors", actors), ("threads", threads), ("batch-size", batch_size),
-                        ("shard-size", shard_size), ("num-cpus", num_cpus)):  # fmt: skip
+    for name, value in (
+        ("actors", actors),
+        ("threads", threads),
+        ("batch-size", batch_size),
+        ("shard-size", shard_size),
+        ("num-cpus", num_cpus),
+    ):
         _check_count(name, value)
     info = DriverExport.read(export_dir)
     if info.kind == "images" and not info.has_preprocessing:
-        raise RunnerError(f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model")  # fmt: skip
+        raise RunnerError(
+            f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model"
+        )
     if batch_size is not None and info.batch_max is not None and batch_size > info.batch_max:
         raise RunnerError(
             f"--batch-size {batch_size} exceeds the export's maximum batch {info.batch_max} "
@@ -800,30 +885,50 @@ def score_dataset(
     out = Path(out)
     columns = columns_for(member_logits)
     manifest = Manifest(
-        export=str(info.path), onnx_sha256=info.onnx_sha256, kind=info.kind,
-        inputs=[str(p) for p in inputs], items=len(labels),
-        items_sha256=_digest(labels, sources), shard_size=shard_size,
-        shards=[s.summary() for s in shards], columns=columns, member_logits=member_logits,
-        batch_size=batch, class_names=info.class_names, package_version=__version__,
+        export=str(info.path),
+        onnx_sha256=info.onnx_sha256,
+        kind=info.kind,
+        inputs=[str(p) for p in inputs],
+        items=len(labels),
+        items_sha256=_digest(labels, sources),
+        shard_size=shard_size,
+        shards=[s.summary() for s in shards],
+        columns=columns,
+        member_logits=member_logits,
+        batch_size=batch,
+        class_names=info.class_names,
+        package_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    )  # fmt: skip
+    )
     state = inspect_out(out, manifest, shards, resume=resume, overwrite=overwrite)
     pending = [s for s in shards if s.index not in state.done]
     what = "images" if info.kind == "images" else "text lines"
     logger.info("%d %s in %d shard(s) of %d", len(labels), what, len(shards), shard_size)
     if state.done:
-        logger.info("resuming %s: %d of %d shard(s) done, %d to score", out, len(state.done),
-                    len(shards), len(pending))  # fmt: skip
+        logger.info(
+            "resuming %s: %d of %d shard(s) done, %d to score",
+            out,
+            len(state.done),
+            len(shards),
+            len(pending),
+        )
 
     def report(session: RaySession | None, scoring_s: float, done: int, scored: int) -> ScoreReport:
         return ScoreReport(
-            out=str(out), items=len(labels), items_scored=scored, shards=len(shards),
-            shards_done=done, shards_skipped=len(state.done),
+            out=str(out),
+            items=len(labels),
+            items_scored=scored,
+            shards=len(shards),
+            shards_done=done,
+            shards_skipped=len(state.done),
             seconds=round(time.perf_counter() - begin, 3),
             ray_start_seconds=round(session.start_seconds, 3) if session else 0.0,
-            scoring_seconds=round(scoring_s, 3), actors=pool, threads=per_actor,
-            batch_size=batch, address=session.address if session else (address or "local"),
-        )  # fmt: skip
+            scoring_seconds=round(scoring_s, 3),
+            actors=pool,
+            threads=per_actor,
+            batch_size=batch,
+            address=session.address if session else (address or "local"),
+        )
 
     pool, per_actor = actors or 0, threads or 0
     if not pending:
@@ -845,14 +950,25 @@ def score_dataset(
                 + (" (or raise --num-cpus)" if session.started and address is None else "")
             )
         prepare_out(out, manifest, state)
-        logger.info("scoring %d item(s) of %d shard(s) with %d actor(s) x %d thread(s), batch %d",
-                    sum(len(s.labels) for s in pending), len(pending), pool, per_actor, batch)  # fmt: skip
+        logger.info(
+            "scoring %d item(s) of %d shard(s) with %d actor(s) x %d thread(s), batch %d",
+            sum(len(s.labels) for s in pending),
+            len(pending),
+            pool,
+            per_actor,
+            batch,
+        )
         scoring_begin = time.perf_counter()
         tally = _Tally()
         failure: HydraError | None = None
         with _data_context(progress and not quiet):
-            scorer = dict(threads=per_actor, batch_size=batch, member_logits=member_logits,
-                          providers=providers, delay_s=delay_s)  # fmt: skip
+            scorer = dict(
+                threads=per_actor,
+                batch_size=batch,
+                member_logits=member_logits,
+                providers=providers,
+                delay_s=delay_s,
+            )
             dataset = _dataset(ray, pending).map_batches(
                 HydraScorer,
                 fn_constructor_args=(str(info.path), info.kind),
@@ -868,8 +984,9 @@ def score_dataset(
             except Exception as err:
                 if isinstance(err, HydraError) and not isinstance(err, ray.exceptions.RayError):
                     raise  # the driver's own (a part that cannot be written)
-                failure = _stopped(unwrap_ray_error(err), len(state.done) + tally.written,
-                                   len(shards), out)  # fmt: skip
+                failure = _stopped(
+                    unwrap_ray_error(err), len(state.done) + tally.written, len(shards), out
+                )
                 if debug:
                     raise failure from err
         if failure is not None:
@@ -894,8 +1011,14 @@ class _Tally:
     scored: int = 0  # items in them
 
 
-def _write_parts(dataset, pending: Sequence[Shard], out: Path, class_names: list[str] | None,
-                 member_logits: bool, tally: _Tally) -> None:  # fmt: skip
+def _write_parts(
+    dataset,
+    pending: Sequence[Shard],
+    out: Path,
+    class_names: list[str] | None,
+    member_logits: bool,
+    tally: _Tally,
+) -> None:
     """Stream the scored rows, group them by shard, write each shard's part once complete."""
     by_index = {s.index: s for s in pending}
     partial: dict[int, list[dict[str, np.ndarray]]] = {}
@@ -917,10 +1040,12 @@ def _write_parts(dataset, pending: Sequence[Shard], out: Path, class_names: list
 
 def _stopped(cause: HydraError, finished: int, total: int, out: Path) -> HydraError:
     """The one-line error of a run an actor's error stopped, with what to do next."""
-    fix = ("repair or replace that file and rerun with --resume to score the rest (removing it "
-           "changes the input list, which needs --overwrite)"
-           if "cannot read the image" in str(cause) else
-           "fix the cause and rerun with --resume to score the rest")  # fmt: skip
+    fix = (
+        "repair or replace that file and rerun with --resume to score the rest (removing it "
+        "changes the input list, which needs --overwrite)"
+        if "cannot read the image" in str(cause)
+        else "fix the cause and rerun with --resume to score the rest"
+    )
     return type(cause)(
         f"{cause}; the run stopped, {finished} of {total} shard(s) are finished in {out} and "
         f"kept: {fix}"
@@ -932,40 +1057,66 @@ def _dataset(ray, pending: Sequence[Shard]):
     import pyarrow as pa
 
     tables = [
-        pa.table({
-            "shard": pa.array(np.full(len(s.labels), s.index, dtype=np.int64)),
-            "index": pa.array(np.arange(len(s.labels), dtype=np.int64)),
-            "source": pa.array(list(s.sources), pa.string()),
-        })
+        pa.table(
+            {
+                "shard": pa.array(np.full(len(s.labels), s.index, dtype=np.int64)),
+                "index": pa.array(np.arange(len(s.labels), dtype=np.int64)),
+                "source": pa.array(list(s.sources), pa.string()),
+            }
+        )
         for s in pending
-    ]  # fmt: skip
+    ]
     return ray.data.from_arrow(tables)
 
 
-def _score_over_ray_client(export_dir, inputs, out, *, address: str, num_cpus: int | None,
-                           quiet: bool, debug: bool, **options: Any) -> ScoreReport:  # fmt: skip
+def _score_over_ray_client(
+    export_dir,
+    inputs,
+    out,
+    *,
+    address: str,
+    num_cpus: int | None,
+    quiet: bool,
+    debug: bool,
+    **options: Any,
+) -> ScoreReport:
     """``address`` ray://HOST:PORT: run the whole of :func:`score_dataset` as one task on the
     cluster (``num_cpus=0``). Ray Data's executor needs a core worker, which a Ray Client driver
     lacks (Ray 2.60: ``'Worker' object has no attribute 'core_worker'``); inside a task it has
     one. Paths are made absolute here and must name the same files on the cluster's nodes."""
     ray = _import_ray()
     if num_cpus is not None:
-        raise ServeError("--num-cpus sizes a local cluster; a cluster joined with --address has its own CPUs")  # fmt: skip
+        raise ServeError(
+            "--num-cpus sizes a local cluster; a cluster joined with --address has its own CPUs"
+        )
     check_address(address)
     begin = time.perf_counter()
     with _ray_console(quiet, debug):
         try:
-            ray.init(address=address, log_to_driver=debug,
-                     logging_level=logging.DEBUG if debug else logging.ERROR)  # fmt: skip
+            ray.init(
+                address=address,
+                log_to_driver=debug,
+                logging_level=logging.DEBUG if debug else logging.ERROR,
+            )
         except (ConnectionError, RuntimeError, ValueError, SystemExit) as err:
             raise _connect_error(address, err) from err
         start_s = time.perf_counter() - begin
-        logger.info("connected to the Ray cluster at %s in %.1f s; scoring runs there as one task "
-                    "(progress is in its worker log)", address, start_s)  # fmt: skip
+        logger.info(
+            "connected to the Ray cluster at %s in %.1f s; scoring runs there as one task "
+            "(progress is in its worker log)",
+            address,
+            start_s,
+        )
         try:
             task = ray.remote(num_cpus=0, max_retries=0)(score_dataset)
-            ref = task.remote(os.path.abspath(export_dir), [os.path.abspath(p) for p in inputs],
-                              os.path.abspath(out), progress=False, quiet=True, **options)  # fmt: skip
+            ref = task.remote(
+                os.path.abspath(export_dir),
+                [os.path.abspath(p) for p in inputs],
+                os.path.abspath(out),
+                progress=False,
+                quiet=True,
+                **options,
+            )
             try:
                 report = ray.get(ref)
             except KeyboardInterrupt:

@@ -73,8 +73,14 @@ def check_config(config: dict[str, Any] | None) -> dict[str, Any]:
             f"preprocessing needs 1 or 3 channels with one mean and std each, got input_size "
             f"{config['input_size']}, mean {mean}, std {std}"
         )
-    return {"input_size": (channels, height, width), "interpolation": interpolation,
-            "mean": mean, "std": std, "crop_pct": crop_pct, "crop_mode": crop_mode}  # fmt: skip
+    return {
+        "input_size": (channels, height, width),
+        "interpolation": interpolation,
+        "mean": mean,
+        "std": std,
+        "crop_pct": crop_pct,
+        "crop_mode": crop_mode,
+    }
 
 
 def _resize(image, size_hw: tuple[int, int], interpolation: str):

@@ -60,8 +60,12 @@ from hydra_deploy.export_folder import (
 logger = logging.getLogger("hydra_deploy")
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
-BACKENDS = {"onnxruntime": "onnxruntime", "ort": "onnxruntime", "tensorrt": "tensorrt",
-            "trt": "tensorrt"}  # fmt: skip
+BACKENDS = {
+    "onnxruntime": "onnxruntime",
+    "ort": "onnxruntime",
+    "tensorrt": "tensorrt",
+    "trt": "tensorrt",
+}
 PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
@@ -74,10 +78,16 @@ PROVIDER_ALIASES = {
 }
 DEFAULT_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 _ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(bfloat16)": "bfloat16", "tensor(int64)": "int64", "tensor(int32)": "int32",
-    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(bool)": "bool",
-}  # fmt: skip
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
 
 
 @dataclass(frozen=True)
@@ -167,14 +177,18 @@ class Runner:
             return
         members, classes = logits.shape[1], logits.shape[2]
         sources: list[tuple[str, dict[str, Any]]] = [
-            (name, data) for name, data in (("hydra.json", self.info),
-                                            ("the engine's JSON sidecar", self.engine_info))
+            (name, data)
+            for name, data in (
+                ("hydra.json", self.info),
+                ("the engine's JSON sidecar", self.engine_info),
+            )
             if isinstance(data, dict)
-        ]  # fmt: skip
+        ]
         if embedded and embedded.get("hydra_spec"):
             try:
-                sources.append(("the file's hydra_spec metadata",
-                                {"spec": json.loads(embedded["hydra_spec"])}))  # fmt: skip
+                sources.append(
+                    ("the file's hydra_spec metadata", {"spec": json.loads(embedded["hydra_spec"])})
+                )
             except ValueError as err:
                 raise RunnerError(
                     f"{self.path}: its hydra_spec metadata is not JSON ({err}); re-export the model "
@@ -198,8 +212,10 @@ class Runner:
                         "re-export the model with hydra-export"
                     )
                 declared_classes = len(names)
-            for what, declared, actual in (("members", declared_members, members),
-                                           ("classes", declared_classes, classes)):  # fmt: skip
+            for what, declared, actual in (
+                ("members", declared_members, members),
+                ("classes", declared_classes, classes),
+            ):
                 if declared is not None and _is_fixed(actual) and declared != actual:
                     raise RunnerError(
                         f"{self.path}: {source} says {declared} {what}, but the graph's "
@@ -292,7 +308,9 @@ class Runner:
             size = next(iter(part.values())).shape[0]
             if size < self.min_batch:  # pad with copies of the last example, then drop them
                 pad = self.min_batch - size
-                part = {k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in part.items()}  # fmt: skip
+                part = {
+                    k: np.concatenate([v, np.repeat(v[-1:], pad, axis=0)]) for k, v in part.items()
+                }
                 parts.append({k: v[:size] for k, v in self._run_checked(part).items()})
             else:
                 parts.append(self._run_checked(part))
@@ -404,7 +422,9 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
             f"{array.shape}{_rank_hint(spec, array.shape)}"
         )
     if array.shape[0] == 0:
-        raise RunnerError(f"input {name!r} is an empty batch (shape {array.shape}); give 1 or more examples")  # fmt: skip
+        raise RunnerError(
+            f"input {name!r} is an empty batch (shape {array.shape}); give 1 or more examples"
+        )
     for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
         if axis > 0 and _is_fixed(want) and want != got:
             raise RunnerError(
@@ -445,9 +465,11 @@ def _resize_advice(spec: TensorSpec, height: int, width: int) -> str:
     want_h, want_w = spec.shape[2], spec.shape[3]
     if (height, width) == (want_h, want_w):
         return ""
-    return (f"; the images are {height}x{width} and the model takes {want_h}x{want_w}: resize them "
-            "(or give the image files: hydra-run and hydra-eval prepare them with the export's "
-            "recorded preprocessing)")  # fmt: skip
+    return (
+        f"; the images are {height}x{width} and the model takes {want_h}x{want_w}: resize them "
+        "(or give the image files: hydra-run and hydra-eval prepare them with the export's "
+        "recorded preprocessing)"
+    )
 
 
 def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
@@ -459,11 +481,13 @@ def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
     channels, height, width = spec.shape[1:]
     expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
     if len(shape) == 3:
-        return (f"{expects}; this looks like [N, H, W] images without the channel axis: add it "
-                f"(x[:, None]{', then repeat it to 3 channels' if channels == 3 else ''})"
-                f"{_resize_advice(spec, shape[1], shape[2])}")  # fmt: skip
+        return (
+            f"{expects}; this looks like [N, H, W] images without the channel axis: add it "
+            f"(x[:, None]{', then repeat it to 3 channels' if channels == 3 else ''})"
+            f"{_resize_advice(spec, shape[1], shape[2])}"
+        )
     if len(shape) == 2:
-        return f"{expects}; this looks like a single [H, W] image: add the batch and channel axes (x[None, None])"  # fmt: skip
+        return f"{expects}; this looks like a single [H, W] image: add the batch and channel axes (x[None, None])"
     return expects
 
 
@@ -474,7 +498,7 @@ def _image_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
     channels, height, width = spec.shape[1:]
     expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
     if shape[3] == channels and shape[1] != channels:
-        return f"{expects}; this looks channels-last [N, H, W, C]: transpose it, x.transpose(0, 3, 1, 2)"  # fmt: skip
+        return f"{expects}; this looks channels-last [N, H, W, C]: transpose it, x.transpose(0, 3, 1, 2)"
     if shape[1] != channels:
         return f"{expects}; the images have {shape[1]} channel(s), the model takes {channels}"
     return expects + _resize_advice(spec, shape[2], shape[3])
@@ -540,8 +564,12 @@ def ort_tensorrt_cache_dir() -> Path:
 def _tensorrt_provider(options: dict[str, Any] | None, cache_dir: Path | None) -> tuple[str, dict]:
     """The TensorRT provider with its engine and timing caches on (options given win)."""
     folder = str(cache_dir if cache_dir is not None else ort_tensorrt_cache_dir())
-    defaults = {"trt_engine_cache_enable": True, "trt_engine_cache_path": folder,
-                "trt_timing_cache_enable": True, "trt_timing_cache_path": folder}  # fmt: skip
+    defaults = {
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": folder,
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": folder,
+    }
     return "TensorrtExecutionProvider", {**defaults, **(options or {})}
 
 
@@ -606,10 +634,14 @@ class OrtRunner(Runner):
             self.session = ort.InferenceSession(str(onnx_path), options, providers=asked)
         except Exception as err:
             raise RunnerError(_session_error(onnx_path, err, info)) from err
-        inputs = [TensorSpec(a.name, tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
-                  for a in self.session.get_inputs()]  # fmt: skip
-        outputs = [TensorSpec(a.name, tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
-                   for a in self.session.get_outputs()]  # fmt: skip
+        inputs = [
+            TensorSpec(a.name, tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
+            for a in self.session.get_inputs()
+        ]
+        outputs = [
+            TensorSpec(a.name, tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
+            for a in self.session.get_outputs()
+        ]
         min_batch, max_batch = 1, None
         first = inputs[0].shape[0] if inputs and inputs[0].shape else None
         if _is_fixed(first) and first > 0:  # a fixed-batch file: run exactly that batch
@@ -617,8 +649,15 @@ class OrtRunner(Runner):
         elif info and info.get("batch_profile") is not None:
             where = f"the {INFO_FILE} beside {onnx_path}"
             max_batch = parse_batch_profile(info["batch_profile"], where)[2]
-        super().__init__(onnx_path, inputs, outputs, providers=self.session.get_providers(),
-                         min_batch=min_batch, max_batch=max_batch, info=info)  # fmt: skip
+        super().__init__(
+            onnx_path,
+            inputs,
+            outputs,
+            providers=self.session.get_providers(),
+            min_batch=min_batch,
+            max_batch=max_batch,
+            info=info,
+        )
         wanted = [p if isinstance(p, str) else p[0] for p in asked]
         if wanted[0] not in self.providers:
             logger.warning("ONNX Runtime fell back from %s to %s", wanted[0], self.providers[0])
@@ -759,8 +798,9 @@ class TensorRTRunner(Runner):
     ) -> None:
         trt = _import_tensorrt()
         runner_class = _trt_runner_class()
-        mismatch = engine_target_mismatch(engine_info, getattr(trt, "__version__", None),
-                                          _compute_capability_here())  # fmt: skip
+        mismatch = engine_target_mismatch(
+            engine_info, getattr(trt, "__version__", None), _compute_capability_here()
+        )
         if mismatch:
             raise RunnerError(f"cannot run the engine {engine_path}: {mismatch}")
         self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
@@ -793,14 +833,23 @@ class TensorRTRunner(Runner):
             min_batch, max_batch = int(low[0]), int(high[0])
         else:
             min_batch = max_batch = int(first.shape[0])
-        super().__init__(engine_path, inputs, outputs, providers=("TensorRT",),
-                         min_batch=min_batch, max_batch=max_batch, info=info,
-                         engine_info=engine_info)  # fmt: skip
+        super().__init__(
+            engine_path,
+            inputs,
+            outputs,
+            providers=("TensorRT",),
+            min_batch=min_batch,
+            max_batch=max_batch,
+            info=info,
+            engine_info=engine_info,
+        )
         self._trt_runner = runner_class(engine, optimization_profile=profile)
         try:
             self._trt_runner.activate()
         except Exception as err:
-            raise RunnerError(f"TensorRT cannot create an execution context for {engine_path}: {err}") from err  # fmt: skip
+            raise RunnerError(
+                f"TensorRT cannot create an execution context for {engine_path}: {err}"
+            ) from err
 
     def _run(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -321,10 +321,18 @@ def _cuda_runtime_version() -> str | None:
 # numpy dtype names of TensorRT's DataType members (``DataType.name``); BF16/FP8/INT4 have no numpy
 # type, so tensorrt.nptype refuses them: they are named here directly.
 TRT_DTYPE_NAMES = {
-    "FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT8": "int8", "INT32": "int32",
-    "INT64": "int64", "UINT8": "uint8", "BOOL": "bool", "FP8": "float8", "INT4": "int4",
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "UINT8": "uint8",
+    "BOOL": "bool",
+    "FP8": "float8",
+    "INT4": "int4",
     "FP4": "float4",
-}  # fmt: skip
+}
 
 
 def trt_dtype_name(dtype: Any) -> str:
@@ -343,8 +351,10 @@ def network_io(network: Any) -> dict[str, list[dict[str, Any]]]:
     def tensors(count: int, get: Any) -> list[dict[str, Any]]:
         return [{"name": get(i).name, "dtype": trt_dtype_name(get(i).dtype)} for i in range(count)]
 
-    return {"inputs": tensors(network.num_inputs, network.get_input),
-            "outputs": tensors(network.num_outputs, network.get_output)}  # fmt: skip
+    return {
+        "inputs": tensors(network.num_inputs, network.get_input),
+        "outputs": tensors(network.num_outputs, network.get_output),
+    }
 
 
 def pin_fp32_layers(
@@ -409,14 +419,17 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
         layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
         pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
         if pins["unmatched"]:
-            log.warning("no layer is named %s: those nodes keep TensorRT's choice of precision",
-                        ", ".join(pins["unmatched"]))  # fmt: skip
+            log.warning(
+                "no layer is named %s: those nodes keep TensorRT's choice of precision",
+                ", ".join(pins["unmatched"]),
+            )
         if pins["normalization_layers"] < len(layernorms):
             log.warning(
                 "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
                 "were decomposed and keep TensorRT's choice of precision",
-                pins["normalization_layers"], len(layernorms),
-            )  # fmt: skip
+                pins["normalization_layers"],
+                len(layernorms),
+            )
     profile = poly.Profile()
     for name, shapes in plan.profile.items():
         profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
@@ -429,10 +442,13 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     )
     log.info(
         "building a %s engine (%s) for %s (SM %s) with TensorRT %s; equivalent trtexec:\n  %s",
-        plan.precision, "strongly typed" if plan.strongly_typed else "weakly typed",
-        plan.gpu.name, plan.gpu.compute_capability, plan.tensorrt_version,
+        plan.precision,
+        "strongly typed" if plan.strongly_typed else "weakly typed",
+        plan.gpu.name,
+        plan.gpu.compute_capability,
+        plan.tensorrt_version,
         plan.trtexec_equivalent(),
-    )  # fmt: skip
+    )
     started = time.perf_counter()
     try:
         serialized = poly.EngineBytesFromNetwork(
@@ -479,8 +495,13 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
             f"cannot write the sidecar {str(plan.sidecar_path)!r} ({err}); the engine was removed, "
             "fix the folder and build again"
         ) from err
-    log.info("wrote %s (%.1f MB, %.0f s) and %s", plan.engine_path, size / 1e6, seconds,
-             plan.sidecar_path.name)  # fmt: skip
+    log.info(
+        "wrote %s (%.1f MB, %.0f s) and %s",
+        plan.engine_path,
+        size / 1e6,
+        seconds,
+        plan.sidecar_path.name,
+    )
     return sidecar
 
 
@@ -555,10 +576,16 @@ def build_engine(
     except EngineError as err:
         raise EngineError(missing_tensorrt_message(source, precision)) from err
     plan = plan_build(
-        onnx_path, precision=precision, min_batch=min_batch, opt_batch=opt_batch,
-        max_batch=max_batch, timing_cache=timing_cache, strongly_typed=strongly_typed, out=out,
+        onnx_path,
+        precision=precision,
+        min_batch=min_batch,
+        opt_batch=opt_batch,
+        max_batch=max_batch,
+        timing_cache=timing_cache,
+        strongly_typed=strongly_typed,
+        out=out,
         trt_version=version,
-    )  # fmt: skip
+    )
     execute_plan(plan, overwrite=overwrite)
     return plan.engine_path
 

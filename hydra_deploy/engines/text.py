@@ -44,8 +44,10 @@ class TextEncoder:
             ) from err
         path = Path(tokenizer_json)
         if not path.is_file():
-            raise RunnerError(f"no tokenizer at {path}; export a text model with hydra-export, "
-                              "which copies its tokenizer into the export folder")  # fmt: skip
+            raise RunnerError(
+                f"no tokenizer at {path}; export a text model with hydra-export, "
+                "which copies its tokenizer into the export folder"
+            )
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as err:  # the tokenizers library raises its own Exception types
@@ -110,8 +112,12 @@ class TextEncoder:
             )
         if not (tokenizer_dir / TOKENIZER_FILE).is_file():
             raise RunnerError(f"{tokenizer_dir} lacks {TOKENIZER_FILE}; {fix}")
-        return cls(tokenizer_dir / TOKENIZER_FILE, max_length=max_length, vocab_size=vocab_size,
-                   input_names=names or ["input_ids", "attention_mask"])  # fmt: skip
+        return cls(
+            tokenizer_dir / TOKENIZER_FILE,
+            max_length=max_length,
+            vocab_size=vocab_size,
+            input_names=names or ["input_ids", "attention_mask"],
+        )
 
     def __call__(self, lines: Sequence[str]) -> dict[str, np.ndarray]:
         if isinstance(lines, str):

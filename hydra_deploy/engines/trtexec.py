@@ -57,9 +57,27 @@ EXPORT_FORMAT = FORMAT  # hydra_deploy.export_folder owns it
 # Ops of the ensemble head that compute in floating point; with weak typing they are pinned to FP32
 # like LayerNormalization (shape-only ops, TopK and Casts are left to TensorRT).
 HEAD_FLOAT_OPS = frozenset(
-    {"Softmax", "LogSoftmax", "Exp", "Log", "ReduceSum", "ReduceMean", "ReduceMax",
-     "ReduceLogSumExp", "Mul", "Div", "Sub", "Add", "Neg", "Max", "Min", "Clip", "Sum", "Mean"}
-)  # fmt: skip
+    {
+        "Softmax",
+        "LogSoftmax",
+        "Exp",
+        "Log",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceLogSumExp",
+        "Mul",
+        "Div",
+        "Sub",
+        "Add",
+        "Neg",
+        "Max",
+        "Min",
+        "Clip",
+        "Sum",
+        "Mean",
+    }
+)
 MEMBER_LOGITS = "member_logits"
 
 
@@ -676,8 +694,10 @@ def trtexec_command(
     best_note: tuple[str, ...] = ()
     if precision == "best" and sm is None and source.graph_precision == "fp32":
         precision = "fp16"  # BF16 needs SM >= 80, which only the target GPU can tell
-        best_note = ("precision best: the target GPU is unknown here, so FP16 (ask for bf16 "
-                     "where the GPU has compute capability 8.0 or newer)",)  # fmt: skip
+        best_note = (
+            "precision best: the target GPU is unknown here, so FP16 (ask for bf16 "
+            "where the GPU has compute capability 8.0 or newer)",
+        )
     choice = choose_precision(
         precision, source.graph_precision, trt, sm=sm, strongly_typed=strongly_typed
     )
@@ -719,8 +739,10 @@ def trtexec_command(
         ]
     argv += list(extra)
     if trt == "11" and "--useCudaGraph" in extra:
-        notes += ("--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
-                  "by default there (--noCudaGraph turns them off)",)  # fmt: skip
+        notes += (
+            "--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
+            "by default there (--noCudaGraph turns them off)",
+        )
     return TrtexecCommand(
         argv=tuple(argv),
         trt=trt,

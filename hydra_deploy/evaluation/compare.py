@@ -49,16 +49,21 @@ def _load_inputs(
     if path.suffix.lower() != ".npz" and len(names) > 1:
         raise HydraError(f"the model takes {names}: pass a .npz holding each of them")
     loaded = read_array_file(
-        path, what="the inputs",
+        path,
+        what="the inputs",
         hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed arrays",
-    )  # fmt: skip
+    )
     if isinstance(loaded, dict):
         if len(names) > 1:
             missing = [n for n in names if n not in loaded and n != "token_type_ids"]
             if missing:
                 raise HydraError(f"{path} holds {list(loaded)}; it needs {names}")
-            arrays = {n: loaded[n].astype(np.int64) if n in loaded else
-                      np.zeros_like(loaded[names[0]], dtype=np.int64) for n in names}  # fmt: skip
+            arrays = {
+                n: loaded[n].astype(np.int64)
+                if n in loaded
+                else np.zeros_like(loaded[names[0]], dtype=np.int64)
+                for n in names
+            }
             return arrays, str(path)
         key = names[0] if names[0] in loaded else "x"
         if key not in loaded:
@@ -138,8 +143,10 @@ def compare_export(
     reports = []
     ort_report = BackendReport("onnxruntime", str(folder / "model.onnx"), precision, "skipped")
     if precision == "bf16":
-        ort_report.reason = ("ONNX Runtime's CPU kernels do not implement BF16 MatMul/Softmax "
-                             "(NOT_IMPLEMENTED); build a TensorRT engine and pass --engine")  # fmt: skip
+        ort_report.reason = (
+            "ONNX Runtime's CPU kernels do not implement BF16 MatMul/Softmax "
+            "(NOT_IMPLEMENTED); build a TensorRT engine and pass --engine"
+        )
     else:
         try:
             runner = load_runner(folder, providers=providers)
@@ -163,7 +170,11 @@ def compare_export(
     return CompareReport(str(folder), precision, "pytorch fp32", count, source, reports)
 
 
-def _fill(report: BackendReport, reference: np.ndarray, outputs: dict[str, np.ndarray],
-          tolerance: Tolerance) -> None:  # fmt: skip
+def _fill(
+    report: BackendReport,
+    reference: np.ndarray,
+    outputs: dict[str, np.ndarray],
+    tolerance: Tolerance,
+) -> None:
     report.status, report.tolerance = "compared", tolerance
     report.members, report.scores = compare_outputs(reference, outputs, tolerance)

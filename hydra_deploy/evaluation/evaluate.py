@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.families import get_family
 from hydra_deploy.labels import label_indices
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
@@ -117,8 +118,11 @@ def _pick_inputs(arrays: Mapping[str, Any], runner: Any, name: str) -> Any:
     if "x" in keys:
         return np.asarray(arrays["x"])
     if {"input_ids", "attention_mask"} <= set(keys):
-        return {k: np.asarray(arrays[k]) for k in ("input_ids", "attention_mask", "token_type_ids")
-                if k in keys}  # fmt: skip
+        return {
+            k: np.asarray(arrays[k])
+            for k in ("input_ids", "attention_mask", "token_type_ids")
+            if k in keys
+        }
     wanted = f"'x' or {names[0]!r} (the model's input)" if names else "'x'"
     raise HydraError(f"{name} holds arrays {keys}; name the input array {wanted}")
 
@@ -183,22 +187,36 @@ def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalDat
                 "images are one sub-folder per class"
             )
         indices, _ = label_indices(
-            classes, getattr(runner, "class_names", None), _num_classes(runner),
-            source=f"{name}: {path}", where=[f"sub-folder {c!r}" for c in classes],
-            index_labels=False, error=DataError,
-        )  # fmt: skip
+            classes,
+            getattr(runner, "class_names", None),
+            _num_classes(runner),
+            source=f"{name}: {path}",
+            where=[f"sub-folder {c!r}" for c in classes],
+            index_labels=False,
+            error=DataError,
+        )
         index = dict(zip(classes, indices, strict=True))
         images: list[Path] = []
         labels: list[int] = []
         for cls in classes:
-            found = sorted(p for p in (path / cls).rglob("*")
-                           if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)  # fmt: skip
+            found = sorted(
+                p
+                for p in (path / cls).rglob("*")
+                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+            )
             images += found
             labels += [index[cls]] * len(found)
         if not images:
             raise HydraError(f"{name}: the image folder {str(path)!r} holds no images")
-        return EvalData(name, str(path), "images", len(images), images=images,
-                        labels=np.asarray(labels, np.int64), class_names=classes)  # fmt: skip
+        return EvalData(
+            name,
+            str(path),
+            "images",
+            len(images),
+            images=images,
+            labels=np.asarray(labels, np.int64),
+            class_names=classes,
+        )
     try:
         images = find_images([path])
     except HydraError as err:
@@ -217,8 +235,11 @@ def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
             )
         return EvalData(name, str(path), "text", len(lines), texts=lines)
     # the file's own line numbers of the non-empty lines read_lines kept, for messages
-    numbers = [n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-               if line.strip()]  # fmt: skip
+    numbers = [
+        n
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if line.strip()
+    ]
     pairs = []
     for number, line in zip(numbers, lines, strict=True):
         label, tab, text = line.partition("\t")
@@ -229,12 +250,22 @@ def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
     if not labelled:  # an OOD .tsv: its labels may be anything
         return EvalData(name, str(path), "text", len(pairs), texts=texts)
     labels, classes = label_indices(
-        [p[0] for p in pairs], getattr(runner, "class_names", None), _num_classes(runner),
-        source=f"{name}: {path}", where=[f"line {n}" for n in numbers],
+        [p[0] for p in pairs],
+        getattr(runner, "class_names", None),
+        _num_classes(runner),
+        source=f"{name}: {path}",
+        where=[f"line {n}" for n in numbers],
         error=DataError,
-    )  # fmt: skip
-    return EvalData(name, str(path), "text", len(pairs), texts=texts,
-                    labels=np.asarray(labels, np.int64), class_names=classes)  # fmt: skip
+    )
+    return EvalData(
+        name,
+        str(path),
+        "text",
+        len(pairs),
+        texts=texts,
+        labels=np.asarray(labels, np.int64),
+        class_names=classes,
+    )
 
 
 def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> EvalData:
@@ -262,19 +293,19 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
     if not path.exists():
         raise HydraError(f"{name}: {str(path)!r} does not exist")
     suffix = path.suffix.lower()
-    family = getattr(runner, "family", None) or "vit"
+    family = get_family(getattr(runner, "family", None) or "vit")
     if path.is_dir():
-        if family == "bert":
+        if family.text:
             raise HydraError(f"{name}: {path} is an image folder, but MODEL is a text model")
         return _image_folder(path, runner, name, labelled)
     if suffix in (".txt", ".tsv"):
-        if family != "bert":
-            raise HydraError(f"{name}: {path} is text, but MODEL is a {family} model")
+        if not family.text:
+            raise HydraError(f"{name}: {path} is text, but MODEL is a {family.name} model")
         return _text_file(path, runner, name, labelled)
     if suffix not in (".npz", ".npy"):
         raise HydraError(
             f"{name}: cannot tell what {str(path)!r} is: give a .npz (x and y), an image folder"
-            + (" or a .tsv/.txt text file" if family == "bert" else "")
+            + (" or a .tsv/.txt text file" if family.text else "")
         )
     if suffix == ".npy" and labelled:
         raise HydraError(
@@ -283,8 +314,9 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
         )
     from hydra_deploy.arrays import read_array_file
 
-    loaded = read_array_file(path, prefix=f"{name}: ", what="",
-                             hint="give a complete .npz (np.savez) or .npy")  # fmt: skip
+    loaded = read_array_file(
+        path, prefix=f"{name}: ", what="", hint="give a complete .npz (np.savez) or .npy"
+    )
     if not isinstance(loaded, dict):
         return _from_arrays(loaded, None, runner, name, str(path))
     arrays = loaded
@@ -325,8 +357,12 @@ def _jsonable_bins(table: Mapping[str, np.ndarray]) -> dict[str, list]:
     def clean(values: np.ndarray) -> list:
         return [None if not np.isfinite(v) else float(v) for v in np.asarray(values, np.float64)]
 
-    return {"edges": clean(table["edges"]), "count": [int(c) for c in table["count"]],
-            "accuracy": clean(table["accuracy"]), "confidence": clean(table["confidence"])}  # fmt: skip
+    return {
+        "edges": clean(table["edges"]),
+        "count": [int(c) for c in table["count"]],
+        "accuracy": clean(table["accuracy"]),
+        "confidence": clean(table["confidence"]),
+    }
 
 
 def _check_scores(scores: Sequence[str]) -> tuple[str, ...]:
@@ -365,8 +401,8 @@ class TorchRunner:
         self.model = model.eval()
         self.family = getattr(model, "family", None)
         self.class_names = getattr(model, "class_names", None)  # labels map through them
-        text = self.family == "bert"
-        self.input_names = ("input_ids", "attention_mask", "token_type_ids") if text else ()
+        family = get_family(self.family or "vit")
+        self.input_names = family.input_names if family.text else ()
         self.preprocessing = getattr(model, "preprocessing", None)  # image folders, as exported
 
     def __call__(self, inputs: Any, batch_size: int | None = None) -> dict[str, np.ndarray]:
@@ -381,8 +417,10 @@ class TorchRunner:
                     + ("input_ids (and attention_mask)" if self.input_names else "one image array")
                     + f", got the arrays {sorted(inputs)}"
                 )
-            args = [torch.as_tensor(np.asarray(inputs[k]), device=device)
-                    if k in inputs else None for k in self.input_names]  # fmt: skip
+            args = [
+                torch.as_tensor(np.asarray(inputs[k]), device=device) if k in inputs else None
+                for k in self.input_names
+            ]
         else:
             if self.input_names:
                 raise HydraError(
@@ -431,14 +469,22 @@ def evaluate(
         from hydra_deploy.engines.runner import load_runner
 
         with load_runner(runner_or_path) as runner:
-            return evaluate(runner, id_data, ood, batch_size=batch_size, bins=bins, scores=names,
-                            return_scores=return_scores)  # fmt: skip
+            return evaluate(
+                runner,
+                id_data,
+                ood,
+                batch_size=batch_size,
+                bins=bins,
+                scores=names,
+                return_scores=return_scores,
+            )
     runner = runner_or_path
     if _is_torch_module(runner):
         runner = TorchRunner(runner)
     id_set = load_eval_data(id_data, runner, name="ID data", labelled=True)
-    ood_sets = {n: load_eval_data(d, runner, name=f"OOD set {n!r}", labelled=False)
-                for n, d in ood.items()}  # fmt: skip
+    ood_sets = {
+        n: load_eval_data(d, runner, name=f"OOD set {n!r}", labelled=False) for n, d in ood.items()
+    }
 
     id_scores = ensemble_scores(member_logits(runner, id_set, batch_size))
     probs = id_scores["probs"]
@@ -561,16 +607,26 @@ def markdown(report: Mapping[str, Any]) -> str:
     ]
     for name, entry in report["ood"].items():
         for score, m in entry["scores"].items():
-            lines.append(f"| {name} | {score} | {_fmt(m['auroc'])} | {_fmt(m['aupr'])} | "
-                         f"{_fmt(m['fpr95'])} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {score} | {_fmt(m['auroc'])} | {_fmt(m['aupr'])} | "
+                f"{_fmt(m['fpr95'])} |"
+            )
     if report.get("not_applicable"):
         lines += ["", *(f"- {s}: {why}" for s, why in report["not_applicable"].items())]
-    lines += ["", "## Mean scores", "", "| data | " + " | ".join(report["scores"]) + " |",
-              "|---|" + "---:|" * len(report["scores"]),
-              "| ID | " + " | ".join(_fmt(ident["mean_scores"][s]) for s in report["scores"]) + " |"]  # fmt: skip
+    lines += [
+        "",
+        "## Mean scores",
+        "",
+        "| data | " + " | ".join(report["scores"]) + " |",
+        "|---|" + "---:|" * len(report["scores"]),
+        "| ID | " + " | ".join(_fmt(ident["mean_scores"][s]) for s in report["scores"]) + " |",
+    ]
     for name, entry in report["ood"].items():
-        lines.append(f"| {name} | "
-                     + " | ".join(_fmt(entry["mean_scores"][s]) for s in report["scores"]) + " |")  # fmt: skip
+        lines.append(
+            f"| {name} | "
+            + " | ".join(_fmt(entry["mean_scores"][s]) for s in report["scores"])
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -76,44 +76,69 @@ def export_onnx(
         graph_module = WithEnsembleHead(hydra) if uq_outputs else hydra
         output_names = ["member_logits", *(UQ_OUTPUTS if uq_outputs else ())]
         used = export_module(
-            graph_module, example, model_path, input_names=hydra.input_names,
-            output_names=output_names, opset=opset, max_batch=batch[2], exporter=exporter,
+            graph_module,
+            example,
+            model_path,
+            input_names=hydra.input_names,
+            output_names=output_names,
+            opset=opset,
+            max_batch=batch[2],
+            exporter=exporter,
             dynamic_axes=getattr(hydra, "dynamic_axes", None),
-        )  # fmt: skip
+        )
         logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
 
         surgery = run_passes(model_path, passes, precision=precision)
-        logger.info("graph passes: %s", ", ".join(f"{k} {v}" for k, v in surgery.items()
-                                                  if k != "precision"))  # fmt: skip
+        logger.info(
+            "graph passes: %s",
+            ", ".join(f"{k} {v}" for k, v in surgery.items() if k != "precision"),
+        )
         if precision != "fp32":
             converted = surgery["precision"]
-            logger.info("%s graph: %d nodes in %s, %d kept in float32 (LayerNorm, ensemble head%s), "
-                        "%d casts", precision, converted["low_precision_nodes"], precision,
-                        converted["fp32_nodes"], "".join(f", {op}" for op in
-                                                         converted["fp32_for_lack_of_kernels"]),
-                        converted["casts"])  # fmt: skip
+            logger.info(
+                "%s graph: %d nodes in %s, %d kept in float32 (LayerNorm, ensemble head%s), "
+                "%d casts",
+                precision,
+                converted["low_precision_nodes"],
+                precision,
+                converted["fp32_nodes"],
+                "".join(f", {op}" for op in converted["fp32_for_lack_of_kernels"]),
+                converted["casts"],
+            )
         model = onnx.load(str(model_path))
         _set_metadata(model, hydra.spec.to_json(indent=None), __version__, precision)
         onnx.save(model, str(model_path))
         onnx.checker.check_model(str(model_path), full_check=True)
         einsums = [n.name for n in model.graph.node if n.op_type == "Einsum"]
         if einsums:
-            logger.warning("the graph holds %d Einsum node(s) (lowering=einsum?); TensorRT and "
-                           "ONNX Runtime run MatMul faster", len(einsums))  # fmt: skip
+            logger.warning(
+                "the graph holds %d Einsum node(s) (lowering=einsum?); TensorRT and "
+                "ONNX Runtime run MatMul faster",
+                len(einsums),
+            )
 
         validation = None
         if validate:
             started = time.perf_counter()
-            validation = validate_onnx(model_path, graph_module, hydra.example_inputs,
-                                       validation_batches(batch), atol=atol, precision=precision,
-                                       sequence_lengths=_sequence_lengths(hydra))  # fmt: skip
+            validation = validate_onnx(
+                model_path,
+                graph_module,
+                hydra.example_inputs,
+                validation_batches(batch),
+                atol=atol,
+                precision=precision,
+                sequence_lengths=_sequence_lengths(hydra),
+            )
             validation["seconds"] = round(time.perf_counter() - started, 2)
-            logger.debug("validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
-                        ", ".join(validation["batches"]),
-                        max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()))  # fmt: skip
+            logger.debug(
+                "validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
+                ", ".join(validation["batches"]),
+                max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()),
+            )
 
-        save_file({k: v.contiguous() for k, v in hydra.state_dict().items()},
-                  str(staging / WEIGHTS_FILE))  # fmt: skip
+        save_file(
+            {k: v.contiguous() for k, v in hydra.state_dict().items()}, str(staging / WEIGHTS_FILE)
+        )
         if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
             class_names = getattr(hydra, "class_names", None)
         info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
@@ -124,8 +149,10 @@ def export_onnx(
         info["strongly_typed"] = precision != "fp32"
         info["graph_passes"] = {k: v for k, v in surgery.items() if k != "precision"}
         if precision != "fp32":
-            info["precision_report"] = {**surgery["precision"],
-                                        "compute_types": compute_types(model)}  # fmt: skip
+            info["precision_report"] = {
+                **surgery["precision"],
+                "compute_types": compute_types(model),
+            }
         info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
         write_info(staging, info)
@@ -139,8 +166,14 @@ def export_onnx(
     return info
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.txt", "vocab.json", "merges.txt")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def _copy_tokenizer(hydra, staging: Path) -> dict[str, Any] | None:
@@ -151,8 +184,11 @@ def _copy_tokenizer(hydra, staging: Path) -> dict[str, Any] | None:
     source = Path(source)
     files = [name for name in TOKENIZER_FILES if (source / name).is_file()]
     if "tokenizer.json" not in files:
-        logger.warning("%s has no tokenizer.json (a fast tokenizer); the export cannot tokenize "
-                       "text: give hydra-run token ids in a .npz", source)  # fmt: skip
+        logger.warning(
+            "%s has no tokenizer.json (a fast tokenizer); the export cannot tokenize "
+            "text: give hydra-run token ids in a .npz",
+            source,
+        )
         return None
     (staging / "tokenizer").mkdir()
     for name in files:
@@ -164,8 +200,12 @@ def _copy_tokenizer(hydra, staging: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         wanted = None
     max_length = min(int(wanted), limit) if isinstance(wanted, (int, float)) else limit
-    return {"dir": "tokenizer", "files": files, "max_length": max_length,
-            "vocab_size": config.get("vocab_size")}  # fmt: skip
+    return {
+        "dir": "tokenizer",
+        "files": files,
+        "max_length": max_length,
+        "vocab_size": config.get("vocab_size"),
+    }
 
 
 def _sequence_lengths(hydra) -> tuple[int, ...]:
@@ -179,8 +219,10 @@ def _sequence_lengths(hydra) -> tuple[int, ...]:
 def check_profile(opset: int, batch: Sequence[int]) -> tuple[int, int, int]:
     """Validate the opset and the (min, opt, max) batch profile; returns the profile as ints."""
     if not MIN_OPSET <= int(opset) <= MAX_OPSET:
-        raise ExportError(f"opset {opset} is not supported; use {MIN_OPSET}..{MAX_OPSET} (17 "
-                          "parses on TensorRT 8.6 and JetPack 6)")  # fmt: skip
+        raise ExportError(
+            f"opset {opset} is not supported; use {MIN_OPSET}..{MAX_OPSET} (17 "
+            "parses on TensorRT 8.6 and JetPack 6)"
+        )
     batch = tuple(int(b) for b in batch)
     if len(batch) != 3 or not 1 <= batch[0] <= batch[1] <= batch[2]:
         raise ExportError(f"batch must be (min, opt, max) with 1 <= min <= opt <= max, got {batch}")

@@ -18,56 +18,15 @@ import torch
 
 from hydra_deploy.errors import ExportError, HydraError
 from hydra_deploy.export_folder import WEIGHTS_FILE, read_info
-
-# Where each component of a fused model comes from in one member, per family: the fused model's
-# state-dict names (left) and the member module's names (right); ``{}`` is the layer index; a final
-# component is per member when its saved weight has the given number of dimensions.
-MEMBER_LAYOUT: dict[str, dict[str, Any]] = {
-    "vit": {
-        "embeds": ("patch_embed", "norm_pre", "cls_token", "reg_token", "pos_embed"),
-        "embed_params": ("cls_token", "reg_token", "pos_embed"),
-        "block": "blocks.{}",
-        "block_parts": {"norm1": "norm1", "norm2": "norm2", "ls1": "ls1", "ls2": "ls2",
-                        "attn": "attn", "mlp": "mlp"},
-        "final": {"norm": ("norm", 2), "fc_norm": ("fc_norm", 2), "head": ("head", 3)},
-    },
-    "openclip": {
-        "embeds": ("visual.conv1", "visual.ln_pre", "visual.class_embedding",
-                   "visual.positional_embedding"),
-        "embed_params": ("class_embedding", "positional_embedding"),
-        "block": "visual.transformer.resblocks.{}",
-        "block_parts": {"norm1": "ln_1", "norm2": "ln_2", "ls1": "ls_1", "ls2": "ls_2",
-                        "attn": "attn", "mlp": "mlp"},
-        "final": {"ln_post": ("visual.ln_post", 2), "proj": ("visual.proj", 3)},
-    },
-    "bert": {
-        "embeds": ("bert.embeddings",),
-        "embed_params": (),
-        "block": "bert.encoder.layer.{}",
-        "block_parts": {"norm1": "attention.output.LayerNorm", "norm2": "output.LayerNorm",
-                        "attn": "attention.self", "mlp": "intermediate"},
-        "final": {"pooler.linear": ("bert.pooler.dense", 3),
-                  "classifier.linear": ("classifier", 3)},
-    },
-}  # fmt: skip
+from hydra_deploy.families import get_family
 
 
 def _rebuild_base(info: dict[str, Any]):
     """One member of the recorded architecture (weights to be replaced), as a module."""
-    family = info.get("family")
-    if family == "vit":
-        from hydra_deploy.backbones.timm_vit import build_vit
+    from hydra_deploy.backbones import BackboneAdapter
 
-        return build_vit(info["backbone_kwargs"])
-    if family == "openclip":
-        from hydra_deploy.backbones.openclip import rebuild_openclip
-
-        return rebuild_openclip(info["backbone_kwargs"]).module
-    if family == "bert":
-        from hydra_deploy.backbones.hf_bert import rebuild_bert
-
-        return rebuild_bert(info["backbone_kwargs"]).module
-    raise ExportError(f"re-loading a {family!r} export is not supported yet")
+    built = get_family(info.get("family")).resolve("rebuild")(info["backbone_kwargs"])
+    return built.module if isinstance(built, BackboneAdapter) else built
 
 
 def load_export(export_dir: str | os.PathLike, *, check: bool = True):
@@ -97,12 +56,7 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
             f"cannot read the export in {str(folder)!r}: {err}; restore its files or export the "
             "model again with hydra-export"
         ) from err
-    family = checked.family
-    if family not in MEMBER_LAYOUT:
-        raise ExportError(
-            f"{info_path} has family {family!r}; this version reloads exports of the "
-            f"{', '.join(MEMBER_LAYOUT)} families"
-        )
+    family = get_family(checked.family)  # known: read_info checks it against the registry
     if not isinstance(info.get("backbone_kwargs"), dict) or not info["backbone_kwargs"]:
         raise ExportError(f"{info_path} does not record the backbone's constructor arguments")
     if not isinstance(info.get("merge"), dict):
@@ -121,7 +75,7 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
             "file or re-export the model"
         ) from err
     members = [copy.deepcopy(base) for _ in range(spec.num_members)]
-    _make_members_differ(members, weights, MEMBER_LAYOUT[info["family"]])
+    _make_members_differ(members, weights, family.member_layout)
     hydra = fuse([load_backbone(m) for m in members], spec, spec.mlp_merge)
     try:
         hydra.load_state_dict(weights, strict=True)
@@ -149,8 +103,12 @@ def _make_members_differ(members: list, weights: dict[str, torch.Tensor], layout
     targets = []  # module or parameter names in one member
     if any(k.startswith("member_embeds.") for k in weights):
         params = layout["embed_params"]
-        targets += [t for t in layout["embeds"] if t.rsplit(".", 1)[-1] not in params
-                    or f"member_embeds.0.{t.rsplit('.', 1)[-1]}" in weights]  # fmt: skip
+        targets += [
+            t
+            for t in layout["embeds"]
+            if t.rsplit(".", 1)[-1] not in params
+            or f"member_embeds.0.{t.rsplit('.', 1)[-1]}" in weights
+        ]
     for j in range(blocks):
         block = layout["block"].format(trunk + j)
         parts = layout["block_parts"]
@@ -204,8 +162,9 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
             "export the model again with hydra-export"
         )
     try:
-        validate_onnx(path, module, hydra.example_inputs, [2],
-                      precision=info.get("precision", "fp32"))  # fmt: skip
+        validate_onnx(
+            path, module, hydra.example_inputs, [2], precision=info.get("precision", "fp32")
+        )
     except ExportError as err:
         raise ExportError(
             f"the model rebuilt from {path.parent} differs from its model.onnx ({err}); "

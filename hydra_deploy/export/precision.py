@@ -120,8 +120,12 @@ def to_low_precision(
 
     low = onnx_type(precision)
     if low == _FLOAT:
-        return {"low_precision_nodes": 0, "fp32_nodes": len(graph.nodes), "casts": 0,
-                "constants": 0}  # fmt: skip
+        return {
+            "low_precision_nodes": 0,
+            "fp32_nodes": len(graph.nodes),
+            "casts": 0,
+            "constants": 0,
+        }
     if any(
         attr for node in graph.nodes for attr in node.attrs.values() if isinstance(attr, gs.Graph)
     ):
@@ -163,8 +167,15 @@ def to_low_precision(
         key = (tensor.name, target)
         if key not in versions:
             cast_out = gs.Variable(f"{tensor.name}_{_NAMES[target]}")
-            new_nodes.append(gs.Node("Cast", f"{tensor.name}_to_{_NAMES[target]}",
-                                     {"to": target}, [tensor], [cast_out]))  # fmt: skip
+            new_nodes.append(
+                gs.Node(
+                    "Cast",
+                    f"{tensor.name}_to_{_NAMES[target]}",
+                    {"to": target},
+                    [tensor],
+                    [cast_out],
+                )
+            )
             types[cast_out.name] = target
             versions[key] = cast_out
             report["casts"] += 1
@@ -190,8 +201,9 @@ def to_low_precision(
                 # graph outputs stay float32: the node writes a low-precision copy, a Cast the output
                 low_out = gs.Variable(f"{out.name}_{_NAMES[target]}")
                 node.outputs[index] = low_out
-                new_nodes.append(gs.Node("Cast", f"{out.name}_to_float", {"to": _FLOAT},
-                                         [low_out], [out]))  # fmt: skip
+                new_nodes.append(
+                    gs.Node("Cast", f"{out.name}_to_float", {"to": _FLOAT}, [low_out], [out])
+                )
                 types[low_out.name], types[out.name] = target, _FLOAT
                 versions[(out.name, target)] = low_out
                 report["casts"] += 1
@@ -241,8 +253,23 @@ def _produces_float(node, out) -> bool:
     """Whether ``out`` is a float tensor whose type follows the node's precision."""
     if node.op == "Cast":
         return node.attrs.get("to") in _FLOAT_TYPES
-    if node.op in ("Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Less", "Greater",
-                   "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "IsNaN", "IsInf"):  # fmt: skip
+    if node.op in (
+        "Shape",
+        "Size",
+        "ArgMax",
+        "ArgMin",
+        "NonZero",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "Not",
+        "And",
+        "Or",
+        "IsNaN",
+        "IsInf",
+    ):
         return False
     if node.op == "TopK" and out is not node.outputs[0]:
         return False  # the indices
@@ -269,8 +296,10 @@ def compute_types(model) -> dict[str, dict[str, int]]:
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}  # fmt: skip
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
     types.update({t.name: t.data_type for t in inferred.graph.initializer})
     counts: dict[str, Counter] = {}
     for node in inferred.graph.node:
@@ -336,8 +365,11 @@ def upcast_model(model):
             if node.op_type == "Cast" and attr.name == "to" and attr.i in (_FLOAT16, _BFLOAT16):
                 attr.i = _FLOAT
             if attr.name == "value" and attr.t.data_type in (_FLOAT16, _BFLOAT16):
-                attr.t.CopyFrom(numpy_helper.from_array(
-                    numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name))  # fmt: skip
+                attr.t.CopyFrom(
+                    numpy_helper.from_array(
+                        numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name
+                    )
+                )
     del graph.value_info[:]
     return onnx.shape_inference.infer_shapes(model)
 

@@ -44,8 +44,10 @@ def fold_attention_scale(graph) -> int:
     for softmax in [n for n in graph.nodes if n.op == "Softmax"]:
         scores = _producer(softmax.inputs[0])
         if scores is not None and scores.op == "Add":  # an additive (padding) mask: look through
-            scores = next((p for p in map(_producer, scores.inputs)
-                           if p is not None and p.op == "MatMul"), None)  # fmt: skip
+            scores = next(
+                (p for p in map(_producer, scores.inputs) if p is not None and p.op == "MatMul"),
+                None,
+            )
         if scores is None or scores.op != "MatMul":
             continue
         q_mul, k_mul = (_producer(t) for t in scores.inputs)

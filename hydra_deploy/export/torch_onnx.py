@@ -78,8 +78,9 @@ def export_module(
         return _export_with("torchscript", *arguments)
 
 
-def _export_with(exporter, module, example, path, input_names, output_names, opset, max_batch,
-                 axes):  # fmt: skip
+def _export_with(
+    exporter, module, example, path, input_names, output_names, opset, max_batch, axes
+):
     import onnx
 
     if example[0].shape[0] < 2:
@@ -96,28 +97,46 @@ def _export_with(exporter, module, example, path, input_names, output_names, ops
                     for axis, symbol in axes.get(name, {}).items():
                         high = max(max_batch, 2) if symbol == "batch" else None
                         if symbol not in dims:
-                            dims[symbol] = (torch.export.Dim(symbol, min=1, max=high) if high
-                                            else torch.export.Dim(symbol, min=2))  # fmt: skip
+                            dims[symbol] = (
+                                torch.export.Dim(symbol, min=1, max=high)
+                                if high
+                                else torch.export.Dim(symbol, min=2)
+                            )
                         if symbol != "batch" and tensor.shape[axis] < 2:
                             raise ExportError(f"trace {name} with {symbol} >= 2")
                 # positional (a tuple in input order): wrappers take ``*inputs``, not the names
-                shapes = tuple({axis: dims[symbol] for axis, symbol in axes.get(name, {}).items()}
-                               for name in input_names)  # fmt: skip
+                shapes = tuple(
+                    {axis: dims[symbol] for axis, symbol in axes.get(name, {}).items()}
+                    for name in input_names
+                )
                 if _takes_var_positional(module):  # forward(*inputs): one entry holding them all
                     shapes = (shapes,)
                 torch.onnx.export(
-                    module, example, str(path), dynamo=True, opset_version=opset,
-                    input_names=list(input_names), output_names=output_names,
-                    dynamic_shapes=shapes, external_data=external, verbose=False,
-                )  # fmt: skip
+                    module,
+                    example,
+                    str(path),
+                    dynamo=True,
+                    opset_version=opset,
+                    input_names=list(input_names),
+                    output_names=output_names,
+                    dynamic_shapes=shapes,
+                    external_data=external,
+                    verbose=False,
+                )
             else:
                 dynamic = {name: dict(axes.get(name, {})) for name in input_names}
                 dynamic.update({name: {0: "batch"} for name in output_names})
                 torch.onnx.export(
-                    module, example, str(path), dynamo=False, opset_version=opset,
-                    input_names=list(input_names), output_names=output_names,
-                    dynamic_axes=dynamic, do_constant_folding=True,
-                )  # fmt: skip
+                    module,
+                    example,
+                    str(path),
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=list(input_names),
+                    output_names=output_names,
+                    dynamic_axes=dynamic,
+                    do_constant_folding=True,
+                )
         except ExportError:
             raise
         except Exception as err:
@@ -137,8 +156,10 @@ def _export_with(exporter, module, example, path, input_names, output_names, ops
                 f"{opset} ({type(err).__name__}: {str(err)[:200]}); ask for opset={written}"
             ) from err
         onnx.save(model, str(path))
-    pinned = {**{name: axes.get(name, {}) for name in input_names},
-              **{name: {0: "batch"} for name in output_names}}  # fmt: skip
+    pinned = {
+        **{name: axes.get(name, {}) for name in input_names},
+        **{name: {0: "batch"} for name in output_names},
+    }
     if _pin_axes(model, pinned):
         onnx.save(model, str(path))
     return exporter
@@ -176,8 +197,13 @@ def _pin_axes(model, axes: dict[str, dict[int, str]]) -> bool:
         for axis, symbol in axes.get(value.name, {}).items():
             dim = value.type.tensor_type.shape.dim[axis]
             if dim.dim_param != symbol:
-                logger.info("re-pinning axis %d of %s to a dynamic %s (was %s)", axis, value.name,
-                            symbol, dim.dim_param or dim.dim_value)  # fmt: skip
+                logger.info(
+                    "re-pinning axis %d of %s to a dynamic %s (was %s)",
+                    axis,
+                    value.name,
+                    symbol,
+                    dim.dim_param or dim.dim_value,
+                )
                 dim.ClearField("dim_value")
                 dim.dim_param = symbol
                 changed = True

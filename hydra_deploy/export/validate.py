@@ -31,24 +31,39 @@ from hydra_deploy.parity import PRECISION_TOLERANCES
 logger = logging.getLogger("hydra_deploy")
 
 DEFAULT_ATOL = {
-    "member_logits": 1e-4, "probs": 1e-5, "msp": 1e-5,
-    "predictive_entropy": 1e-4, "expected_entropy": 1e-4, "mutual_information": 1e-4,
-}  # fmt: skip
+    "member_logits": 1e-4,
+    "probs": 1e-5,
+    "msp": 1e-5,
+    "predictive_entropy": 1e-4,
+    "expected_entropy": 1e-4,
+    "mutual_information": 1e-4,
+}
 
 # the float32 widening of a low-precision file vs float32 compute with the same rounded weights:
 # (absolute, relative to the reference's largest magnitude); they differ by the few constants the
 # file rounds besides weights (GELU's sqrt 2, the attention scale)
-WIDENED_TOLERANCE = {"member_logits": (1e-3, 1e-3), "probs": (1e-4, 0), "msp": (1e-4, 0),
-                     "predictive_entropy": (5e-4, 0), "expected_entropy": (5e-4, 0),
-                     "mutual_information": (5e-4, 0)}  # fmt: skip
+WIDENED_TOLERANCE = {
+    "member_logits": (1e-3, 1e-3),
+    "probs": (1e-4, 0),
+    "msp": (1e-4, 0),
+    "predictive_entropy": (5e-4, 0),
+    "expected_entropy": (5e-4, 0),
+    "mutual_information": (5e-4, 0),
+}
 
 # how far a precision may move the scores from FP32 (ARCHITECTURE.md; member logits are reported)
 DRIFT_TOLERANCE = {
-    precision: {"probs": row["probs"], "msp": row["probs"], "predictive_entropy": row["entropy"],
-                "expected_entropy": row["entropy"], "mutual_information": row["entropy"],
-                "argmax_agreement": row["argmax"]}
-    for precision, row in PRECISION_TOLERANCES.items() if precision != "fp32"
-}  # fmt: skip
+    precision: {
+        "probs": row["probs"],
+        "msp": row["probs"],
+        "predictive_entropy": row["entropy"],
+        "expected_entropy": row["entropy"],
+        "mutual_information": row["entropy"],
+        "argmax_agreement": row["argmax"],
+    }
+    for precision, row in PRECISION_TOLERANCES.items()
+    if precision != "fp32"
+}
 
 
 def validation_batches(batch: Sequence[int]) -> list[int]:
@@ -72,8 +87,11 @@ def _session(model_or_path):
         if isinstance(model_or_path, (str, Path))
         else model_or_path.SerializeToString()
     )
-    return ort.InferenceSession(str(source) if isinstance(source, Path) else source, options,
-                                providers=["CPUExecutionProvider"])  # fmt: skip
+    return ort.InferenceSession(
+        str(source) if isinstance(source, Path) else source,
+        options,
+        providers=["CPUExecutionProvider"],
+    )
 
 
 def _as_tuple(out) -> tuple[torch.Tensor, ...]:
@@ -97,8 +115,11 @@ def _low_precision_plan(path: Path, model: torch.nn.Module, precision: str):
     except Exception as err:  # onnxruntime raises its own NotImplemented/Fail types
         if "NOT_IMPLEMENTED" not in str(err):
             raise ExportError(f"ONNX Runtime cannot load the {precision} file: {err}") from err
-        logger.debug("ONNX Runtime has no CPU kernel for a %s op (%s); its drift is measured in "
-                     "PyTorch", precision, str(err).split(":")[-1].strip())  # fmt: skip
+        logger.debug(
+            "ONNX Runtime has no CPU kernel for a %s op (%s); its drift is measured in PyTorch",
+            precision,
+            str(err).split(":")[-1].strip(),
+        )
     return widened, reference, None, reference_model(model, precision, fp32_ops=fp32_ops)
 
 
@@ -138,41 +159,62 @@ def validate_onnx(
         checked = "float32 widening in onnxruntime"
     input_names = [i.name for i in session.get_inputs()]
     output_names = [o.name for o in session.get_outputs()]
-    report: dict[str, Any] = {"runtime": f"onnxruntime {ort.__version__} CPU", "precision": precision,
-                              "checked": checked, "batches": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        "runtime": f"onnxruntime {ort.__version__} CPU",
+        "precision": precision,
+        "checked": checked,
+        "batches": {},
+    }
     if precision != "fp32":
-        report["drift_measured_in"] = (f"onnxruntime ({precision} file)" if drift_session else
-                                       f"PyTorch in {precision}")  # fmt: skip
+        report["drift_measured_in"] = (
+            f"onnxruntime ({precision} file)" if drift_session else f"PyTorch in {precision}"
+        )
     cases = [(batch, None) for batch in batches]
     cases += [(batches[len(batches) // 2], n) for n in sequence_lengths]
     for batch, length in cases:
-        made = (example_inputs(batch, seed + batch) if length is None
-                else example_inputs(batch, seed + batch, seq_len=length))  # fmt: skip
+        made = (
+            example_inputs(batch, seed + batch)
+            if length is None
+            else example_inputs(batch, seed + batch, seq_len=length)
+        )
         x = _as_tuple(made)
         feed = {name: t.numpy() for name, t in zip(input_names, x, strict=True)}
         with torch.inference_mode():
             expected = dict(zip(output_names, _as_tuple(reference(*x)), strict=True))
         got = dict(zip(output_names, session.run(None, feed), strict=True))
-        entry = {name: _compare(name, got[name], expected[name].float().numpy(), batch, precision,
-                                atol) for name in output_names}  # fmt: skip
+        entry = {
+            name: _compare(name, got[name], expected[name].float().numpy(), batch, precision, atol)
+            for name in output_names
+        }
         if precision != "fp32":
             with torch.inference_mode():
                 fp32 = dict(zip(output_names, _as_tuple(model(*x)), strict=True))
                 if drift_session is not None:
                     low = dict(zip(output_names, drift_session.run(None, feed), strict=True))
                 else:
-                    low = {k: v.numpy() for k, v in
-                           zip(output_names, _as_tuple(drift_model(*x)), strict=True)}  # fmt: skip
+                    low = {
+                        k: v.numpy()
+                        for k, v in zip(output_names, _as_tuple(drift_model(*x)), strict=True)
+                    }
             entry["drift_vs_fp32"] = _drift(low, fp32, precision)
         report["batches"][str(batch) if length is None else f"{batch}x{length}"] = entry
     report["passed"] = True
     if precision != "fp32":
-        exceeded = sorted({name for b in report["batches"].values()
-                           for name in b["drift_vs_fp32"].get("exceeds", [])})  # fmt: skip
+        exceeded = sorted(
+            {
+                name
+                for b in report["batches"].values()
+                for name in b["drift_vs_fp32"].get("exceeds", [])
+            }
+        )
         report["drift_within_tolerance"] = not exceeded
         if exceeded:
-            logger.warning("%s moves %s beyond the expected tolerance from FP32 (see hydra.json's "
-                           "validation.batches.*.drift_vs_fp32)", precision, ", ".join(exceeded))  # fmt: skip
+            logger.warning(
+                "%s moves %s beyond the expected tolerance from FP32 (see hydra.json's "
+                "validation.batches.*.drift_vs_fp32)",
+                precision,
+                ", ".join(exceeded),
+            )
     return report
 
 
@@ -194,8 +236,10 @@ def _compare(name, got, reference, batch, precision, atol) -> dict[str, Any]:
         )
     diff = np.abs(got.astype(np.float64) - reference)
     worst = float(diff.max()) if diff.size else 0.0
-    entry: dict[str, Any] = {"max_abs_diff": worst,
-                             "atol": _tolerance(name, reference, precision, atol)}  # fmt: skip
+    entry: dict[str, Any] = {
+        "max_abs_diff": worst,
+        "atol": _tolerance(name, reference, precision, atol),
+    }
     if name == "member_logits":
         entry["argmax_agreement"] = float((got.argmax(-1) == reference.argmax(-1)).mean())
     if worst > entry["atol"]:

@@ -104,9 +104,18 @@ def _tracing() -> bool:
 
 def _architecture_signature(adapter: BackboneAdapter) -> tuple:
     config = adapter.module.config.to_dict()
-    for key in ("_name_or_path", "transformers_version", "architectures", "id2label", "label2id",
-                "torch_dtype", "dtype", "problem_type", "_attn_implementation_autoset",
-                "_attn_implementation"):  # fmt: skip
+    for key in (
+        "_name_or_path",
+        "transformers_version",
+        "architectures",
+        "id2label",
+        "label2id",
+        "torch_dtype",
+        "dtype",
+        "problem_type",
+        "_attn_implementation_autoset",
+        "_attn_implementation",
+    ):
         config.pop(key, None)
     shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in adapter.module.state_dict().items())
     return config, shapes
@@ -120,8 +129,11 @@ def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
         if signature == reference:
             continue
         if signature[0] != reference[0]:
-            keys = sorted(k for k in set(signature[0]) | set(reference[0])
-                          if signature[0].get(k) != reference[0].get(k))  # fmt: skip
+            keys = sorted(
+                k
+                for k in set(signature[0]) | set(reference[0])
+                if signature[0].get(k) != reference[0].get(k)
+            )
             what = f"configs ({', '.join(keys[:4])})"
         else:
             what = "weights' shapes or dtypes"
@@ -133,8 +145,12 @@ def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
 
 def _embedding_tensors(module: nn.Module) -> list[torch.Tensor]:
     embeddings = module.bert.embeddings
-    return [embeddings.word_embeddings.weight, embeddings.position_embeddings.weight,
-            embeddings.token_type_embeddings.weight, *embeddings.LayerNorm.parameters()]  # fmt: skip
+    return [
+        embeddings.word_embeddings.weight,
+        embeddings.position_embeddings.weight,
+        embeddings.token_type_embeddings.weight,
+        *embeddings.LayerNorm.parameters(),
+    ]
 
 
 class HydraBert(HydraModel):
@@ -179,22 +195,26 @@ class HydraBert(HydraModel):
         # embeddings: shared when every member has the same weights
         embed_shared = embeddings_shared([_embedding_tensors(model) for model in models])
         self.embed = BertEmbedding(first.bert.embeddings) if embed_shared else None
-        self.member_embeds = None if embed_shared else nn.ModuleList(
-            BertEmbedding(model.bert.embeddings) for model in models
-        )  # fmt: skip
+        self.member_embeds = (
+            None
+            if embed_shared
+            else nn.ModuleList(BertEmbedding(model.bert.embeddings) for model in models)
+        )
 
         # layers: a shared trunk while all members are identical, then M streams
         names = ["attention.output.LayerNorm", "output.LayerNorm"]
         if spec.mlp_merge == "grouped":
             names += ["intermediate.dense", "output.dense"]
         stack = LayerStack(
-            members, spec,
+            members,
+            spec,
             layer_blocks=lambda layer: [model.bert.encoder.layer[layer] for model in models],
             identical_modules=names,
             fused_block=lambda layers, weights, heads: self._fused_block(
-                layers, weights, heads, spec.mlp_merge, lowering),
+                layers, weights, heads, spec.mlp_merge, lowering
+            ),
             shared_trunk=shared_trunk and embed_shared,
-        )  # fmt: skip
+        )
         self.trunk, self.blocks = stack.trunk, stack.blocks
         self.trunk_layers = len(stack.trunk)
         layer_heads = stack.layer_heads
@@ -226,8 +246,10 @@ class HydraBert(HydraModel):
         mlp, mlp_kind = merge_mlps(
             [layer.intermediate.dense for layer in layers],
             [layer.intermediate.intermediate_act_fn for layer in layers],
-            [layer.output.dense for layer in layers], mlp_merge, lowering,
-        )  # fmt: skip
+            [layer.output.dense for layer in layers],
+            mlp_merge,
+            lowering,
+        )
         block = FusedPostNormBlock(
             attn=FusedAttention(weights, heads, lowering),
             norm1=stream_norm([layer.attention.output.LayerNorm for layer in layers[:streams]]),
@@ -247,10 +269,13 @@ class HydraBert(HydraModel):
         from hydra_deploy.backbones.hf_bert import random_text_inputs
 
         inputs = random_text_inputs(
-            batch_size, seed=seed, seq_len=self.seq_len if seq_len is None else seq_len,
-            vocab_size=self.vocab_size, pad_token_id=self.pad_token_id,
+            batch_size,
+            seed=seed,
+            seq_len=self.seq_len if seq_len is None else seq_len,
+            vocab_size=self.vocab_size,
+            pad_token_id=self.pad_token_id,
             with_token_types=self.type_vocab_size > 1,
-        )  # fmt: skip
+        )
         return tuple(inputs[name] for name in self.input_names)
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids) -> None:

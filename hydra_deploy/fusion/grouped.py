@@ -54,9 +54,11 @@ def grouped_linear(
         # x @ W (+ b), not F.linear: exports as MatMul (+ Add) on a 2-D constant weight, which
         # ONNX Runtime prepacks and runs in FP16 too (its CPU Gemm has no FP16 kernel)
         out = torch.stack(
-            [flat[g] @ weight[g] if bias is None else flat[g] @ weight[g] + bias[g]
-             for g in range(groups)]
-        )  # fmt: skip
+            [
+                flat[g] @ weight[g] if bias is None else flat[g] @ weight[g] + bias[g]
+                for g in range(groups)
+            ]
+        )
     elif lowering == "dense":
         block = torch.block_diag(*weight.unbind(0))  # [G*in, G*out]
         out = flat.transpose(0, 1).reshape(rows, groups * in_features) @ block  # [R, G*out]
@@ -120,8 +122,16 @@ class GroupedLinear(nn.Module):
     ) -> GroupedLinear:
         """Wrap existing weights: ``weight`` [G, in, out], ``bias`` [G, out] or None."""
         groups, in_features, out_features = weight.shape
-        layer = cls(groups, in_features, out_features, bias=bias is not None, lowering=lowering,
-                    device=weight.device, dtype=weight.dtype, _init=False)  # fmt: skip
+        layer = cls(
+            groups,
+            in_features,
+            out_features,
+            bias=bias is not None,
+            lowering=lowering,
+            device=weight.device,
+            dtype=weight.dtype,
+            _init=False,
+        )
         with torch.no_grad():
             layer.weight.copy_(weight)
             if bias is not None:

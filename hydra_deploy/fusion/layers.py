@@ -152,20 +152,28 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 
 
 def merge_mlps(
-    fc1s: Sequence[nn.Linear], acts: Sequence[nn.Module], fc2s: Sequence[nn.Linear],
-    mlp_merge: str, lowering: str,
-) -> tuple[nn.Module, str]:  # fmt: skip
+    fc1s: Sequence[nn.Linear],
+    acts: Sequence[nn.Module],
+    fc2s: Sequence[nn.Linear],
+    mlp_merge: str,
+    lowering: str,
+) -> tuple[nn.Module, str]:
     """The fused MLP of one layer and how it was merged ("shared", "average" or "grouped")."""
     import copy
 
     act = copy.deepcopy(acts[0])
-    params = [[m.weight for m in fc1s], [m.bias for m in fc1s], [m.weight for m in fc2s],
-              [m.bias for m in fc2s]]  # fmt: skip
+    params = [
+        [m.weight for m in fc1s],
+        [m.bias for m in fc1s],
+        [m.weight for m in fc2s],
+        [m.bias for m in fc2s],
+    ]
     if all(all_equal(group) for group in params):
         return SharedMlp(copy.deepcopy(fc1s[0]), act, copy.deepcopy(fc2s[0])), "shared"
     if mlp_merge == "average":
-        w1, b1, w2, b2 = (None if g[0] is None else torch.stack([t.detach() for t in g]).mean(0)
-                          for g in params)  # fmt: skip
+        w1, b1, w2, b2 = (
+            None if g[0] is None else torch.stack([t.detach() for t in g]).mean(0) for g in params
+        )
         return SharedMlp(_linear(w1, b1), act, _linear(w2, b2)), "average"
     if mlp_merge == "grouped":
         w1, b1, w2, b2 = (
@@ -273,9 +281,14 @@ class FusedBlock(nn.Module):
     """Pre-norm Transformer block over S streams: x + ls1(attn(norm1(x))), then the MLP."""
 
     def __init__(
-        self, norm1: nn.Module, attn: FusedAttention, ls1: nn.Module,
-        norm2: nn.Module, mlp: nn.Module, ls2: nn.Module,
-    ) -> None:  # fmt: skip
+        self,
+        norm1: nn.Module,
+        attn: FusedAttention,
+        ls1: nn.Module,
+        norm2: nn.Module,
+        mlp: nn.Module,
+        ls2: nn.Module,
+    ) -> None:
         super().__init__()
         self.norm1, self.attn, self.ls1 = norm1, attn, ls1
         self.norm2, self.mlp, self.ls2 = norm2, mlp, ls2
@@ -295,9 +308,11 @@ def kept_attention_tensors(weights: AttentionWeights, heads: Sequence[int]) -> l
 
 
 def layers_identical(
-    layer_blocks: Sequence[nn.Module], weights: Sequence[AttentionWeights],
-    heads: Sequence[Sequence[int]], module_names: Sequence[str],
-) -> bool:  # fmt: skip
+    layer_blocks: Sequence[nn.Module],
+    weights: Sequence[AttentionWeights],
+    heads: Sequence[Sequence[int]],
+    module_names: Sequence[str],
+) -> bool:
     """All members keep the same heads with the same attention weights, and the named submodules
     (norms, LayerScale, the MLP when grouped) of their layers hold the same parameters."""
     if any(tuple(h) != tuple(heads[0]) for h in heads):
@@ -327,9 +342,15 @@ class LayerStack:
     """
 
     def __init__(
-        self, members: Sequence[Any], spec: Any, *, layer_blocks: Callable[[int], list],
-        identical_modules: Sequence[str], fused_block: Callable, shared_trunk: bool,
-    ) -> None:  # fmt: skip
+        self,
+        members: Sequence[Any],
+        spec: Any,
+        *,
+        layer_blocks: Callable[[int], list],
+        identical_modules: Sequence[str],
+        fused_block: Callable,
+        shared_trunk: bool,
+    ) -> None:
         M = spec.num_members
         trunk, blocks, self.layer_heads = [], [], []
         self.mlp_kinds: set[str] = set()
@@ -366,9 +387,13 @@ class LayerStack:
 
 
 def fused_prenorm_block(
-    layer_blocks: Sequence[nn.Module], weights: Sequence[AttentionWeights],
-    heads: Sequence[Sequence[int]], names: dict[str, str], mlp_merge: str, lowering: str,
-) -> tuple[FusedBlock, str]:  # fmt: skip
+    layer_blocks: Sequence[nn.Module],
+    weights: Sequence[AttentionWeights],
+    heads: Sequence[Sequence[int]],
+    names: dict[str, str],
+    mlp_merge: str,
+    lowering: str,
+) -> tuple[FusedBlock, str]:
     """A pre-norm block (ViT, OpenCLIP) from the members' blocks; ``names`` maps the roles
     ``norm1, ls1, norm2, ls2, fc1, act, fc2`` to submodule names in one member's block."""
     norm_blocks = layer_blocks[: len(weights)]
@@ -376,8 +401,13 @@ def fused_prenorm_block(
     def parts(role: str, blocks: Sequence[nn.Module]) -> list[nn.Module]:
         return [block.get_submodule(names[role]) for block in blocks]
 
-    mlp, mlp_kind = merge_mlps(parts("fc1", layer_blocks), parts("act", layer_blocks),
-                               parts("fc2", layer_blocks), mlp_merge, lowering)  # fmt: skip
+    mlp, mlp_kind = merge_mlps(
+        parts("fc1", layer_blocks),
+        parts("act", layer_blocks),
+        parts("fc2", layer_blocks),
+        mlp_merge,
+        lowering,
+    )
     block = FusedBlock(
         norm1=stream_norm(parts("norm1", norm_blocks)),
         attn=FusedAttention(weights, heads, lowering),

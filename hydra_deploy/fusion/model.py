@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import FusionError, SpecError
+from hydra_deploy.errors import BackboneError, FusionError, SpecError
+from hydra_deploy.families import get_family
 from hydra_deploy.fusion.grouped import DEFAULT_LOWERING
 from hydra_deploy.specs import HydraSpec
 
@@ -133,14 +134,10 @@ def fuse(
     members[0].check_spec(spec, "fuse")
 
     family = families.pop()
-    if family == "vit":
-        from hydra_deploy.fusion.vit import HydraViT as fused_class
-    elif family == "bert":
-        from hydra_deploy.fusion.bert import HydraBert as fused_class
-    elif family == "openclip":
-        from hydra_deploy.fusion.openclip import HydraOpenClip as fused_class
-    else:
-        raise FusionError(f"fusion is not implemented for the {family!r} family yet")
+    try:
+        fused_class = get_family(family).resolve("fused_class")
+    except BackboneError as err:
+        raise FusionError(f"fusion is not implemented for the {family!r} family: {err}") from None
     hydra = fused_class(members, spec, lowering=lowering, shared_trunk=shared_trunk)
     hydra.single_parameters = members[0].num_parameters()  # the plain model, for the ratio
     return hydra

@@ -50,9 +50,12 @@ class OpenClipEmbedding(nn.Module):
         super().__init__()
         conv = visual.conv1
         self.conv1 = nn.Conv2d(
-            conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+            conv.in_channels,
+            conv.out_channels,
+            conv.kernel_size,
+            conv.stride,
             bias=conv.bias is not None,
-        )  # fmt: skip
+        )
         self.conv1.load_state_dict(conv.state_dict())
         self.class_embedding = nn.Parameter(visual.class_embedding.detach().clone())  # [D]
         self.positional_embedding = nn.Parameter(visual.positional_embedding.detach().clone())
@@ -147,13 +150,15 @@ class HydraOpenClip(HydraModel):
         # blocks: a shared trunk while all members are identical, then M streams
         grouped = spec.mlp_merge == "grouped"
         stack = LayerStack(
-            members, spec,
+            members,
+            spec,
             layer_blocks=lambda layer: [v.transformer.resblocks[layer] for v in visuals],
             identical_modules=["ln_1", "ln_2", "ls_1", "ls_2"] + (["mlp"] if grouped else []),
             fused_block=lambda blocks, weights, heads: fused_prenorm_block(
-                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering),
+                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering
+            ),
             shared_trunk=shared_trunk and embed_shared,
-        )  # fmt: skip
+        )
         self.trunk, self.blocks = stack.trunk, stack.blocks
         self.trunk_layers = len(stack.trunk)
         layer_heads = stack.layer_heads

@@ -77,8 +77,12 @@ def _embedding_tensors(model: nn.Module) -> list[torch.Tensor | None]:
 
 def _architecture_signature(model: nn.Module) -> tuple:
     shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in model.state_dict().items())
-    flags = (model.global_pool, model.num_prefix_tokens, model.no_embed_class,
-             getattr(model, "pool_include_prefix", False))  # fmt: skip
+    flags = (
+        model.global_pool,
+        model.num_prefix_tokens,
+        model.no_embed_class,
+        getattr(model, "pool_include_prefix", False),
+    )
     return repr(model), flags, shapes
 
 
@@ -139,12 +143,15 @@ class HydraViT(HydraModel):
         # blocks: a shared trunk while all members are identical, then M streams
         grouped = spec.mlp_merge == "grouped"
         stack = LayerStack(
-            members, spec, layer_blocks=lambda layer: [model.blocks[layer] for model in models],
+            members,
+            spec,
+            layer_blocks=lambda layer: [model.blocks[layer] for model in models],
             identical_modules=["norm1", "norm2", "ls1", "ls2"] + (["mlp"] if grouped else []),
             fused_block=lambda blocks, weights, heads: fused_prenorm_block(
-                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering),
+                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering
+            ),
             shared_trunk=shared_trunk and embed_shared,
-        )  # fmt: skip
+        )
         self.trunk, self.blocks = stack.trunk, stack.blocks
         self.trunk_layers = len(stack.trunk)
         layer_heads = stack.layer_heads
@@ -169,8 +176,10 @@ class HydraViT(HydraModel):
         self.final_shared = head_kind == "shared" and not any(final_per_stream)
         final_streams = M if (self.blocks or not self.final_shared) else 1
 
-        self.merge = {**stack.merge(embed_shared, (self.norm, self.fc_norm)),
-                      "classifier": head_kind}  # fmt: skip
+        self.merge = {
+            **stack.merge(embed_shared, (self.norm, self.fc_norm)),
+            "classifier": head_kind,
+        }
         single = members[0].macs()
         self.macs = {
             "hydra": members[0].macs(layer_heads, 1 if embed_shared else M, final_streams),
@@ -197,10 +206,11 @@ class HydraViT(HydraModel):
             pooled = token_mean(tokens, dim=2)  # [S, B, D]
         else:
             pooled = global_pool_nlc(
-                x.reshape(S * B, N, D), pool_type=self.global_pool,
+                x.reshape(S * B, N, D),
+                pool_type=self.global_pool,
                 num_prefix_tokens=self.num_prefix_tokens,
                 reduce_include_prefix=self.pool_include_prefix,
-            ).view(S, B, D)  # fmt: skip
+            ).view(S, B, D)
         logits = self.head(self.fc_norm(pooled))  # [S, B, C]
         if S != M:
             logits = logits.expand(M, -1, -1)

@@ -92,9 +92,13 @@ class LabelledData:
             raise DataError(f"batch_size must be at least 1, got {batch_size}")
         generator = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(
-            self.dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
-            drop_last=drop_last, collate_fn=_collate,
-        )  # fmt: skip
+            self.dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            drop_last=drop_last,
+            collate_fn=_collate,
+        )
 
     def subset(self, indices: Sequence[int]) -> LabelledData:
         return LabelledData(Subset(self.dataset, list(map(int, indices))), self.name, self.classes)
@@ -235,9 +239,12 @@ def _load(data: Any, backbone: Any, max_examples: int | None, name: str) -> Labe
         raise DataError(
             f"{name}: cannot use {type(data).__name__} as data; pass an image folder, a .npz file "
             "with x/y, an (x, y) pair, a Dataset, a DataLoader or an iterable of (inputs, labels)"
-            + ("; for text also a .tsv file (label<TAB>text per line) or (dict of token arrays, y)"
-               if text else "")
-        )  # fmt: skip
+            + (
+                "; for text also a .tsv file (label<TAB>text per line) or (dict of token arrays, y)"
+                if text
+                else ""
+            )
+        )
     return labelled.head(max_examples)
 
 
@@ -252,8 +259,11 @@ def _is_map_style(dataset: Any) -> bool:
 def _refuse_non_numeric(value: Any, what: str, name: str) -> None:
     """DataError for a numpy array torch cannot hold (strings, objects): a traceback otherwise."""
     if isinstance(value, np.ndarray) and value.dtype.kind not in "biufc":
-        hint = ("map class names to indices 0..C-1 first" if what == "labels" else
-                "save preprocessed float inputs (text models: integer token ids)")  # fmt: skip
+        hint = (
+            "map class names to indices 0..C-1 first"
+            if what == "labels"
+            else "save preprocessed float inputs (text models: integer token ids)"
+        )
         raise DataError(
             f"{name}: {what} must be numbers, got an array of dtype {value.dtype}; {hint}"
         )
@@ -312,9 +322,13 @@ def _refuse_unpreprocessed(x: torch.Tensor, name: str, backbone: Any = None) -> 
         raise DataError(
             f"{name}: inputs must be float arrays already preprocessed (got {x.dtype}); scale and "
             "normalise images as the backbone expects, or pass an image folder"
-            + ("; integer token inputs (input_ids, attention_mask) need a text backbone "
-               "(family bert)" if backbone is not None else "")
-        )  # fmt: skip
+            + (
+                "; integer token inputs (input_ids, attention_mask) need a text backbone "
+                "(family bert)"
+                if backbone is not None
+                else ""
+            )
+        )
 
 
 def _from_path(path: Path, backbone: Any, name: str) -> LabelledData:
@@ -351,9 +365,12 @@ def _npz_arrays(path: Path, name: str, text: bool, need_labels: bool) -> tuple[A
     from hydra_deploy.arrays import read_array_file
 
     archive = read_array_file(
-        path, error=DataError, prefix=f"{name}: ", what="",
+        path,
+        error=DataError,
+        prefix=f"{name}: ",
+        what="",
         hint="is it a complete .npz written by np.savez(path, x=inputs, y=labels)?",
-    )  # fmt: skip
+    )
     if not isinstance(archive, dict):
         raise DataError(f"{name}: {str(path)!r} is not a .npz archive; save it with np.savez")
     files = set(archive)
@@ -365,8 +382,11 @@ def _npz_arrays(path: Path, name: str, text: bool, need_labels: bool) -> tuple[A
     else:
         wanted = ["input_ids", "y"] if text else ["x", "y"]
         missing = sorted(set(wanted if need_labels else wanted[:1]) - files)
-        hint = ("np.savez(path, input_ids=..., attention_mask=..., y=labels)" if text
-                else "np.savez(path, x=inputs, y=labels)")  # fmt: skip
+        hint = (
+            "np.savez(path, input_ids=..., attention_mask=..., y=labels)"
+            if text
+            else "np.savez(path, x=inputs, y=labels)"
+        )
         raise DataError(
             f"{name}: {str(path)!r} lacks {missing} (has {sorted(files)}); save it with {hint}"
         )
@@ -577,9 +597,13 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
     tokenizer = _load_tokenizer(backbone, name, source)
     try:
         encoded = tokenizer(
-            texts, None if pairs[0] is None else pairs, padding="longest", truncation=True,
-            max_length=int(backbone.seq_len), return_tensors="pt",
-        )  # fmt: skip
+            texts,
+            None if pairs[0] is None else pairs,
+            padding="longest",
+            truncation=True,
+            max_length=int(backbone.seq_len),
+            return_tensors="pt",
+        )
     except Exception as err:
         raise DataError(f"{name}: tokenizing {source} failed: {err}") from err
     inputs = {k: encoded[k] for k in TEXT_KEYS if k in encoded}
@@ -591,9 +615,13 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
         y = torch.zeros(len(texts), dtype=torch.long)
     else:
         indices, classes = label_indices(
-            labels, getattr(backbone, "class_names", None), getattr(backbone, "num_classes", None),
-            source=f"{name}: {source}", where=[f"line {n}" for n in numbers], error=DataError,
-        )  # fmt: skip
+            labels,
+            getattr(backbone, "class_names", None),
+            getattr(backbone, "num_classes", None),
+            source=f"{name}: {source}",
+            where=[f"line {n}" for n in numbers],
+            error=DataError,
+        )
         y = torch.tensor(indices, dtype=torch.long)
     return LabelledData(TensorDataset(x, y), name, classes)
 
@@ -728,9 +756,14 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
         return LabelledData(dataset, name, list(dataset.classes))
     # a model that names its classes (OpenCLIP zero-shot): sub-folders are those names
     indices, _ = label_indices(
-        dataset.classes, known, len(known), source=f"{name}: {path}",
-        where=[f"sub-folder {c!r}" for c in dataset.classes], index_labels=False, error=DataError,
-    )  # fmt: skip
+        dataset.classes,
+        known,
+        len(known),
+        source=f"{name}: {path}",
+        where=[f"sub-folder {c!r}" for c in dataset.classes],
+        index_labels=False,
+        error=DataError,
+    )
     dataset.class_to_idx = dict(zip(dataset.classes, indices, strict=True))
     dataset.samples = [(file, indices[target]) for file, target in dataset.samples]
     dataset.imgs = dataset.samples

@@ -52,9 +52,19 @@ FORMAT = "hydra-finetune/1"
 
 #: Settings that must match for a saved member to be reused.
 _MATCH_KEYS = (
-    "heads", "epochs", "lr", "batch_size", "weight_decay", "seed", "max_steps", "warmup_steps",
-    "backbone", "data", "shared_parts", "shared_layers",
-)  # fmt: skip
+    "heads",
+    "epochs",
+    "lr",
+    "batch_size",
+    "weight_decay",
+    "seed",
+    "max_steps",
+    "warmup_steps",
+    "backbone",
+    "data",
+    "shared_parts",
+    "shared_layers",
+)
 
 SHARED_PARTS = ("per-member", "frozen", "averaged")
 """How ``finetune_members`` treats the parts outside the attention blocks (embeddings, final norm,
@@ -523,8 +533,10 @@ def finetune_members(
     if warmup_steps >= total_steps:
         logger.warning(
             "warmup_steps=%d >= the %d training steps: the learning rate never reaches lr=%g",
-            warmup_steps, total_steps, lr,
-        )  # fmt: skip
+            warmup_steps,
+            total_steps,
+            lr,
+        )
     n = len(data)
     eval_data = data.subset(
         np.unique(np.linspace(0, n - 1, min(n, eval_examples)).round().astype(int)).tolist()
@@ -536,12 +548,16 @@ def finetune_members(
         except OSError as err:
             raise CheckpointError(f"cannot create save_dir {str(folder)!r}: {err}") from err
     common = {
-        "epochs": None if epochs is None else float(epochs), "lr": float(lr),
-        "batch_size": int(batch_size), "weight_decay": float(weight_decay), "seed": int(seed),
+        "epochs": None if epochs is None else float(epochs),
+        "lr": float(lr),
+        "batch_size": int(batch_size),
+        "weight_decay": float(weight_decay),
+        "seed": int(seed),
         "max_steps": None if max_steps is None else int(max_steps),
-        "warmup_steps": int(warmup_steps), "shared_parts": shared_parts,
+        "warmup_steps": int(warmup_steps),
+        "shared_parts": shared_parts,
         "shared_layers": int(shared_layers),
-    }  # fmt: skip
+    }
     if folder is not None:
         common["backbone"] = _backbone_fingerprint(adapter.module)
         common["data"] = _data_fingerprint(data)
@@ -549,12 +565,21 @@ def finetune_members(
     logger.info(
         "fine-tuning %d members of %s: %d steps each (%.3g epochs of %d examples, batch %d), "
         "lr %g, weight decay %g, warm-up %d; embeddings, final norm and classifier %s",
-        spec.num_members, adapter.name, total_steps, total_steps / steps_per_epoch, n, batch_size,
-        lr, weight_decay, warmup_steps,
-        {"per-member": "tuned per member (stored per member)",
-         "frozen": "frozen (stored once)", "averaged": "tuned, then averaged (stored once)"}[
-            shared_parts],
-    )  # fmt: skip
+        spec.num_members,
+        adapter.name,
+        total_steps,
+        total_steps / steps_per_epoch,
+        n,
+        batch_size,
+        lr,
+        weight_decay,
+        warmup_steps,
+        {
+            "per-member": "tuned per member (stored per member)",
+            "frozen": "frozen (stored once)",
+            "averaged": "tuned, then averaged (stored once)",
+        }[shared_parts],
+    )
     members, history = [], []
     # Eval loaders draw their base seed from the global RNG and training reseeds it: fork it.
     device = _device_of(adapter.module)
@@ -575,42 +600,67 @@ def finetune_members(
                 if not diff:
                     module = _load_member(adapter, weights_path, record, kept_heads)
                     entry = {
-                        "member": m, "steps": record.get("steps"),
-                        "epochs": record.get("epochs_trained"), "lr": float(lr), "seed": seed + m,
+                        "member": m,
+                        "steps": record.get("steps"),
+                        "epochs": record.get("epochs_trained"),
+                        "lr": float(lr),
+                        "seed": seed + m,
                         "loss_before": record.get("loss_before"),
-                        "loss_after": record.get("loss_after"), "resumed": True,
+                        "loss_after": record.get("loss_after"),
+                        "resumed": True,
                         "seconds": time.perf_counter() - start,
-                    }  # fmt: skip
+                    }
                     logger.info("member %d: loaded from %s (settings match)", m, weights_path)
                     members.append(module)
                     history.append(entry)
                     continue
                 logger.warning(
                     "member %d: not reusing the member saved in %s (%s); retraining it",
-                    m, folder, "; ".join(diff),
-                )  # fmt: skip
+                    m,
+                    folder,
+                    "; ".join(diff),
+                )
 
             module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
             member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
             loss_before = _masked_loss(member, mask, eval_data, batch_size)
             with _frozen(module, frozen_names):
                 _train_member(
-                    member, kept_heads, mask, data, total_steps=total_steps, lr=float(lr),
-                    batch_size=batch_size, weight_decay=float(weight_decay),
-                    warmup_steps=warmup_steps, seed=seed + m, desc=f"member {m}",
+                    member,
+                    kept_heads,
+                    mask,
+                    data,
+                    total_steps=total_steps,
+                    lr=float(lr),
+                    batch_size=batch_size,
+                    weight_decay=float(weight_decay),
+                    warmup_steps=warmup_steps,
+                    seed=seed + m,
+                    desc=f"member {m}",
                     progress=progress,
-                )  # fmt: skip
+                )
             loss_after = _masked_loss(member, mask, eval_data, batch_size)
             seconds = time.perf_counter() - start
             logger.info(
                 "member %d: %d steps, masked loss %.4f -> %.4f on %d examples (%.1f s)",
-                m, total_steps, loss_before, loss_after, len(eval_data), seconds,
-            )  # fmt: skip
+                m,
+                total_steps,
+                loss_before,
+                loss_after,
+                len(eval_data),
+                seconds,
+            )
             entry = {
-                "member": m, "steps": total_steps, "epochs": total_steps / steps_per_epoch,
-                "lr": float(lr), "seed": seed + m, "loss_before": loss_before,
-                "loss_after": loss_after, "resumed": False, "seconds": seconds,
-            }  # fmt: skip
+                "member": m,
+                "steps": total_steps,
+                "epochs": total_steps / steps_per_epoch,
+                "lr": float(lr),
+                "seed": seed + m,
+                "loss_before": loss_before,
+                "loss_after": loss_after,
+                "resumed": False,
+                "seconds": seconds,
+            }
             if folder is not None:
                 _save_member(module, weights_path, json_path, settings, entry, len(eval_data))
             members.append(module.eval())
@@ -629,8 +679,11 @@ def _trunk_names(adapter: BackboneAdapter, spec: HydraSpec, shared_layers: Any) 
         raise FinetuneError(f"shared_layers must be an int in 0..{L}, got {shared_layers!r}")
     if shared_layers == 0:
         return []
-    differ = [layer for layer in range(shared_layers)
-              if len({member.heads[layer] for member in spec.members}) > 1]  # fmt: skip
+    differ = [
+        layer
+        for layer in range(shared_layers)
+        if len({member.heads[layer] for member in spec.members}) > 1
+    ]
     if differ:
         raise FinetuneError(
             f"shared_layers={shared_layers}: the members keep different heads in layer(s) "
@@ -638,8 +691,11 @@ def _trunk_names(adapter: BackboneAdapter, spec: HydraSpec, shared_layers: Any) 
             "or lower shared_layers"
         )
     prefixes = tuple(adapter.layer_parameter_prefix.format(layer) for layer in range(shared_layers))
-    return [name for name, _ in adapter.module.named_parameters()
-            if name.startswith(prefixes + adapter.embedding_parameter_prefixes)]  # fmt: skip
+    return [
+        name
+        for name, _ in adapter.module.named_parameters()
+        if name.startswith(prefixes + adapter.embedding_parameter_prefixes)
+    ]
 
 
 def _shared_names(adapter: BackboneAdapter, shared_parts: Any) -> list[str]:
@@ -700,14 +756,20 @@ def _save_member(
         atomic_write_json(
             json_path,
             {
-                "format": FORMAT, "member": entry["member"], "settings": settings,
-                "member_seed": entry["seed"], "steps": entry["steps"],
-                "epochs_trained": entry["epochs"], "loss_before": entry["loss_before"],
-                "loss_after": entry["loss_after"], "eval_examples": eval_count,
-                "seconds": entry["seconds"], "weights": weights_path.name,
+                "format": FORMAT,
+                "member": entry["member"],
+                "settings": settings,
+                "member_seed": entry["seed"],
+                "steps": entry["steps"],
+                "epochs_trained": entry["epochs"],
+                "loss_before": entry["loss_before"],
+                "loss_after": entry["loss_after"],
+                "eval_examples": eval_count,
+                "seconds": entry["seconds"],
+                "weights": weights_path.name,
                 "weights_sha256": _file_sha256(weights_path),
             },
-        )  # fmt: skip
+        )
     except OSError as err:
         raise CheckpointError(
             f"cannot save member {entry['member']} to {str(weights_path.parent)!r}: {err}"

@@ -90,12 +90,20 @@ def head_importance(
             raise HydraError(
                 "taylor importance uses the training loss; objective='ood' is for circuit"
             )
-        return taylor_importance(backbone, data, normalize=normalize, base_mask=base_mask,
-                                 batch_size=batch_size)  # fmt: skip
+        return taylor_importance(
+            backbone, data, normalize=normalize, base_mask=base_mask, batch_size=batch_size
+        )
     scores, _ = circuit_search(
-        backbone, data, keep=keep, ood_data=ood_data, objective=objective, base_mask=base_mask,
-        batch_size=batch_size, max_examples=max_examples, confident_fraction=confident_fraction,
-    )  # fmt: skip
+        backbone,
+        data,
+        keep=keep,
+        ood_data=ood_data,
+        objective=objective,
+        base_mask=base_mask,
+        batch_size=batch_size,
+        max_examples=max_examples,
+        confident_fraction=confident_fraction,
+    )
     return scores
 
 
@@ -215,8 +223,10 @@ def circuit_search(
                     condition[layer, torch.as_tensor(chosen, dtype=torch.long)] = 0.0
                 # the next layer's input, with this layer as the scoring sees it
                 with backbone.head_gates(condition):
-                    hidden = [_batched(lambda h, i=layer: backbone.run_layers(h, i, i + 1), h,
-                                       batch_size) for h in hidden]  # fmt: skip
+                    hidden = [
+                        _batched(lambda h, i=layer: backbone.run_layers(h, i, i + 1), h, batch_size)
+                        for h in hidden
+                    ]
     finally:
         module.train(was_training)
     return scores, mask.numpy()
@@ -258,8 +268,10 @@ def _logits_from(backbone, hidden: list, layer: int, mask: torch.Tensor, batch_s
     """Logits of each cached input set, running layers ``layer..L-1`` under ``mask``."""
     L = backbone.num_layers
     with backbone.head_gates(mask):
-        return [_batched(lambda h: backbone.classify(backbone.run_layers(h, layer, L)), h, batch_size)
-                for h in hidden]  # fmt: skip
+        return [
+            _batched(lambda h: backbone.classify(backbone.run_layers(h, layer, L)), h, batch_size)
+            for h in hidden
+        ]
 
 
 def _batched(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int):

@@ -135,8 +135,11 @@ def select_members(
     if member_heads is not None:
         if heads_per_member is not None or keep_ratio is not None:
             raise HydraError("give member_heads or heads_per_member/keep_ratio, not both")
-        if (not isinstance(member_heads, Sequence) or isinstance(member_heads, (str, bytes))
-                or len(member_heads) != members):  # fmt: skip
+        if (
+            not isinstance(member_heads, Sequence)
+            or isinstance(member_heads, (str, bytes))
+            or len(member_heads) != members
+        ):
             raise HydraError(
                 f"member_heads needs one head count per member ({members}), got {member_heads!r}"
             )
@@ -169,11 +172,18 @@ def select_members(
             member_data = labelled.resample(seed=int(rng.integers(2**31)))
         if method == "circuit":
             scores, mask = circuit_search(
-                backbone, member_data, keep=counts, ood_data=ood_data, objective=objective,
-                ensemble_masks=chosen_masks if objective == "ood" else (), chooser=chooser, batch_size=batch_size,
-                max_examples=max_examples, confident_fraction=confident_fraction,
+                backbone,
+                member_data,
+                keep=counts,
+                ood_data=ood_data,
+                objective=objective,
+                ensemble_masks=chosen_masks if objective == "ood" else (),
+                chooser=chooser,
+                batch_size=batch_size,
+                max_examples=max_examples,
+                confident_fraction=confident_fraction,
                 conditioning=conditioning,
-            )  # fmt: skip
+            )
         else:
             if method == "taylor":
                 scores = taylor_importance(backbone, member_data, batch_size=batch_size)
@@ -185,26 +195,39 @@ def select_members(
                 mask[layer, kept] = 1.0
         if any(np.array_equal(mask, other) for other in chosen_masks):
             mask = _distinct(mask, scores, chosen_masks)
-            logger.info("member %d repeated an earlier member's heads: the cheapest swap made it "
-                        "distinct", member)  # fmt: skip
+            logger.info(
+                "member %d repeated an earlier member's heads: the cheapest swap made it distinct",
+                member,
+            )
         chosen_masks.append(mask)
         logger.info("member %d: %d heads kept", member, int(mask.sum()))
 
-    heads = [[[int(h) for h in np.flatnonzero(mask[layer])] for layer in range(L)]
-             for mask in chosen_masks]  # fmt: skip
+    heads = [
+        [[int(h) for h in np.flatnonzero(mask[layer])] for layer in range(L)]
+        for mask in chosen_masks
+    ]
     _refuse_identical(heads)
     spec = HydraSpec(
-        backbone.name, L, H, backbone.head_dim, [{"heads": h} for h in heads],
-        mlp_merge=mlp_merge, importance=method, seed=seed,
-    )  # fmt: skip
+        backbone.name,
+        L,
+        H,
+        backbone.head_dim,
+        [{"heads": h} for h in heads],
+        mlp_merge=mlp_merge,
+        importance=method,
+        seed=seed,
+    )
     selection = {
         "heads_per_layer": member_counts[0] if member_heads is None else member_counts,
-        "keep_ratio": keep_ratio, "temperature": temperature,
-        "resample": "bootstrap" if resample else None, "objective": objective if method == "circuit" else None,
-        "min_heads": min_heads, "max_examples": max_examples,
+        "keep_ratio": keep_ratio,
+        "temperature": temperature,
+        "resample": "bootstrap" if resample else None,
+        "objective": objective if method == "circuit" else None,
+        "min_heads": min_heads,
+        "max_examples": max_examples,
         "conditioning": conditioning if method == "circuit" else None,
         "data_examples": None if labelled is None else len(labelled),
-    }  # fmt: skip
+    }
     if isinstance(keep_ratio, Sequence):
         selection["keep_ratio"] = [float(r) for r in keep_ratio]
     return spec.replace(meta={"selection": selection, "overlap": spec.overlap().round(4).tolist()})

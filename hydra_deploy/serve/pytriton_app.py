@@ -58,8 +58,13 @@ from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_na
 logger = logging.getLogger("hydra_deploy")
 
 INSTALL_HINT = "pip install 'hydra-deploy[serve]'"
-SCALAR_OUTPUTS = ("msp", "predictive_entropy", "expected_entropy", "mutual_information",
-                  "disagreement")  # fmt: skip
+SCALAR_OUTPUTS = (
+    "msp",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+)
 OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
 #: seconds Triton waits for in-flight requests (and open client connections) when stopping;
 #: Triton's own default (30 s) makes every Ctrl-C of an idle server with a connected client wait 30 s
@@ -112,16 +117,20 @@ def check_config(config: ServeConfig) -> None:
             f"HTTP, gRPC and metrics need three different ports, got {config.ports}; set "
             "--grpc-port / --metrics-port"
         )
-    for flag, value, low in (("--instances", config.instances, 1),
-                             ("--queue-delay-us", config.queue_delay_us, 0),
-                             ("--threads", config.threads, 1),
-                             ("--max-batch", config.max_batch, 1)):  # fmt: skip
+    for flag, value, low in (
+        ("--instances", config.instances, 1),
+        ("--queue-delay-us", config.queue_delay_us, 0),
+        ("--threads", config.threads, 1),
+        ("--max-batch", config.max_batch, 1),
+    ):
         if value is not None and (not _is_int(value) or value < low):
             raise ServeError(f"{flag} must be an integer of at least {low}, got {value!r}")
     if config.preferred_batch is not None and (
         not config.preferred_batch or any(not _is_int(b) or b < 1 for b in config.preferred_batch)
     ):
-        raise ServeError(f"--preferred-batch sizes must be integers >= 1, got {config.preferred_batch!r}")  # fmt: skip
+        raise ServeError(
+            f"--preferred-batch sizes must be integers >= 1, got {config.preferred_batch!r}"
+        )
     if config.model_name is not None and not _MODEL_NAME.match(config.model_name):
         raise ServeError(
             f"--model-name {config.model_name!r} is not a Triton model name: use letters, digits, "
@@ -133,7 +142,9 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
     """ServeError naming the first port something on ``host`` already listens on, and its flag."""
     for flag, port in ports.items():
         try:
-            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]  # fmt: skip
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            )[0]
         except socket.gaierror as err:
             raise ServeError(f"--host {host!r} is not an address of this machine ({err})") from None
         with socket.socket(family, kind, proto) as probe:
@@ -165,7 +176,11 @@ def _stub_versions() -> list[str]:
     import pytriton
 
     stubs = Path(pytriton.__file__).parent / "tritonserver" / "python_backend_stubs"
-    found = [p.name for p in stubs.iterdir() if (p / "triton_python_backend_stub").is_file()] if stubs.is_dir() else []  # fmt: skip
+    found = (
+        [p.name for p in stubs.iterdir() if (p / "triton_python_backend_stub").is_file()]
+        if stubs.is_dir()
+        else []
+    )
     return sorted(found, key=lambda v: tuple(int(part) for part in v.split(".") if part.isdigit()))
 
 
@@ -204,7 +219,9 @@ def prefer_own_libpython(environ: dict[str, str] | None = None) -> str | None:
     ):
         paths = [p for p in environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
         if not paths or paths[0] != libdir:
-            environ["LD_LIBRARY_PATH"] = os.pathsep.join([libdir, *(p for p in paths if p != libdir)])  # fmt: skip
+            environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+                [libdir, *(p for p in paths if p != libdir)]
+            )
         return libdir
     found = ctypes.util.find_library(f"python{sys.version_info.major}.{sys.version_info.minor}")
     if not found:
@@ -259,10 +276,12 @@ def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
             )
         inputs.append(TensorInfo(spec.name, _dims(spec.shape[1:]), spec.dtype))
     members, classes = _dims(logits.shape[1:])
-    outputs = [TensorInfo("member_logits", (members, classes), "float32"),
-               TensorInfo("probs", (classes,), "float32"),
-               *(TensorInfo(name, (1,), "float32") for name in SCALAR_OUTPUTS),
-               TensorInfo("prediction", (1,), "int64")]  # fmt: skip
+    outputs = [
+        TensorInfo("member_logits", (members, classes), "float32"),
+        TensorInfo("probs", (classes,), "float32"),
+        *(TensorInfo(name, (1,), "float32") for name in SCALAR_OUTPUTS),
+        TensorInfo("prediction", (1,), "int64"),
+    ]
     return inputs, outputs
 
 
@@ -429,8 +448,10 @@ class HydraServer:
             threads = max(1, (os.cpu_count() or 1) // config.instances)
         self.threads = threads
         providers = list(config.providers) if config.providers else None
-        self.runners = [load_runner(self.path, providers=providers, threads=threads)
-                        for _ in range(config.instances)]  # fmt: skip
+        self.runners = [
+            load_runner(self.path, providers=providers, threads=threads)
+            for _ in range(config.instances)
+        ]
         runner = self.runners[0]
         self.inputs, self.outputs = model_tensors(runner)
         self.batching = resolve_batching(config, runner)
@@ -468,11 +489,15 @@ class HydraServer:
 
         host = self.config.host
         return TritonConfig(
-            http_address=host, http_port=self.ports["--port"],
-            grpc_address=host, grpc_port=self.ports["--grpc-port"],
-            metrics_address=host, metrics_port=self.ports["--metrics-port"],
-            exit_timeout_secs=int(self.config.exit_timeout_s), log_verbose=0,
-        )  # fmt: skip
+            http_address=host,
+            http_port=self.ports["--port"],
+            grpc_address=host,
+            grpc_port=self.ports["--grpc-port"],
+            metrics_address=host,
+            metrics_port=self.ports["--metrics-port"],
+            exit_timeout_secs=int(self.config.exit_timeout_s),
+            log_verbose=0,
+        )
 
     def _bind(self, triton: Any) -> None:
         from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
@@ -516,8 +541,10 @@ class HydraServer:
                     logger.warning(
                         "a model instance missed PyTriton's configuration handshake (a race of "
                         "PyTriton's when instances start in parallel); restarting Triton "
-                        "(attempt %d of %d)", attempt + 1, START_ATTEMPTS,
-                    )  # fmt: skip
+                        "(attempt %d of %d)",
+                        attempt + 1,
+                        START_ATTEMPTS,
+                    )
                     continue
                 raise ServeError(
                     f"Triton did not start serving {self.model_name!r}: {type(err).__name__}: "

@@ -49,10 +49,16 @@ from hydra_deploy.export_folder import MODEL_FILE, parse_batch_profile, read_inf
 logger = logging.getLogger("hydra_deploy")
 
 TRITON_TYPES = {
-    "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16",
-    "float64": "TYPE_FP64", "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int8": "TYPE_INT8",
-    "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL",
-}  # fmt: skip
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bfloat16": "TYPE_BF16",
+    "float64": "TYPE_FP64",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8",
+    "bool": "TYPE_BOOL",
+}
 KINDS = {"auto": "KIND_AUTO", "cpu": "KIND_CPU", "gpu": "KIND_GPU"}
 PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 DEFAULT_FILES = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
@@ -104,13 +110,16 @@ class TritonModel:
             ("max_batch_size", self.max_batch_size),
             ("input", [tensor(s, False) for s in self.inputs]),
             ("output", [tensor(s, True) for s in self.outputs]),
-            ("dynamic_batching", [
-                ("preferred_batch_size", list(self.preferred_batch_size)),
-                ("max_queue_delay_microseconds", self.queue_delay_us),
-            ]),
+            (
+                "dynamic_batching",
+                [
+                    ("preferred_batch_size", list(self.preferred_batch_size)),
+                    ("max_queue_delay_microseconds", self.queue_delay_us),
+                ],
+            ),
             ("instance_group", [[("count", self.instances), ("kind", Enum(KINDS[self.kind]))]]),
             ("default_model_filename", DEFAULT_FILES[self.platform]),
-        ]  # fmt: skip
+        ]
 
     def pbtxt(self) -> str:
         """``config.pbtxt``: protobuf text format of the ``ModelConfig``."""
@@ -364,8 +373,14 @@ def plan_repository(
     if labels is not None:
         labels = [" ".join(str(c).split()) for c in labels]  # one line each
 
-    def model(model_name: str, platform: str, profile: tuple[int, int, int], what: str,
-              model_kind: str, io: tuple[list, list] | None = None) -> TritonModel:  # fmt: skip
+    def model(
+        model_name: str,
+        platform: str,
+        profile: tuple[int, int, int],
+        what: str,
+        model_kind: str,
+        io: tuple[list, list] | None = None,
+    ) -> TritonModel:
         top = profile[2] if max_batch is None else _check_count("max batch", max_batch)
         if top > profile[2]:
             raise ServeError(
@@ -374,19 +389,34 @@ def plan_repository(
             )
         notes = []
         if profile[0] > 1:
-            notes.append(f"the {what} takes batches of {profile[0]} or more; Triton sends "
-                         "smaller ones as they come, which this model refuses")  # fmt: skip
+            notes.append(
+                f"the {what} takes batches of {profile[0]} or more; Triton sends "
+                "smaller ones as they come, which this model refuses"
+            )
         inputs, outputs = io if io is not None else (info["inputs"], info["outputs"])
         return TritonModel(
-            name=model_name, platform=platform, max_batch_size=top,
-            inputs=inputs, outputs=outputs,
+            name=model_name,
+            platform=platform,
+            max_batch_size=top,
+            inputs=inputs,
+            outputs=outputs,
             preferred_batch_size=_preferred(preferred_batch, profile[1], top, what),
-            queue_delay_us=queue_delay_us, instances=instances, kind=model_kind, labels=labels,
+            queue_delay_us=queue_delay_us,
+            instances=instances,
+            kind=model_kind,
+            labels=labels,
             notes=notes,
-        )  # fmt: skip
+        )
 
-    models = [model(name, PLATFORMS["onnx"], _profile("hydra.json", info.get("batch_profile")),
-                    "export", kind)]  # fmt: skip
+    models = [
+        model(
+            name,
+            PLATFORMS["onnx"],
+            _profile("hydra.json", info.get("batch_profile")),
+            "export",
+            kind,
+        )
+    ]
     if engine is not None:
         engine = Path(engine)
         if not engine.is_file():
@@ -394,8 +424,16 @@ def plan_repository(
                 f"engine {str(engine)!r} does not exist; build it with hydra-build (or trtexec)"
             )
         profile, sidecar = _engine_profile(engine, info)
-        models.append(model(check_name(f"{name}-trt"), PLATFORMS["tensorrt"], profile, "engine",
-                            "gpu", _engine_io(engine, info, sidecar)))  # fmt: skip
+        models.append(
+            model(
+                check_name(f"{name}-trt"),
+                PLATFORMS["tensorrt"],
+                profile,
+                "engine",
+                "gpu",
+                _engine_io(engine, info, sidecar),
+            )
+        )
     return models
 
 
@@ -464,10 +502,15 @@ def write_triton_repository(
     refused unless ``overwrite``; other models in ``repo`` are left as they are."""
     export_dir, repo = Path(export_dir), Path(repo)
     models = plan_repository(
-        export_dir, engine=engine, model_name=model_name, max_batch=max_batch,
-        preferred_batch=preferred_batch, queue_delay_us=queue_delay_us, instances=instances,
+        export_dir,
+        engine=engine,
+        model_name=model_name,
+        max_batch=max_batch,
+        preferred_batch=preferred_batch,
+        queue_delay_us=queue_delay_us,
+        instances=instances,
         kind=kind,
-    )  # fmt: skip
+    )
     refuse_existing_models(repo, [m.name for m in models], overwrite)
     for model in models:
         _check_parses(model, model.pbtxt())
@@ -490,12 +533,19 @@ def write_triton_repository(
     return {
         "repository": str(repo),
         "models": [
-            {"name": m.name, "platform": m.platform, "path": str(repo / m.name),
-             "max_batch_size": m.max_batch_size, "preferred_batch_size": m.preferred_batch_size,
-             "instances": m.instances, "kind": KINDS[m.kind], "config": m.pbtxt()}
+            {
+                "name": m.name,
+                "platform": m.platform,
+                "path": str(repo / m.name),
+                "max_batch_size": m.max_batch_size,
+                "preferred_batch_size": m.preferred_batch_size,
+                "instances": m.instances,
+                "kind": KINDS[m.kind],
+                "config": m.pbtxt(),
+            }
             for m in models
         ],
-    }  # fmt: skip
+    }
 
 
 def _models_in(repo: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
@@ -517,7 +567,11 @@ def repository_readme(repo: Path) -> str:
     models = _models_in(repo)
     rows, checks = [], []
     for name, info, sidecar in models:
-        kind = "TensorRT plan" if sidecar is not None or (repo / name / "1" / "model.plan").exists() else "ONNX"  # fmt: skip
+        kind = (
+            "TensorRT plan"
+            if sidecar is not None or (repo / name / "1" / "model.plan").exists()
+            else "ONNX"
+        )
         shape = ", ".join(
             f"`{s['name']}` {s['shape']} {s['dtype']}" for s in info.get("inputs", [])
         )
@@ -528,7 +582,9 @@ def repository_readme(repo: Path) -> str:
         rows.append(f"| `{name}` | {kind}{target} | {shape} |")
         first = (info.get("inputs") or [{}])[0]
         dims = ",".join(str(d) if isinstance(d, int) else "16" for d in first.get("shape", [])[1:])
-        checks.append(f"perf_analyzer -m {name} --concurrency-range 1:8 --shape {first.get('name')}:{dims}")  # fmt: skip
+        checks.append(
+            f"perf_analyzer -m {name} --concurrency-range 1:8 --shape {first.get('name')}:{dims}"
+        )
     first_name = models[0][0] if models else "MODEL"
     return f"""{README_MARK}
 # Triton model repository

@@ -97,8 +97,11 @@ def _finite_1d(values: np.ndarray, name: str, *, allow_empty: bool = False) -> n
     array = _as_array(values, name)
     if array.ndim != 1:
         raise HydraError(f"{name} must be a 1-D array, got shape {array.shape}")
-    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
-            or array.dtype == np.bool_):  # fmt: skip
+    if not (
+        np.issubdtype(array.dtype, np.floating)
+        or np.issubdtype(array.dtype, np.integer)
+        or array.dtype == np.bool_
+    ):
         raise HydraError(f"{name} must hold numbers, got dtype {array.dtype}")
     array = array.astype(np.float64)
     if array.size == 0 and not allow_empty:

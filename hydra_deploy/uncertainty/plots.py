@@ -54,15 +54,36 @@ def reliability_diagram(bins_table: Mapping[str, Any], path: str | os.PathLike) 
     widths = np.diff(edges)
     total = max(int(count.sum()), 1)
     ece = float((count[filled] * np.abs(acc[filled] - conf[filled])).sum() / total)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 1]})  # fmt: skip
-    top.bar(edges[:-1][filled], acc[filled], width=widths[filled], align="edge",
-            edgecolor="black", color="tab:blue", label="accuracy")  # fmt: skip
-    top.bar(edges[:-1][filled], (conf - acc)[filled], bottom=acc[filled], width=widths[filled],
-            align="edge", color="tab:red", alpha=0.3, hatch="//", label="gap")  # fmt: skip
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    top.bar(
+        edges[:-1][filled],
+        acc[filled],
+        width=widths[filled],
+        align="edge",
+        edgecolor="black",
+        color="tab:blue",
+        label="accuracy",
+    )
+    top.bar(
+        edges[:-1][filled],
+        (conf - acc)[filled],
+        bottom=acc[filled],
+        width=widths[filled],
+        align="edge",
+        color="tab:red",
+        alpha=0.3,
+        hatch="//",
+        label="gap",
+    )
     top.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
-    top.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy",
-            title=f"Reliability ({len(count)} bins, ECE {ece:.4f})")  # fmt: skip
+    top.set(
+        xlim=(0, 1),
+        ylim=(0, 1),
+        ylabel="accuracy",
+        title=f"Reliability ({len(count)} bins, ECE {ece:.4f})",
+    )
     top.legend(loc="upper left")
     bottom.bar(edges[:-1], count, width=widths, align="edge", color="gray", edgecolor="black")
     bottom.set(xlabel="confidence (max probability)", ylabel="count")
@@ -80,8 +101,9 @@ def score_histograms(
     """Histograms (densities) of one score on the ID data and on each OOD set. Writes a PNG."""
     plt = _pyplot()
     sets = {"ID": np.asarray(id_scores, dtype=np.float64).ravel()}
-    sets.update({str(n): np.asarray(v, dtype=np.float64).ravel()
-                 for n, v in ood_scores_by_name.items()})  # fmt: skip
+    sets.update(
+        {str(n): np.asarray(v, dtype=np.float64).ravel() for n, v in ood_scores_by_name.items()}
+    )
     every = np.concatenate([v[np.isfinite(v)] for v in sets.values()])
     if every.size == 0:
         raise HydraError(f"no finite {score_name} values to plot")
@@ -93,8 +115,14 @@ def score_histograms(
     for name, values in sets.items():
         values = values[np.isfinite(values)]
         if values.size:
-            ax.hist(values, bins=edges, density=True, histtype="stepfilled", alpha=0.35,
-                    label=f"{name} (n={values.size})")  # fmt: skip
+            ax.hist(
+                values,
+                bins=edges,
+                density=True,
+                histtype="stepfilled",
+                alpha=0.35,
+                label=f"{name} (n={values.size})",
+            )
     ax.set(xlabel=score_name, ylabel="density", title=f"{score_name}: ID vs OOD")
     ax.legend()
     fig.tight_layout()

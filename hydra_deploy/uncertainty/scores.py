@@ -18,13 +18,24 @@ import numpy as np
 
 from hydra_deploy.errors import HydraError
 
-SCORE_NAMES = ("probs", "msp", "predictive_entropy", "expected_entropy", "mutual_information",
-               "disagreement")  # fmt: skip
+SCORE_NAMES = (
+    "probs",
+    "msp",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+)
 """The float scores that the exported ensemble head (``uq_outputs``) also computes, plus
 disagreement. :func:`ensemble_scores` returns these and ``prediction`` and ``member_probs``."""
 
-SCALAR_SCORES = ("msp", "predictive_entropy", "expected_entropy", "mutual_information",
-                 "disagreement")  # fmt: skip
+SCALAR_SCORES = (
+    "msp",
+    "predictive_entropy",
+    "expected_entropy",
+    "mutual_information",
+    "disagreement",
+)
 """Scores with one value per example (what ``hydra-run`` prints and writes)."""
 
 

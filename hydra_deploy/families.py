@@ -1,0 +1,232 @@
+"""The model families, each declared once: what differs between a timm ViT, a BERT and an OpenCLIP.
+
+A :class:`Family` says how a backbone of the family is named (``hf:<folder>``), what its inputs are
+(images or text, their names, the dynamic axes), which functions load, wrap and rebuild it, which
+class fuses it, and which components of an exported fused model are per member (reload). Every
+stage asks the registry (:func:`get_family`, :func:`family_for_prefix`,
+:func:`family_of_module`) instead of testing family names itself, so adding a family (a RoBERTa, a
+SigLIP) is one :func:`register` call here or in the backbone module that implements it; the
+tests run over every registered family.
+
+The functions and classes are named as ``"module:attribute"`` strings and imported when first
+used: this module imports the standard library only, so the edge runtime (engines, scoring) can
+ask whether a model takes text without importing torch, and the import order holds (Optimum's
+per-architecture ``OnnxConfig`` and timm's ``@register_model`` are the models followed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra_deploy.errors import BackboneError
+
+__all__ = [
+    "Family",
+    "families",
+    "family_for_prefix",
+    "family_of_module",
+    "get_family",
+    "register",
+]
+
+IMAGES, TEXT = "images", "text"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family, as every stage needs it."""
+
+    name: str  # hydra.json's "family", the adapters' and fused models' ``family``
+    description: str
+    input_kind: str  # "images" or "text"
+    input_names: tuple[str, ...]
+    #: ``load_backbone("<prefix>:<rest>")`` builds one (None: plain timm names and folders)
+    prefix: str | None
+    #: module-name prefixes of the model classes of this family (``load_backbone(module)``)
+    module_origins: tuple[str, ...]
+    #: "module:function" strings, imported when used:
+    #: loader(rest, checkpoint, num_classes, **kwargs) -> adapter (for ``prefix`` names)
+    loader: str | None
+    #: wrapper(module, checkpoint, num_classes, **kwargs) -> adapter (a built model)
+    wrapper: str
+    #: the HydraModel subclass that fuses members of this family
+    fused_class: str
+    #: rebuild(backbone_kwargs) -> an nn.Module or adapter with placeholder weights (reload)
+    rebuild: str
+    #: the fused model's components and their names in one member (export reload): ``embeds``,
+    #: ``embed_params``, ``block`` (``{}`` = layer index), ``block_parts``, ``final`` (component ->
+    #: (member name, the number of dimensions its saved weight has when per member))
+    member_layout: Mapping[str, Any] = field(default_factory=dict)
+    #: ``load_backbone`` options only this family takes
+    takes_new_classifier: bool = False
+    takes_preprocessing: bool = False
+
+    @property
+    def text(self) -> bool:
+        return self.input_kind == TEXT
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """ONNX dynamic axes of the inputs: the batch, and a text model's sequence."""
+        axes = {0: "batch", 1: "sequence"} if self.text else {0: "batch"}
+        return {name: dict(axes) for name in self.input_names}
+
+    def resolve(self, what: str) -> Any:
+        """The function or class a field names (``"loader"``, ``"wrapper"``, ``"fused_class"``,
+        ``"rebuild"``), imported now."""
+        target = getattr(self, what)
+        if not isinstance(target, str):
+            raise BackboneError(f"the {self.name} family has no {what}")
+        module, _, attribute = target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family, *, replace: bool = False) -> Family:
+    """Add a family to the registry (``replace``: redefine one of the same name)."""
+    if family.input_kind not in (IMAGES, TEXT):
+        raise BackboneError(
+            f"family {family.name!r}: input_kind must be {IMAGES!r} or {TEXT!r}, "
+            f"got {family.input_kind!r}"
+        )
+    clash = [
+        other.name
+        for other in _REGISTRY.values()
+        if other.name != family.name and family.prefix and other.prefix == family.prefix
+    ]
+    if clash:
+        raise BackboneError(f"family {family.name!r}: prefix {family.prefix!r} is {clash[0]!r}'s")
+    if family.name in _REGISTRY and not replace:
+        raise BackboneError(f"family {family.name!r} is registered already; pass replace=True")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def families() -> tuple[Family, ...]:
+    """Every registered family, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def get_family(name: Any) -> Family:
+    """The family called ``name``; an unknown name is refused with the known ones."""
+    family = _REGISTRY.get(name) if isinstance(name, str) else None
+    if family is None:
+        raise BackboneError(
+            f"unknown model family {name!r:.60}; this version knows {', '.join(_REGISTRY)}"
+        )
+    return family
+
+
+def family_for_prefix(prefix: str) -> Family | None:
+    """The family a ``"<prefix>:..."`` backbone name belongs to, if any."""
+    return next((f for f in _REGISTRY.values() if f.prefix and f.prefix == prefix), None)
+
+
+def family_of_module(module: Any) -> Family:
+    """The family of a built model, from the library that defines its class (timm ViT when no
+    other family claims it: the adapter then says whether it is one)."""
+    origin = type(module).__module__
+    for family in _REGISTRY.values():
+        if any(origin == o or origin.startswith(o + ".") for o in family.module_origins):
+            return family
+    return get_family("vit")
+
+
+# --- the families this version implements ----------------------------------------------------------
+register(
+    Family(
+        name="vit",
+        description="timm VisionTransformer (ViT, DeiT and relatives)",
+        input_kind=IMAGES,
+        input_names=("pixel_values",),
+        prefix=None,
+        module_origins=("timm",),
+        loader=None,  # timm names, aliases and folders: load_backbone's own path
+        wrapper="hydra_deploy.backbones:wrap_vit",
+        fused_class="hydra_deploy.fusion.vit:HydraViT",
+        rebuild="hydra_deploy.backbones.timm_vit:build_vit",
+        member_layout={
+            "embeds": ("patch_embed", "norm_pre", "cls_token", "reg_token", "pos_embed"),
+            "embed_params": ("cls_token", "reg_token", "pos_embed"),
+            "block": "blocks.{}",
+            "block_parts": {
+                "norm1": "norm1",
+                "norm2": "norm2",
+                "ls1": "ls1",
+                "ls2": "ls2",
+                "attn": "attn",
+                "mlp": "mlp",
+            },
+            "final": {"norm": ("norm", 2), "fc_norm": ("fc_norm", 2), "head": ("head", 3)},
+        },
+        takes_preprocessing=True,
+    )
+)
+register(
+    Family(
+        name="bert",
+        description="'hf:<folder>' for a Hugging Face BERT sequence classifier",
+        input_kind=TEXT,
+        input_names=("input_ids", "attention_mask", "token_type_ids"),
+        prefix="hf",
+        module_origins=("transformers",),
+        loader="hydra_deploy.backbones.hf_bert:load_bert",
+        wrapper="hydra_deploy.backbones.hf_bert:wrap_bert",
+        fused_class="hydra_deploy.fusion.bert:HydraBert",
+        rebuild="hydra_deploy.backbones.hf_bert:rebuild_bert",
+        member_layout={
+            "embeds": ("bert.embeddings",),
+            "embed_params": (),
+            "block": "bert.encoder.layer.{}",
+            "block_parts": {
+                "norm1": "attention.output.LayerNorm",
+                "norm2": "output.LayerNorm",
+                "attn": "attention.self",
+                "mlp": "intermediate",
+            },
+            "final": {
+                "pooler.linear": ("bert.pooler.dense", 3),
+                "classifier.linear": ("classifier", 3),
+            },
+        },
+        takes_new_classifier=True,
+    )
+)
+register(
+    Family(
+        name="openclip",
+        description="'openclip:<model name>' for an OpenCLIP image tower used zero-shot",
+        input_kind=IMAGES,
+        input_names=("pixel_values",),
+        prefix="openclip",
+        # open_clip's CLIP, or our ZeroShotClassifier wrapping its image tower
+        module_origins=("open_clip", "hydra_deploy.backbones.openclip"),
+        loader="hydra_deploy.backbones.openclip:load_openclip",
+        wrapper="hydra_deploy.backbones.openclip:wrap_openclip",
+        fused_class="hydra_deploy.fusion.openclip:HydraOpenClip",
+        rebuild="hydra_deploy.backbones.openclip:rebuild_openclip",
+        member_layout={
+            "embeds": (
+                "visual.conv1",
+                "visual.ln_pre",
+                "visual.class_embedding",
+                "visual.positional_embedding",
+            ),
+            "embed_params": ("class_embedding", "positional_embedding"),
+            "block": "visual.transformer.resblocks.{}",
+            "block_parts": {
+                "norm1": "ln_1",
+                "norm2": "ln_2",
+                "ls1": "ls_1",
+                "ls2": "ls_2",
+                "attn": "attn",
+                "mlp": "mlp",
+            },
+            "final": {"ln_post": ("visual.ln_post", 2), "proj": ("visual.proj", 3)},
+        },
+    )
+)

@@ -1,0 +1,125 @@
+"""The family registry (hydra_deploy.families) and the invariants every registered family keeps:
+the fused model equals its members one by one, ONNX Runtime equals PyTorch, the export folder
+reloads, and the runner gives PyTorch's numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import perturbed_members, tiny_vit
+from test_bert import tiny_bert
+from test_openclip import tiny_adapter
+
+from hydra_deploy.backbones import load_backbone
+from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.errors import BackboneError, FusionError
+from hydra_deploy.export import export_onnx, load_export
+from hydra_deploy.families import (
+    Family,
+    families,
+    family_for_prefix,
+    family_of_module,
+    get_family,
+    register,
+)
+from hydra_deploy.fusion import fuse
+from hydra_deploy.specs import HydraSpec
+
+#: a tiny model of each family (what a new family must bring to join the registry's tests)
+TINY = {
+    "vit": lambda: tiny_vit("token"),
+    "bert": lambda: tiny_bert("segments"),
+    "openclip": lambda: tiny_adapter("tok")[0],
+}
+NAMES = [family.name for family in families()]
+
+
+def test_every_registered_family_has_a_tiny_fixture():
+    assert set(TINY) == set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_declaration_matches_the_code(name):
+    family = get_family(name)
+    backbone = TINY[name]()
+    assert backbone.family == name and family_of_module(backbone.module) is family
+    assert tuple(getattr(backbone, "input_names", ("pixel_values",))) == family.input_names
+    for what in ("wrapper", "fused_class", "rebuild") + (("loader",) if family.prefix else ()):
+        assert callable(family.resolve(what)), what
+    if family.prefix:
+        assert family_for_prefix(family.prefix) is family
+    axes = family.dynamic_axes()
+    assert set(axes) == set(family.input_names)
+    assert all(a[0] == "batch" and (1 in a) == family.text for a in axes.values())
+
+
+def _spec(backbone, members=3, seed=0):
+    return HydraSpec.random(
+        backbone.name,
+        backbone.num_layers,
+        backbone.num_heads,
+        backbone.head_dim,
+        members=members,
+        heads_per_member=2,
+        seed=seed,
+    )
+
+
+def _inputs(hydra, batch, seed):
+    example = hydra.example_inputs(batch, seed)
+    return example if isinstance(example, tuple) else (example,)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_equals_its_members_one_by_one(name):
+    backbone = TINY[name]()
+    spec = _spec(backbone)
+    members = perturbed_members(backbone, 3, seed=1)
+    hydra = fuse(members, spec, "grouped").eval()
+    x = _inputs(hydra, 3, seed=2)
+    with torch.no_grad():
+        fused = hydra(*x)
+        for m, member in enumerate(members):
+            alone = fuse([member], spec.replace(members=[spec.members[m]], mlp_merge="grouped"))
+            torch.testing.assert_close(fused[:, m], alone.eval()(*x)[:, 0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_onnx_reload_and_runner_equal_pytorch(name, tmp_path):
+    backbone = TINY[name]()
+    hydra = fuse(perturbed_members(backbone, 2, seed=3), _spec(backbone, 2, seed=4), "grouped")
+    out = tmp_path / name
+    info = export_onnx(hydra.eval(), out, batch=(1, 2, 4))
+    assert info["family"] == name and info["validation"]["passed"]
+    assert [i["name"] for i in info["inputs"]] == list(get_family(name).input_names)
+    x = _inputs(hydra, 3, seed=5)
+    with torch.no_grad():
+        expected = hydra(*x).numpy()
+        reloaded = load_export(out)(*x).numpy()  # checked against model.onnx on loading, too
+    np.testing.assert_allclose(reloaded, expected, atol=1e-5, rtol=0)
+    with load_runner(out, providers=["cpu"]) as runner:
+        feed = {n: t.numpy() for n, t in zip(get_family(name).input_names, x, strict=True)}
+        got = runner(feed)["member_logits"]
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+def test_registering_a_family():
+    with pytest.raises(BackboneError, match="registered already"):
+        register(get_family("vit"))
+    with pytest.raises(BackboneError, match="prefix 'hf' is 'bert'"):
+        register(Family(**{**get_family("bert").__dict__, "name": "roberta"}))
+    with pytest.raises(BackboneError, match="input_kind must be"):
+        register(Family(**{**get_family("vit").__dict__, "name": "x", "input_kind": "audio"}))
+    with pytest.raises(BackboneError, match=r"unknown model family 'siglip'.*vit, bert, openclip"):
+        get_family("siglip")
+    assert [f.name for f in families()] == NAMES  # nothing half-registered
+
+
+def test_an_unknown_family_is_refused_by_fusion_and_loading():
+    backbone = tiny_vit("token")
+    backbone.family = "siglip"
+    with pytest.raises(FusionError, match="fusion is not implemented for the 'siglip' family"):
+        fuse(backbone, _spec(backbone))
+    with pytest.raises(BackboneError, match=r"unknown backbone family 'bart'.*'hf:<folder>'"):
+        load_backbone("bart:facebook/bart-base")
