@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError
+from hydra_deploy.uncertainty.scores import GRAPH_SCORES
 
 #: How far each precision may move member outputs and scores from FP32 (one table for all
 #: checks): probs/msp and entropies/MI as max absolute differences, the fraction of examples whose
@@ -49,7 +50,7 @@ PRECISION_TOLERANCES: dict[str, dict[str, float]] = {
     "bf16": {"logits": 1e-1, "probs": 5e-2, "entropy": 1e-1, "argmax": 0.98},
 }
 
-UQ_GRAPH_OUTPUTS = ("probs", "predictive_entropy", "expected_entropy", "mutual_information", "msp")
+UQ_GRAPH_OUTPUTS = GRAPH_SCORES
 
 
 @dataclass(frozen=True)

@@ -189,3 +189,17 @@ def perturbed_members(backbone, count: int, seed: int, scale: float = 0.05) -> l
                 param.add_(scale * torch.randn(param.shape, generator=generator))
         members.append(load_backbone(module))
     return members
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory):
+    """A tiny ViT Hydra export folder (2 members x 2 heads, batch profile 1/2/4), made once per
+    session; tests that damage it work on a copy."""
+    from hydra_deploy.export import export_onnx
+    from hydra_deploy.fusion import fuse
+
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    out = tmp_path_factory.mktemp("tiny-export") / "export"
+    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript", validate=False)
+    return out

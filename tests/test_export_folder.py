@@ -12,14 +12,13 @@ import json
 import shutil
 
 import pytest
-from conftest import tiny_vit
 
 from hydra_deploy.distributed.ray_score import DriverExport
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.trtexec import load_source
 from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError
 from hydra_deploy.evaluation.compare import compare_export
-from hydra_deploy.export import export_onnx, load_export
+from hydra_deploy.export import load_export
 from hydra_deploy.export_folder import (
     FORMAT,
     INFO_FILE,
@@ -31,18 +30,12 @@ from hydra_deploy.export_folder import (
     read_info,
     write_info,
 )
-from hydra_deploy.fusion import fuse
 from hydra_deploy.serve.triton_repo import _read_export
-from hydra_deploy.specs import HydraSpec
 
 
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    backbone = tiny_vit("token")
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
-    out = tmp_path_factory.mktemp("contract") / "export"
-    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), exporter="torchscript", validate=False)
-    return out
+@pytest.fixture
+def export_dir(tiny_export):
+    return tiny_export
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import Any
 
 from hydra_deploy.errors import HydraError, SpecError
 from hydra_deploy.export_folder import INTERPOLATIONS
+from hydra_deploy.families import family_for_prefix, get_family
 
 # hydra_deploy.fusion.grouped's, repeated so that parsing arguments needs no torch (tested equal)
 LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
@@ -239,7 +240,8 @@ def override_preprocessing(hydra: Any, preprocessing: dict[str, Any]) -> dict[st
     from hydra_deploy.backbones import check_preprocessing
 
     recorded = getattr(hydra, "preprocessing", None)
-    if getattr(hydra, "family", None) != "vit" or not isinstance(recorded, dict):
+    family = getattr(hydra, "family", None)
+    if not (family and get_family(family).takes_preprocessing) or not isinstance(recorded, dict):
         raise HydraError(
             "--mean, --std, --interpolation, --crop-pct and --crop-mode apply to timm ViT exports"
         )
@@ -407,7 +409,9 @@ def build_hydra(args: argparse.Namespace, progress: bool = True):
         )
     model_args = parse_model_args(getattr(args, "model_arg", None) or [])
     preprocessing = preprocessing_from_args(args)
-    if (model_args or preprocessing) and str(args.backbone).partition(":")[0] in ("hf", "openclip"):
+    prefix, sep, _ = str(args.backbone).partition(":")
+    prefixed = family_for_prefix(prefix) if sep else None
+    if (model_args or preprocessing) and prefixed is not None and not prefixed.takes_preprocessing:
         raise HydraError(
             "--model-arg and the image preprocessing flags (--mean, --std, --interpolation, "
             "--crop-pct, --crop-mode) apply to timm ViT backbones"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.cli import common
+from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.families import get_family
 
@@ -134,18 +135,7 @@ def _load_array(path: Path, runner) -> np.ndarray | dict[str, np.ndarray]:
         hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays",
     )
     if isinstance(data, dict):
-        keys = list(data)
-        if len(names) > 1 and set(names) - {"token_type_ids"} <= set(keys):
-            data = {k: data[k] for k in names if k in keys}
-        elif names[0] in keys:
-            data = data[names[0]]
-        elif "x" in keys:
-            data = data["x"]
-        else:
-            raise RunnerError(
-                f"{path} holds arrays {keys}; name the input array 'x' or {names[0]!r} (the "
-                "model's input)"
-            )
+        data = pick_inputs(data, names, str(path))
     if isinstance(data, dict):
         return data
     from hydra_deploy.engines.runner import is_one_example
@@ -231,7 +221,7 @@ def score_inputs(
 
     sources = collect_sources(runner, paths)
     if texts:
-        if (runner.family or "vit") != "bert":
+        if not get_family(runner.family or "vit").text:
             raise RunnerError(f"--text needs a text model; MODEL is a {runner.family} model")
         sources.append(
             _Source("text", [f"text[{i}]" for i in range(len(texts))], texts=list(texts))

@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -75,13 +76,7 @@ OBJECT_STORE_BYTES = 256 * 1024**2  # local cluster: only paths, texts and score
 CONNECT_TIMEOUT_S = 5.0
 #: Test hook: seconds each actor sleeps after every batch (so that a test can kill a run midway).
 TEST_DELAY_ENV = "HYDRA_SCORE_DATASET_TEST_DELAY_S"
-SCALAR_COLUMNS = (
-    "msp",
-    "predictive_entropy",
-    "expected_entropy",
-    "mutual_information",
-    "disagreement",
-)
+SCALAR_COLUMNS = SCALAR_SCORES
 INSTALL = "pip install 'hydra-deploy[ray]'"
 
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.arrays import read_array_file
+from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.parity import (
     BackendReport,
@@ -54,21 +55,15 @@ def _load_inputs(
         hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed arrays",
     )
     if isinstance(loaded, dict):
-        if len(names) > 1:
-            missing = [n for n in names if n not in loaded and n != "token_type_ids"]
-            if missing:
-                raise HydraError(f"{path} holds {list(loaded)}; it needs {names}")
+        picked = pick_inputs(loaded, names, str(path))
+        if isinstance(picked, dict):  # a text model: int64 ids, zeros where token types are absent
+            first = picked[names[0]]
             arrays = {
-                n: loaded[n].astype(np.int64)
-                if n in loaded
-                else np.zeros_like(loaded[names[0]], dtype=np.int64)
+                n: picked[n].astype(np.int64) if n in picked else np.zeros_like(first, np.int64)
                 for n in names
             }
             return arrays, str(path)
-        key = names[0] if names[0] in loaded else "x"
-        if key not in loaded:
-            raise HydraError(f"{path} holds {list(loaded)}; name the array 'x' or {names[0]!r}")
-        array = loaded[key]
+        array = picked
     else:
         array = loaded
     if array.dtype.kind != "f":

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.errors import DataError, HydraError
 from hydra_deploy.families import get_family
 from hydra_deploy.labels import label_indices
@@ -108,25 +109,6 @@ def _rows(value: Any, name: str) -> int:
     return len(value)
 
 
-def _pick_inputs(arrays: Mapping[str, Any], runner: Any, name: str) -> Any:
-    names = _input_names(runner)
-    keys = list(arrays)
-    if len(names) > 1 and set(names) - {"token_type_ids"} <= set(keys):
-        return {k: np.asarray(arrays[k]) for k in names if k in keys}
-    if names and names[0] in keys:
-        return np.asarray(arrays[names[0]])
-    if "x" in keys:
-        return np.asarray(arrays["x"])
-    if {"input_ids", "attention_mask"} <= set(keys):
-        return {
-            k: np.asarray(arrays[k])
-            for k in ("input_ids", "attention_mask", "token_type_ids")
-            if k in keys
-        }
-    wanted = f"'x' or {names[0]!r} (the model's input)" if names else "'x'"
-    raise HydraError(f"{name} holds arrays {keys}; name the input array {wanted}")
-
-
 def _labels(y: Any, count: int, name: str) -> np.ndarray:
     labels = np.asarray(y)
     if labels.ndim != 1 or labels.shape[0] != count:
@@ -146,7 +128,7 @@ def _labels(y: Any, count: int, name: str) -> np.ndarray:
 
 def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalData:
     if isinstance(x, Mapping):
-        x = _pick_inputs(x, runner, name)
+        x = pick_inputs(x, _input_names(runner), f"{name}: {source}")
     else:
         x = np.asarray(x)
         from hydra_deploy.engines.runner import is_one_example

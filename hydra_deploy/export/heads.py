@@ -9,7 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-UQ_OUTPUTS = ("probs", "predictive_entropy", "expected_entropy", "mutual_information", "msp")
+from hydra_deploy.uncertainty.scores import GRAPH_SCORES
+
+#: the graph's outputs after member_logits, in order (owned by hydra_deploy.uncertainty.scores)
+UQ_OUTPUTS = GRAPH_SCORES
 
 
 class WithEnsembleHead(nn.Module):

@@ -54,17 +54,12 @@ import numpy as np
 
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
 from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
+from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
 logger = logging.getLogger("hydra_deploy")
 
 INSTALL_HINT = "pip install 'hydra-deploy[serve]'"
-SCALAR_OUTPUTS = (
-    "msp",
-    "predictive_entropy",
-    "expected_entropy",
-    "mutual_information",
-    "disagreement",
-)
+SCALAR_OUTPUTS = SCALAR_SCORES
 OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
 #: seconds Triton waits for in-flight requests (and open client connections) when stopping;
 #: Triton's own default (30 s) makes every Ctrl-C of an idle server with a connected client wait 30 s

@@ -16,10 +16,16 @@ from hydra_deploy.uncertainty.metrics import (
     ood_score,
     reliability_bins,
 )
-from hydra_deploy.uncertainty.scores import SCALAR_SCORES, SCORE_NAMES, ensemble_scores
+from hydra_deploy.uncertainty.scores import (
+    GRAPH_SCORES,
+    SCALAR_SCORES,
+    SCORE_NAMES,
+    ensemble_scores,
+)
 
 __all__ = [
     "ECE_BINS",
+    "GRAPH_SCORES",
     "SCALAR_SCORES",
     "SCORE_NAMES",
     "accuracy",

@@ -36,7 +36,12 @@ SCALAR_SCORES = (
     "mutual_information",
     "disagreement",
 )
-"""Scores with one value per example (what ``hydra-run`` prints and writes)."""
+"""Scores with one value per example (what ``hydra-run`` prints and writes, ``hydra-serve``
+answers and ``hydra-score-dataset`` stores as columns)."""
+
+GRAPH_SCORES = ("probs", "predictive_entropy", "expected_entropy", "mutual_information", "msp")
+"""The scores the exported ensemble head (``uq_outputs``) computes in the graph, in the order of
+the graph's outputs after ``member_logits``."""
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
