@@ -89,3 +89,34 @@ def test_every_command_gives_the_same_answer(tiny_export, tmp_path):
         assert _load_array(path, runner).shape == (2, 3, 16, 16)
         assert load_eval_data(path, runner, name="ood", labelled=False) is not None
     assert compare_export(tiny_export, inputs=path).passed
+
+
+def test_score_batch_is_the_ensemble_scores_of_the_runners_logits(tiny_export):
+    from hydra_deploy.engines.scoring import run_member_logits, score_batch
+    from hydra_deploy.uncertainty import SCORE_NAMES, ensemble_scores
+
+    x = np.random.default_rng(0).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    with load_runner(tiny_export, providers=["cpu"]) as runner:
+        logits = runner(x)["member_logits"]
+        scores = score_batch(runner, x, batch_size=2)  # split into batches of 2, same numbers
+        np.testing.assert_array_equal(run_member_logits(runner, x), logits)
+    expected = ensemble_scores(logits)
+    np.testing.assert_allclose(scores["member_logits"], logits, rtol=0, atol=1e-6)
+    for name in (*SCORE_NAMES, "prediction"):
+        np.testing.assert_allclose(scores[name], expected[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_model_without_member_logits_gets_one_message():
+    from hydra_deploy.engines.scoring import run_member_logits
+
+    class Plain:
+        path = "plain.onnx"
+
+        def __call__(self, inputs, batch_size=None):
+            return {"y": np.zeros((1, 2))}
+
+    with pytest.raises(RunnerError) as caught:
+        run_member_logits(Plain(), np.zeros((1, 2)))
+    assert str(caught.value) == (
+        "plain.onnx has no 'member_logits' output (outputs: ['y']); is it a Hydra export?"
+    )

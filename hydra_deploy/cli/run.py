@@ -16,6 +16,7 @@ import numpy as np
 
 from hydra_deploy.cli import common
 from hydra_deploy.engines.inputs import pick_inputs
+from hydra_deploy.engines.scoring import score_batch
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.families import get_family
 
@@ -217,7 +218,7 @@ def score_inputs(
 
     ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
     example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
-    from hydra_deploy.uncertainty import SCALAR_SCORES, ensemble_scores
+    from hydra_deploy.uncertainty import SCALAR_SCORES
 
     sources = collect_sources(runner, paths)
     if texts:
@@ -238,13 +239,9 @@ def score_inputs(
     results: list[dict[str, Any]] = []
     for source in sources:
         for labels, batch in source.batches(runner, size):
-            outputs = runner(batch, batch_size=batch_size, allow_nonfinite=allow_nonfinite)
-            if "member_logits" not in outputs:
-                raise RunnerError(
-                    f"{runner.path} has no 'member_logits' output (outputs: "
-                    f"{list(outputs)}); is it a Hydra export?"
-                )
-            scores = ensemble_scores(outputs["member_logits"], allow_nonfinite=allow_nonfinite)
+            scores = score_batch(
+                runner, batch, batch_size=batch_size, allow_nonfinite=allow_nonfinite
+            )
             k = max(1, min(top_k, scores["probs"].shape[1]))
             top = np.argsort(-scores["probs"], axis=1, kind="stable")[:, :k]
             for row, label in enumerate(labels):

@@ -438,13 +438,10 @@ class HydraScorer:
         delay_s: float = 0.0,
     ) -> None:
         from hydra_deploy.engines.runner import load_runner
+        from hydra_deploy.engines.scoring import check_member_logits
 
         self.runner = load_runner(export_dir, providers=providers, threads=threads)
-        if "member_logits" not in self.runner.output_names:
-            raise RunnerError(
-                f"{self.runner.path} has no 'member_logits' output (outputs: "
-                f"{list(self.runner.output_names)}); is it a Hydra export?"
-            )
+        check_member_logits(self.runner, self.runner.output_names)
         if kind == "images" and not self.runner.preprocessing:
             raise RunnerError(
                 f"{export_dir}: hydra.json has no preprocessing config; re-export the model"
@@ -457,15 +454,15 @@ class HydraScorer:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from hydra_deploy.engines.preprocess import preprocess_images
-        from hydra_deploy.uncertainty import ensemble_scores
+        from hydra_deploy.engines.scoring import score_batch
 
         sources = [str(s) for s in batch["source"]]
         if self.encoder is None:
             inputs: Any = preprocess_images(sources, self.runner.preprocessing)
         else:
             inputs = self.encoder(sources)
-        logits = self.runner(inputs, batch_size=self.batch_size)["member_logits"]
-        scores = ensemble_scores(logits)
+        scores = score_batch(self.runner, inputs, batch_size=self.batch_size)
+        logits = scores["member_logits"]
         columns = {
             "shard": np.asarray(batch["shard"], dtype=np.int64),
             "index": np.asarray(batch["index"], dtype=np.int64),

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.engines.inputs import pick_inputs
+from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.errors import DataError, HydraError
 from hydra_deploy.families import get_family
 from hydra_deploy.labels import label_indices
@@ -323,15 +324,10 @@ def member_logits(runner: Any, data: EvalData, batch_size: int | None = None) ->
             "preprocessed for it: run the export folder, or pass .npz arrays"
         )
     size = batch_size or getattr(runner, "max_batch", None) or 32
-    parts = []
-    for batch in data.batches(runner, size):
-        outputs = runner(batch, batch_size=batch_size) if batch_size else runner(batch)
-        if "member_logits" not in outputs:
-            raise HydraError(
-                f"the model has no 'member_logits' output (outputs: {list(outputs)}); is it a "
-                "Hydra export?"
-            )
-        parts.append(np.asarray(outputs["member_logits"]))
+    parts = [
+        run_member_logits(runner, batch, batch_size=batch_size)
+        for batch in data.batches(runner, size)
+    ]
     return np.concatenate(parts)
 
 

@@ -282,12 +282,11 @@ def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
 
 def score_batch(runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the server answers for a batch: member logits, probs and scores, shaped as served."""
-    from hydra_deploy.uncertainty import ensemble_scores
+    from hydra_deploy.engines.scoring import score_batch as scored
 
-    logits = runner(inputs)["member_logits"]
-    scores = ensemble_scores(logits)
+    scores = scored(runner, inputs)
     answer = {
-        "member_logits": np.ascontiguousarray(logits, dtype=np.float32),
+        "member_logits": np.ascontiguousarray(scores["member_logits"], dtype=np.float32),
         "probs": scores["probs"].astype(np.float32),
     }
     for name in SCALAR_OUTPUTS:

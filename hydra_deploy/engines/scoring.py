@@ -1,0 +1,67 @@
+"""The one scoring step: a runner's member logits for a batch, and the ensemble's scores of them.
+
+``hydra-run``, ``hydra-eval``, ``hydra-serve`` and ``hydra-score-dataset`` each read their inputs
+their own way (files, a data set, requests, a Ray dataset) and lay the answer out their own way
+(rows, a report, Triton outputs, Parquet columns); between the two they all call
+:func:`run_member_logits` and :func:`score_batch`, so a model without ``member_logits`` gets one
+message and every score comes from :func:`~hydra_deploy.uncertainty.ensemble_scores`.
+
+numpy only (edge-safe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import RunnerError
+from hydra_deploy.uncertainty.scores import ensemble_scores
+
+__all__ = ["check_member_logits", "run_member_logits", "score_batch"]
+
+MEMBER_LOGITS = "member_logits"
+
+
+def check_member_logits(runner: Any, output_names: Any) -> None:
+    """A RunnerError unless the model has the ``member_logits`` output a Hydra export has."""
+    names = list(output_names)
+    if MEMBER_LOGITS not in names:
+        where = getattr(runner, "path", None) or "the model"
+        raise RunnerError(
+            f"{where} has no '{MEMBER_LOGITS}' output (outputs: {names}); is it a Hydra export?"
+        )
+
+
+def run_member_logits(
+    runner: Any,
+    inputs: np.ndarray | Mapping[str, np.ndarray],
+    *,
+    batch_size: int | None = None,
+    allow_nonfinite: bool = False,
+) -> np.ndarray:
+    """``runner(inputs)``'s member logits [batch, M, C]. ``allow_nonfinite`` passes inputs and
+    logits holding NaN/inf through (the runners' option; only asked for when set)."""
+    options: dict[str, Any] = {"batch_size": batch_size}
+    if allow_nonfinite:
+        options["allow_nonfinite"] = True
+    outputs = runner(inputs, **options)
+    check_member_logits(runner, outputs)
+    return np.asarray(outputs[MEMBER_LOGITS])
+
+
+def score_batch(
+    runner: Any,
+    inputs: np.ndarray | Mapping[str, np.ndarray],
+    *,
+    batch_size: int | None = None,
+    allow_nonfinite: bool = False,
+) -> dict[str, np.ndarray]:
+    """Member logits and every ensemble score of one batch: ``member_logits`` plus what
+    :func:`~hydra_deploy.uncertainty.ensemble_scores` returns (``probs``, the scalar scores,
+    ``prediction``, ``member_probs``)."""
+    logits = run_member_logits(
+        runner, inputs, batch_size=batch_size, allow_nonfinite=allow_nonfinite
+    )
+    return {MEMBER_LOGITS: logits, **ensemble_scores(logits, allow_nonfinite=allow_nonfinite)}
