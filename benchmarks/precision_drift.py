@@ -27,7 +27,7 @@ predictive/expected entropy, mutual information, MSP; disagreement comes from
 
 Reported per member: max and mean absolute logit difference, the max difference relative to the
 example's FP32 logit range (max - min over classes), argmax agreement; per score: max and mean
-absolute difference against ARCHITECTURE.md's tolerances (FP16: probs/MSP 2e-2, entropies/MI 5e-2,
+absolute difference against the tolerances of hydra_deploy.parity (FP16: probs/MSP 2e-2, entropies/MI 5e-2,
 argmax >= 99%; BF16: 5e-2, 1e-1, >= 98%); the ensemble's argmax agreement; Spearman rank
 correlations of MSP, predictive entropy and MI with FP32 (the ordering AUROC depends on); on
 digits, accuracy in FP32 and in the low precision. Tables are printed as markdown and written,
@@ -820,7 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"`benchmarks/precision_drift.py` (wall time {wall:.0f} s; torch {env['torch']}, "
         f"onnxruntime {env['onnxruntime']}, {env['cpu_model']}, {threads} threads).\n\n"
         "Runs: " + "; ".join(f"`{k}`: {v}" for k, v in RUNTIMES.items()) + ". Tolerances from "
-        "ARCHITECTURE.md (FP16: probs/MSP 2e-2, entropies/MI 5e-2, argmax >= 99%; BF16: 5e-2, "
+        "hydra_deploy.parity (FP16: probs/MSP 2e-2, entropies/MI 5e-2, argmax >= 99%; BF16: 5e-2, "
         "1e-1, >= 98%); disagreement and member logits are reported only.\n"
     )
     body = "\n\n".join(

@@ -166,7 +166,7 @@ class BackboneAdapter(abc.ABC):
 
     @abc.abstractmethod
     def macs(self) -> int:
-        """Multiply-accumulates of one forward pass per example (see ARCHITECTURE.md)."""
+        """Multiply-accumulates of one forward pass per example (docs/design.md, "Counting FLOPs")."""
         raise NotImplementedError
 
     def num_parameters(self) -> int:

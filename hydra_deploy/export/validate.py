@@ -51,7 +51,7 @@ WIDENED_TOLERANCE = {
     "mutual_information": (5e-4, 0),
 }
 
-# how far a precision may move the scores from FP32 (ARCHITECTURE.md; member logits are reported)
+# how far a precision may move the scores from FP32 (hydra_deploy.parity; member logits are reported)
 DRIFT_TOLERANCE = {
     precision: {
         "probs": row["probs"],
