@@ -13,11 +13,13 @@ Triton repositories, hydra-serve, hydra-score-dataset) asks :func:`read_info`, s
 what a readable record is and every consumer gives the same answer about a damaged one: a missing
 file, a file that is not UTF-8 JSON, not a JSON object, of another format (a missing ``format``
 included), or with a malformed field that consumers interpret (``batch_profile``, ``onnx_sha256``,
-``precision``, ``class_names``, ``family``, ``uq_outputs``) is refused with an
+``precision``, ``class_names``, ``uq_outputs``, a ``family`` that is not registered in
+:mod:`hydra_deploy.families`) is refused with an
 :class:`ExportFolderError` that says what to do. The exporter writes through :func:`write_info`,
 which refuses a record the reader would refuse.
 
-Imports the standard library only (the edge runtime reads export folders without torch).
+Imports the standard library and the project's stdlib-only modules (errors, atomic writes, the
+family registry): the edge runtime reads export folders without torch.
 """
 
 from __future__ import annotations
@@ -32,12 +34,7 @@ from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text
 from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError
-from hydra_deploy.families import families
-
-
-def known_families() -> tuple[str, ...]:
-    return tuple(f.name for f in families())
-
+from hydra_deploy.families import family_names
 
 __all__ = [
     "FORMAT",
@@ -133,10 +130,10 @@ class ExportInfo:
                 "re-export the model with this version of hydra-export"
             )
         family = record.get("family")
-        if family is not None and (not isinstance(family, str) or family not in known_families()):
+        if family is not None and (not isinstance(family, str) or family not in family_names()):
             raise ExportFolderError(
                 f"{path} has family {family!r:.60}; this version knows "
-                f"{', '.join(known_families())}: upgrade hydra-deploy, or {_REDO}"
+                f"{', '.join(family_names())}: upgrade hydra-deploy, or {_REDO}"
             )
         sha = record.get("onnx_sha256")
         if sha is not None and not (

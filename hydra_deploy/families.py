@@ -27,6 +27,7 @@ __all__ = [
     "Family",
     "families",
     "family_for_prefix",
+    "family_names",
     "family_of_module",
     "get_family",
     "register",
@@ -111,12 +112,17 @@ def families() -> tuple[Family, ...]:
     return tuple(_REGISTRY.values())
 
 
+def family_names() -> tuple[str, ...]:
+    """The names of the registered families (hydra.json's ``family`` must be one)."""
+    return tuple(_REGISTRY)
+
+
 def get_family(name: Any) -> Family:
     """The family called ``name``; an unknown name is refused with the known ones."""
     family = _REGISTRY.get(name) if isinstance(name, str) else None
     if family is None:
         raise BackboneError(
-            f"unknown model family {name!r:.60}; this version knows {', '.join(_REGISTRY)}"
+            f"unknown model family {name!r:.60}; this version knows {', '.join(family_names())}"
         )
     return family
 

@@ -5,10 +5,11 @@ comparison (:func:`compare_outputs`), read by export validation
 (:mod:`hydra_deploy.export.validate`) and by backend parity
 (:func:`hydra_deploy.evaluation.compare.compare_export`). numpy only (edge-safe).
 
-A backend's outputs are compared with reference member logits per member (member-logit max abs difference, argmax agreement) and per
-uncertainty score (probs, msp, entropies, mutual information, disagreement, prediction, each from
-:func:`~hydra_deploy.uncertainty.ensemble_scores`; and the graph's own score outputs when it has
-them) the difference against a tolerance that fits the backend's precision (``TOLERANCES``):
+A backend's outputs are compared with reference member logits per member (member-logit max abs
+difference, argmax agreement) and per uncertainty score (probs, msp, entropies, mutual
+information, disagreement, prediction, each from :func:`~hydra_deploy.uncertainty.ensemble_scores`;
+and the graph's own score outputs when it has them), against a tolerance that fits the backend's
+precision (``TOLERANCES``):
 
 ============  ==========================  =========  ============  ===============
 precision     member logits (max abs)     probs      entropy, MI   argmax agreement
@@ -25,9 +26,6 @@ silently wrong fused-attention kernels of some TensorRT releases (their errors a
 Disagreement (steps of 1/M) is checked as its mean absolute difference, at most the argmax
 tolerance (0 for fp32, 0.01 for fp16, 0.02 for bf16). An engine of precision ``best`` gets the
 loosest (bf16) row.
-
-Member logits are "reported" in the project's table; the bound used by the parity checks scales with
-the logits (``logits`` x max(1, max |logit|)).
 """
 
 from __future__ import annotations
