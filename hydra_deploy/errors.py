@@ -7,9 +7,35 @@ what to do. The command-line tools print the message alone and exit non-zero.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 
 class HydraError(Exception):
     """Base class of every error hydra-deploy raises on purpose."""
+
+
+_PARAMETER = re.compile(r"`([a-z_][a-z0-9_]*)`")
+
+
+class ParameterError(HydraError, ValueError):
+    """An argument of a library call is wrong or clashes with another.
+
+    The message names parameters between backticks (`` `members` ``): ``str(err)`` shows their
+    names (``members``), :meth:`for_command` the flags a command gives them (``--members``).
+    """
+
+    def __init__(self, message: str) -> None:
+        self.template = message
+        super().__init__(_PARAMETER.sub(lambda m: m.group(1), message))
+
+    def for_command(self, flags: Mapping[str, str] | None = None) -> str:
+        """The message with each parameter spelled as its flag: ``flags[name]``, else
+        ``--name-with-dashes``."""
+        flags = flags or {}
+        return _PARAMETER.sub(
+            lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")), self.template
+        )
 
 
 class SpecError(HydraError, ValueError):

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import tiny_vit
 
-from hydra_deploy.cli import bench, compare, engine, eval, export, fuse, run
+from hydra_deploy.cli import bench, build, compare, eval, export, fuse, run
 from hydra_deploy.errors import HydraError
 from hydra_deploy.specs import HydraSpec
 
@@ -33,7 +33,7 @@ NO_TRT = pytest.mark.skipif(
 MAINS = {
     "fuse": fuse.main,
     "export": export.main,
-    "build": engine.main,
+    "build": build.main,
     "run": run.main,
     "compare": compare.main,
     "eval": eval.main,
@@ -1262,7 +1262,7 @@ def test_debug_raises_the_error_with_its_traceback(capsys, places, case_id):
     ("module", "argv", "error_class"),
     [
         ("hydra_deploy.cli.run", ["{export}", "{d}/x_nan.npy"], "RunnerError"),
-        ("hydra_deploy.cli.engine", ["{d}/plain.onnx", "--trtexec"], "EngineError"),
+        ("hydra_deploy.cli.build", ["{d}/plain.onnx", "--trtexec"], "EngineError"),
     ],
 )
 def test_console_shows_a_traceback_only_with_debug(places, module, argv, error_class):

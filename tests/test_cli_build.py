@@ -9,7 +9,7 @@ import shutil
 import pytest
 from conftest import tiny_vit
 
-from hydra_deploy.cli.engine import build_parser, main
+from hydra_deploy.cli.build import build_parser, main
 from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
 from hydra_deploy.export import export_onnx

@@ -306,7 +306,7 @@ def test_one_member_is_the_plain_model(caplog):
 
 def test_build_hydra_returns_the_spec_as_fused():
     """The spec build_hydra returns (and hydra-export logs and saves) says how it was fused."""
-    from hydra_deploy.cli import build
+    from hydra_deploy.cli import model_options as build
     from hydra_deploy.cli.fuse import build_parser
 
     args = build_parser().parse_args(["--backbone", BACKBONE, "--mlp-merge", "grouped"])
@@ -465,7 +465,7 @@ def test_several_checkpoints_fuse_as_members(ensemble_checkpoints):
     import torch
 
     from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.cli import build
+    from hydra_deploy.cli import model_options as build
     from hydra_deploy.cli.fuse import build_parser
 
     three = [str(p) for p in ensemble_checkpoints[:3]]

@@ -144,7 +144,7 @@ def test_model_args_from_the_cli(trained):
     report = json.loads(out.getvalue())
     assert report["input_shape"] == [2, 1, 16, 16] and report["output_shape"] == [2, 2, 3]
 
-    from hydra_deploy.cli.build import INTERPOLATIONS, parse_model_args
+    from hydra_deploy.cli.model_options import INTERPOLATIONS, parse_model_args
     from hydra_deploy.engines import preprocess
     from hydra_deploy.export_folder import INTERPOLATIONS as OWNED
 

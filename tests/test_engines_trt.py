@@ -885,7 +885,7 @@ def test_the_tensorrt_provider_gets_caches_and_fallbacks(tmp_path, monkeypatch):
 def test_import_needs_neither_tensorrt_nor_torch():
     code = (
         "import sys, hydra_deploy.engines.tensorrt, hydra_deploy.engines.trtexec, "
-        "hydra_deploy.cli.engine\n"
+        "hydra_deploy.cli.build\n"
         "print(sorted(m for m in ('torch', 'timm', 'onnx', 'onnxruntime', 'tensorrt', "
         "'polygraphy') if m in sys.modules))"
     )

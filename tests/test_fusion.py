@@ -302,7 +302,7 @@ def test_vit_s16_fused_equals_members(vit_s16):
 
 
 def test_cli_lowerings_mirror_the_fusion_module():
-    from hydra_deploy.cli import build
+    from hydra_deploy.cli import model_options as build
     from hydra_deploy.fusion import DEFAULT_LOWERING
 
     assert build.LOWERINGS == LOWERINGS and build.DEFAULT_LOWERING == DEFAULT_LOWERING == "loop"

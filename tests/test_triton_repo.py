@@ -15,7 +15,7 @@ import pytest
 from conftest import tiny_vit
 from test_bert import tiny_bert
 
-from hydra_deploy.cli import engine as build_cli
+from hydra_deploy.cli import build as build_cli
 from hydra_deploy.cli import export as export_cli
 from hydra_deploy.engines import load_runner
 from hydra_deploy.errors import ServeError

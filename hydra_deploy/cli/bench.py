@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hydra_deploy.cli import common
-from hydra_deploy.cli.build import DEFAULT_LOWERING, LOWERINGS
+from hydra_deploy.cli.model_options import DEFAULT_LOWERING, LOWERINGS
 
 log = logging.getLogger("hydra_deploy.bench")
 

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from hydra_deploy.cli import build, common, triton
+from hydra_deploy.cli import common, triton
+from hydra_deploy.cli import model_options as build
 
 EXAMPLES = """\
   hydra-export --backbone vit_b16                  # writes export/vit_b16-m3

@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from hydra_deploy.cli import build, common
+from hydra_deploy.cli import common
+from hydra_deploy.cli import model_options as build
 
 EXAMPLES = """\
   hydra-fuse --backbone vit_b16 --members 3 --heads-per-member 4
