@@ -454,7 +454,7 @@ def _run(argv: list[str], folder: Path, item: Item) -> None:
 @pytest.mark.parametrize("item", ITEMS, ids=[item.name for item in ITEMS])
 def test_block_runs(item: Item, page_folders):
     if item.skip:
-        pytest.skip(item.skip)
+        pytest.skip(reason=item.skip)
     folder = page_folders(item.block.page)
     if item.block.language == "python":
         _run([sys.executable, "-c", item.python], folder, item)
