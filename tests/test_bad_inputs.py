@@ -1332,10 +1332,11 @@ def test_unreadable_file(capsys, places, command, argv, name, fragment):
         pass
     else:
         target.chmod(0o644)
-        pytest.skip(
-            reason=f"chmod 000 does not stop reads here (running as uid {os.getuid()}, "
+        why = (
+            f"chmod 000 does not stop reads here (running as uid {os.getuid()}, "
             "root or with CAP_DAC_OVERRIDE); unreadable files cannot be made"
         )
+        pytest.skip(reason=why)
     try:
         code, out, err = invoke(
             capsys, command, expand(argv, {**places, "file": target, "copy": work / "export"})
