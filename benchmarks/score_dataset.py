@@ -9,7 +9,7 @@ of the work, as on a real data set.
 
 Measured, one after the other on this machine:
 
-- ``in-process``: hydra-run's path (:func:`hydra_deploy.cli.run.score_inputs`): one runner with 2
+- ``in-process``: hydra-run's path (:func:`hydra_deploy.engines.sources.score_inputs`): one runner with 2
   ONNX Runtime threads, batches of 8; its time includes loading the session;
 - ``ray 1x2`` and ``ray 2x1``: :func:`hydra_deploy.distributed.score_dataset` on a new local Ray
   cluster (2 CPUs) with 1 actor x 2 threads and 2 actors x 1 thread, batch 8, shards of
@@ -143,9 +143,9 @@ def make_images(folder: Path, count: int, seed: int) -> None:
 def in_process(
     export: Path, images: Path, args: argparse.Namespace
 ) -> tuple[dict[str, Any], np.ndarray]:
-    from hydra_deploy.cli.run import score_inputs
     from hydra_deploy.engines import load_runner
     from hydra_deploy.engines.preprocess import find_images, preprocess_images
+    from hydra_deploy.engines.sources import score_inputs
     from hydra_deploy.uncertainty import ensemble_scores
 
     begin = time.perf_counter()

@@ -65,6 +65,7 @@ from common import load_average, machine, note
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.backbones import load_backbone
+from hydra_deploy.families import get_family
 from hydra_deploy.fusion import HydraModel, fuse
 from hydra_deploy.pruning import finetune_members, select_members
 from hydra_deploy.specs import HydraSpec
@@ -225,7 +226,7 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
 def _forward(model: Any, x: torch.Tensor) -> torch.Tensor:
     """Member logits [B, M, C] of a fused model or of one model (an adapter: M = 1)."""
     if isinstance(model, HydraModel):
-        if model.family == "bert":
+        if get_family(model.family).text:  # stacked (input_ids, attention_mask)
             return model(x[:, 0], x[:, 1])
         return model(x)
     return model(x).unsqueeze(1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hydra_deploy.cli.run import _load_array
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.engines.sources import read_arrays
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.evaluation.compare import compare_export
 from hydra_deploy.evaluation.evaluate import load_eval_data
@@ -74,7 +74,7 @@ def test_every_command_gives_the_same_answer(tiny_export, tmp_path):
     answers = []
     with load_runner(tiny_export, providers=["cpu"]) as runner:
         with pytest.raises(HydraError) as run:
-            _load_array(path, runner)  # hydra-run
+            read_arrays(path, runner)  # hydra-run
         answers.append(str(run.value))
         with pytest.raises(HydraError) as evaluate:
             load_eval_data(path, runner, name="ood:wrong", labelled=False)  # hydra-eval
@@ -86,7 +86,7 @@ def test_every_command_gives_the_same_answer(tiny_export, tmp_path):
     assert all(answer.endswith(rule) for answer in answers), answers
     np.savez(path, x=np.zeros((2, 3, 16, 16), np.float32))  # the same file, named right
     with load_runner(tiny_export, providers=["cpu"]) as runner:
-        assert _load_array(path, runner).shape == (2, 3, 16, 16)
+        assert read_arrays(path, runner).shape == (2, 3, 16, 16)
         assert load_eval_data(path, runner, name="ood", labelled=False) is not None
     assert compare_export(tiny_export, inputs=path).passed
 

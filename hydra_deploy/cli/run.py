@@ -1,4 +1,8 @@
-"""hydra-run: uncertainty scores for images, text lines or arrays, from an export or an engine."""
+"""hydra-run: uncertainty scores for images, text lines or arrays, from an export or an engine.
+
+The command parses flags and lays the results out (a table, JSON or CSV); reading the INPUT
+arguments and scoring them is :func:`hydra_deploy.engines.sources.score_inputs`.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,12 @@ import csv
 import io
 import json
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hydra_deploy.cli import common
-from hydra_deploy.engines.inputs import pick_inputs
-from hydra_deploy.engines.scoring import score_batch
-from hydra_deploy.errors import HydraError, RunnerError
-from hydra_deploy.families import get_family
+from hydra_deploy.engines.sources import score_inputs
+from hydra_deploy.errors import HydraError
 
 EXAMPLES = """\
   hydra-run export/vit_b16-m3 images/                    # every image under images/, a table
@@ -28,9 +26,6 @@ EXAMPLES = """\
   hydra-run export/vit_b16-m3/model.onnx arrays.npz --providers cpu --json -   # JSON on stdout
   hydra-run export/minilm-m3 glosses.txt --text "a domesticated carnivorous mammal"   # BERT
 """
-
-ARRAY_SUFFIXES = (".npy", ".npz")
-TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".jsonl", ".json")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,171 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-@dataclass
-class _Source:
-    """One input argument: image files, or an array file's examples."""
-
-    kind: str  # "images" | "array" | "text"
-    labels: list[str]
-    images: list[Path] | None = None
-    array: np.ndarray | dict[str, np.ndarray] | None = None
-    texts: list[str] | None = None
-
-    def batches(self, runner, size: int) -> Iterator[tuple[list[str], Any]]:
-        from hydra_deploy.engines.preprocess import preprocess_images
-
-        for start in range(0, len(self.labels), size):
-            labels = self.labels[start : start + size]
-            if self.kind == "images":
-                yield (
-                    labels,
-                    preprocess_images(self.images[start : start + size], runner.preprocessing),
-                )
-            elif self.kind == "text":
-                yield labels, runner.text_encoder()(self.texts[start : start + size])
-            elif isinstance(self.array, dict):
-                yield labels, {k: v[start : start + size] for k, v in self.array.items()}
-            else:
-                yield labels, self.array[start : start + size]
-
-
-def _load_array(path: Path, runner) -> np.ndarray | dict[str, np.ndarray]:
-    from hydra_deploy.arrays import read_array_file
-
-    names = runner.input_names
-    data: Any = read_array_file(
-        path,
-        error=RunnerError,
-        hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays",
-    )
-    if isinstance(data, dict):
-        data = pick_inputs(data, names, str(path))
-    if isinstance(data, dict):
-        return data
-    from hydra_deploy.engines.runner import is_one_example
-
-    if is_one_example(runner.inputs[0], data.shape):  # one example without its batch axis
-        data = data[None]
-    return data
-
-
-def collect_sources(runner, paths: list[Path]) -> list[_Source]:
-    """Sort the INPUT arguments into image groups and arrays; refuse what the model cannot take."""
-    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
-
-    family = get_family(runner.family or "vit")
-    sources: list[_Source] = []
-    for path in paths:
-        suffix = path.suffix.lower()
-        if not path.exists():
-            raise RunnerError(f"input {str(path)!r} does not exist")
-        if path.is_dir() or suffix in IMAGE_SUFFIXES:
-            if family.input_kind != "images":
-                raise RunnerError(
-                    f"{path}: images need a vision model; MODEL is a {family.name} model"
-                )
-            images = find_images([path])
-            sources.append(_Source("images", [str(p) for p in images], images=images))
-        elif suffix in ARRAY_SUFFIXES:
-            data = _load_array(path, runner)
-            first = next(iter(data.values())) if isinstance(data, dict) else data
-            count = len(first) if first.ndim else 0
-            if count == 0:
-                raise RunnerError(
-                    f"the array file {path} holds no examples (shape {first.shape}); give 1 or "
-                    "more examples"
-                )
-            labels = [f"{path}[{i}]" for i in range(count)]
-            sources.append(_Source("array", labels, array=data))
-        elif suffix == ".txt" and family.text:
-            from hydra_deploy.engines.text import read_lines
-
-            lines = read_lines(path)
-            labels = [f"{path}:{i}" for i in range(1, len(lines) + 1)]
-            sources.append(_Source("text", labels, texts=lines))
-        elif suffix in TEXT_SUFFIXES:
-            first = runner.inputs[0]
-            what = (
-                "text models read .txt files (one input per line)"
-                if family.text
-                else f"text inputs are for text models; MODEL is a {family.name} model taking "
-                f"{first.describe()}: give image files, folders or preprocessed .npy/.npz arrays"
-            )
-            raise RunnerError(f"{path} looks like text: {what}")
-        else:
-            raise RunnerError(
-                f"cannot tell what {str(path)!r} is: give image files ({', '.join(IMAGE_SUFFIXES)}), "
-                "folders of images, or .npy/.npz arrays"
-            )
-    return sources
-
-
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
-
-
 def _fmt(value: float | None) -> str:
     """A score in the printed table: 4 decimals, ``nan`` for a non-finite one."""
     return "nan" if value is None else f"{value:.4f}"
-
-
-def score_inputs(
-    runner,
-    paths: list[Path],
-    batch_size: int | None = None,
-    top_k: int = 1,
-    texts: list[str] | None = None,
-    allow_nonfinite: bool = False,
-) -> list[dict[str, Any]]:
-    """Run ``runner`` over the INPUT paths; one result dict per example, in input order.
-
-    ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
-    example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
-    from hydra_deploy.uncertainty import SCALAR_SCORES
-
-    sources = collect_sources(runner, paths)
-    if texts:
-        if not get_family(runner.family or "vit").text:
-            raise RunnerError(f"--text needs a text model; MODEL is a {runner.family} model")
-        sources.append(
-            _Source("text", [f"text[{i}]" for i in range(len(texts))], texts=list(texts))
-        )
-    if not sources:
-        raise RunnerError("nothing to run: give INPUT files or --text")
-    if any(s.kind == "images" for s in sources) and not runner.preprocessing:
-        raise RunnerError(
-            f"{runner.path} comes without its hydra.json, so images cannot be preprocessed for it: "
-            "run the export folder (or keep hydra.json beside the file), or pass .npy/.npz arrays"
-        )
-    size = batch_size or runner.max_batch or 32
-    names = runner.class_names
-    results: list[dict[str, Any]] = []
-    for source in sources:
-        for labels, batch in source.batches(runner, size):
-            scores = score_batch(
-                runner, batch, batch_size=batch_size, allow_nonfinite=allow_nonfinite
-            )
-            k = max(1, min(top_k, scores["probs"].shape[1]))
-            top = np.argsort(-scores["probs"], axis=1, kind="stable")[:, :k]
-            for row, label in enumerate(labels):
-                prediction = int(scores["prediction"][row])
-                result: dict[str, Any] = {
-                    "input": label,
-                    "prediction": prediction,
-                    "label": names[prediction] if names and prediction >= 0 else None,
-                }
-                result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
-                if top_k > 1:
-                    result["top_k"] = [
-                        {
-                            "class": int(c),
-                            "label": names[c] if names else None,
-                            "prob": _finite_or_none(scores["probs"][row, c]),
-                        }
-                        for c in top[row]
-                    ]
-                results.append(result)
-    return results
 
 
 def _csv_text(results: list[dict[str, Any]]) -> str:

@@ -14,6 +14,7 @@ _LAZY = {
     "build_engine": "hydra_deploy.engines.tensorrt",
     "trtexec_command": "hydra_deploy.engines.trtexec",
     "load_runner": "hydra_deploy.engines.runner",
+    "score_inputs": "hydra_deploy.engines.sources",
 }
 
 __all__ = sorted(_LAZY)

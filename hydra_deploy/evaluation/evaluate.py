@@ -43,6 +43,7 @@ import numpy as np
 
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.scoring import run_member_logits
+from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
 from hydra_deploy.errors import DataError, HydraError
 from hydra_deploy.families import get_family
 from hydra_deploy.labels import label_indices
@@ -78,18 +79,10 @@ class EvalData:
     class_names: list[str] | None = field(default=None)
 
     def batches(self, runner: Any, size: int) -> Iterator[Any]:
-        for start in range(0, self.count, size):
-            stop = start + size
-            if self.kind == "images":
-                from hydra_deploy.engines.preprocess import preprocess_images
-
-                yield preprocess_images(self.images[start:stop], runner.preprocessing)
-            elif self.kind == "text":
-                yield runner.text_encoder()(self.texts[start:stop])
-            elif isinstance(self.array, Mapping):
-                yield {k: v[start:stop] for k, v in self.array.items()}
-            else:
-                yield self.array[start:stop]
+        """The model's inputs, ``size`` examples at a time (hydra-run's batching)."""
+        items = {"images": self.images, "text": self.texts}.get(self.kind, self.array)
+        for _, inputs in iter_batches(runner, self.kind, items, size):
+            yield inputs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,12 +124,7 @@ def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalDat
     if isinstance(x, Mapping):
         x = pick_inputs(x, _input_names(runner), f"{name}: {source}")
     else:
-        x = np.asarray(x)
-        from hydra_deploy.engines.runner import is_one_example
-
-        inputs = getattr(runner, "inputs", None)
-        if inputs and is_one_example(inputs[0], x.shape):  # one example without its batch axis
-            x = x[None]
+        x = with_batch_axis(np.asarray(x), runner)  # one example without its batch axis
     count = _rows(x, name)
     if count == 0:
         raise HydraError(f"{name} ({source}) is empty: it holds no examples")
@@ -276,7 +264,7 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
     if not path.exists():
         raise HydraError(f"{name}: {str(path)!r} does not exist")
     suffix = path.suffix.lower()
-    family = get_family(getattr(runner, "family", None) or "vit")
+    family = model_family(runner)
     if path.is_dir():
         if family.text:
             raise HydraError(f"{name}: {path} is an image folder, but MODEL is a text model")

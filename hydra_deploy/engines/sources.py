@@ -1,0 +1,282 @@
+"""Model inputs from files: the one reader of INPUT arguments, and the one way to batch them.
+
+``hydra-run``, ``hydra-score-dataset`` and ``hydra-eval`` take the same kinds of input, read by the
+same rules here:
+
+- image files and folders of images (searched recursively, sorted), for image models; they are
+  preprocessed from the export's ``hydra.json`` (:mod:`hydra_deploy.engines.preprocess`);
+- ``.txt`` files, one input per non-empty line, for text models (tokenized with the export's
+  tokenizer, :mod:`hydra_deploy.engines.text`);
+- ``.npy``/``.npz`` arrays of preprocessed inputs (which arrays of a ``.npz`` feed the model:
+  :func:`~hydra_deploy.engines.inputs.pick_inputs`), where the command takes them.
+
+:func:`read_source` sorts one argument into a :class:`Source`; :func:`iter_batches` and
+:func:`prepare` turn examples into the model's inputs; :func:`score_inputs` is hydra-run's loop
+(files in, one result per example out), callable from Python.
+
+numpy only (edge-safe).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.engines.inputs import pick_inputs
+from hydra_deploy.engines.scoring import score_batch
+from hydra_deploy.errors import RunnerError
+from hydra_deploy.families import Family, get_family
+
+__all__ = [
+    "ARRAY",
+    "ARRAY_SUFFIXES",
+    "IMAGES",
+    "TEXT",
+    "TEXT_SUFFIXES",
+    "Source",
+    "iter_batches",
+    "model_family",
+    "prepare",
+    "read_arrays",
+    "read_source",
+    "read_sources",
+    "score_inputs",
+    "with_batch_axis",
+]
+
+IMAGES, TEXT, ARRAY = "images", "text", "array"
+ARRAY_SUFFIXES = (".npy", ".npz")
+#: files that hold text: a text model reads ``.txt`` (one input per line); the others are refused
+#: with that advice, as are all of them for an image model
+TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".jsonl", ".json")
+
+
+@dataclass
+class Source:
+    """The examples of one INPUT argument: image paths, text lines or arrays, and their names
+    (``images/cat.jpg``, ``lines.txt:3``, ``batch.npy[0]``)."""
+
+    kind: str  # IMAGES | TEXT | ARRAY
+    names: list[str]
+    items: list[Path] | list[str] | np.ndarray | dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def model_family(runner: Any) -> Family:
+    """The family of a runner's model (an ONNX file without its hydra.json: an image model)."""
+    return get_family(getattr(runner, "family", None) or "vit")
+
+
+def with_batch_axis(array: np.ndarray, runner: Any) -> np.ndarray:
+    """``array``, with a batch axis added when it is one example of the model's first input."""
+    from hydra_deploy.engines.runner import is_one_example
+
+    inputs = getattr(runner, "inputs", None)
+    if inputs and is_one_example(inputs[0], array.shape):
+        return array[None]
+    return array
+
+
+def read_arrays(
+    path: Path, runner: Any, *, error: type[Exception] = RunnerError, prefix: str = ""
+) -> np.ndarray | dict[str, np.ndarray]:
+    """The model's inputs in a ``.npy``/``.npz`` file (a ``.npz``'s arrays picked by
+    :func:`~hydra_deploy.engines.inputs.pick_inputs`)."""
+    from hydra_deploy.arrays import read_array_file
+
+    data: Any = read_array_file(
+        path,
+        error=error,
+        prefix=prefix,
+        hint="give a complete .npy (np.save) or .npz (np.savez) of preprocessed numeric arrays",
+    )
+    if isinstance(data, dict):
+        return pick_inputs(data, tuple(getattr(runner, "input_names", ()) or ()), str(path))
+    return with_batch_axis(data, runner)
+
+
+def _count(data: np.ndarray | dict[str, np.ndarray]) -> tuple[int, tuple[int, ...]]:
+    first = next(iter(data.values())) if isinstance(data, dict) else data
+    return (len(first) if first.ndim else 0), first.shape
+
+
+def read_source(
+    path: str | os.PathLike,
+    family: Family,
+    *,
+    model: str = "MODEL",
+    runner: Any = None,
+    arrays_elsewhere: str | None = None,
+) -> Source:
+    """One INPUT argument as a :class:`Source`; a :class:`RunnerError` for what the model cannot
+    take. ``model`` names the model argument in messages; ``runner`` (its inputs) is needed to
+    read arrays, and without it an array file is refused with ``arrays_elsewhere`` (the advice)."""
+    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    takes_arrays = runner is not None
+    if not path.exists():
+        raise RunnerError(f"input {str(path)!r} does not exist")
+    if path.is_dir() or suffix in IMAGE_SUFFIXES:
+        if family.input_kind != IMAGES:
+            raise RunnerError(
+                f"{path}: images need a vision model; {model} is a {family.name} model (give "
+                + (".txt files or .npy/.npz token ids)" if takes_arrays else ".txt files)")
+            )
+        images = find_images([path])
+        return Source(IMAGES, [str(p) for p in images], images)
+    if suffix in ARRAY_SUFFIXES:
+        if not takes_arrays:
+            raise RunnerError(f"{path}: {arrays_elsewhere or 'array files are not read here'}")
+        data = read_arrays(path, runner)
+        count, shape = _count(data)
+        if count == 0:
+            raise RunnerError(
+                f"the array file {path} holds no examples (shape {shape}); give 1 or more examples"
+            )
+        return Source(ARRAY, [f"{path}[{i}]" for i in range(count)], data)
+    if suffix == ".txt" and family.text:
+        from hydra_deploy.engines.text import read_lines
+
+        lines = read_lines(path)
+        return Source(TEXT, [f"{path}:{i}" for i in range(1, len(lines) + 1)], lines)
+    if suffix in TEXT_SUFFIXES:
+        if family.text:
+            what = "text models read .txt files (one input per line)"
+        elif takes_arrays:
+            what = (
+                f"text inputs are for text models; {model} is a {family.name} model taking "
+                f"{runner.inputs[0].describe()}: give image files, folders or preprocessed "
+                ".npy/.npz arrays"
+            )
+        else:
+            what = (
+                f"text inputs are for text models; {model} is a {family.name} model: give image "
+                "files or folders"
+            )
+        raise RunnerError(f"{path} looks like text: {what}")
+    if family.text:
+        wanted = ".txt files (one input per line)" + (
+            ", or .npy/.npz arrays of token ids" if takes_arrays else ""
+        )
+    else:
+        images = f"image files ({', '.join(IMAGE_SUFFIXES)})"
+        wanted = (
+            f"{images}, folders of images, or .npy/.npz arrays"
+            if takes_arrays
+            else f"{images} or folders of images"
+        )
+    raise RunnerError(f"cannot tell what {str(path)!r} is: give {wanted}")
+
+
+def read_sources(
+    paths: Sequence[str | os.PathLike],
+    family: Family,
+    *,
+    model: str = "MODEL",
+    runner: Any = None,
+    arrays_elsewhere: str | None = None,
+) -> list[Source]:
+    """:func:`read_source` of each INPUT argument, in order."""
+    return [
+        read_source(path, family, model=model, runner=runner, arrays_elsewhere=arrays_elsewhere)
+        for path in paths
+    ]
+
+
+def prepare(runner: Any, kind: str, items: Any, encoder: Any = None) -> Any:
+    """The model's inputs for a batch of examples of one kind: image paths preprocessed from the
+    export's config, texts tokenized (``encoder``: the runner's, made once by the caller), arrays
+    as they are."""
+    if kind == IMAGES:
+        from hydra_deploy.engines.preprocess import preprocess_images
+
+        return preprocess_images(items, runner.preprocessing)
+    if kind == TEXT:
+        return (encoder or runner.text_encoder())(items)
+    return items
+
+
+def iter_batches(runner: Any, kind: str, items: Any, size: int) -> Iterator[tuple[slice, Any]]:
+    """``(rows, model inputs)`` for consecutive batches of at most ``size`` examples."""
+    encoder = runner.text_encoder() if kind == TEXT else None  # one tokenizer for every batch
+    count = len(next(iter(items.values()))) if isinstance(items, Mapping) else len(items)
+    for start in range(0, count, size):
+        rows = slice(start, min(start + size, count))
+        if isinstance(items, Mapping):
+            chunk: Any = {name: value[rows] for name, value in items.items()}
+        else:
+            chunk = items[rows]
+        yield rows, prepare(runner, kind, chunk, encoder)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def score_inputs(
+    runner: Any,
+    paths: Sequence[str | os.PathLike],
+    batch_size: int | None = None,
+    top_k: int = 1,
+    texts: Sequence[str] | None = None,
+    allow_nonfinite: bool = False,
+) -> list[dict[str, Any]]:
+    """Run ``runner`` over the INPUT paths (and ``texts``, for a text model); one result dict per
+    example, in input order: ``input``, ``prediction``, ``label`` and every scalar score (and
+    ``top_k`` when ``top_k`` > 1).
+
+    ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
+    example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
+    from hydra_deploy.uncertainty import SCALAR_SCORES
+
+    family = model_family(runner)
+    sources = read_sources(paths, family, runner=runner)
+    if texts:
+        if not family.text:
+            raise RunnerError(f"--text needs a text model; MODEL is a {runner.family} model")
+        sources.append(Source(TEXT, [f"text[{i}]" for i in range(len(texts))], list(texts)))
+    if not sources:
+        raise RunnerError("nothing to run: give INPUT files or --text")
+    if any(s.kind == IMAGES for s in sources) and not runner.preprocessing:
+        raise RunnerError(
+            f"{runner.path} comes without its hydra.json, so images cannot be preprocessed for it: "
+            "run the export folder (or keep hydra.json beside the file), or pass .npy/.npz arrays"
+        )
+    size = batch_size or runner.max_batch or 32
+    names = runner.class_names
+    results: list[dict[str, Any]] = []
+    for source in sources:
+        for rows, batch in iter_batches(runner, source.kind, source.items, size):
+            scores = score_batch(
+                runner, batch, batch_size=batch_size, allow_nonfinite=allow_nonfinite
+            )
+            k = max(1, min(top_k, scores["probs"].shape[1]))
+            top = np.argsort(-scores["probs"], axis=1, kind="stable")[:, :k]
+            for row, label in enumerate(source.names[rows]):
+                prediction = int(scores["prediction"][row])
+                result: dict[str, Any] = {
+                    "input": label,
+                    "prediction": prediction,
+                    "label": names[prediction] if names and prediction >= 0 else None,
+                }
+                result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
+                if top_k > 1:
+                    result["top_k"] = [
+                        {
+                            "class": int(c),
+                            "label": names[c] if names else None,
+                            "prob": _finite_or_none(scores["probs"][row, c]),
+                        }
+                        for c in top[row]
+                    ]
+                results.append(result)
+    return results
