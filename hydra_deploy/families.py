@@ -211,10 +211,10 @@ register(
         prefix="openclip",
         # open_clip's CLIP, or our ZeroShotClassifier wrapping its image tower
         module_origins=("open_clip", "hydra_deploy.backbones.openclip"),
-        loader="hydra_deploy.backbones.openclip:load_openclip",
-        wrapper="hydra_deploy.backbones.openclip:wrap_openclip",
+        loader="hydra_deploy.backbones.openclip.loading:load_openclip",
+        wrapper="hydra_deploy.backbones.openclip.loading:wrap_openclip",
         fused_class="hydra_deploy.fusion.openclip:HydraOpenClip",
-        rebuild="hydra_deploy.backbones.openclip:rebuild_openclip",
+        rebuild="hydra_deploy.backbones.openclip.loading:rebuild_openclip",
         member_layout={
             "embeds": (
                 "visual.conv1",

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from hydra_deploy.backbones.base import BackboneAdapter
-from hydra_deploy.backbones.openclip import zero_shot_logits
+from hydra_deploy.backbones.openclip.zero_shot import zero_shot_logits
 from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import DEFAULT_LOWERING, GroupedLinear
 from hydra_deploy.fusion.layers import (

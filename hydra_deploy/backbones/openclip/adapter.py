@@ -1,0 +1,313 @@
+"""The OpenCLIP adapter: what the fused model supports of an image tower, and the common interface
+over a :class:`~hydra_deploy.backbones.openclip.zero_shot.ZeroShotClassifier`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.openclip.attention import GatedMultiheadAttention, install_gates
+from hydra_deploy.backbones.openclip.zero_shot import ZeroShotClassifier
+from hydra_deploy.errors import BackboneError, UnsupportedModelError
+
+logger = logging.getLogger("hydra_deploy")
+
+#: open_clip's eval ``resize_mode`` -> timm's ``crop_mode`` (with ``crop_pct=1.0``).
+_CROP_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
+SUPPORTED_POOLS = ("tok", "avg")
+
+
+def _is_identity(module: nn.Module | None) -> bool:
+    return module is None or isinstance(module, nn.Identity)
+
+
+def check_supported(visual: nn.Module) -> None:
+    """Raise UnsupportedModelError naming every feature of the image tower the fused model lacks."""
+    from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
+
+    if not isinstance(visual, VisionTransformer):
+        kind = type(visual).__name__
+        hint = {
+            "ModifiedResNet": "ResNet image towers (RN50, ...) have no attention heads to prune",
+            "TimmModel": "timm-based image towers (ConvNeXt, ...) are not supported",
+        }.get(kind, "only open_clip's VisionTransformer image tower is supported")
+        raise UnsupportedModelError(f"the OpenCLIP image tower is a {kind}: {hint}")
+    problems: list[str] = []
+    if getattr(visual, "attn_pool", None) is not None:
+        problems.append("attentional pooling (CoCa-style attn_pool)")
+    if visual.pool_type not in SUPPORTED_POOLS:
+        problems.append(f"pool_type={visual.pool_type!r} (supported: {', '.join(SUPPORTED_POOLS)})")
+    if visual.proj is None:
+        problems.append("no output projection (proj=None)")
+    if not getattr(visual.transformer, "batch_first", True):
+        problems.append("a sequence-first (batch_first=False) transformer; update open_clip")
+    if not (_is_identity(visual.ln_pre) or isinstance(visual.ln_pre, nn.LayerNorm)):
+        problems.append(f"ln_pre is {type(visual.ln_pre).__name__}")
+    if not isinstance(visual.ln_post, nn.LayerNorm):
+        problems.append(f"ln_post is {type(visual.ln_post).__name__}")
+    heads = set()
+    for index, block in enumerate(visual.transformer.resblocks):
+        where = f"block {index}"
+        if type(block) is not ResidualAttentionBlock:
+            problems.append(
+                f"{where} is {type(block).__name__} (custom blocks: qk_norm, scaled cosine "
+                "attention, head scaling); only ResidualAttentionBlock is supported"
+            )
+            continue
+        if hasattr(block, "ln_1_kv"):
+            problems.append(f"{where}: cross-attention")
+        attn = block.attn
+        if not isinstance(attn, (nn.MultiheadAttention, GatedMultiheadAttention)):
+            problems.append(f"{where}: attention {type(attn).__name__}")
+            continue
+        heads.add((attn.num_heads, attn.head_dim))
+        for norm_name in ("ln_1", "ln_2"):
+            if not isinstance(getattr(block, norm_name), nn.LayerNorm):
+                problems.append(f"{where}: {norm_name} is not a LayerNorm")
+        for ls_name in ("ls_1", "ls_2"):
+            ls = getattr(block, ls_name)
+            if not (_is_identity(ls) or hasattr(ls, "gamma")):
+                problems.append(f"{where}: {ls_name} is {type(ls).__name__}")
+        mlp = block.mlp
+        if not (
+            isinstance(getattr(mlp, "c_fc", None), nn.Linear)
+            and isinstance(getattr(mlp, "c_proj", None), nn.Linear)
+            and len(mlp) == 3
+        ):
+            problems.append(f"{where}: the MLP is not c_fc -> activation -> c_proj")
+    if len(heads) > 1:
+        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
+    if len(visual.transformer.resblocks) == 0:
+        problems.append("the image tower has no transformer blocks")
+    if problems:
+        raise UnsupportedModelError(
+            "this OpenCLIP image tower uses features the fused Hydra model does not implement: "
+            + "; ".join(problems)
+        )
+
+
+class OpenClipAdapter(BackboneAdapter):
+    """An OpenCLIP image tower with a zero-shot classifier, seen through the common interface.
+
+    Build it with :func:`load_openclip` (a model name) or :func:`wrap_openclip` (a built model).
+    """
+
+    family = "openclip"
+
+    def __init__(
+        self,
+        classifier: ZeroShotClassifier,
+        name: str,
+        weights: str = "random",
+        model_name: str | None = None,
+        templates: Sequence[str] | None = None,
+    ) -> None:
+        if not isinstance(classifier, ZeroShotClassifier):
+            raise BackboneError(
+                f"OpenClipAdapter wraps a ZeroShotClassifier, got {type(classifier).__name__}; "
+                "use load_openclip or wrap_openclip"
+            )
+        visual = classifier.visual
+        check_supported(visual)
+        install_gates(visual)
+        self.module = classifier.eval()
+        self.name = name
+        self.weights = weights
+        self.model_name = model_name
+        self.templates = None if templates is None else list(templates)
+        self.class_names = classifier.class_names
+        first = visual.transformer.resblocks[0]
+        self.num_layers = len(visual.transformer.resblocks)
+        self.num_heads = first.attn.num_heads
+        self.head_dim = first.attn.head_dim
+        self.embed_dim = visual.transformer.width
+        self.output_dim = int(visual.proj.shape[1])
+        self.num_classes = classifier.num_classes
+        self.mlp_hidden = first.mlp.c_fc.out_features
+        self.img_size = tuple(int(s) for s in visual.image_size)
+        self.patch_size = tuple(int(s) for s in visual.patch_size)
+        self.in_chans = visual.conv1.in_channels
+        self.num_patches = visual.grid_size[0] * visual.grid_size[1]
+        self.num_prefix_tokens = 1
+        self.num_tokens = self.num_patches + 1
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def visual(self) -> nn.Module:
+        return self.module.visual
+
+    def _gate_targets(self) -> list[nn.Module]:
+        return [block.attn.out_proj for block in self.visual.transformer.resblocks]
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        visual = self.visual
+        x = visual.conv1(inputs)  # [B, D, gh, gw]
+        x = x.flatten(2).transpose(1, 2)  # [B, P, D]
+        cls = visual.class_embedding.to(x.dtype).view(1, 1, -1).expand(x.shape[0], -1, -1)
+        x = torch.cat([cls, x], dim=1) + visual.positional_embedding.to(x.dtype)
+        return visual.ln_pre(visual.patch_dropout(x))  # [B, N, D]
+
+    def run_layers(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        for block in self.visual.transformer.resblocks[start:stop]:
+            hidden = block(hidden)
+        return hidden
+
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, N, D] -> [B, D]: the class token ('tok') or the mean of the patch tokens ('avg')."""
+        return hidden[:, 0] if self.visual.pool_type == "tok" else hidden[:, 1:].mean(dim=1)
+
+    def classify(self, hidden: torch.Tensor) -> torch.Tensor:
+        visual = self.visual
+        if visual.final_ln_after_pool:
+            pooled = visual.ln_post(self.pool(hidden))
+        else:
+            pooled = self.pool(visual.ln_post(hidden))
+        return self.module.logits(pooled @ visual.proj)
+
+    def attention_weights(self, layer: int) -> AttentionWeights:
+        attn = self.visual.transformer.resblocks[layer].attn
+        H, hd, D = self.num_heads, self.head_dim, self.embed_dim
+        qkv_w = attn.in_proj_weight.detach().view(3, H, hd, D)
+        qkv_b = None if attn.in_proj_bias is None else attn.in_proj_bias.detach().view(3, H, hd)
+        proj_b = attn.out_proj.bias
+        return AttentionWeights(
+            q=qkv_w[0],
+            k=qkv_w[1],
+            v=qkv_w[2],
+            q_bias=None if qkv_b is None else qkv_b[0],
+            k_bias=None if qkv_b is None else qkv_b[1],
+            v_bias=None if qkv_b is None else qkv_b[2],
+            proj=attn.out_proj.weight.detach().view(D, H, hd),
+            proj_bias=None if proj_b is None else proj_b.detach(),
+        )
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)
+
+    # ---------------------------------------------------------------------------------------------
+    def preprocess_cfg(self) -> dict[str, Any]:
+        """open_clip's preprocessing config of the model (its defaults where the model has none)."""
+        from dataclasses import asdict
+
+        from open_clip.transform import PreprocessCfg
+
+        config = asdict(PreprocessCfg())
+        config.update(getattr(self.visual, "preprocess_cfg", None) or {})
+        config["size"] = self.img_size
+        return config
+
+    def data_config(self) -> dict[str, Any]:
+        """Preprocessing as a timm data config, equal to open_clip's eval transform.
+
+        open_clip's eval transform is: resize (bicubic for the released models) so the shorter
+        side is the input size, center-crop, scale to [0, 1], normalise with the model's
+        ``image_mean`` / ``image_std``. As a timm config that is ``crop_pct=1.0`` with
+        ``crop_mode="center"`` (open_clip's ``resize_mode="shortest"``; ``"squash"`` maps to
+        ``"squash"``, ``"longest"`` to ``"border"``, whose padding colour differs).
+        """
+        config = self.preprocess_cfg()
+        resize_mode = config.get("resize_mode", "shortest")
+        if resize_mode not in _CROP_MODES:
+            raise UnsupportedModelError(
+                f"open_clip resize_mode {resize_mode!r} has no timm equivalent "
+                f"(supported: {', '.join(_CROP_MODES)})"
+            )
+        return {
+            "input_size": (self.in_chans, *self.img_size),
+            "interpolation": str(config.get("interpolation", "bicubic")),
+            "mean": tuple(float(v) for v in config["mean"]),
+            "std": tuple(float(v) for v in config["std"]),
+            "crop_pct": 1.0,
+            "crop_mode": _CROP_MODES[resize_mode],
+        }
+
+    def constructor_kwargs(self) -> dict[str, Any]:
+        """JSON-able arguments that rebuild this image tower and classifier (see rebuild_openclip).
+
+        Weights are not included: the rebuilt model has placeholder weights to load a state dict into.
+        """
+        from open_clip.transformer import QuickGELU
+
+        visual = self.visual
+        block = visual.transformer.resblocks[0]
+        act = block.mlp[1]
+        if isinstance(act, QuickGELU):
+            quick_gelu, approximate = True, "none"
+        elif type(act) is nn.GELU:
+            quick_gelu, approximate = False, act.approximate
+        else:
+            raise UnsupportedModelError(
+                f"cannot record how to rebuild an MLP activation {type(act).__name__} "
+                "(only GELU and QuickGELU)"
+            )
+        preprocess = self.preprocess_cfg()
+        return {
+            "image_size": list(self.img_size),
+            "patch_size": list(self.patch_size),
+            "width": self.embed_dim,
+            "layers": self.num_layers,
+            "heads": self.num_heads,
+            # +0.5: open_clip takes int(width * mlp_ratio), which must give mlp_hidden exactly
+            "mlp_ratio": (self.mlp_hidden + 0.5) / self.embed_dim,
+            "ls_init_value": 1.0 if hasattr(block.ls_1, "gamma") else None,
+            "output_dim": self.output_dim,
+            "pool_type": visual.pool_type,
+            "final_ln_after_pool": bool(visual.final_ln_after_pool),
+            "no_ln_pre": _is_identity(visual.ln_pre),
+            "quick_gelu": quick_gelu,
+            "gelu_approximate": approximate,
+            "layer_norm_eps": float(block.ln_1.eps),
+            "num_classes": self.num_classes,
+            "logit_bias": self.module.logit_bias is not None,
+            "preprocess_cfg": {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in preprocess.items()
+            },
+        }
+
+    def backbone_kwargs(self) -> dict[str, Any]:
+        """What an export folder records to rebuild the model: name, classes, templates, tower."""
+        return {
+            "name": self.name,
+            "model_name": self.model_name,
+            "classes": list(self.class_names or []),
+            "templates": None if self.templates is None else list(self.templates),
+            "weights": self.weights,
+            "vision": self.constructor_kwargs(),
+        }
+
+    # ---------------------------------------------------------------------------------------------
+    def macs(
+        self,
+        layer_heads: Sequence[Sequence[int]] | None = None,
+        embed_streams: int = 1,
+        head_streams: int = 1,
+    ) -> int:
+        """Multiply-accumulates per image (the text side is computed once, offline: not counted).
+
+        ``layer_heads[l]`` lists the kept-head count of every residual stream computed in layer l
+        (the single model: ``[[num_heads]] * num_layers``); the MLP runs once per stream.
+        ``embed_streams`` / ``head_streams``: how many patch embeddings / heads (projection to the
+        joint space and the class-weight product) run.
+        """
+        if layer_heads is None:
+            layer_heads = [[self.num_heads]] * self.num_layers
+        N, D, hd = self.num_tokens, self.embed_dim, self.head_dim
+        ph, pw = self.patch_size
+        patch = self.num_patches * self.in_chans * ph * pw * D
+        head = D * self.output_dim + self.output_dim * self.num_classes
+        total = embed_streams * patch + head_streams * head
+        for streams in layer_heads:
+            for kept in streams:
+                width = kept * hd
+                total += N * D * 3 * width  # Q, K, V projections
+                total += 2 * kept * N * N * hd  # scores and weighted sum
+                total += N * width * D  # output projection
+                total += 2 * N * D * self.mlp_hidden  # MLP
+        return int(total)
