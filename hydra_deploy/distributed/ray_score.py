@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.optional import require
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
 logger = logging.getLogger("hydra_deploy")
@@ -77,7 +78,6 @@ CONNECT_TIMEOUT_S = 5.0
 #: Test hook: seconds each actor sleeps after every batch (so that a test can kill a run midway).
 TEST_DELAY_ENV = "HYDRA_SCORE_DATASET_TEST_DELAY_S"
 SCALAR_COLUMNS = SCALAR_SCORES
-INSTALL = "pip install 'hydra-deploy[ray]'"
 
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
 _TEMP_RE = re.compile(r"^\.(part-\d{5,}\.parquet|" + re.escape(MANIFEST) + r")\..*\.tmp$")
@@ -538,19 +538,18 @@ def write_part(out: Path, table, shard: int) -> Path:
 
 
 # --- Ray ---------------------------------------------------------------------------------------------
+def _pyarrow_numpy_hint(err: BaseException) -> str | None:
+    if "numpy" in str(err).lower():
+        return "pyarrow 26 and later need NumPy 2; with numpy<2 install 'pyarrow>=17,<26'"
+    return None
+
+
 def _import_ray():
-    try:
-        import pyarrow  # noqa: F401  (Ray Data needs it; its ImportError is the clearer one)
-        import ray
-        import ray.data
-    except ImportError as err:
-        hint = ""
-        if "numpy" in str(err).lower():
-            hint = " (pyarrow 26 and later need NumPy 2; with numpy<2 install 'pyarrow>=17,<26')"
-        raise ServeError(
-            f"hydra-score-dataset needs Ray Data and pyarrow ({err}){hint}: {INSTALL}"
-        ) from err
-    return ray
+    purpose = "hydra-score-dataset"
+    # pyarrow first: Ray Data needs it, and its ImportError is the clearer one
+    require("pyarrow", purpose=purpose, error=ServeError, extra_hint=_pyarrow_numpy_hint)
+    require("ray.data", purpose=purpose, error=ServeError)
+    return require("ray", purpose=purpose, error=ServeError)
 
 
 def check_address(address: str) -> None:

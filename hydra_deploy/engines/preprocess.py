@@ -26,20 +26,19 @@ import numpy as np
 
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import INTERPOLATIONS
+from hydra_deploy.optional import require
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 DEFAULT_CROP_PCT = 0.875  # timm's default when crop_pct is None
 
 
 def _pil():
-    try:
-        from PIL import Image
-    except ImportError as err:
-        raise RunnerError(
-            "reading images needs Pillow: pip install pillow (or pass preprocessed .npy/.npz "
-            "arrays instead of image files)"
-        ) from err
-    return Image
+    return require(
+        "PIL.Image",
+        purpose="reading images",
+        error=RunnerError,
+        extra_hint="or pass preprocessed .npy/.npz arrays instead of image files",
+    )
 
 
 def check_config(config: dict[str, Any] | None) -> dict[str, Any]:

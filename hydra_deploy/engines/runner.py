@@ -56,6 +56,7 @@ from hydra_deploy.export_folder import (
     parse_batch_profile,
     read_info,
 )
+from hydra_deploy.optional import require
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -542,14 +543,12 @@ def _cast(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
 
 # --- ONNX Runtime ----------------------------------------------------------------------------------
 def _import_ort():
-    try:
-        import onnxruntime
-    except ImportError as err:
-        raise RunnerError(
-            "ONNX Runtime is not installed: pip install onnxruntime (CPU) or onnxruntime-gpu "
-            "(CUDA), or run a TensorRT engine file instead"
-        ) from err
-    return onnxruntime
+    return require(
+        "onnxruntime",
+        purpose="running .onnx files",
+        error=RunnerError,
+        extra_hint="or run a TensorRT engine file instead",
+    )
 
 
 def ort_tensorrt_cache_dir() -> Path:
@@ -701,26 +700,20 @@ def _session_error(path: Path, err: Exception, info: dict[str, Any] | None) -> s
 
 # --- TensorRT ------------------------------------------------------------------------------------
 def _import_tensorrt():
-    try:
-        import tensorrt
-    except ImportError as err:
-        raise RunnerError(
-            f"TensorRT is not installed ({err}): install it on a machine with an NVIDIA GPU "
-            "(pip install 'hydra-deploy[trt]'; JetPack ships it on a Jetson), or run the .onnx "
-            "file with ONNX Runtime instead: load_runner('EXPORT_DIR') / hydra-run EXPORT_DIR"
-        ) from err
-    return tensorrt
+    return require(
+        "tensorrt",
+        purpose="running TensorRT engines (on an NVIDIA GPU)",
+        error=RunnerError,
+        extra_hint="or run the .onnx file with ONNX Runtime instead: load_runner('EXPORT_DIR') / "
+        "hydra-run EXPORT_DIR",
+    )
 
 
 def _trt_runner_class():
-    try:
-        from polygraphy.backend.trt import TrtRunner
-    except ImportError as err:
-        raise RunnerError(
-            f"running TensorRT engines needs Polygraphy ({err}): pip install polygraphy "
-            "(part of 'hydra-deploy[trt]')"
-        ) from err
-    return TrtRunner
+    poly_trt = require(
+        "polygraphy.backend.trt", purpose="running TensorRT engines", error=RunnerError
+    )
+    return poly_trt.TrtRunner
 
 
 # TensorRT DataType members numpy has no type for (tensorrt.nptype raises TypeError on them)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
-import importlib
 import logging
 import os
 import re
@@ -43,14 +42,15 @@ from hydra_deploy.engines.trtexec import (
     trtexec_command,
 )
 from hydra_deploy.errors import EngineError
+from hydra_deploy.optional import install_command, missing_message, require
 
 log = logging.getLogger("hydra_deploy.engines")
 
 SIDECAR_FORMAT = "hydra-engine/1"
-INSTALL_HINT = (
-    'pip install "hydra-deploy[trt]" (the tensorrt wheels fetch their libraries from NVIDIA\'s '
-    "index, pypi.nvidia.com; on a Jetson TensorRT comes with JetPack)"
-)
+#: this module's install hints quote the extra with " (every shell, Windows' cmd too), as the
+#: tests of the build's messages pin it: pip install "hydra-deploy[trt]"
+_QUOTE = '"'
+_PURPOSE = "building TensorRT engines"
 
 
 # --- the GPU and TensorRT at hand ---------------------------------------------------------------------
@@ -126,10 +126,7 @@ def detect_gpu(device: int = 0) -> GpuInfo:
 
 def tensorrt_version() -> str:
     """The installed TensorRT's version; EngineError (install hint) when it is missing."""
-    try:
-        import tensorrt
-    except (ImportError, OSError) as err:  # OSError: the wheel is there, its libraries are not
-        raise EngineError(f"TensorRT is not installed ({err}); {INSTALL_HINT}") from err
+    tensorrt = require("tensorrt", purpose=_PURPOSE, error=EngineError, quote=_QUOTE)
     return str(tensorrt.__version__)
 
 
@@ -294,14 +291,8 @@ def plan_build(
 # --- running it ---------------------------------------------------------------------------------------------
 def _import_polygraphy_trt():
     """tensorrt and Polygraphy's TensorRT backend, or EngineError with the install hint."""
-    try:
-        import tensorrt as trt
-    except (ImportError, OSError) as err:
-        raise EngineError(f"TensorRT is not installed ({err}); {INSTALL_HINT}") from err
-    try:
-        poly_trt = importlib.import_module("polygraphy.backend.trt")
-    except ImportError as err:
-        raise EngineError(f"Polygraphy is not installed ({err}); {INSTALL_HINT}") from err
+    trt = require("tensorrt", purpose=_PURPOSE, error=EngineError, quote=_QUOTE)
+    poly_trt = require("polygraphy.backend.trt", purpose=_PURPOSE, error=EngineError, quote=_QUOTE)
     return trt, poly_trt
 
 
@@ -468,7 +459,7 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     except TypeError as err:
         raise EngineError(
             f"TensorRT returned {type(serialized).__name__}, not a serialized engine; check the "
-            'TensorRT and Polygraphy versions (pip install "hydra-deploy[trt]")'
+            f"TensorRT and Polygraphy versions ({install_command('tensorrt', quote=_QUOTE)})"
         ) from err
     if data is None or data.nbytes == 0:
         raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
@@ -521,13 +512,17 @@ def missing_tensorrt_message(source: ExportSource, precision: str | None) -> str
         command = trtexec_command(source, precision=precision, trt=generation).shell
     except EngineError:
         command = None
-    line = f"TensorRT is not installed; {INSTALL_HINT}"
-    if command:
-        line += (
-            f", or build on the target with trtexec (hydra-build EXPORT_DIR --trtexec prints the "
+    return missing_message(
+        "tensorrt",
+        purpose=_PURPOSE,
+        quote=_QUOTE,
+        extra_hint=(
+            "or build on the target with trtexec (hydra-build EXPORT_DIR --trtexec prints the "
             f"line for each TensorRT version): {command}"
         )
-    return line
+        if command
+        else None,
+    )
 
 
 def build_engine(

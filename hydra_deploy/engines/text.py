@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.optional import require
 
 TOKENIZER_FILE = "tokenizer.json"
 #: The inputs a text export may take, in the order of its graph.
@@ -35,13 +36,7 @@ class TextEncoder:
         vocab_size: int | None = None,
         input_names: Sequence[str] = ("input_ids", "attention_mask"),
     ) -> None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as err:
-            raise RunnerError(
-                "reading text needs the tokenizers package: pip install tokenizers "
-                "(or pip install 'hydra-deploy[text]')"
-            ) from err
+        Tokenizer = require("tokenizers", purpose="reading text", error=RunnerError).Tokenizer
         path = Path(tokenizer_json)
         if not path.is_file():
             raise RunnerError(

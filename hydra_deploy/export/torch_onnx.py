@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import warnings
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hydra_deploy.errors import ExportError
+from hydra_deploy.optional import missing, missing_message
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -31,11 +31,17 @@ PROTOBUF_LIMIT = 2**31 - 1
 def resolve_exporter(exporter: str) -> str:
     if exporter not in EXPORTERS:
         raise ExportError(f"unknown exporter {exporter!r}; choose one of {EXPORTERS}")
-    has_onnxscript = importlib.util.find_spec("onnxscript") is not None
+    has_onnxscript = not missing("onnxscript")
     if exporter == "auto":
         return "dynamo" if has_onnxscript else "torchscript"
     if exporter == "dynamo" and not has_onnxscript:
-        raise ExportError("the dynamo exporter needs onnxscript: pip install onnxscript")
+        raise ExportError(
+            missing_message(
+                "onnxscript",
+                purpose="the dynamo exporter",
+                extra_hint="or use the torchscript exporter (hydra-export --exporter torchscript)",
+            )
+        )
     return exporter
 
 

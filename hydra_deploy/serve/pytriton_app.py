@@ -53,12 +53,12 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.optional import require
 from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
 logger = logging.getLogger("hydra_deploy")
 
-INSTALL_HINT = "pip install 'hydra-deploy[serve]'"
 SCALAR_OUTPUTS = SCALAR_SCORES
 OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
 #: seconds Triton waits for in-flight requests (and open client connections) when stopping;
@@ -156,15 +156,7 @@ def check_ports_free(host: str, ports: dict[str, int]) -> None:
 
 # --- the Python that Triton's backend stub runs ------------------------------------------------
 def _import_pytriton():
-    try:
-        import pytriton  # noqa: F401
-        from pytriton.triton import Triton
-    except ImportError as err:
-        raise ServeError(
-            f"hydra-serve needs PyTriton ({err}): {INSTALL_HINT} (Linux; it brings the Triton "
-            "server binary)"
-        ) from None
-    return Triton
+    return require("pytriton.triton", purpose="hydra-serve", error=ServeError).Triton
 
 
 def _stub_versions() -> list[str]:

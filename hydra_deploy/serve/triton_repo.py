@@ -45,6 +45,7 @@ from typing import Any
 from hydra_deploy.atomic import atomic_write_text, staging_dir
 from hydra_deploy.errors import HydraError, ServeError
 from hydra_deploy.export_folder import MODEL_FILE, parse_batch_profile, read_info
+from hydra_deploy.optional import require
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -167,13 +168,13 @@ def parse_config(text: str) -> Any:
 
     Raises :class:`ServeError` naming the parser's complaint.
     """
-    try:
-        from google.protobuf import text_format
-        from tritonclient.grpc import model_config_pb2
-    except ImportError as err:
-        raise ServeError(
-            f"parsing a Triton config needs tritonclient ({err}); pip install 'hydra-deploy[serve]'"
-        ) from err
+    model_config_pb2 = require(
+        "tritonclient.grpc.model_config_pb2",
+        purpose="parsing a Triton config",
+        error=ServeError,
+    )
+    from google.protobuf import text_format  # tritonclient's dependency: there when it is
+
     try:
         return text_format.Parse(text, model_config_pb2.ModelConfig())
     except text_format.ParseError as err:

@@ -10,15 +10,11 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError
+from hydra_deploy.optional import require
 
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as err:
-        raise HydraError(
-            "plots need matplotlib: pip install 'hydra-deploy[eval]' (or pip install matplotlib)"
-        ) from err
+    matplotlib = require("matplotlib", purpose="drawing plots", error=HydraError)
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
