@@ -82,8 +82,6 @@ SCALAR_COLUMNS = SCALAR_SCORES
 _PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
 _TEMP_RE = re.compile(r"^\.(part-\d{5,}\.parquet|" + re.escape(MANIFEST) + r")\..*\.tmp$")
 _UDF_SUFFIX = "\nFailed to apply UDF transform"  # what Ray Data appends to a UDF's message
-_TEXT_SUFFIXES = (".txt",)
-_ARRAY_SUFFIXES = (".npy", ".npz")
 
 
 def part_name(shard: int) -> str:
@@ -190,12 +188,12 @@ def _digest(labels: Sequence[str], sources: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def collect_items(kind: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[str], list[str]]:
-    """The INPUT arguments -> (labels, sources) in input order; RunnerError for what the model
-    cannot take. ``kind`` is ``"images"`` (files and folders, as hydra-run finds them) or
-    ``"text"`` (``.txt`` files, one example per non-empty line)."""
-    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
-    from hydra_deploy.engines.text import read_lines
+def collect_items(family: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[str], list[str]]:
+    """The INPUT arguments -> (labels, sources) in input order, read as hydra-run reads them
+    (:func:`hydra_deploy.engines.sources.read_source`), arrays refused. ``family`` is the
+    export's; sources are absolute image paths (image models) or the lines of ``.txt`` files."""
+    from hydra_deploy.engines.sources import IMAGES, read_sources
+    from hydra_deploy.families import get_family
 
     if not inputs:
         raise RunnerError(
@@ -203,38 +201,18 @@ def collect_items(kind: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[
         )
     labels: list[str] = []
     sources: list[str] = []
-    for entry in map(Path, inputs):
-        suffix = entry.suffix.lower()
-        if not entry.exists():
-            raise RunnerError(f"input {str(entry)!r} does not exist")
-        if entry.is_dir() or suffix in IMAGE_SUFFIXES:
-            if kind != "images":
-                raise RunnerError(
-                    f"{entry}: images need a vision model; EXPORT_DIR is a text model (give .txt files)"
-                )
-            for path in find_images([entry]):
-                labels.append(str(path))
-                sources.append(os.path.abspath(path))
-        elif suffix in _TEXT_SUFFIXES:
-            if kind != "text":
-                raise RunnerError(
-                    f"{entry} looks like text: text inputs are for text models; EXPORT_DIR is a "
-                    "vision model: give image files or folders"
-                )
-            lines = read_lines(entry)
-            labels += [f"{entry}:{i}" for i in range(1, len(lines) + 1)]
-            sources += lines
-        elif suffix in _ARRAY_SUFFIXES:
-            raise RunnerError(
-                f"{entry}: hydra-score-dataset reads image files and folders (and .txt files for "
-                "text models); score preprocessed .npy/.npz arrays with hydra-run"
-            )
+    for source in read_sources(
+        inputs,
+        get_family(family),
+        model="EXPORT_DIR",
+        arrays_elsewhere="hydra-score-dataset reads image files and folders (and .txt files "
+        "for text models); score preprocessed .npy/.npz arrays with hydra-run",
+    ):
+        labels += source.names
+        if source.kind == IMAGES:
+            sources += [os.path.abspath(path) for path in source.items]
         else:
-            what = "image files (" + ", ".join(IMAGE_SUFFIXES) + ") or folders of images"
-            raise RunnerError(
-                f"cannot tell what {str(entry)!r} is: give "
-                + (what if kind == "images" else ".txt files with one input per line")
-            )
+            sources += list(source.items)
     return labels, sources
 
 
@@ -453,14 +431,11 @@ class HydraScorer:
         self.delay_s = float(delay_s)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from hydra_deploy.engines.preprocess import preprocess_images
         from hydra_deploy.engines.scoring import score_batch
+        from hydra_deploy.engines.sources import prepare
 
         sources = [str(s) for s in batch["source"]]
-        if self.encoder is None:
-            inputs: Any = preprocess_images(sources, self.runner.preprocessing)
-        else:
-            inputs = self.encoder(sources)
+        inputs = prepare(self.runner, self.kind, sources, self.encoder)
         scores = score_batch(self.runner, inputs, batch_size=self.batch_size)
         logits = scores["member_logits"]
         columns = {
@@ -871,7 +846,7 @@ def score_dataset(
             f"(hydra.json batch_profile); use at most {info.batch_max}"
         )
     batch = batch_size or info.default_batch_size()
-    labels, sources = collect_items(info.kind, inputs)
+    labels, sources = collect_items(info.family, inputs)
     shards = plan_shards(labels, sources, shard_size)
     out = Path(out)
     columns = columns_for(member_logits)
