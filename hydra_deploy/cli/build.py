@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _trtexec(args: argparse.Namespace) -> int:
-    from hydra_deploy.engines.trtexec import GENERATION_NAMES, load_source, trtexec_command
+    from hydra_deploy.engines.build_source import load_source
+    from hydra_deploy.engines.precision_rules import GENERATION_NAMES
+    from hydra_deploy.engines.trtexec import trtexec_command
     from hydra_deploy.errors import EngineError
 
     source = load_source(args.export_dir)

@@ -3,7 +3,7 @@
 Two steps, so that everything but the build itself is testable without a GPU:
 
 1. :func:`plan_build` (pure Python): reads the export, applies the precision rules of
-   :func:`hydra_deploy.engines.trtexec.choose_precision` for the TensorRT version and GPU at hand,
+   :func:`hydra_deploy.engines.precision_rules.choose_precision` for the TensorRT version and GPU at hand,
    and returns a :class:`BuildPlan`: typing, builder flags, FP32 layers, optimization profile,
    file names and the sidecar's contents.
 2. :func:`execute_plan`: ``NetworkFromOnnxPath(strongly_typed=...)`` (parsed here, so that the
@@ -30,17 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.engines.trtexec import (
+from hydra_deploy.engines.build_source import (
     ExportSource,
-    choose_precision,
     engine_stem,
-    fp32_layer_names,
-    generation_of,
     load_source,
-    parse_version,
     timing_cache_name,
-    trtexec_command,
 )
+from hydra_deploy.engines.onnx_summary import fp32_layer_names
+from hydra_deploy.engines.precision_rules import choose_precision, generation_of, parse_version
+from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
 from hydra_deploy.optional import install_command, missing_message, require
 

@@ -1,0 +1,207 @@
+"""What the engine code reads of ``model.onnx``: a minimal ONNX reader (protobuf wire format, standard
+library only, so a Jetson without the onnx package can build) and the layers a weakly typed
+reduced-precision build keeps in FP32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra_deploy.errors import EngineError
+
+# Ops of the ensemble head that compute in floating point; with weak typing they are pinned to FP32
+# like LayerNormalization (shape-only ops, TopK and Casts are left to TensorRT).
+HEAD_FLOAT_OPS = frozenset(
+    {
+        "Softmax",
+        "LogSoftmax",
+        "Exp",
+        "Log",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceLogSumExp",
+        "Mul",
+        "Div",
+        "Sub",
+        "Add",
+        "Neg",
+        "Max",
+        "Min",
+        "Clip",
+        "Sum",
+        "Mean",
+    }
+)
+MEMBER_LOGITS = "member_logits"
+
+
+@dataclass(frozen=True)
+class OnnxNode:
+    """One node of an ONNX graph: enough to name TensorRT layers and follow tensors."""
+
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OnnxSummary:
+    """What the engine code needs from ``model.onnx``: nodes, inputs, outputs, metadata."""
+
+    nodes: tuple[OnnxNode, ...]
+    inputs: tuple[dict[str, Any], ...]  # {"name", "shape"} with str for symbolic dims
+    outputs: tuple[str, ...]
+    metadata: dict[str, str]
+
+
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
+    """(field number, value) pairs of one protobuf message; length-delimited values as views."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        value: int | memoryview
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos : pos + 8], pos + 8
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            value, pos = buf[pos : pos + size], pos + size
+        elif wire == 5:
+            value, pos = buf[pos : pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > end:  # a length runs past the end: the file was cut short
+            raise ValueError("truncated: a field runs past the end of the data")
+        yield number, value
+
+
+def _text(value: int | memoryview) -> str:
+    return bytes(value).decode("utf-8")  # type: ignore[arg-type]
+
+
+def _value_info(buf: memoryview) -> dict[str, Any]:
+    """ValueInfoProto -> {"name", "shape"} (TypeProto.tensor_type.shape.dim)."""
+    name, shape = "", []
+    for number, value in _fields(buf):
+        if number == 1:
+            name = _text(value)
+        elif number == 2:  # TypeProto
+            for tnum, tensor_type in _fields(value):  # type: ignore[arg-type]
+                if tnum != 1:
+                    continue
+                for snum, shape_proto in _fields(tensor_type):  # type: ignore[arg-type]
+                    if snum != 2:
+                        continue
+                    for dnum, dim in _fields(shape_proto):  # type: ignore[arg-type]
+                        if dnum != 1:
+                            continue
+                        size: int | str = "?"
+                        for knum, kval in _fields(dim):  # type: ignore[arg-type]
+                            size = int(kval) if knum == 1 else _text(kval)  # type: ignore[arg-type]
+                        shape.append(size)
+    return {"name": name, "shape": shape}
+
+
+def read_onnx(path: str | Path) -> OnnxSummary:
+    """Read node names, op types, graph inputs/outputs and metadata from an ONNX file.
+
+    Only the graph's structure is parsed (weights are skipped by length), so a ViT-B file reads in
+    well under a second without the ``onnx`` package.
+    """
+    path = Path(path)
+    try:
+        data = memoryview(path.read_bytes())
+    except OSError as err:
+        raise EngineError(f"cannot read {str(path)!r}: {err.strerror or err}") from err
+    nodes: list[OnnxNode] = []
+    inputs: list[dict[str, Any]] = []
+    outputs: list[str] = []
+    initializers: set[str] = set()
+    metadata: dict[str, str] = {}
+    try:
+        for number, value in _fields(data):
+            if number == 14:  # ModelProto.metadata_props
+                entry = dict(_fields(value))  # type: ignore[arg-type]
+                metadata[_text(entry.get(1, b""))] = _text(entry.get(2, b""))
+            elif number == 7:  # ModelProto.graph
+                for gnum, gval in _fields(value):  # type: ignore[arg-type]
+                    if gnum == 1:  # NodeProto
+                        parts: dict[int, list[str]] = {1: [], 2: [], 3: [], 4: []}
+                        for nnum, nval in _fields(gval):  # type: ignore[arg-type]
+                            if nnum in parts:
+                                parts[nnum].append(_text(nval))
+                        nodes.append(
+                            OnnxNode(
+                                name=parts[3][0] if parts[3] else "",
+                                op_type=parts[4][0] if parts[4] else "",
+                                inputs=tuple(parts[1]),
+                                outputs=tuple(parts[2]),
+                            )
+                        )
+                    elif gnum == 5:  # TensorProto initializer: only its name (field 8)
+                        for tnum, tval in _fields(gval):  # type: ignore[arg-type]
+                            if tnum == 8:
+                                initializers.add(_text(tval))
+                    elif gnum == 11:
+                        inputs.append(_value_info(gval))  # type: ignore[arg-type]
+                    elif gnum == 12:
+                        outputs.append(_value_info(gval)["name"])  # type: ignore[arg-type]
+    except (ValueError, IndexError, UnicodeDecodeError) as err:
+        raise EngineError(
+            f"{str(path)!r} is not a readable ONNX file ({err}); re-export it with hydra-export"
+        ) from err
+    if not nodes:
+        raise EngineError(f"{str(path)!r} holds no ONNX graph; re-export it with hydra-export")
+    return OnnxSummary(
+        nodes=tuple(nodes),
+        inputs=tuple(i for i in inputs if i["name"] not in initializers),
+        outputs=tuple(outputs),
+        metadata=metadata,
+    )
+
+
+def fp32_layer_names(onnx: OnnxSummary) -> list[str]:
+    """Layers a weakly typed reduced-precision build keeps in FP32, in graph order.
+
+    Every LayerNormalization node, and the floating-point nodes of the ensemble head (everything
+    computed from ``member_logits`` when the graph has uncertainty outputs). TensorRT's ONNX parser
+    names the layer it creates for a node after the node, so these are the names
+    ``--layerPrecisions`` and Polygraphy's ``SetLayerPrecisions`` match.
+    """
+    downstream = {MEMBER_LOGITS}
+    names = []
+    for node in onnx.nodes:  # ONNX nodes are stored in topological order
+        in_head = any(i in downstream for i in node.inputs)
+        if in_head:
+            downstream.update(node.outputs)
+        if node.op_type == "LayerNormalization" or (in_head and node.op_type in HEAD_FLOAT_OPS):
+            if not node.name:
+                raise EngineError(
+                    f"a {node.op_type} node has no name, so no precision constraint can reach it; "
+                    "re-export the model with hydra-export (it names every node)"
+                )
+            if "," in node.name or ":" in node.name:
+                raise EngineError(
+                    f"node name {node.name!r} contains ',' or ':', which trtexec's "
+                    "--layerPrecisions cannot express; re-export the model with hydra-export"
+                )
+            names.append(node.name)
+    return names

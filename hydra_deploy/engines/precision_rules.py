@@ -1,0 +1,177 @@
+"""How an engine gets its precision on each TensorRT generation (:func:`choose_precision`): weak typing
+with ``--fp16``/``--bf16`` and FP32 constraints (8.6, 10.0-10.11), or a strongly typed graph that
+carries its precision (10.12 and 11, and FP16/BF16 exports from 10.0 on). Shared by the Python
+build and the trtexec recipes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hydra_deploy.errors import EngineError
+from hydra_deploy.export_folder import (
+    GRAPH_PRECISIONS,
+)
+
+PRECISIONS = ("fp16", "bf16", "fp32", "best")
+# trtexec generations: the key names the oldest release each recipe is written for.
+GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
+GENERATION_NAMES = {
+    "8.6": "TensorRT 8.6 (JetPack 6.0: 8.6.2; not JetPack 5, whose 8.5 lacks LayerNormalization)",
+    "10": "TensorRT 10.0-10.11 (JetPack 6.1 and 6.2: 10.3)",
+    "10.12": "TensorRT 10.12 and later 10.x",
+    "11": "TensorRT 11",
+}
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """How an engine gets its precision on one TensorRT version (see :func:`choose_precision`)."""
+
+    precision: str  # what the engine computes in: fp16, bf16 or fp32
+    strongly_typed: bool
+    builder_flags: tuple[str, ...]  # weak typing: "fp16" / "bf16" (trtexec --fp16 / --bf16)
+    constrain_fp32: bool  # pin LayerNormalization and the ensemble head to FP32 (obey)
+    notes: tuple[str, ...] = ()  # warnings for the user (fallbacks, deprecations)
+
+
+def parse_version(version: str | Sequence[int]) -> tuple[int, int]:
+    """``"10.13.0.35"`` or ``(10, 13)`` -> ``(10, 13)``."""
+    if isinstance(version, str):
+        parts = version.split(".")
+        try:
+            return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        except ValueError as err:
+            raise EngineError(f"cannot read TensorRT version {version!r}") from err
+    return int(version[0]), int(version[1]) if len(version) > 1 else 0
+
+
+def generation_of(version: str | Sequence[int]) -> str:
+    """The trtexec generation (a key of :data:`GENERATIONS`) a TensorRT version belongs to."""
+    major, minor = parse_version(version)
+    if (major, minor) < (8, 6):
+        raise EngineError(
+            f"TensorRT {major}.{minor} is too old: the LayerNormalization op needs TensorRT 8.6 or "
+            "newer; upgrade TensorRT (JetPack 6.0 ships 8.6.2, 6.1 and 6.2 ship 10.3)"
+        )
+    if major < 10:
+        return "8.6" if major == 8 else "10"
+    if major == 10:
+        return "10.12" if minor >= 12 else "10"
+    return "11"
+
+
+def _bf16_problem(trt: tuple[int, int], sm: int | None) -> str | None:
+    if trt < (10, 0):
+        return f"BF16 needs TensorRT 10 or newer (this is TensorRT {trt[0]}.{trt[1]})"
+    if sm is not None and sm < 80:
+        return f"BF16 needs a GPU with compute capability 8.0 or newer (this one is {sm // 10}.{sm % 10})"
+    return None
+
+
+def choose_precision(
+    requested: str | None,
+    graph_precision: str,
+    trt: str | Sequence[int],
+    *,
+    sm: int | None = None,
+    strongly_typed: bool | None = None,
+) -> PrecisionChoice:
+    """Decide typing, builder flags and FP32 constraints for one build.
+
+    Args:
+        requested: fp16, bf16, fp32 or best (None: the graph's own precision if it carries one,
+            else fp16). ``best`` is BF16 where the GPU (SM >= 80) and TensorRT (>= 10) support it,
+            else FP16 with a note.
+        graph_precision: the exported graph's precision (hydra.json ``precision``).
+        trt: the TensorRT version (``"10.3"``, ``(10, 13)``) or a trtexec generation key.
+        sm: the GPU's compute capability as ``10 * major + minor`` (None: unknown; the BF16 GPU
+            check is then left to TensorRT).
+        strongly_typed: force typing (None: strongly typed for graphs that carry their precision
+            on TensorRT >= 10, and for every graph on TensorRT >= 10.12).
+
+    Raises:
+        EngineError: the combination cannot be built; the message says what to change.
+    """
+    trt = GENERATIONS[trt] if isinstance(trt, str) and trt in GENERATIONS else parse_version(trt)
+    generation_of(trt)  # refuses TensorRT < 8.6
+    version = f"{trt[0]}.{trt[1]}"
+    if graph_precision not in GRAPH_PRECISIONS:
+        raise EngineError(
+            f"unknown graph precision {graph_precision!r}; expected {GRAPH_PRECISIONS}"
+        )
+    if requested is None:
+        requested = graph_precision if graph_precision != "fp32" else "fp16"
+    if requested not in PRECISIONS:
+        raise EngineError(f"unknown precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
+    has_strong, weak_deprecated, weak_removed = trt >= (10, 0), trt >= (10, 12), trt >= (11, 0)
+    if strongly_typed and not has_strong:
+        raise EngineError(
+            f"TensorRT {version} has no strongly typed networks (they came with TensorRT 10.0); "
+            "build weakly typed (leave strongly_typed unset) or upgrade TensorRT"
+        )
+    if strongly_typed is False and weak_removed:
+        raise EngineError(
+            f"TensorRT {version} builds every network strongly typed; drop the weakly typed "
+            "request (--weakly-typed / strongly_typed=False)"
+        )
+    notes: list[str] = []
+
+    if graph_precision != "fp32":  # the graph carries its precision (Casts in the ONNX file)
+        if requested == "best":
+            requested = graph_precision
+        if requested != graph_precision:
+            raise EngineError(
+                f"model.onnx was exported in {graph_precision} (its precision is in the graph); "
+                f"build it with precision {graph_precision} (or best), or re-export with "
+                f"hydra-export --from EXPORT_DIR --precision {requested} --out NEW_DIR"
+            )
+        problem = _bf16_problem(trt, sm) if graph_precision == "bf16" else None
+        if problem:
+            raise EngineError(
+                f"{problem}; re-export in FP16: hydra-export --from EXPORT_DIR --precision fp16 "
+                "--out NEW_DIR"
+            )
+        if has_strong and strongly_typed is not False:
+            return PrecisionChoice(graph_precision, True, (), False, tuple(notes))
+        if weak_deprecated:
+            notes.append(f"weak typing is deprecated since TensorRT 10.12 (this is {version})")
+        return PrecisionChoice(graph_precision, False, (graph_precision,), True, tuple(notes))
+
+    if requested == "best":
+        problem = _bf16_problem(trt, sm)
+        if problem:
+            notes.append(f"precision best: {problem}; building FP16 instead")
+            requested = "fp16"
+        else:
+            requested = "bf16"
+    if requested == "fp32":
+        typed = strongly_typed if strongly_typed is not None else weak_deprecated
+        return PrecisionChoice("fp32", typed, (), False, tuple(notes))
+    if requested == "bf16":
+        problem = _bf16_problem(trt, sm)
+        if problem:
+            raise EngineError(f"{problem}; use precision fp16 (or best, which falls back to FP16)")
+    reexport = (
+        f"export a graph that carries its precision instead: hydra-export --from EXPORT_DIR "
+        f"--precision {requested} --out NEW_DIR"
+    )
+    if strongly_typed:
+        raise EngineError(
+            f"a strongly typed build of an FP32 graph computes in FP32, not {requested}; {reexport}"
+        )
+    if weak_removed:
+        raise EngineError(
+            f"TensorRT {version} removed weak typing (--fp16/--bf16), so an FP32 graph cannot be "
+            f"built in {requested}; {reexport}"
+        )
+    if weak_deprecated:
+        if strongly_typed is None:
+            raise EngineError(
+                f"TensorRT {version} deprecated weak typing (--fp16/--bf16 on an FP32 graph); "
+                f"{reexport} (or ask for the deprecated path with --weakly-typed / "
+                "strongly_typed=False)"
+            )
+        notes.append(f"weak typing is deprecated since TensorRT 10.12 (this is {version})")
+    return PrecisionChoice(requested, False, (requested,), True, tuple(notes))
