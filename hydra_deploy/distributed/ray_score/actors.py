@@ -1,0 +1,68 @@
+"""The actors: :class:`HydraScorer`, the Ray Data UDF that scores a batch of items.
+
+Ray ships the class to its workers by reference, so it must stay importable by its module
+path (``hydra_deploy.distributed.ray_score.actors.HydraScorer``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.distributed.ray_score.parts import SCALAR_COLUMNS
+from hydra_deploy.errors import RunnerError
+
+
+class HydraScorer:
+    """The Ray Data UDF: one runner (one ONNX Runtime session) per actor; a numpy batch of
+    ``shard``, ``index``, ``source`` (absolute image path or text) in, score columns out."""
+
+    def __init__(
+        self,
+        export_dir: str,
+        kind: str,
+        *,
+        threads: int = 1,
+        batch_size: int | None = None,
+        member_logits: bool = False,
+        providers: Sequence[Any] | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        from hydra_deploy.engines.runner import load_runner
+        from hydra_deploy.engines.scoring import check_member_logits
+
+        self.runner = load_runner(export_dir, providers=providers, threads=threads)
+        check_member_logits(self.runner, self.runner.output_names)
+        if kind == "images" and not self.runner.preprocessing:
+            raise RunnerError(
+                f"{export_dir}: hydra.json has no preprocessing config; re-export the model"
+            )
+        self.kind = kind
+        self.encoder = self.runner.text_encoder() if kind == "text" else None
+        self.batch_size = batch_size
+        self.member_logits = member_logits
+        self.delay_s = float(delay_s)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from hydra_deploy.engines.scoring import score_batch
+        from hydra_deploy.engines.sources import prepare
+
+        sources = [str(s) for s in batch["source"]]
+        inputs = prepare(self.runner, self.kind, sources, self.encoder)
+        scores = score_batch(self.runner, inputs, batch_size=self.batch_size)
+        logits = scores["member_logits"]
+        columns = {
+            "shard": np.asarray(batch["shard"], dtype=np.int64),
+            "index": np.asarray(batch["index"], dtype=np.int64),
+            "prediction": scores["prediction"].astype(np.int64),
+            **{name: scores[name].astype(np.float32) for name in SCALAR_COLUMNS},
+            "probs": scores["probs"].astype(np.float32),
+        }
+        if self.member_logits:
+            columns["member_logits"] = np.asarray(logits, dtype=np.float32)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return columns

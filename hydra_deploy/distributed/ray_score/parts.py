@@ -1,0 +1,82 @@
+"""Parts: the columns of every part, the Parquet table of one complete shard, and writing
+it atomically to ``OUT/part-<shard>.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.distributed.ray_score.shards import Shard, part_name
+from hydra_deploy.errors import ServeError
+from hydra_deploy.uncertainty.scores import SCALAR_SCORES
+
+SCALAR_COLUMNS = SCALAR_SCORES
+
+
+def columns_for(member_logits: bool) -> list[str]:
+    """The columns of every part, in order."""
+    names = ["item", "shard", "prediction", "label", *SCALAR_COLUMNS, "probs"]
+    return names + (["member_logits"] if member_logits else [])
+
+
+def part_table(
+    shard: Shard, rows: dict[str, np.ndarray], class_names: list[str] | None, member_logits: bool
+):
+    """The Parquet table of one complete shard from its scored rows (in any order)."""
+    import pyarrow as pa
+
+    order = np.argsort(rows["index"], kind="stable")
+    if not np.array_equal(rows["index"][order], np.arange(len(shard.labels))):
+        raise ServeError(
+            f"shard {shard.index} came back with rows {sorted(rows['index'].tolist())[:10]}..., "
+            f"not each of its {len(shard.labels)} items once; this is a bug, please report it"
+        )
+    prediction = rows["prediction"][order]
+    labels = [
+        class_names[p] if class_names and 0 <= p < len(class_names) else None
+        for p in prediction.tolist()
+    ]
+    columns: dict[str, Any] = {
+        "item": pa.array(shard.labels, pa.string()),
+        "shard": pa.array(np.full(len(order), shard.index, dtype=np.int64)),
+        "prediction": pa.array(prediction, pa.int64()),
+        "label": pa.array(labels, pa.string()),
+    }
+    for name in SCALAR_COLUMNS:
+        columns[name] = pa.array(rows[name][order].astype(np.float32))
+    columns["probs"] = _list_column(rows["probs"][order])
+    if member_logits:
+        columns["member_logits"] = _list_column(rows["member_logits"][order])
+    return pa.table(columns)
+
+
+def _list_column(values: np.ndarray):
+    """[N, ...] float32 -> list<float32> (2-D) or list<list<float32>> (3-D), row by row."""
+    import pyarrow as pa
+
+    flat: Any = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
+    shape = values.shape
+    for axis in range(len(shape) - 1, 0, -1):
+        rows = math.prod(shape[:axis])
+        offsets = pa.array(np.arange(0, rows * shape[axis] + 1, shape[axis], dtype=np.int32))
+        flat = pa.ListArray.from_arrays(offsets, flat)
+    return flat
+
+
+def write_part(out: Path, table, shard: int) -> Path:
+    """Write one shard's table to ``OUT/part-<shard>.parquet`` atomically."""
+    import pyarrow.parquet as pq
+
+    from hydra_deploy.atomic import atomic_path
+
+    target = out / part_name(shard)
+    try:
+        with atomic_path(target) as tmp:
+            pq.write_table(table, tmp)
+    except OSError as err:
+        raise ServeError(f"cannot write {target}: {err}") from err
+    return target

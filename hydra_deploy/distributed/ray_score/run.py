@@ -1,0 +1,402 @@
+"""The run: :func:`score_dataset` (items, manifest, output folder, the actors' pool, parts)
+and its Ray Client form.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.distributed.ray_score.actors import HydraScorer
+from hydra_deploy.distributed.ray_score.cluster import (
+    RaySession,
+    _connect_error,
+    _data_context,
+    _import_ray,
+    _ray_console,
+    check_address,
+    ray_session,
+    unwrap_ray_error,
+)
+from hydra_deploy.distributed.ray_score.export import DriverExport
+from hydra_deploy.distributed.ray_score.manifest import Manifest
+from hydra_deploy.distributed.ray_score.output import inspect_out, prepare_out
+from hydra_deploy.distributed.ray_score.parts import columns_for, part_table, write_part
+from hydra_deploy.distributed.ray_score.shards import Shard, _digest, collect_items, plan_shards
+from hydra_deploy.errors import HydraError, RunnerError, ServeError
+
+logger = logging.getLogger("hydra_deploy")
+
+
+DEFAULT_SHARD_SIZE = 256
+#: Test hook: seconds each actor sleeps after every batch (so that a test can kill a run midway).
+TEST_DELAY_ENV = "HYDRA_SCORE_DATASET_TEST_DELAY_S"
+
+
+@dataclass
+class ScoreReport:
+    """What a run did (``hydra-score-dataset --json`` prints it)."""
+
+    out: str
+    items: int
+    items_scored: int
+    shards: int
+    shards_done: int
+    shards_skipped: int
+    seconds: float
+    ray_start_seconds: float
+    scoring_seconds: float
+    actors: int
+    threads: int
+    batch_size: int
+    address: str
+
+    @property
+    def items_per_second(self) -> float:
+        """Items scored per second of the whole run (Ray start-up and shutdown included)."""
+        return self.items_scored / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def items_per_second_scoring(self) -> float:
+        """Items scored per second once Ray was up (actor start-up included)."""
+        return self.items_scored / self.scoring_seconds if self.scoring_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "items_per_second": round(self.items_per_second, 3),
+            "items_per_second_scoring": round(self.items_per_second_scoring, 3),
+        }
+
+
+def _check_count(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ServeError(f"--{name} must be an integer of at least 1, got {value!r}")
+
+
+def score_dataset(
+    export_dir: str | os.PathLike,
+    inputs: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    actors: int | None = None,
+    threads: int | None = None,
+    batch_size: int | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    member_logits: bool = False,
+    resume: bool = False,
+    overwrite: bool = False,
+    providers: Sequence[Any] | None = None,
+    progress: bool = True,
+    quiet: bool = False,
+    debug: bool = False,
+) -> ScoreReport:
+    """Score every input with the export on a Ray cluster into the Parquet folder ``out``.
+
+    ``address``: None starts a local cluster (``num_cpus``: default all CPUs); 'auto', HOST:PORT
+    or ray://HOST:PORT joins one. ``actors`` (default one per 2 CPUs of the cluster, at least 1)
+    each reserve ``threads`` CPUs (default the cluster's CPUs / actors, at least 1) for their
+    ONNX Runtime session. ``batch_size``: default the export's batch_profile opt, at most its max.
+    ``progress``: Ray Data's progress bars; ``quiet`` keeps Ray's console output off stderr.
+    See the module docstring for the output, the manifest and resume.
+    """
+    from hydra_deploy import __version__
+
+    if address is not None and address.startswith("ray://"):
+        return _score_over_ray_client(
+            export_dir,
+            inputs,
+            out,
+            address=address,
+            num_cpus=num_cpus,
+            actors=actors,
+            threads=threads,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            member_logits=member_logits,
+            resume=resume,
+            overwrite=overwrite,
+            providers=providers,
+            quiet=quiet,
+            debug=debug,
+        )
+    begin = time.perf_counter()
+    for name, value in (
+        ("actors", actors),
+        ("threads", threads),
+        ("batch-size", batch_size),
+        ("shard-size", shard_size),
+        ("num-cpus", num_cpus),
+    ):
+        _check_count(name, value)
+    info = DriverExport.read(export_dir)
+    if info.kind == "images" and not info.has_preprocessing:
+        raise RunnerError(
+            f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model"
+        )
+    if batch_size is not None and info.batch_max is not None and batch_size > info.batch_max:
+        raise RunnerError(
+            f"--batch-size {batch_size} exceeds the export's maximum batch {info.batch_max} "
+            f"(hydra.json batch_profile); use at most {info.batch_max}"
+        )
+    batch = batch_size or info.default_batch_size()
+    labels, sources = collect_items(info.family, inputs)
+    shards = plan_shards(labels, sources, shard_size)
+    out = Path(out)
+    columns = columns_for(member_logits)
+    manifest = Manifest(
+        export=str(info.path),
+        onnx_sha256=info.onnx_sha256,
+        kind=info.kind,
+        inputs=[str(p) for p in inputs],
+        items=len(labels),
+        items_sha256=_digest(labels, sources),
+        shard_size=shard_size,
+        shards=[s.summary() for s in shards],
+        columns=columns,
+        member_logits=member_logits,
+        batch_size=batch,
+        class_names=info.class_names,
+        package_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    state = inspect_out(out, manifest, shards, resume=resume, overwrite=overwrite)
+    pending = [s for s in shards if s.index not in state.done]
+    what = "images" if info.kind == "images" else "text lines"
+    logger.info("%d %s in %d shard(s) of %d", len(labels), what, len(shards), shard_size)
+    if state.done:
+        logger.info(
+            "resuming %s: %d of %d shard(s) done, %d to score",
+            out,
+            len(state.done),
+            len(shards),
+            len(pending),
+        )
+
+    def report(session: RaySession | None, scoring_s: float, done: int, scored: int) -> ScoreReport:
+        return ScoreReport(
+            out=str(out),
+            items=len(labels),
+            items_scored=scored,
+            shards=len(shards),
+            shards_done=done,
+            shards_skipped=len(state.done),
+            seconds=round(time.perf_counter() - begin, 3),
+            ray_start_seconds=round(session.start_seconds, 3) if session else 0.0,
+            scoring_seconds=round(scoring_s, 3),
+            actors=pool,
+            threads=per_actor,
+            batch_size=batch,
+            address=session.address if session else (address or "local"),
+        )
+
+    pool, per_actor = actors or 0, threads or 0
+    if not pending:
+        if state.remove:
+            prepare_out(out, manifest, state)
+        logger.info("nothing to do: all %d shard(s) in %s are done", len(shards), out)
+        return report(None, 0.0, 0, 0)
+
+    ray = _import_ray()
+    delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
+    with ray_session(address, num_cpus, quiet=quiet, debug=debug) as session:
+        cpus = max(1, session.cpus)
+        pool = actors or max(1, cpus // 2)
+        per_actor = threads or max(1, cpus // pool)
+        if pool * per_actor > cpus:
+            raise ServeError(
+                f"--actors {pool} x --threads {per_actor} need {pool * per_actor} CPUs; the "
+                f"cluster has {cpus}: lower --actors or --threads"
+                + (" (or raise --num-cpus)" if session.started and address is None else "")
+            )
+        prepare_out(out, manifest, state)
+        logger.info(
+            "scoring %d item(s) of %d shard(s) with %d actor(s) x %d thread(s), batch %d",
+            sum(len(s.labels) for s in pending),
+            len(pending),
+            pool,
+            per_actor,
+            batch,
+        )
+        scoring_begin = time.perf_counter()
+        tally = _Tally()
+        failure: HydraError | None = None
+        with _data_context(progress and not quiet):
+            scorer = dict(
+                threads=per_actor,
+                batch_size=batch,
+                member_logits=member_logits,
+                providers=providers,
+                delay_s=delay_s,
+            )
+            dataset = _dataset(ray, pending).map_batches(
+                HydraScorer,
+                fn_constructor_args=(str(info.path), info.kind),
+                fn_constructor_kwargs=scorer,
+                batch_size=batch,
+                batch_format="numpy",
+                compute=ray.data.ActorPoolStrategy(size=pool),
+                num_cpus=per_actor,
+                udf_modifying_row_count=False,
+            )
+            try:
+                _write_parts(dataset, pending, out, info.class_names, member_logits, tally)
+            except Exception as err:
+                if isinstance(err, HydraError) and not isinstance(err, ray.exceptions.RayError):
+                    raise  # the driver's own (a part that cannot be written)
+                failure = _stopped(
+                    unwrap_ray_error(err), len(state.done) + tally.written, len(shards), out
+                )
+                if debug:
+                    raise failure from err
+        if failure is not None:
+            # The failed execution's actors keep their CPUs until its frames are collected: free
+            # them now, for a process that stays connected (a notebook, the next run).
+            del dataset
+            gc.collect()
+            raise failure
+        missing = [s.part for s in pending if not (out / s.part).exists()]
+        if missing:
+            raise ServeError(
+                f"Ray Data returned no results for {len(missing)} shard(s) ({', '.join(missing[:3])}"
+                "...); rerun with --resume"
+            )
+        scoring_s = time.perf_counter() - scoring_begin
+    return report(session, scoring_s, tally.written, tally.scored)
+
+
+@dataclass
+class _Tally:
+    written: int = 0  # parts
+    scored: int = 0  # items in them
+
+
+def _write_parts(
+    dataset,
+    pending: Sequence[Shard],
+    out: Path,
+    class_names: list[str] | None,
+    member_logits: bool,
+    tally: _Tally,
+) -> None:
+    """Stream the scored rows, group them by shard, write each shard's part once complete."""
+    by_index = {s.index: s for s in pending}
+    partial: dict[int, list[dict[str, np.ndarray]]] = {}
+    counts: dict[int, int] = {}
+    for result in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+        for index in np.unique(result["shard"]).tolist():
+            rows = result["shard"] == index
+            partial.setdefault(index, []).append({k: v[rows] for k, v in result.items()})
+            counts[index] = counts.get(index, 0) + int(rows.sum())
+            shard = by_index[index]
+            if counts[index] == len(shard.labels):
+                chunks = partial.pop(index)
+                merged = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+                write_part(out, part_table(shard, merged, class_names, member_logits), index)
+                tally.written += 1
+                tally.scored += len(shard.labels)
+                logger.debug("wrote %s", out / shard.part)
+
+
+def _stopped(cause: HydraError, finished: int, total: int, out: Path) -> HydraError:
+    """The one-line error of a run an actor's error stopped, with what to do next."""
+    fix = (
+        "repair or replace that file and rerun with --resume to score the rest (removing it "
+        "changes the input list, which needs --overwrite)"
+        if "cannot read the image" in str(cause)
+        else "fix the cause and rerun with --resume to score the rest"
+    )
+    return type(cause)(
+        f"{cause}; the run stopped, {finished} of {total} shard(s) are finished in {out} and "
+        f"kept: {fix}"
+    )
+
+
+def _dataset(ray, pending: Sequence[Shard]):
+    """One block per pending shard (so a batch never spans two shards when batch <= shard size)."""
+    import pyarrow as pa
+
+    tables = [
+        pa.table(
+            {
+                "shard": pa.array(np.full(len(s.labels), s.index, dtype=np.int64)),
+                "index": pa.array(np.arange(len(s.labels), dtype=np.int64)),
+                "source": pa.array(list(s.sources), pa.string()),
+            }
+        )
+        for s in pending
+    ]
+    return ray.data.from_arrow(tables)
+
+
+def _score_over_ray_client(
+    export_dir,
+    inputs,
+    out,
+    *,
+    address: str,
+    num_cpus: int | None,
+    quiet: bool,
+    debug: bool,
+    **options: Any,
+) -> ScoreReport:
+    """``address`` ray://HOST:PORT: run the whole of :func:`score_dataset` as one task on the
+    cluster (``num_cpus=0``). Ray Data's executor needs a core worker, which a Ray Client driver
+    lacks (Ray 2.60: ``'Worker' object has no attribute 'core_worker'``); inside a task it has
+    one. Paths are made absolute here and must name the same files on the cluster's nodes."""
+    ray = _import_ray()
+    if num_cpus is not None:
+        raise ServeError(
+            "--num-cpus sizes a local cluster; a cluster joined with --address has its own CPUs"
+        )
+    check_address(address)
+    begin = time.perf_counter()
+    with _ray_console(quiet, debug):
+        try:
+            ray.init(
+                address=address,
+                log_to_driver=debug,
+                logging_level=logging.DEBUG if debug else logging.ERROR,
+            )
+        except (ConnectionError, RuntimeError, ValueError, SystemExit) as err:
+            raise _connect_error(address, err) from err
+        start_s = time.perf_counter() - begin
+        logger.info(
+            "connected to the Ray cluster at %s in %.1f s; scoring runs there as one task "
+            "(progress is in its worker log)",
+            address,
+            start_s,
+        )
+        try:
+            task = ray.remote(num_cpus=0, max_retries=0)(score_dataset)
+            ref = task.remote(
+                os.path.abspath(export_dir),
+                [os.path.abspath(p) for p in inputs],
+                os.path.abspath(out),
+                progress=False,
+                quiet=True,
+                **options,
+            )
+            try:
+                report = ray.get(ref)
+            except KeyboardInterrupt:
+                ray.cancel(ref, force=True)
+                raise
+            except ray.exceptions.RayError as err:
+                raise unwrap_ray_error(err) from err
+        finally:
+            ray.shutdown()
+    report.address = address
+    report.ray_start_seconds = round(start_s, 3)
+    report.seconds = round(time.perf_counter() - begin, 3)
+    return report
