@@ -22,7 +22,7 @@ Run it from the repository root::
 
 Writes ``benchmarks/results/serve_load.json`` (every number and the environment) and
 ``serve_load.md`` (the tables and the command). The library part (:class:`ServerProcess`,
-:func:`run_load`, :func:`batch_histogram`) is what ``tests/test_serve.py`` drives too.
+:func:`run_load`, :func:`batch_histogram`) is what ``tests/serve/test_serve.py`` drives too.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_vit
+from helpers.vit import tiny_vit
 
 from hydra_deploy.cli import bench, build, compare, eval, export, fuse, run
 from hydra_deploy.errors import HydraError
@@ -1398,7 +1398,7 @@ def test_engine_built_by_another_tensorrt_or_gpu_says_rebuild_here(capsys, place
 def test_text_ood_npz_loads_and_bad_arrays_are_refused(tmp_path):
     """load_inputs on a .npz for a text backbone (--ood of a BERT) used to fail with
     AttributeError; strings are refused with a DataError."""
-    from test_bert import tiny_bert
+    from helpers.bert import tiny_bert
 
     from hydra_deploy.errors import DataError
     from hydra_deploy.pruning import load_inputs

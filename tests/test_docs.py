@@ -274,7 +274,7 @@ def _vit_checkpoints(root: Path) -> None:
     """vit_b16.safetensors (the tiny ViT-B/16 shape) and digits-vit/ (timm's hub layout)."""
     import timm
     import torch
-    from conftest import scramble
+    from helpers.vit import scramble
 
     torch.manual_seed(0)
     vit = timm.create_model("vit_base_patch16_224", pretrained=False, **TINY_VIT_B16)
@@ -312,8 +312,8 @@ def _text_checkpoints(root: Path) -> None:
     encoder only), both 12 heads wide with a word-level tokenizer; .tsv and .txt files."""
     import torch
     import transformers
-    from test_bert import bert_config
-    from test_user_story_text import ID2LABEL, KEYWORDS, VOCAB, sentences, write_tsv
+    from helpers.bert import bert_config
+    from helpers.text_data import ID2LABEL, KEYWORDS, VOCAB, sentences, write_tsv
 
     tokenizer = transformers.BertTokenizer(vocab={word: i for i, word in enumerate(VOCAB)})
     shape = dict(
@@ -342,7 +342,7 @@ def _text_checkpoints(root: Path) -> None:
 
 def _clip_checkpoint(root: Path) -> None:
     """checkpoints/tiny-clip (open_clip's local-dir layout), clip.safetensors, names.txt."""
-    from test_openclip import TEXT_CFG, TINY_CLIP, tiny_clip
+    from helpers.openclip import TEXT_CFG, TINY_CLIP, tiny_clip
 
     folder = root / "checkpoints" / "tiny-clip"
     folder.mkdir(parents=True)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import perturbed_members, tiny_vit
-from test_bert import tiny_bert
-from test_openclip import tiny_adapter
+from helpers.bert import tiny_bert
+from helpers.members import perturbed_members, random_spec
+from helpers.openclip import tiny_adapter
+from helpers.vit import tiny_vit
 
 from hydra_deploy.backbones import load_backbone
 from hydra_deploy.engines.runner import load_runner
@@ -24,7 +25,6 @@ from hydra_deploy.families import (
     register,
 )
 from hydra_deploy.fusion import fuse
-from hydra_deploy.specs import HydraSpec
 
 #: a tiny model of each family (what a new family must bring to join the registry's tests)
 TINY = {
@@ -55,15 +55,7 @@ def test_the_declaration_matches_the_code(name):
 
 
 def _spec(backbone, members=3, seed=0):
-    return HydraSpec.random(
-        backbone.name,
-        backbone.num_layers,
-        backbone.num_heads,
-        backbone.head_dim,
-        members=members,
-        heads_per_member=2,
-        seed=seed,
-    )
+    return random_spec(backbone, members=members, heads_per_member=2, seed=seed)
 
 
 def _inputs(hydra, batch, seed):

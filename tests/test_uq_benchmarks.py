@@ -230,7 +230,7 @@ def test_scrambled_digits_keep_the_values_and_lose_the_shape():
 
 
 def test_text_batches_trimmed_and_sorted_give_the_full_length_logits():
-    from test_bert import tiny_bert
+    from helpers.bert import tiny_bert
 
     backbone = tiny_bert()
     rng = np.random.default_rng(0)
@@ -405,7 +405,7 @@ def test_cost_model_equals_the_fused_models_own_count(family):
     if family == "vit":
         make = tiny_timm_vit
     else:
-        from test_bert import tiny_bert
+        from helpers.bert import tiny_bert
 
         def make(seed):
             torch.manual_seed(seed)

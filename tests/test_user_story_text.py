@@ -18,48 +18,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from helpers.text_data import ID2LABEL, KEYWORDS, VOCAB, sentences, write_tsv
 
 from hydra_deploy.cli.eval import main as eval_main
 from hydra_deploy.cli.export import main as export_main
 from hydra_deploy.cli.run import main as run_main
 from hydra_deploy.export import load_export
 from hydra_deploy.uncertainty.metrics import ece
-
-#: Class index -> name, deliberately not alphabetical (sorted, "act" would be 0 and "plant" 3).
-ID2LABEL = {0: "plant", 1: "act", 2: "animal", 3: "food"}
-KEYWORDS = {
-    "plant": ["tree", "moss", "fern", "oak"],
-    "act": ["run", "jump", "swim", "throw"],
-    "animal": ["dog", "cat", "horse", "owl"],
-    "food": ["bread", "soup", "rice", "cake"],
-}
-FILLER = ["the", "a", "of", "and", "some", "very", "big", "small"]
-VOCAB = [
-    "[PAD]",
-    "[UNK]",
-    "[CLS]",
-    "[SEP]",
-    "[MASK]",
-    *FILLER,
-    *(w for ws in KEYWORDS.values() for w in ws),
-]
-
-
-def sentences(n: int, seed: int, classes: list[str]) -> list[tuple[str, str]]:
-    """``n`` (label, text) pairs: two keywords of the class among filler words."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        label = classes[i % len(classes)]
-        words = list(rng.choice(FILLER, size=int(rng.integers(2, 5))))
-        words[int(rng.integers(0, len(words)))] = str(rng.choice(KEYWORDS[label]))
-        words.append(str(rng.choice(KEYWORDS[label])))
-        out.append((label, " ".join(words)))
-    return out
-
-
-def write_tsv(path, pairs) -> None:
-    path.write_text("".join(f"{label}\t{text}\n" for label, text in pairs), encoding="utf-8")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,167 @@
+"""hydra-compare / compare_export: parity per member and per score, tolerances per precision."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import shutil
+
+import numpy as np
+import pytest
+from helpers.vit import tiny_vit
+
+from hydra_deploy.cli.compare import main
+from hydra_deploy.errors import HydraError
+from hydra_deploy.evaluation.compare import compare_export
+from hydra_deploy.export import export_onnx
+from hydra_deploy.fusion import fuse
+from hydra_deploy.parity import TOLERANCES, compare_outputs, tolerance_for
+from hydra_deploy.specs import HydraSpec
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=2)
+    out = tmp_path_factory.mktemp("compare") / "export"
+    export_onnx(fuse(backbone, spec), out, batch=(1, 2, 4), uq_outputs=True, validate=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tampered(export_dir, tmp_path_factory):
+    """The same folder with member 1's last-layer attention weights changed in the saved weights."""
+    from safetensors.numpy import load_file, save_file
+
+    out = tmp_path_factory.mktemp("tampered") / "export"
+    shutil.copytree(export_dir, out)
+    weights = load_file(str(out / "weights.safetensors"))
+    weights["blocks.2.attn.qkv.weight"][1] *= 1.5
+    save_file(weights, str(out / "weights.safetensors"))
+    return out
+
+
+def invoke(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_good_export_passes(export_dir):
+    report = compare_export(export_dir, batch=6)  # above the max batch 4: the runner splits
+    assert report.passed and report.batch == 6 and report.precision == "fp32"
+    (ort,) = report.backends
+    assert ort.status == "compared" and ort.tolerance == TOLERANCES["fp32"]
+    assert sorted({c.member for c in ort.members}) == [0, 1, 2]
+    names = {c.name for c in ort.scores}
+    assert {
+        "probs",
+        "msp",
+        "predictive_entropy",
+        "expected_entropy",
+        "mutual_information",
+        "disagreement",
+        "prediction",
+        "graph:probs",
+        "graph:mutual_information",
+    } <= names
+    logits = [c for c in ort.members if c.name == "member_logits"]
+    assert all(0 <= c.value <= 1e-4 for c in logits)
+    json.dumps(report.to_dict(), allow_nan=False)  # JSON-ready
+
+
+def test_cli_passes_and_prints_a_table(export_dir, tmp_path):
+    x = np.random.default_rng(1).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    np.savez(tmp_path / "inputs.npz", x=x)
+    code, out, err = invoke(str(export_dir), "--inputs", str(tmp_path / "inputs.npz"))
+    assert code == 0, err
+    assert "onnxruntime" in out and "fp32 tolerances: PASS" in out and "member 2" in out
+    assert out.rstrip().endswith("PASSED") and "3 inputs" in out
+
+
+def test_tampered_export_fails_and_names_the_member(tampered):
+    report = compare_export(tampered, batch=4)
+    assert not report.passed
+    failing = {c.member for c in report.backends[0].members if not c.passed}
+    assert failing == {1}
+    code, out, err = invoke(str(tampered), "--batch", "4")
+    assert code == 1
+    assert "FAIL" in out and "onnxruntime: member 1 member_logits max_abs_diff" in out
+    assert "member 0 member_logits" not in out
+    code, out, err = invoke(str(tampered), "--json")
+    assert code == 1 and "member 1" in err
+    data = json.loads(out)
+    assert data["passed"] is False and any("member 1" in f for f in data["failures"])
+
+
+def test_bf16_export_skips_onnx_runtime_with_the_reason(export_dir, tmp_path):
+    folder = tmp_path / "bf16"
+    shutil.copytree(export_dir, folder)
+    info = json.loads((folder / "hydra.json").read_text())
+    info["precision"] = "bf16"
+    (folder / "hydra.json").write_text(json.dumps(info))
+    report = compare_export(folder, batch=2)
+    (ort,) = report.backends
+    assert ort.status == "skipped" and "BF16 MatMul" in ort.reason and "--engine" in ort.reason
+    code, out, _ = invoke(str(folder))
+    assert code == 0 and "onnxruntime: skipped: ONNX Runtime's CPU kernels" in out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed"
+)
+def test_engine_without_tensorrt_is_an_error(export_dir, tmp_path):
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"x")
+    code, _, err = invoke(str(export_dir), "--engine", str(engine))
+    assert code == 1 and "TensorRT is not installed" in err
+
+
+def test_not_an_export_folder(tmp_path):
+    code, _, err = invoke(str(tmp_path))
+    assert code == 1 and "is not an export folder" in err
+
+
+# --- the tolerance logic on synthetic outputs (numpy only) ----------------------------------------
+def _logits(seed=0, batch=200, members=4, classes=10, scale=4.0):
+    return np.random.default_rng(seed).normal(0, scale, (batch, members, classes))
+
+
+def test_tolerance_rows_follow_the_architecture_table():
+    assert TOLERANCES["fp32"].logits == 1e-4 and TOLERANCES["fp32"].probs == 1e-5
+    assert TOLERANCES["fp16"].probs == 2e-2 and TOLERANCES["fp16"].entropy == 5e-2
+    assert TOLERANCES["bf16"].probs == 5e-2 and TOLERANCES["bf16"].argmax == 0.98
+    assert tolerance_for("best") == TOLERANCES["bf16"] and tolerance_for(None).precision == "fp32"
+    with pytest.raises(HydraError, match="no tolerances for precision 'int4'"):
+        tolerance_for("int4")
+
+
+def test_fp16_rounding_passes_fp16_but_not_fp32():
+    ref = _logits()
+    fp16 = ref.astype(np.float16).astype(np.float64)  # what FP16 rounding alone does
+    members, scores = compare_outputs(ref, {"member_logits": fp16}, TOLERANCES["fp16"])
+    assert all(c.passed for c in members + scores)
+    members, _ = compare_outputs(ref, {"member_logits": fp16}, TOLERANCES["fp32"])
+    assert not all(c.passed for c in members if c.name == "member_logits")
+
+
+def test_a_wrong_member_fails_its_logit_bound_and_argmax_agreement():
+    ref = _logits(seed=1)
+    broken = ref.copy()
+    broken[:, 2] = _logits(seed=2)[:, 2]  # member 2 computes garbage, like a broken kernel
+    members, scores = compare_outputs(ref, {"member_logits": broken}, TOLERANCES["fp16"])
+    failing = {(c.member, c.name) for c in members if not c.passed}
+    assert failing == {(2, "member_logits"), (2, "argmax")}
+    assert not all(c.passed for c in scores if c.name in ("probs", "disagreement"))
+
+
+def test_nonfinite_outputs_fail_without_raising():
+    ref = _logits(batch=5)
+    bad = ref.copy()
+    bad[0, 0, 0] = np.inf
+    members, scores = compare_outputs(ref, {"member_logits": bad}, TOLERANCES["bf16"])
+    assert not members[0].passed and members[0].value == np.inf
+    assert not all(c.passed for c in scores)
