@@ -14,8 +14,8 @@ import shutil
 import pytest
 
 from hydra_deploy.distributed.ray_score import DriverExport
+from hydra_deploy.engines.build_source import load_source
 from hydra_deploy.engines.runner import load_runner
-from hydra_deploy.engines.trtexec import load_source
 from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError
 from hydra_deploy.evaluation.compare import compare_export
 from hydra_deploy.export import load_export

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
 from hydra_deploy.engines import load_runner
-from hydra_deploy.engines.trtexec import ExportSource, load_source
+from hydra_deploy.engines.build_source import ExportSource, load_source
 from hydra_deploy.errors import EngineError, ExportError, HydraError, RunnerError, SpecError
 from hydra_deploy.export import export_onnx
 from hydra_deploy.export.load import load_export
@@ -467,7 +467,7 @@ def test_load_export_refuses_damaged_top_level(reference, scratch):
 @examples(2)
 @given(st.data())
 def test_engine_builds_read_any_hydra_json(reference, scratch, data):
-    """hydra-build's reader (trtexec.load_source and the profile it derives): no TensorRT needed."""
+    """hydra-build's reader (build_source.load_source and the profile it derives): no TensorRT needed."""
     info, text, _ = reference
     (scratch / "hydra.json").write_bytes(data.draw(hydra_json_contents(info, text)))
     source = outcome(lambda: load_source(scratch))

@@ -23,6 +23,9 @@ import pytest
 from helpers import trt_standins
 from helpers.vit import tiny_vit
 
+from hydra_deploy.engines.build_source import load_source
+from hydra_deploy.engines.onnx_summary import fp32_layer_names, read_onnx
+from hydra_deploy.engines.precision_rules import choose_precision, generation_of
 from hydra_deploy.engines.tensorrt import (
     BuildPlan,
     GpuInfo,
@@ -30,14 +33,7 @@ from hydra_deploy.engines.tensorrt import (
     execute_plan,
     plan_build,
 )
-from hydra_deploy.engines.trtexec import (
-    choose_precision,
-    fp32_layer_names,
-    generation_of,
-    load_source,
-    read_onnx,
-    trtexec_command,
-)
+from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
 from hydra_deploy.export import export_onnx
 from hydra_deploy.fusion import fuse
