@@ -719,7 +719,7 @@ CASES = [
         ["{export}"],
         1,
         "TensorRT is not installed",
-        'pip install "hydra-deploy[trt]"',
+        "pip install 'hydra-deploy[trt]'",
         "--trtexec",
         marks=NO_TRT,
     ),

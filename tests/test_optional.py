@@ -208,10 +208,10 @@ def test_engine_build_call_sites(monkeypatch):
         engines_trt.tensorrt_version()
     message = str(err.value)
     assert message.startswith("TensorRT is not installed")
-    assert 'pip install "hydra-deploy[trt]"' in message and "pypi.nvidia.com" in message
+    assert "pip install 'hydra-deploy[trt]'" in message and "pypi.nvidia.com" in message
     monkeypatch.setitem(sys.modules, "tensorrt", types.ModuleType("tensorrt"))
     _hide(monkeypatch, "polygraphy.backend.trt")
-    with pytest.raises(EngineError, match=r'^Polygraphy is not installed .*"hydra-deploy\[trt\]"'):
+    with pytest.raises(EngineError, match=r"^Polygraphy is not installed .*'hydra-deploy\[trt\]'"):
         engines_trt._import_polygraphy_trt()
 
 

@@ -14,7 +14,7 @@ Two steps, so that everything but the build itself is testable without a GPU:
    and its JSON sidecar are written atomically, the timing cache is kept beside them.
 
 :func:`build_engine` does both. Importing this module needs neither TensorRT nor Polygraphy; they
-are imported when a build runs (``pip install "hydra-deploy[trt]"``).
+are imported when a build runs (``pip install 'hydra-deploy[trt]'``).
 """
 
 from __future__ import annotations
@@ -45,9 +45,6 @@ from hydra_deploy.optional import install_command, missing_message, require
 log = logging.getLogger("hydra_deploy.engines")
 
 SIDECAR_FORMAT = "hydra-engine/1"
-#: this module's install hints quote the extra with " (every shell, Windows' cmd too), as the
-#: tests of the build's messages pin it: pip install "hydra-deploy[trt]"
-_QUOTE = '"'
 _PURPOSE = "building TensorRT engines"
 
 
@@ -124,7 +121,7 @@ def detect_gpu(device: int = 0) -> GpuInfo:
 
 def tensorrt_version() -> str:
     """The installed TensorRT's version; EngineError (install hint) when it is missing."""
-    tensorrt = require("tensorrt", purpose=_PURPOSE, error=EngineError, quote=_QUOTE)
+    tensorrt = require("tensorrt", purpose=_PURPOSE, error=EngineError)
     return str(tensorrt.__version__)
 
 
@@ -289,8 +286,8 @@ def plan_build(
 # --- running it ---------------------------------------------------------------------------------------------
 def _import_polygraphy_trt():
     """tensorrt and Polygraphy's TensorRT backend, or EngineError with the install hint."""
-    trt = require("tensorrt", purpose=_PURPOSE, error=EngineError, quote=_QUOTE)
-    poly_trt = require("polygraphy.backend.trt", purpose=_PURPOSE, error=EngineError, quote=_QUOTE)
+    trt = require("tensorrt", purpose=_PURPOSE, error=EngineError)
+    poly_trt = require("polygraphy.backend.trt", purpose=_PURPOSE, error=EngineError)
     return trt, poly_trt
 
 
@@ -457,7 +454,7 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     except TypeError as err:
         raise EngineError(
             f"TensorRT returned {type(serialized).__name__}, not a serialized engine; check the "
-            f"TensorRT and Polygraphy versions ({install_command('tensorrt', quote=_QUOTE)})"
+            f"TensorRT and Polygraphy versions ({install_command('tensorrt')})"
         ) from err
     if data is None or data.nbytes == 0:
         raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
@@ -513,7 +510,6 @@ def missing_tensorrt_message(source: ExportSource, precision: str | None) -> str
     return missing_message(
         "tensorrt",
         purpose=_PURPOSE,
-        quote=_QUOTE,
         extra_hint=(
             "or build on the target with trtexec (hydra-build EXPORT_DIR --trtexec prints the "
             f"line for each TensorRT version): {command}"

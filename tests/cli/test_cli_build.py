@@ -115,7 +115,7 @@ def test_build_without_tensorrt_exits_1_with_one_line(capsys, export_dir):
     code, out, err = run(capsys, export_dir)
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: TensorRT is not installed")
-    assert 'pip install "hydra-deploy[trt]"' in err
+    assert "pip install 'hydra-deploy[trt]'" in err
     assert str(trtexec_command(export_dir, precision="fp16", trt="10")) in err
 
 

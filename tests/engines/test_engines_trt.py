@@ -898,7 +898,7 @@ def test_build_without_tensorrt_says_how_to_install_or_use_trtexec(exports):
     with pytest.raises(EngineError) as err:
         build_engine(exports["fp32"])
     message = str(err.value)
-    assert 'pip install "hydra-deploy[trt]"' in message and "pypi.nvidia.com" in message
+    assert "pip install 'hydra-deploy[trt]'" in message and "pypi.nvidia.com" in message
     assert str(trtexec_command(exports["fp32"], precision="fp16", trt="10")) in message
     assert "\n" not in message
     with pytest.raises(EngineError, match="hydra-deploy\\[trt\\]"):
@@ -1113,8 +1113,8 @@ def test_a_strongly_typed_or_bf16_build_on_trt86_fails_as_polygraphy_does(export
 
 @pytest.mark.skipif(
     not HAS_TENSORRT,
-    reason="TensorRT is not installed: pip install "
-    '"hydra-deploy[trt]" on a machine with an NVIDIA GPU to run this',
+    reason="TensorRT is not installed: pip install 'hydra-deploy[trt]' on a machine with an "
+    "NVIDIA GPU to run this",
 )
 def test_real_engine_builds_and_matches_onnx_runtime(exports, tmp_path):
     import numpy as np

@@ -158,7 +158,7 @@ def test_text_errors(minilm_export, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
     runner = load_runner(out)
-    from hydra_deploy.cli.run import score_inputs
+    from hydra_deploy.engines import score_inputs
 
     with pytest.raises(RunnerError, match="holds no text"):
         score_inputs(runner, [empty])
