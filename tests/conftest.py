@@ -6,6 +6,7 @@ only fixtures and settings.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -34,6 +35,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # One thread: tiny models are fastest so, and on a busy machine the barriers of multi-threaded
 # kernels cost tiny forwards up to 100x (measured beside a running benchmark).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _restore_hydra_deploy_log_level():
+    """Commands run in-process set the ``hydra_deploy`` logger's level (``--quiet``: ERROR); put it
+    back after each test, so that what a test's ``caplog`` sees does not depend on the tests that
+    ran before it."""
+    logger = logging.getLogger("hydra_deploy")
+    level = logger.level
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def test_hydra_json_of_another_file_is_ignored(export_dir, tmp_path, caplog):
     info = json.loads((export_dir / "hydra.json").read_text())
     info["onnx_sha256"] = "0" * 64
     (tmp_path / "hydra.json").write_text(json.dumps(info))
+    caplog.set_level(logging.WARNING, logger="hydra_deploy")
     other = load_runner(tmp_path / "model.onnx")
     assert other.info is None and other.max_batch is None
     assert "describes another ONNX file" in caplog.text
