@@ -76,7 +76,7 @@ DEPENDENCIES: dict[str, Dependency] = {
     "onnxruntime": Dependency(
         "ONNX Runtime",
         "onnxruntime",
-        "export",
+        "ort",
         "running .onnx files",
         note="onnxruntime-gpu instead for CUDA",
     ),

@@ -92,7 +92,7 @@ def test_hints_name_the_extra_then_the_plain_packages():
     )
     # several modules: one command; requirements with specifiers are quoted for the shell
     assert optional.install_hint("onnxruntime", "onnx", "onnx_graphsurgeon").startswith(
-        "pip install 'hydra-deploy[export]' (or pip install onnxruntime onnx onnx-graphsurgeon;"
+        "pip install 'hydra-deploy[ort,export]' (or pip install onnxruntime onnx onnx-graphsurgeon;"
     )
     assert "pip install 'polygraphy>=0.49.9'" in optional.install_hint("polygraphy")
     assert optional.install_command("matplotlib", "ray") == "pip install 'hydra-deploy[eval,ray]'"
@@ -189,7 +189,7 @@ def test_runner_call_sites(monkeypatch):
     with pytest.raises(RunnerError) as err:
         runner._import_ort()
     assert str(err.value).startswith("ONNX Runtime is not installed")
-    assert "pip install 'hydra-deploy[export]'" in str(err.value)
+    assert "pip install 'hydra-deploy[ort]'" in str(err.value)
     assert "onnxruntime-gpu" in str(err.value) and "TensorRT engine file" in str(err.value)
     with pytest.raises(
         RunnerError,
