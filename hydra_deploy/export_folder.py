@@ -37,6 +37,8 @@ from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeErro
 from hydra_deploy.families import family_names
 
 __all__ = [
+    "DECISIONS_FORMAT",
+    "DECISION_SCORES",
     "FORMAT",
     "GRAPH_PRECISIONS",
     "INFO_FILE",
@@ -44,11 +46,16 @@ __all__ = [
     "MODEL_FILE",
     "TOKENIZER_DIR",
     "WEIGHTS_FILE",
+    "DecisionRecord",
     "ExportFolderError",
     "ExportInfo",
+    "OodRule",
+    "SelectiveRule",
+    "SetRule",
     "file_sha256",
     "parse_batch_profile",
     "read_info",
+    "write_decisions",
     "write_info",
 ]
 
@@ -65,6 +72,14 @@ GRAPH_PRECISIONS = ("fp32", "fp16", "bf16")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 
 _REDO = "restore it or re-export the model with hydra-export"
+#: The ``format`` of the ``decisions`` entry of hydra.json (what ``hydra-calibrate`` writes).
+DECISIONS_FORMAT = "hydra-decisions/1"
+#: Prediction-set methods a decisions record may name (split conformal, on calibrated probs).
+SET_METHODS = ("lac", "aps", "raps")
+#: Scores a selective (abstain) rule or an OOD flag may be fitted on (computed on the
+#: temperature-scaled member probabilities).
+DECISION_SCORES = ("msp", "predictive_entropy", "mutual_information")
+_REFIT = "fit it again with hydra-calibrate EXPORT --data LABELLED --overwrite"
 
 
 class ExportFolderError(RunnerError, EngineError, ExportError, ServeError):
@@ -101,6 +116,7 @@ class ExportInfo:
     precision: str
     class_names: tuple[str, ...] | None
     uq_outputs: bool
+    decisions: DecisionRecord | None = None
 
     @property
     def folder(self) -> Path:
@@ -158,6 +174,9 @@ class ExportInfo:
         uq = record.get("uq_outputs", False)
         if not isinstance(uq, bool):
             raise ExportFolderError(f"{path} has a malformed uq_outputs {uq!r:.40}; {_REDO}")
+        decisions = record.get("decisions")
+        if decisions is not None:
+            decisions = DecisionRecord.from_dict(decisions, f"the decisions entry of {path}")
         return cls(
             path=path,
             record=record,
@@ -167,6 +186,7 @@ class ExportInfo:
             precision=precision,
             class_names=None if names is None else tuple(names),
             uq_outputs=uq,
+            decisions=decisions,
         )
 
 
@@ -230,3 +250,263 @@ def write_info(folder: str | os.PathLike, record: dict[str, Any]) -> ExportInfo:
     info = ExportInfo.from_record(json.loads(text), path)
     atomic_write_text(path, text)
     return info
+
+
+# --- the decisions record (hydra-calibrate) -------------------------------------------------------
+def _malformed(where: str, field: str, value: Any, expected: str) -> ExportFolderError:
+    return ExportFolderError(
+        f"{where} has a malformed {field} {value!r:.80} (expected {expected}); {_REFIT}"
+    )
+
+
+def _number(
+    entry: Mapping[str, Any], key: str, where: str, *, low: float, high: float, open_low: bool
+) -> float:
+    value = entry.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if ok:
+        ok = (low < value if open_low else low <= value) and value <= high
+    if not ok:
+        side = "(" if open_low else "["
+        raise _malformed(where, key, value, f"a number in {side}{low}, {high}]")
+    return float(value)
+
+
+def _count(entry: Mapping[str, Any], key: str, where: str, *, low: int = 0) -> int:
+    value = entry.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise _malformed(where, key, value, f"an integer >= {low}")
+    return value
+
+
+def _choice(entry: Mapping[str, Any], key: str, where: str, choices: tuple[str, ...]) -> str:
+    value = entry.get(key)
+    if value not in choices:
+        raise _malformed(where, key, value, f"one of {', '.join(choices)}")
+    return value
+
+
+def _section(record: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None:
+    value = record.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise _malformed(where, key, value, "a JSON object or null")
+    return value
+
+
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class SetRule:
+    """Split conformal prediction sets at level ``1 - alpha`` on the calibrated probabilities.
+
+    ``qhat`` is one threshold, or one per class (``class_conditional``); ``lam`` and ``k_reg``
+    are RAPS's penalty (0 and 0 for LAC and APS)."""
+
+    method: str
+    alpha: float
+    qhat: tuple[float, ...]  # one value, or one per class
+    class_conditional: bool = False
+    lam: float = 0.0
+    k_reg: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "alpha": self.alpha,
+            "class_conditional": self.class_conditional,
+            "qhat": list(self.qhat) if self.class_conditional else self.qhat[0],
+            "lambda": self.lam,
+            "k_reg": self.k_reg,
+        }
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any], where: str, num_classes: int) -> SetRule:
+        conditional = entry.get("class_conditional", False)
+        if not isinstance(conditional, bool):
+            raise _malformed(where, "class_conditional", conditional, "true or false")
+        qhat = entry.get("qhat")
+        values = qhat if conditional else [qhat]
+        if not (
+            isinstance(values, list)
+            and len(values) == (num_classes if conditional else 1)
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
+                for v in values
+            )
+        ):
+            expected = f"a list of {num_classes} finite numbers" if conditional else "a number"
+            raise _malformed(where, "qhat", qhat, expected)
+        return cls(
+            method=_choice(entry, "method", where, SET_METHODS),
+            alpha=_number(entry, "alpha", where, low=0.0, high=1.0, open_low=True),
+            qhat=tuple(float(v) for v in values),
+            class_conditional=conditional,
+            lam=_number(entry, "lambda", where, low=0.0, high=_INF, open_low=False),
+            k_reg=_count(entry, "k_reg", where),
+        )
+
+
+@dataclass(frozen=True)
+class SelectiveRule:
+    """Answer when the calibrated ``score`` passes ``tau`` (msp: >= tau; an entropy: <= tau),
+    chosen so that P(selective error rate > target_risk) <= delta."""
+
+    score: str
+    target_risk: float
+    delta: float
+    tau: float
+    grid_size: int
+    coverage: float  # share of the quantile part answered at tau
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "score": self.score,
+            "target_risk": self.target_risk,
+            "delta": self.delta,
+            "tau": self.tau,
+            "grid_size": self.grid_size,
+            "coverage": self.coverage,
+        }
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any], where: str) -> SelectiveRule:
+        return cls(
+            score=_choice(entry, "score", where, DECISION_SCORES),
+            target_risk=_number(entry, "target_risk", where, low=0.0, high=1.0, open_low=True),
+            delta=_number(entry, "delta", where, low=0.0, high=1.0, open_low=True),
+            tau=_number(entry, "tau", where, low=-_INF, high=_INF, open_low=True),
+            grid_size=_count(entry, "grid_size", where, low=1),
+            coverage=_number(entry, "coverage", where, low=0.0, high=1.0, open_low=False),
+        )
+
+
+@dataclass(frozen=True)
+class OodRule:
+    """Flag an input when its OOD score (``score`` oriented higher = more unusual: msp negated)
+    exceeds ``threshold``, so that at most ``alpha`` of in-distribution inputs are flagged."""
+
+    score: str
+    alpha: float
+    threshold: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"score": self.score, "alpha": self.alpha, "threshold": self.threshold}
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any], where: str) -> OodRule:
+        return cls(
+            score=_choice(entry, "score", where, DECISION_SCORES),
+            alpha=_number(entry, "alpha", where, low=0.0, high=1.0, open_low=True),
+            threshold=_number(entry, "threshold", where, low=-_INF, high=_INF, open_low=True),
+        )
+
+
+def _finite(value: float) -> bool:
+    """``value`` is a finite number (this module imports no numpy)."""
+    return value == value and value not in (_INF, -_INF)
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """What ``hydra-calibrate`` fitted, stored as ``"decisions"`` in hydra.json.
+
+    ``temperature`` is shared by the members (p = mean_m softmax(logits_m / T)); each rule is
+    None when it was not fitted. ``onnx_sha256`` names the ``model.onnx`` the numbers were fitted
+    on (a runner refuses the record for another file); ``data_sha256`` the calibration data.
+    ``n_temperature`` / ``n_quantile``: the examples of the two parts (T, RAPS parameters and the
+    selective grid on the first; every quantile on the second). ``in_graph``: the rules are also
+    outputs of ``model.onnx``.
+    """
+
+    temperature: float
+    num_classes: int
+    onnx_sha256: str
+    data_sha256: str
+    n_temperature: int
+    n_quantile: int
+    holdout: float
+    seed: int
+    sets: SetRule | None = None
+    selective: SelectiveRule | None = None
+    ood: OodRule | None = None
+    in_graph: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": DECISIONS_FORMAT,
+            "temperature": self.temperature,
+            "num_classes": self.num_classes,
+            "sets": None if self.sets is None else self.sets.to_dict(),
+            "selective": None if self.selective is None else self.selective.to_dict(),
+            "ood": None if self.ood is None else self.ood.to_dict(),
+            "n_temperature": self.n_temperature,
+            "n_quantile": self.n_quantile,
+            "holdout": self.holdout,
+            "seed": self.seed,
+            "onnx_sha256": self.onnx_sha256,
+            "data_sha256": self.data_sha256,
+            "in_graph": self.in_graph,
+        }
+
+    @classmethod
+    def from_dict(cls, record: Any, where: str = "the decisions record") -> DecisionRecord:
+        """Check a parsed record (``where`` names it in errors)."""
+        if not isinstance(record, dict):
+            raise _malformed(where, "record", record, "a JSON object")
+        found = record.get("format")
+        if found != DECISIONS_FORMAT:
+            raise ExportFolderError(
+                f"{where} has format {found!r:.60}; this version reads {DECISIONS_FORMAT!r}: "
+                f"upgrade hydra-deploy, or {_REFIT}"
+            )
+        for key in ("onnx_sha256", "data_sha256"):
+            sha = record.get(key)
+            if not (
+                isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef")
+            ):
+                raise _malformed(where, key, sha, "64 lowercase hex digits")
+        in_graph = record.get("in_graph", False)
+        if not isinstance(in_graph, bool):
+            raise _malformed(where, "in_graph", in_graph, "true or false")
+        num_classes = _count(record, "num_classes", where, low=1)
+        sets = _section(record, "sets", where)
+        selective = _section(record, "selective", where)
+        ood = _section(record, "ood", where)
+        return cls(
+            temperature=_number(record, "temperature", where, low=0.0, high=_INF, open_low=True),
+            num_classes=num_classes,
+            onnx_sha256=record["onnx_sha256"],
+            data_sha256=record["data_sha256"],
+            n_temperature=_count(record, "n_temperature", where, low=1),
+            n_quantile=_count(record, "n_quantile", where, low=1),
+            holdout=_number(record, "holdout", where, low=0.0, high=1.0, open_low=True),
+            seed=_count(record, "seed", where),
+            sets=None if sets is None else SetRule.from_dict(sets, where, num_classes),
+            selective=None if selective is None else SelectiveRule.from_dict(selective, where),
+            ood=None if ood is None else OodRule.from_dict(ood, where),
+            in_graph=in_graph,
+        )
+
+    def check_fitted_on(self, onnx_sha256: str | None, model: str) -> None:
+        """Refuse the record when it was fitted on another ``model.onnx`` than ``onnx_sha256``
+        (a re-export, another precision, a model replaced by hand)."""
+        if onnx_sha256 != self.onnx_sha256:
+            raise ExportFolderError(
+                f"the decisions in hydra.json were fitted on another model.onnx than {model} "
+                f"(fitted on sha256 {self.onnx_sha256[:12]}..., this one is "
+                f"{(onnx_sha256 or 'unknown')[:12]}...); their thresholds do not hold for it: "
+                f"{_REFIT.replace('EXPORT', str(model))}"
+            )
+
+
+def write_decisions(folder: str | os.PathLike, decisions: DecisionRecord | None) -> ExportInfo:
+    """Store ``decisions`` (None: remove them) in ``folder/hydra.json``, atomically; the rest of
+    the record is kept as it is."""
+    info = read_info(folder)
+    record = dict(info.record)
+    if decisions is None:
+        record.pop("decisions", None)
+    else:
+        record["decisions"] = decisions.to_dict()
+    return write_info(info.folder, record)

@@ -63,14 +63,15 @@ def _refuse_nonfinite(logits: np.ndarray) -> None:
 
 
 def ensemble_scores(
-    member_logits: np.ndarray, *, allow_nonfinite: bool = False
+    member_logits: np.ndarray, *, allow_nonfinite: bool = False, dtype: type = np.float32
 ) -> dict[str, np.ndarray]:
     """Uncertainty scores of member logits ``[batch, members, classes]``.
 
     Returns a dict of numpy arrays: ``probs`` [B, C], ``member_probs`` [B, M, C], ``prediction``
     [B] (int64, argmax of probs), and ``msp``, ``predictive_entropy``, ``expected_entropy``,
     ``mutual_information``, ``disagreement`` [B]. Floats are computed in float64 and returned as
-    float32; any float dtype goes in (float16 included).
+    float32 (``dtype=np.float64`` keeps the float64 values); any float dtype goes in (float16
+    included).
 
     Non-finite logits (NaN, +/-inf) raise :class:`HydraError` unless ``allow_nonfinite``: then the
     examples holding them get NaN in every float score and prediction -1, and the others are
@@ -119,7 +120,7 @@ def ensemble_scores(
         "mutual_information": np.maximum(predictive - expected, 0.0),
         "disagreement": disagreement,
     }
-    out = {k: v.astype(np.float32) for k, v in scores.items()}
+    out = {k: v.astype(dtype) for k, v in scores.items()}
     out["prediction"] = prediction.astype(np.int64)
     if not finite.all():
         for name, value in out.items():

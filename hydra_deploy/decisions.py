@@ -1,0 +1,626 @@
+"""From member logits to decisions: temperature scaling, conformal prediction sets, answer-or-abstain
+with a risk guarantee and an OOD flag (numpy only: edge code).
+
+Everything works on the temperature-scaled probabilities ``p = mean_m softmax(logits_m / T)`` of
+member logits ``[batch, members, classes]``:
+
+- **Temperature** (:func:`fit_temperature`): one T shared by the members, the argmin of the NLL of
+  p on labelled data, searched over log T in [0.05, 20].
+- **Prediction sets** (split conformal, :func:`class_scores`, :func:`prediction_sets`): LAC, the
+  default, ``{y : p_y >= 1 - qhat}`` (may be empty: nothing is plausible); APS, deterministic,
+  ``s(x, y)`` = the sum of p_j over the classes ranked at or above y (p descending, ties by lower
+  index), the set ``{y : s(x, y) <= qhat}`` plus the top class; RAPS adds
+  ``lambda * max(0, rank - k_reg)``. ``qhat`` is the ceil((n + 1)(1 - alpha))-th smallest
+  calibration score (:func:`conformal_quantile`); over exchangeable data the set holds the true
+  class with probability at least 1 - alpha (marginally).
+- **Answer or abstain** (:func:`fit_selective`): answer when the calibrated score passes tau; tau
+  is the lowest threshold of a grid fixed before the labels are seen whose exact binomial p-value
+  for "selective error rate > target" is at most delta / (grid size) (Learn then Test with
+  Bonferroni), so P(selective error rate > target) <= delta.
+- **OOD flag** (:func:`fit_ood`): flag when the OOD score (msp negated, or an entropy) exceeds the
+  conformal quantile of its in-distribution calibration values: at most alpha_ood of
+  in-distribution inputs are flagged.
+
+:func:`fit_decisions` fits T (and RAPS's parameters and the threshold grid) on one part of the
+data and every quantile on the other (``holdout``), so each guarantee holds as stated, and returns
+the :class:`~hydra_deploy.export_folder.DecisionRecord` that ``hydra-calibrate`` stores in
+hydra.json; :func:`apply_decisions` applies a record to new logits (what every runner does);
+:func:`decision_metrics` measures a record on labelled data (coverage, set size, selective risk,
+flag rate, ECE before and after T).
+
+The guarantees are marginal, over data exchangeable with the calibration data; none holds under
+distribution shift.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import DataError, ParameterError
+from hydra_deploy.export_folder import (
+    DECISION_SCORES,
+    SET_METHODS,
+    DecisionRecord,
+    OodRule,
+    SelectiveRule,
+    SetRule,
+)
+from hydra_deploy.uncertainty.metrics import ece, nll, ood_score
+from hydra_deploy.uncertainty.scores import ensemble_scores
+
+__all__ = [
+    "DECISION_SCORES",
+    "GRID_SIZE",
+    "RAPS_LAMBDAS",
+    "SET_METHODS",
+    "TEMPERATURE_BOUNDS",
+    "apply_decisions",
+    "binomial_cdf",
+    "binomial_upper_bound",
+    "calibrated_scores",
+    "class_scores",
+    "conformal_quantile",
+    "decision_metrics",
+    "fit_decisions",
+    "fit_ood",
+    "fit_raps",
+    "fit_selective",
+    "fit_temperature",
+    "min_calibration_size",
+    "prediction_sets",
+    "selective_grid",
+    "split_rows",
+    "temperature_nll",
+    "with_in_graph",
+]
+
+TEMPERATURE_BOUNDS = (0.05, 20.0)
+#: The most thresholds a selective grid holds (Bonferroni divides delta by its size).
+GRID_SIZE = 50
+#: RAPS's lambdas tried on the temperature part (Angelopoulos et al. 2020's grid, and 0).
+RAPS_LAMBDAS = (0.0, 0.001, 0.01, 0.1, 0.2, 0.5)
+_EPS = 1e-9  # (n + 1)(1 - alpha) computed in floats: 20 * 0.95 must give 19, not 19.000000000000004
+
+
+# --- checks ---------------------------------------------------------------------------------------
+def _level(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ParameterError(f"`{name}` must be a number in (0, 1), got {value!r}")
+    if not 0.0 < float(value) < 1.0:
+        raise ParameterError(f"`{name}` must be in (0, 1), got {value}")
+    return float(value)
+
+
+def _choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ParameterError(f"`{name}` must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _logits(member_logits: Any) -> np.ndarray:
+    logits = np.asarray(member_logits)
+    if logits.ndim != 3 or 0 in logits.shape:
+        raise DataError(
+            f"member_logits must be [examples, members, classes] with no empty axis, got "
+            f"{logits.shape}"
+        )
+    if not np.issubdtype(logits.dtype, np.number) or np.issubdtype(
+        logits.dtype, np.complexfloating
+    ):
+        raise DataError(f"member_logits must be a float array, got dtype {logits.dtype}")
+    logits = logits.astype(np.float64)
+    bad = ~np.isfinite(logits).all(axis=(1, 2))
+    if bad.any():
+        raise DataError(
+            f"member_logits holds NaN or infinite values in {int(bad.sum())} of {len(logits)} "
+            f"example(s) (first: example {int(np.argmax(bad))}); decisions are fitted on finite "
+            "logits: check the model with hydra-compare, or leave those examples out"
+        )
+    return logits
+
+
+def _labels(labels: Any, count: int, num_classes: int) -> np.ndarray:
+    y = np.asarray(labels)
+    if y.ndim != 1 or len(y) != count:
+        raise DataError(
+            f"labels must be one class index per example ({count}), got shape {y.shape}"
+        )
+    whole = np.issubdtype(y.dtype, np.integer) or (
+        np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y)) and np.all(y == np.round(y))
+    )
+    if not whole:
+        raise DataError(f"labels must be class indices (integers), got dtype {y.dtype}")
+    y = y.astype(np.int64)
+    outside = (y < 0) | (y >= num_classes)
+    if outside.any():
+        raise DataError(
+            f"labels hold {int(outside.sum())} value(s) outside the model's classes 0..{num_classes - 1} "
+            f"(first: {int(y[np.argmax(outside)])} at example {int(np.argmax(outside))}); "
+            "map the labels to the model's classes"
+        )
+    return y
+
+
+# --- temperature ----------------------------------------------------------------------------------
+def _log_probs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """log p [N, C] of member logits [N, M, C] at ``temperature`` (float64, log-sum-exp safe)."""
+    z = logits / temperature
+    z = z - z.max(axis=-1, keepdims=True)
+    log_member = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))  # [N, M, C]
+    top = log_member.max(axis=1, keepdims=True)
+    return (top + np.log(np.exp(log_member - top).mean(axis=1, keepdims=True)))[:, 0]
+
+
+def temperature_nll(member_logits: Any, labels: Any, temperature: float) -> float:
+    """Mean NLL of ``mean_m softmax(member_logits_m / temperature)`` at the labels."""
+    logits = _logits(member_logits)
+    y = _labels(labels, len(logits), logits.shape[2])
+    return float(-_log_probs(logits, temperature)[np.arange(len(y)), y].mean())
+
+
+def fit_temperature(
+    member_logits: Any, labels: Any, *, bounds: tuple[float, float] = TEMPERATURE_BOUNDS
+) -> float:
+    """The temperature T in ``bounds`` that minimises the NLL of the calibrated probabilities.
+
+    A 121-point grid over log T, then a golden-section search between the best point's
+    neighbours (the NLL of an ensemble's mean is not always convex in T; the grid keeps the search
+    from a local minimum)."""
+    logits = _logits(member_logits)
+    y = _labels(labels, len(logits), logits.shape[2])
+    rows = np.arange(len(y))
+    low, high = (math.log(b) for b in bounds)
+
+    def loss(log_t: float) -> float:
+        return float(-_log_probs(logits, math.exp(log_t))[rows, y].mean())
+
+    grid = np.linspace(low, high, 121)
+    values = [loss(g) for g in grid]
+    best = int(np.argmin(values))
+    a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = loss(c), loss(d)
+    for _ in range(40):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = loss(d)
+    candidates = [(values[best], grid[best]), (fc, c), (fd, d)]
+    return float(math.exp(min(candidates)[1]))
+
+
+def calibrated_scores(
+    member_logits: Any, temperature: float, *, allow_nonfinite: bool = False
+) -> dict[str, np.ndarray]:
+    """:func:`~hydra_deploy.uncertainty.ensemble_scores` of ``member_logits / temperature`` in
+    float64: ``probs`` (the calibrated p), ``msp`` (the calibrated confidence), the entropies,
+    mutual information and ``prediction``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.asarray(member_logits, dtype=np.float64) / float(temperature)
+    return ensemble_scores(scaled, allow_nonfinite=allow_nonfinite, dtype=np.float64)
+
+
+# --- conformal quantiles and prediction sets --------------------------------------------------------
+def min_calibration_size(alpha: float) -> int:
+    """The fewest calibration examples for which ceil((n + 1)(1 - alpha)) <= n."""
+    alpha = _level(alpha, "alpha")
+    n = max(1, math.ceil(1.0 / alpha - 1.0 - 1e-6))
+    while math.ceil((n + 1) * (1.0 - alpha) - _EPS) > n:
+        n += 1
+    while n > 1 and math.ceil(n * (1.0 - alpha) - _EPS) <= n - 1:
+        n -= 1
+    return n
+
+
+def conformal_quantile(scores: Any, alpha: float, *, what: str = "calibration examples") -> float:
+    """The ceil((n + 1)(1 - alpha))-th smallest of ``scores``: the split-conformal threshold at
+    level 1 - alpha. Refused (naming the smallest n alpha allows) where that rank exceeds n."""
+    alpha = _level(alpha, "alpha")
+    values = np.sort(np.asarray(scores, dtype=np.float64).ravel())
+    n = len(values)
+    rank = math.ceil((n + 1) * (1.0 - alpha) - _EPS)
+    if rank > n:
+        raise DataError(
+            f"{n} {what} are too few for alpha {alpha:g}: a conformal threshold at level "
+            f"{1 - alpha:g} needs at least {min_calibration_size(alpha)}; give more labelled "
+            "data, or a larger alpha"
+        )
+    return float(values[max(rank, 1) - 1])
+
+
+def _ranked(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order [B, C]: classes by p descending, ties by lower index; sorted p [B, C])."""
+    order = np.argsort(-probs, axis=1, kind="stable")
+    return order, np.take_along_axis(probs, order, axis=1)
+
+
+def class_scores(
+    probs: Any, method: str = "lac", *, lam: float = 0.0, k_reg: int = 0
+) -> np.ndarray:
+    """The nonconformity score of every class [B, C] (lower = more plausible).
+
+    ``lac``: 1 - p_y. ``aps``: the sum of p_j over the classes ranked at or above y (ranks by p
+    descending, ties by lower class index). ``raps``: APS + ``lam`` * max(0, rank - ``k_reg``),
+    rank 1 for the top class."""
+    method = _choice(method, "sets", SET_METHODS)
+    p = np.asarray(probs, dtype=np.float64)
+    if method == "lac":
+        return 1.0 - p
+    order, sorted_p = _ranked(p)
+    cumulative = np.cumsum(sorted_p, axis=1)
+    if method == "raps":
+        ranks = np.arange(1, p.shape[1] + 1, dtype=np.float64)
+        cumulative = cumulative + lam * np.maximum(0.0, ranks - k_reg)[None, :]
+    scores = np.empty_like(p)
+    np.put_along_axis(scores, order, cumulative, axis=1)
+    return scores
+
+
+def prediction_sets(
+    probs: Any,
+    qhat: float | Sequence[float] | np.ndarray,
+    method: str = "lac",
+    *,
+    lam: float = 0.0,
+    k_reg: int = 0,
+) -> np.ndarray:
+    """The prediction sets [B, C] (bool) at threshold ``qhat`` (a number, or one per class for
+    class-conditional sets): the classes whose score is at most it; APS and RAPS also hold the
+    top class (never empty), LAC may be empty."""
+    p = np.asarray(probs, dtype=np.float64)
+    threshold = np.asarray(qhat, dtype=np.float64)
+    if threshold.ndim == 1:
+        threshold = threshold[None, :]
+    members = class_scores(p, method, lam=lam, k_reg=k_reg) <= threshold
+    if method != "lac":
+        order = np.argsort(-p, axis=1, kind="stable")[:, 0]
+        members[np.arange(len(p)), order] = True
+    return members
+
+
+def _true_scores(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    return scores[np.arange(len(labels)), labels]
+
+
+def _set_qhat(
+    scores: np.ndarray,
+    labels: np.ndarray,
+    alpha: float,
+    class_conditional: bool,
+    class_names: Sequence[str] | None,
+) -> tuple[float, ...]:
+    true = _true_scores(scores, labels)
+    if not class_conditional:
+        return (conformal_quantile(true, alpha),)
+    qhat = []
+    for c in range(scores.shape[1]):
+        name = f"class {c}" + (f" ({class_names[c]})" if class_names else "")
+        qhat.append(
+            conformal_quantile(
+                true[labels == c],
+                alpha,
+                what=f"calibration examples of {name} (class-conditional sets)",
+            )
+        )
+    return tuple(qhat)
+
+
+def fit_raps(
+    probs: Any, labels: Any, alpha: float, *, lambdas: Sequence[float] = RAPS_LAMBDAS
+) -> tuple[float, int]:
+    """RAPS's (lambda, k_reg) on tuning data: k_reg the conformal rank quantile of the true
+    classes' ranks, lambda the one of ``lambdas`` whose sets (thresholded on the same data) are
+    smallest on average (ties: the smaller lambda)."""
+    p = np.asarray(probs, dtype=np.float64)
+    y = np.asarray(labels, dtype=np.int64)
+    order, _ = _ranked(p)
+    ranks = np.argmax(order == y[:, None], axis=1) + 1  # 1-based rank of the true class
+    k_reg = int(conformal_quantile(ranks, alpha, what="examples of the temperature part (RAPS)"))
+    best: tuple[float, float] | None = None
+    for lam in lambdas:
+        scores = class_scores(p, "raps", lam=lam, k_reg=k_reg)
+        qhat = conformal_quantile(_true_scores(scores, y), alpha)
+        size = float(prediction_sets(p, qhat, "raps", lam=lam, k_reg=k_reg).sum(axis=1).mean())
+        if best is None or size < best[0] - 1e-12:
+            best = (size, float(lam))
+    assert best is not None
+    return best[1], k_reg
+
+
+# --- answer or abstain ----------------------------------------------------------------------------
+def _log_binomial_terms(k: int, n: int, p: float) -> np.ndarray:
+    i = np.arange(k + 1, dtype=np.float64)
+    log_comb = np.concatenate([[0.0], np.cumsum(np.log(n - i[1:] + 1.0) - np.log(i[1:]))])
+    with np.errstate(divide="ignore"):
+        return log_comb + i * np.log(p) + (n - i) * np.log1p(-p)
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k), exactly (a sum of log-space terms; numpy only)."""
+    if k < 0:
+        return 0.0
+    if k >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    terms = _log_binomial_terms(int(k), int(n), float(p))
+    top = terms.max()
+    return float(min(1.0, math.exp(top) * np.exp(terms - top).sum()))
+
+
+def binomial_upper_bound(k: int, n: int, level: float) -> float:
+    """The one-sided Clopper-Pearson upper bound: the smallest p with P(Bin(n, p) <= k) <= level
+    (1.0 for n = 0): with ``k`` errors in ``n`` answers, the risk is below it at confidence
+    1 - ``level``."""
+    if n == 0 or k >= n:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if binomial_cdf(k, n, middle) <= level:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _confidence(scores: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The score oriented higher = more confident (msp as it is, an entropy negated)."""
+    return -ood_score(scores, name)
+
+
+def selective_grid(confidence: Any, size: int = GRID_SIZE) -> np.ndarray:
+    """At most ``size`` thresholds, ascending: quantiles 0 to 0.98 of ``confidence`` (the
+    temperature part's calibrated confidences: fixed before the quantile part's labels are seen)."""
+    values = np.asarray(confidence, dtype=np.float64)
+    return np.unique(np.quantile(values, np.linspace(0.0, 0.98, size)))
+
+
+def fit_selective(
+    confidence: Any, correct: Any, grid: Any, target_risk: float, delta: float
+) -> tuple[float, dict[str, Any]]:
+    """The lowest threshold of ``grid`` (largest coverage) certified for ``target_risk``.
+
+    For each threshold the answered examples (``confidence`` >= threshold) are tested with the
+    exact binomial p-value of "selective error rate > target_risk"; a threshold is certified when
+    that p-value is at most delta / len(grid) (Learn then Test, Bonferroni), so
+    P(selective error rate > target_risk) <= delta whichever is chosen. Returns (tau, details:
+    coverage, risk and answered count at tau on these data). Refused, naming the best risk the
+    data can certify at this delta, when no threshold reaches the target."""
+    target_risk = _level(target_risk, "risk")
+    delta = _level(delta, "delta")
+    conf = np.asarray(confidence, dtype=np.float64)
+    errors = ~np.asarray(correct, dtype=bool)
+    thresholds = np.asarray(grid, dtype=np.float64)
+    level = delta / len(thresholds)
+    best_bound, certified = 1.0, None
+    for tau in thresholds:  # ascending: the first certified is the lowest
+        answered = conf >= tau
+        n, k = int(answered.sum()), int(errors[answered].sum())
+        if n and binomial_cdf(k, n, target_risk) <= level:
+            certified = float(tau)
+            break
+        best_bound = min(best_bound, binomial_upper_bound(k, n, level))
+    if certified is None:
+        raise DataError(
+            f"no threshold reaches a selective risk of {target_risk:g} at delta {delta:g} on "
+            f"{len(conf)} calibration examples: the best these data can guarantee is "
+            f"{best_bound:.4g}; ask for a larger risk (--risk), a larger delta, or give more "
+            "labelled data"
+        )
+    answered = conf >= certified
+    details = {
+        "coverage": float(answered.mean()),
+        "risk": float(errors[answered].mean()),
+        "answered": int(answered.sum()),
+        "grid_size": len(thresholds),
+    }
+    return certified, details
+
+
+def fit_ood(ood_scores: Any, alpha: float) -> float:
+    """The OOD threshold: the conformal quantile of in-distribution OOD scores (higher = more
+    unusual) at level 1 - alpha; flagging scores above it flags at most alpha of ID inputs."""
+    return conformal_quantile(
+        ood_scores, alpha, what="in-distribution calibration examples (OOD flag)"
+    )
+
+
+# --- the whole fit ------------------------------------------------------------------------------
+def split_rows(count: int, holdout: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(temperature rows, quantile rows): a random split of ``count`` examples with a share
+    ``holdout`` for the quantiles; both parts non-empty."""
+    holdout = _level(holdout, "holdout")
+    quantile_count = round(count * holdout)
+    if quantile_count < 1 or quantile_count > count - 1:
+        raise DataError(
+            f"{count} calibration example(s) cannot be split {1 - holdout:g} / {holdout:g} into a "
+            "temperature part and a quantile part with an example in each; give more labelled data"
+        )
+    order = np.random.default_rng(seed).permutation(count)
+    return np.sort(order[quantile_count:]), np.sort(order[:quantile_count])
+
+
+def fit_decisions(
+    member_logits: Any,
+    labels: Any,
+    *,
+    onnx_sha256: str,
+    data_sha256: str,
+    alpha: float | None = 0.1,
+    sets: str = "lac",
+    class_conditional: bool = False,
+    risk: float | None = None,
+    delta: float = 0.1,
+    accept_score: str = "msp",
+    ood_alpha: float | None = 0.05,
+    ood_score: str = "msp",
+    holdout: float = 0.5,
+    seed: int = 0,
+    class_names: Sequence[str] | None = None,
+) -> DecisionRecord:
+    """Fit every decision on labelled in-distribution data and return the record.
+
+    T (and RAPS's parameters and the selective grid) are fitted on a ``1 - holdout`` share of
+    the examples, every quantile (qhat, tau, the OOD threshold) on the other ``holdout`` share.
+    ``alpha`` None: no prediction sets; ``risk`` None: no answer-or-abstain rule; ``ood_alpha``
+    None: no OOD flag. ``onnx_sha256`` / ``data_sha256`` name the model file and the data."""
+    logits = _logits(member_logits)
+    count, _, num_classes = logits.shape
+    y = _labels(labels, count, num_classes)
+    if alpha is not None:
+        alpha = _level(alpha, "alpha")
+        sets = _choice(sets, "sets", SET_METHODS)
+    if risk is not None:
+        risk = _level(risk, "risk")
+        delta = _level(delta, "delta")
+        accept_score = _choice(accept_score, "accept_score", DECISION_SCORES)
+    if ood_alpha is not None:
+        ood_alpha = _level(ood_alpha, "ood_alpha")
+        ood_score = _choice(ood_score, "ood_score", DECISION_SCORES)
+    if class_names is not None and len(class_names) != num_classes:
+        raise ParameterError(
+            f"`class_names` holds {len(class_names)} names for a model of {num_classes} classes"
+        )
+    t_rows, q_rows = split_rows(count, holdout, seed)
+    temperature = fit_temperature(logits[t_rows], y[t_rows])
+    tune = calibrated_scores(logits[t_rows], temperature)
+    held = calibrated_scores(logits[q_rows], temperature)
+    y_tune, y_held = y[t_rows], y[q_rows]
+
+    set_rule = None
+    if alpha is not None:
+        lam, k_reg = fit_raps(tune["probs"], y_tune, alpha) if sets == "raps" else (0.0, 0)
+        scores = class_scores(held["probs"], sets, lam=lam, k_reg=k_reg)
+        qhat = _set_qhat(scores, y_held, alpha, class_conditional, class_names)
+        set_rule = SetRule(sets, alpha, qhat, class_conditional, lam, k_reg)
+
+    selective_rule = None
+    if risk is not None:
+        grid = selective_grid(_confidence(tune, accept_score))
+        tau, details = fit_selective(
+            _confidence(held, accept_score), held["prediction"] == y_held, grid, risk, delta
+        )
+        selective_rule = SelectiveRule(
+            score=accept_score,
+            target_risk=risk,
+            delta=delta,
+            tau=tau if accept_score == "msp" else -tau,  # in the score's own units
+            grid_size=details["grid_size"],
+            coverage=details["coverage"],
+        )
+
+    ood_rule = None
+    if ood_alpha is not None:
+        threshold = fit_ood(-_confidence(held, ood_score), ood_alpha)
+        ood_rule = OodRule(ood_score, ood_alpha, threshold)
+
+    return DecisionRecord(
+        temperature=temperature,
+        num_classes=num_classes,
+        onnx_sha256=onnx_sha256,
+        data_sha256=data_sha256,
+        n_temperature=len(t_rows),
+        n_quantile=len(q_rows),
+        holdout=float(holdout),
+        seed=int(seed),
+        sets=set_rule,
+        selective=selective_rule,
+        ood=ood_rule,
+    )
+
+
+# --- applying a record ----------------------------------------------------------------------------
+def apply_decisions(
+    member_logits: Any, record: DecisionRecord, *, allow_nonfinite: bool = False
+) -> dict[str, np.ndarray]:
+    """The decisions of ``record`` on member logits [B, M, C].
+
+    Returns ``calibrated_probs`` [B, C] (float32), ``confidence`` [B] (the calibrated max
+    probability, float32), ``prediction`` [B] (int64), and, for each rule the record holds,
+    ``prediction_set`` [B, C], ``accept`` [B] and ``ood_flag`` [B] (bool). With
+    ``allow_nonfinite``, an example with non-finite logits gets NaN probabilities, an empty set,
+    accept False and ood_flag True."""
+    logits = np.asarray(member_logits)
+    if logits.ndim != 3 or logits.shape[2] != record.num_classes:
+        raise DataError(
+            f"the decisions were fitted for {record.num_classes} classes; member_logits has shape "
+            f"{logits.shape}"
+        )
+    scores = calibrated_scores(logits, record.temperature, allow_nonfinite=allow_nonfinite)
+    finite = scores["prediction"] >= 0
+    out: dict[str, np.ndarray] = {
+        "calibrated_probs": scores["probs"].astype(np.float32),
+        "confidence": scores["msp"].astype(np.float32),
+        "prediction": scores["prediction"],
+    }
+    if record.sets is not None:
+        rule = record.sets
+        qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
+        probs = np.where(finite[:, None], scores["probs"], 0.0)
+        out["prediction_set"] = (
+            prediction_sets(probs, qhat, rule.method, lam=rule.lam, k_reg=rule.k_reg)
+            & finite[:, None]
+        )
+    if record.selective is not None:
+        rule = record.selective
+        value = scores[rule.score]
+        with np.errstate(invalid="ignore"):
+            out["accept"] = (
+                value >= rule.tau if rule.score == "msp" else value <= rule.tau
+            ) & finite
+    if record.ood is not None:
+        with np.errstate(invalid="ignore"):
+            out["ood_flag"] = (ood_score(scores, record.ood.score) > record.ood.threshold) | ~finite
+    return out
+
+
+def decision_metrics(
+    member_logits: Any, labels: Any | None, record: DecisionRecord, *, bins: int = 15
+) -> dict[str, Any]:
+    """What ``record`` does on data: with labels (in-distribution), accuracy, ECE and NLL before
+    and after T, set coverage and mean size (and the share of empty sets), selective coverage and
+    risk at tau, and the OOD flag rate; without labels (an OOD set), the flag rate, the share
+    answered and the mean set size."""
+    logits = _logits(member_logits)
+    decided = apply_decisions(logits, record)
+    out: dict[str, Any] = {"count": len(logits)}
+    if "prediction_set" in decided:
+        sizes = decided["prediction_set"].sum(axis=1)
+        out["mean_set_size"] = float(sizes.mean())
+        out["empty_sets"] = float((sizes == 0).mean())
+    if "accept" in decided:
+        out["answered"] = float(decided["accept"].mean())
+    if "ood_flag" in decided:
+        out["flag_rate"] = float(decided["ood_flag"].mean())
+    if labels is None:
+        return out
+    y = _labels(labels, len(logits), logits.shape[2])
+    raw = ensemble_scores(logits, dtype=np.float64)
+    correct = decided["prediction"] == y
+    out["accuracy"] = float(correct.mean())
+    out["ece_raw"] = ece(raw["probs"], y, bins)
+    out["ece"] = ece(decided["calibrated_probs"].astype(np.float64), y, bins)
+    out["nll_raw"] = nll(raw["probs"], y)
+    out["nll"] = nll(decided["calibrated_probs"].astype(np.float64), y)
+    if "prediction_set" in decided:
+        out["coverage"] = float(decided["prediction_set"][np.arange(len(y)), y].mean())
+    if "accept" in decided:
+        answered = decided["accept"]
+        out["selective_risk"] = float((~correct[answered]).mean()) if answered.any() else None
+    return out
+
+
+def with_in_graph(record: DecisionRecord, onnx_sha256: str) -> DecisionRecord:
+    """The record once its rules are also outputs of the graph whose hash is ``onnx_sha256``."""
+    return replace(record, in_graph=True, onnx_sha256=onnx_sha256)
