@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -76,7 +75,6 @@ __all__ = [
     "selective_grid",
     "split_rows",
     "temperature_nll",
-    "with_in_graph",
 ]
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
@@ -619,8 +617,3 @@ def decision_metrics(
         answered = decided["accept"]
         out["selective_risk"] = float((~correct[answered]).mean()) if answered.any() else None
     return out
-
-
-def with_in_graph(record: DecisionRecord, onnx_sha256: str) -> DecisionRecord:
-    """The record once its rules are also outputs of the graph whose hash is ``onnx_sha256``."""
-    return replace(record, in_graph=True, onnx_sha256=onnx_sha256)

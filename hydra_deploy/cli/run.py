@@ -25,6 +25,7 @@ EXAMPLES = """\
   hydra-run engines/vit_b16-m3.fp16.engine batch.npy --csv scores.csv --overwrite
   hydra-run export/vit_b16-m3/model.onnx arrays.npz --providers cpu --json -   # JSON on stdout
   hydra-run export/minilm-m3 glosses.txt --text "a domesticated carnivorous mammal"   # BERT
+  hydra-run export/vit_b16-m3 images/ --raw       # scores only, even if hydra-calibrate ran
 """
 
 
@@ -38,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         "scores (msp, predictive and expected entropy, mutual information, disagreement). "
         f"Images ({', '.join(IMAGE_SUFFIXES)}; folders are searched recursively, sorted) are "
         "preprocessed as timm's eval transform from the export's hydra.json; .npy/.npz arrays "
-        "(npz key 'x' or the model's input name) are taken as already preprocessed.",
+        "(npz key 'x' or the model's input name) are taken as already preprocessed. An export "
+        "calibrated with hydra-calibrate also gives, per input, the calibrated confidence, the "
+        "prediction set, answer or abstain, and the OOD flag (--raw: scores only).",
         EXAMPLES,
     )
     p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")
@@ -85,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json/--csv file")
     p.add_argument(
+        "--raw",
+        action="store_true",
+        help="scores only: leave out the decisions of hydra-calibrate (calibrated confidence, "
+        "prediction set, answer/abstain, OOD flag) even when the export holds them",
+    )
+    p.add_argument(
         "--allow-nonfinite",
         action="store_true",
         help="run inputs holding NaN/inf and pass non-finite logits through (prediction "
@@ -98,10 +107,39 @@ def _fmt(value: float | None) -> str:
     return "nan" if value is None else f"{value:.4f}"
 
 
+_DECISION_COLUMNS = {  # field -> (column, how a value is shown)
+    "confidence": ("confidence", _fmt),
+    "prediction_set": ("prediction set", lambda v: "{" + ", ".join(map(str, v)) + "}"),
+    "accept": ("decision", lambda v: "answer" if v else "abstain"),
+    "ood_flag": ("OOD", lambda v: "flagged" if v else "-"),
+}
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    """The printed table: the prediction, the decisions the export holds, then the scores."""
+    from hydra_deploy.uncertainty import SCALAR_SCORES
+
+    decided = [f for f in _DECISION_COLUMNS if f in results[0]]
+    scores = [s for s in SCALAR_SCORES if s != "expected_entropy"]
+    header = ["input", "prediction", *(_DECISION_COLUMNS[f][0] for f in decided), *scores]
+    rows = [
+        [
+            r["input"],
+            r["label"] if r["label"] is not None else r["prediction"],
+            *(_DECISION_COLUMNS[f][1](r[f]) for f in decided),
+            *(_fmt(r[s]) for s in scores),
+        ]
+        for r in results
+    ]
+    return common.print_table(rows, header)
+
+
 def _csv_text(results: list[dict[str, Any]]) -> str:
     rows = []
     for result in results:
         row = {k: v for k, v in result.items() if k != "top_k"}
+        if "prediction_set" in row:  # one CSV cell: the classes joined by '|'
+            row["prediction_set"] = "|".join(map(str, row["prediction_set"]))
         for rank, entry in enumerate(result.get("top_k", []), start=1):
             row[f"top{rank}_class"] = entry["class"]
             row[f"top{rank}_label"] = entry["label"]
@@ -129,7 +167,6 @@ def _write(path: Path, text: str) -> None:
 
 def main_body(args: argparse.Namespace) -> int:
     from hydra_deploy.engines.runner import load_runner
-    from hydra_deploy.uncertainty import SCALAR_SCORES
 
     if args.top_k < 1:
         raise HydraError(f"--top-k must be at least 1, got {args.top_k}")
@@ -139,7 +176,9 @@ def main_body(args: argparse.Namespace) -> int:
     if target is not None and str(target) != "-":
         common.refuse_existing(target, args.overwrite)
     providers = args.providers.split(",") if args.providers else None
-    with load_runner(args.model, backend=args.backend, providers=providers) as runner:
+    with load_runner(
+        args.model, backend=args.backend, providers=providers, decisions=not args.raw
+    ) as runner:
         results = score_inputs(
             runner,
             args.inputs,
@@ -147,6 +186,7 @@ def main_body(args: argparse.Namespace) -> int:
             args.top_k,
             args.text,
             allow_nonfinite=args.allow_nonfinite,
+            decisions=not args.raw,
         )
         meta = {
             "model": str(args.model),
@@ -161,17 +201,7 @@ def main_body(args: argparse.Namespace) -> int:
         _write(args.csv, _csv_text(results))
     if target is None:
         if not args.quiet:
-            header = ["input", "prediction", *SCALAR_SCORES]
-            header.remove("expected_entropy")
-            rows = [
-                [
-                    r["input"],
-                    r["label"] if r["label"] is not None else r["prediction"],
-                    *(_fmt(r[s]) for s in header[2:]),
-                ]
-                for r in results
-            ]
-            print(common.print_table(rows, header))
+            print(_table(results))
             if args.top_k > 1:
                 for r in results:
                     print(

@@ -51,6 +51,7 @@ from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import (
     INFO_FILE,
     MODEL_FILE,
+    DecisionRecord,
     ExportInfo,
     file_sha256,
     parse_batch_profile,
@@ -162,6 +163,8 @@ class Runner:
         #: the folder holding it (and, for text models, ``tokenizer/``), if known
         self.export_info: ExportInfo | None = None
         self.export_dir: Path | None = None
+        #: the decisions (hydra-calibrate) of the export, checked against the model file, if any
+        self.decisions: DecisionRecord | None = None
         self.check_metadata(self._embedded_metadata())
 
     def _embedded_metadata(self) -> dict[str, str]:
@@ -873,10 +876,33 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _attach(runner: Runner, export: ExportInfo | None) -> Runner:
-    """``runner`` with the export folder it was loaded from (its checked hydra.json)."""
+def _attach(runner: Runner, export: ExportInfo | None, decisions: bool = True) -> Runner:
+    """``runner`` with the export folder it was loaded from (its checked hydra.json) and, when
+    ``decisions``, the decisions it holds, refused when fitted on another model file."""
     runner.export_info = export
     runner.export_dir = None if export is None else export.folder
+    record = None if export is None or not decisions else export.decisions
+    if record is not None:
+        if runner.backend == "tensorrt":
+            built_from = (runner.engine_info or {}).get("onnx_sha256")
+            if built_from is None:
+                logger.warning(
+                    "%s: cannot tell which model.onnx this engine was built from (no onnx_sha256 "
+                    "in its JSON sidecar), so the decisions in %s are not applied; build the "
+                    "engine with hydra-build to keep them",
+                    runner.path,
+                    export.path,
+                )
+                record = None
+        else:
+            built_from = file_sha256(runner.path)
+        if record is not None:
+            try:
+                record.check_fitted_on(built_from, str(export.folder))
+            except RunnerError:
+                runner.close()
+                raise
+    runner.decisions = record
     return runner
 
 
@@ -918,6 +944,7 @@ def load_runner(
     providers: Sequence[Any] | str | None = None,
     *,
     threads: int | None = None,
+    decisions: bool = True,
 ) -> Runner:
     """A :class:`Runner` for an export folder, a ``.onnx`` file or a TensorRT engine file.
 
@@ -927,7 +954,9 @@ def load_runner(
     Runtime execution providers (names, short names or ``(name, options)`` pairs; default CUDA
     then CPU, whichever this build has). ``threads``: ONNX Runtime's intra-op threads. The
     export's ``hydra.json`` (and an engine's ``<stem>.json`` sidecar) become ``runner.info`` /
-    ``runner.engine_info``.
+    ``runner.engine_info``. The decisions an export holds (``hydra-calibrate``) become
+    ``runner.decisions``, refused when they were fitted on another model file (``decisions=False``
+    leaves them out: raw scores only).
     """
     target = Path(path)
     if backend is not None and str(backend).lower() not in BACKENDS:
@@ -957,7 +986,8 @@ def load_runner(
                 )
             export = read_info(target / INFO_FILE, required=False)
             info = None if export is None else dict(export.record)
-            return _attach(OrtRunner(onnx_path, providers, info=info, threads=threads), export)
+            runner = OrtRunner(onnx_path, providers, info=info, threads=threads)
+            return _attach(runner, export, decisions)
     suffix = target.suffix.lower()
     if suffix == ".onnx":
         if chosen == "tensorrt":
@@ -967,7 +997,8 @@ def load_runner(
             )
         export = _info_beside_onnx(target)
         info = None if export is None else dict(export.record)
-        return _attach(OrtRunner(target, providers, info=info, threads=threads), export)
+        runner = OrtRunner(target, providers, info=info, threads=threads)
+        return _attach(runner, export, decisions)
     if suffix in ENGINE_SUFFIXES:
         if chosen == "onnxruntime":
             raise RunnerError(
@@ -978,7 +1009,8 @@ def load_runner(
         sidecar = _read_json(target.with_suffix(".json"))
         export = _info_for_engine(target, sidecar)
         info = None if export is None else dict(export.record)
-        return _attach(TensorRTRunner(target, info=info, engine_info=sidecar), export)
+        runner = TensorRTRunner(target, info=info, engine_info=sidecar)
+        return _attach(runner, export, decisions)
     raise RunnerError(
         f"cannot tell how to run {str(target)!r}: expected an export folder, a .onnx file or an "
         f"engine file ({', '.join(ENGINE_SUFFIXES)})"

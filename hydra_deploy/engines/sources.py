@@ -222,6 +222,24 @@ def _finite_or_none(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
+def _decision_fields(
+    scores: Mapping[str, np.ndarray], row: int, names: Sequence[str] | None
+) -> dict[str, Any]:
+    """``confidence``, ``prediction_set``, ``accept`` and ``ood_flag`` of one example, for the
+    decisions the scores hold (none without decisions). The set lists class names when the model
+    has them, else class indices."""
+    if "confidence" not in scores:
+        return {}
+    fields: dict[str, Any] = {"confidence": _finite_or_none(scores["confidence"][row])}
+    if "prediction_set" in scores:
+        members = np.flatnonzero(scores["prediction_set"][row]).tolist()
+        fields["prediction_set"] = [names[c] for c in members] if names else members
+    for name in ("accept", "ood_flag"):
+        if name in scores:
+            fields[name] = bool(scores[name][row])
+    return fields
+
+
 def score_inputs(
     runner: Any,
     paths: Sequence[str | os.PathLike],
@@ -229,10 +247,14 @@ def score_inputs(
     top_k: int = 1,
     texts: Sequence[str] | None = None,
     allow_nonfinite: bool = False,
+    decisions: bool = True,
 ) -> list[dict[str, Any]]:
     """Run ``runner`` over the INPUT paths (and ``texts``, for a text model); one result dict per
     example, in input order: ``input``, ``prediction``, ``label`` and every scalar score (and
-    ``top_k`` when ``top_k`` > 1).
+    ``top_k`` when ``top_k`` > 1). When the runner holds decisions (and ``decisions``):
+    ``confidence`` (the calibrated max probability), ``prediction_set`` (class names, or indices
+    for a model without names), ``accept`` and ``ood_flag``, for the rules the record holds; the
+    prediction and ``top_k`` are then those of the calibrated probabilities.
 
     ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
     example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
@@ -257,10 +279,15 @@ def score_inputs(
     for source in sources:
         for rows, batch in iter_batches(runner, source.kind, source.items, size):
             scores = score_batch(
-                runner, batch, batch_size=batch_size, allow_nonfinite=allow_nonfinite
+                runner,
+                batch,
+                batch_size=batch_size,
+                allow_nonfinite=allow_nonfinite,
+                decisions=decisions,
             )
-            k = max(1, min(top_k, scores["probs"].shape[1]))
-            top = np.argsort(-scores["probs"], axis=1, kind="stable")[:, :k]
+            probs = scores.get("calibrated_probs", scores["probs"])
+            k = max(1, min(top_k, probs.shape[1]))
+            top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
             for row, label in enumerate(source.names[rows]):
                 prediction = int(scores["prediction"][row])
                 result: dict[str, Any] = {
@@ -269,12 +296,13 @@ def score_inputs(
                     "label": names[prediction] if names and prediction >= 0 else None,
                 }
                 result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
+                result.update(_decision_fields(scores, row, names))
                 if top_k > 1:
                     result["top_k"] = [
                         {
                             "class": int(c),
                             "label": names[c] if names else None,
-                            "prob": _finite_or_none(scores["probs"][row, c]),
+                            "prob": _finite_or_none(probs[row, c]),
                         }
                         for c in top[row]
                     ]

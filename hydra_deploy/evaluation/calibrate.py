@@ -1,0 +1,279 @@
+"""Fit an export's decisions on labelled data and store them in it (``hydra-calibrate``).
+
+:func:`calibrate` runs the export through its own runner (so the fit sees the deployed numbers:
+an FP16 export is calibrated on FP16 outputs), reads the labelled data the way ``hydra-eval``
+does (:func:`~hydra_deploy.evaluation.evaluate.load_eval_data`: image folders, ``.npz``,
+``.tsv``), fits the decisions with :func:`~hydra_deploy.decisions.fit_decisions` and measures them
+on both parts of the data. :func:`store_decisions` writes the record into ``hydra.json`` (and,
+``in_graph``, the decisions into ``model.onnx`` as outputs), atomically: an interrupted call
+leaves the folder as it was.
+
+This is uncertainty calibration (temperature, conformal thresholds), not TensorRT's INT8
+calibration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.decisions import decision_metrics, fit_decisions, split_rows
+from hydra_deploy.errors import HydraError
+from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
+from hydra_deploy.export_folder import (
+    MODEL_FILE,
+    DecisionRecord,
+    ExportFolderError,
+    ExportInfo,
+    file_sha256,
+    read_info,
+    write_info,
+)
+
+__all__ = ["Calibration", "calibrate", "data_sha256", "store_decisions"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted record and what it does: ``parts`` maps ``"temperature"`` (the part T was fitted
+    on) and ``"quantile"`` (the part the thresholds were fitted on) to
+    :func:`~hydra_deploy.decisions.decision_metrics`; ``ood`` maps each OOD set given to its
+    flag rate (and answered share, mean set size)."""
+
+    record: DecisionRecord
+    parts: Mapping[str, Mapping[str, Any]]
+    ood: Mapping[str, Mapping[str, Any]]
+
+
+def data_sha256(data: EvalData) -> str:
+    """The SHA-256 of labelled data as read: its labels and its inputs (array bytes, image file
+    bytes in order, or texts)."""
+    digest = hashlib.sha256()
+    if data.labels is not None:
+        digest.update(np.ascontiguousarray(data.labels, dtype=np.int64).tobytes())
+    if data.kind == "images":
+        for path in data.images or ():
+            digest.update(Path(path).read_bytes())
+    elif data.kind == "text":
+        for text in data.texts or ():
+            digest.update(text.encode("utf-8") + b"\0")
+    else:
+        arrays = data.array if isinstance(data.array, Mapping) else {"x": data.array}
+        for name in sorted(arrays):
+            array = np.ascontiguousarray(arrays[name])
+            digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _model_sha256(runner: Any) -> str:
+    """The hash the record names: the ONNX file run (an engine's: the file it was built from)."""
+    if getattr(runner, "backend", None) == "tensorrt":
+        sha = (getattr(runner, "engine_info", None) or {}).get("onnx_sha256")
+        if sha is None:
+            raise HydraError(
+                f"cannot tell which model.onnx {runner.path} was built from (no onnx_sha256 in "
+                "its JSON sidecar); build the engine with hydra-build, or calibrate the export "
+                "folder in ONNX Runtime"
+            )
+        return sha
+    return file_sha256(runner.path)
+
+
+def calibrate(
+    runner: Any,
+    data: Any,
+    *,
+    alpha: float | None = 0.1,
+    sets: str = "lac",
+    class_conditional: bool = False,
+    risk: float | None = None,
+    delta: float = 0.1,
+    accept_score: str = "msp",
+    ood_alpha: float | None = 0.05,
+    ood_score: str = "msp",
+    holdout: float = 0.5,
+    seed: int = 0,
+    ood: Mapping[str, Any] | None = None,
+    batch_size: int | None = None,
+) -> Calibration:
+    """Fit the decisions of an export on labelled in-distribution ``data``.
+
+    ``runner``: a runner of the export (:func:`~hydra_deploy.engines.load_runner`; loaded with
+    ``decisions=False``, so an old record does not matter). ``data``: what ``hydra-eval --id``
+    takes (a path or in-memory arrays). ``ood``: optional ``{name: data}`` OOD sets, only to
+    report the flag rate on them (they choose nothing). The other arguments are those of
+    :func:`~hydra_deploy.decisions.fit_decisions`."""
+    labelled = load_eval_data(data, runner, name="--data", labelled=True)
+    logits = member_logits(runner, labelled, batch_size)
+    assert labelled.labels is not None
+    names = getattr(runner, "class_names", None)
+    record = fit_decisions(
+        logits,
+        labelled.labels,
+        onnx_sha256=_model_sha256(runner),
+        data_sha256=data_sha256(labelled),
+        alpha=alpha,
+        sets=sets,
+        class_conditional=class_conditional,
+        risk=risk,
+        delta=delta,
+        accept_score=accept_score,
+        ood_alpha=ood_alpha,
+        ood_score=ood_score,
+        holdout=holdout,
+        seed=seed,
+        class_names=names if names and len(names) == logits.shape[2] else None,
+    )
+    t_rows, q_rows = split_rows(len(logits), holdout, seed)
+    parts = {
+        "temperature": decision_metrics(logits[t_rows], labelled.labels[t_rows], record),
+        "quantile": decision_metrics(logits[q_rows], labelled.labels[q_rows], record),
+    }
+    flagged = {}
+    for name, value in (ood or {}).items():
+        unlabelled = load_eval_data(value, runner, name=f"--ood {name}", labelled=False)
+        flagged[name] = decision_metrics(
+            member_logits(runner, unlabelled, batch_size), None, record
+        )
+    return Calibration(record, parts, flagged)
+
+
+def _decision_outputs(model: Any) -> list[dict[str, Any]]:
+    import onnx
+
+    outputs = []
+    for value in model.graph.output:
+        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+        outputs.append({"name": value.name, "shape": dims, "dtype": dtype})
+    return outputs
+
+
+def store_decisions(
+    export: str | os.PathLike, record: DecisionRecord, *, in_graph: bool = False
+) -> ExportInfo:
+    """Store ``record`` as ``decisions`` in the export's hydra.json; ``in_graph`` also adds the
+    decisions to ``model.onnx`` as outputs (replacing any there), ``onnx_sha256``, ``outputs``
+    and the record's hash following the new file. Both files are replaced atomically, hydra.json
+    last; an interruption restores model.onnx."""
+    info = read_info(export)
+    current = file_sha256(info.onnx_path)
+    if current != record.onnx_sha256:
+        raise ExportFolderError(
+            f"the decisions were fitted on another model.onnx than {info.folder}'s (sha256 "
+            f"{record.onnx_sha256[:12]}..., the folder holds {current[:12]}...); fit them on "
+            "this folder"
+        )
+    graph_had = bool(info.decisions is not None and info.decisions.in_graph)
+    if not in_graph and not graph_had:
+        return write_info(info.folder, {**info.record, "decisions": record.to_dict()})
+    import onnx
+
+    from hydra_deploy.export.decision_graph import add_decisions, remove_decisions
+
+    model = remove_decisions(onnx.load(str(info.onnx_path)))
+    if in_graph:
+        model = add_decisions(model, record)
+    backup = info.folder / f".{MODEL_FILE}.before-calibrate-{os.getpid()}"
+    fd, staged = tempfile.mkstemp(prefix=f".{MODEL_FILE}.", suffix=".tmp", dir=info.folder)
+    os.close(fd)
+    try:
+        onnx.save(model, staged)
+        sha = file_sha256(staged)
+        stored = replace(record, onnx_sha256=sha, in_graph=in_graph)
+        text_record = {
+            **info.record,
+            "onnx_sha256": sha,
+            "outputs": _decision_outputs(model),
+            "decisions": stored.to_dict(),
+        }
+        os.link(info.onnx_path, backup)
+        os.replace(staged, info.onnx_path)
+        try:
+            return write_info(info.folder, text_record)
+        except BaseException:
+            os.replace(backup, info.onnx_path)
+            raise
+    finally:
+        for leftover in (staged, backup):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+
+
+def describe_parts(calibration: Calibration) -> list[list[str]]:
+    """Table rows (what, temperature part, quantile part) of a calibration, for the command."""
+    record, parts = calibration.record, calibration.parts
+    t, q = parts["temperature"], parts["quantile"]
+
+    def pct(value: Any) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    def num(value: Any, digits: int = 3) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    rows = [
+        ["examples", str(t["count"]), str(q["count"])],
+        ["accuracy", pct(t["accuracy"]), pct(q["accuracy"])],
+        ["ECE before T", pct(t["ece_raw"]), pct(q["ece_raw"])],
+        [f"ECE after T = {record.temperature:.3f}", pct(t["ece"]), pct(q["ece"])],
+        [
+            "NLL before / after T",
+            f"{t['nll_raw']:.3f} / {t['nll']:.3f}",
+            f"{q['nll_raw']:.3f} / {q['nll']:.3f}",
+        ],
+    ]
+    if record.sets is not None:
+        rows.append(
+            [
+                f"{record.sets.method.upper()} set coverage (target >= {1 - record.sets.alpha:g})",
+                pct(t["coverage"]),
+                pct(q["coverage"]),
+            ]
+        )
+        rows.append(["mean set size", num(t["mean_set_size"], 2), num(q["mean_set_size"], 2)])
+        rows.append(["empty sets", pct(t["empty_sets"]), pct(q["empty_sets"])])
+    if record.selective is not None:
+        s = record.selective
+        rows.append(
+            [f"answered at tau = {s.tau:.4g} ({s.score})", pct(t["answered"]), pct(q["answered"])]
+        )
+        rows.append(
+            [
+                f"selective risk (target <= {s.target_risk:g}, delta {s.delta:g})",
+                pct(t["selective_risk"]),
+                pct(q["selective_risk"]),
+            ]
+        )
+    if record.ood is not None:
+        o = record.ood
+        rule = (
+            f"confidence < {-o.threshold:.4g}"
+            if o.score == "msp"
+            else f"{o.score} > {o.threshold:.4g}"
+        )
+        rows.append(
+            [
+                f"ID flagged as OOD ({rule}; target <= {o.alpha:g})",
+                pct(t["flag_rate"]),
+                pct(q["flag_rate"]),
+            ]
+        )
+    return rows
+
+
+def quantile_part_note() -> str:
+    """What the two columns mean (printed under the table)."""
+    return (
+        "T (and RAPS's parameters, the threshold grid) were fitted on the temperature part, every "
+        "threshold on the quantile part: the quantile part's coverage is the one the guarantee "
+        "covers by construction, the temperature part's is an out-of-sample check of it."
+    )
