@@ -166,7 +166,7 @@ def fit_temperature(
 ) -> float:
     """The temperature T in ``bounds`` that minimises the NLL of the calibrated probabilities.
 
-    A 121-point grid over log T, then a golden-section search between the best point's
+    A 61-point grid over log T, then a golden-section search between the best point's
     neighbours (the NLL of an ensemble's mean is not always convex in T; the grid keeps the search
     from a local minimum)."""
     logits = _logits(member_logits)
@@ -177,7 +177,7 @@ def fit_temperature(
     def loss(log_t: float) -> float:
         return float(-_log_probs(logits, math.exp(log_t))[rows, y].mean())
 
-    grid = np.linspace(low, high, 121)
+    grid = np.linspace(low, high, 61)
     values = [loss(g) for g in grid]
     best = int(np.argmin(values))
     a, b = grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]

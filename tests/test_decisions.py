@@ -1,0 +1,463 @@
+"""hydra_deploy.decisions: each guarantee as a property over many random splits of exchangeable
+synthetic data, the definitions against brute force and scipy, the record, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import optimize, stats
+
+from hydra_deploy.decisions import (
+    apply_decisions,
+    binomial_cdf,
+    binomial_upper_bound,
+    class_scores,
+    conformal_quantile,
+    decision_metrics,
+    fit_decisions,
+    fit_raps,
+    fit_selective,
+    fit_temperature,
+    min_calibration_size,
+    prediction_sets,
+    selective_grid,
+    temperature_nll,
+)
+from hydra_deploy.errors import DataError, ParameterError
+from hydra_deploy.export_folder import (
+    DecisionRecord,
+    ExportFolderError,
+    ExportInfo,
+    OodRule,
+    SelectiveRule,
+    SetRule,
+)
+from hydra_deploy.uncertainty import ece, ensemble_scores
+
+SHA = "0" * 64
+DATA = "1" * 64
+
+
+def population(count: int, classes: int = 6, members: int = 3, seed: int = 0, sharp: float = 2.0):
+    """Exchangeable labelled member logits: a shared signal plus member noise, labels drawn from a
+    softmax of the signal at temperature 1/``sharp`` (so the raw ensemble is not calibrated)."""
+    rng = np.random.default_rng(seed)
+    signal = rng.normal(0.0, 1.5, (count, classes))
+    p = np.exp(sharp * signal)
+    p /= p.sum(axis=1, keepdims=True)
+    labels = (p.cumsum(axis=1) > rng.random((count, 1))).argmax(axis=1)
+    logits = signal[:, None, :] + rng.normal(0.0, 0.6, (count, members, classes))
+    return logits, labels
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return population(60_000)
+
+
+def _splits(pool, n_cal: int, n_test: int, count: int, seed: int):
+    logits, labels = pool
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        rows = rng.choice(len(labels), n_cal + n_test, replace=False)
+        yield (
+            (logits[rows[:n_cal]], labels[rows[:n_cal]]),
+            (logits[rows[n_cal:]], labels[rows[n_cal:]]),
+        )
+
+
+def _mc_margin(values: np.ndarray) -> float:
+    """Four standard errors of a mean over splits (the Monte Carlo error allowed)."""
+    return 4.0 * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+
+
+# --- the guarantees, over many random splits ------------------------------------------------------
+@pytest.mark.parametrize("method", ["lac", "aps", "raps"])
+@pytest.mark.parametrize("alpha", [0.05, 0.2])
+def test_split_conformal_sets_cover_at_least_1_minus_alpha(pool, method, alpha):
+    n = 150
+    coverage = []
+    for (cal_z, cal_y), (test_z, test_y) in _splits(pool, 2 * n, 1000, 300, seed=int(alpha * 100)):
+        p_cal = ensemble_scores(cal_z, dtype=np.float64)["probs"]
+        lam, k_reg = fit_raps(p_cal[:n], cal_y[:n], alpha) if method == "raps" else (0.0, 0)
+        scores = class_scores(p_cal[n:], method, lam=lam, k_reg=k_reg)
+        qhat = conformal_quantile(scores[np.arange(n), cal_y[n:]], alpha)
+        p_test = ensemble_scores(test_z, dtype=np.float64)["probs"]
+        sets = prediction_sets(p_test, qhat, method, lam=lam, k_reg=k_reg)
+        coverage.append(sets[np.arange(len(test_y)), test_y].mean())
+    coverage = np.array(coverage)
+    margin = _mc_margin(coverage)
+    assert coverage.mean() >= 1 - alpha - margin
+    if method == "lac":  # continuous scores: coverage is also at most 1 - alpha + 1/(n + 1)
+        assert coverage.mean() <= 1 - alpha + 1 / (n + 1) + margin
+
+
+def test_fit_decisions_end_to_end_guarantees(pool):
+    """The whole fit (T on one part, quantiles on the other): set coverage >= 1 - alpha, the
+    selective risk above its target in at most delta of the splits, ID flagged <= alpha_ood."""
+    alpha, risk, delta, ood_alpha = 0.1, 0.2, 0.1, 0.05
+    coverage, violated, flagged, answered = [], [], [], []
+    for i, ((cal_z, cal_y), (test_z, test_y)) in enumerate(_splits(pool, 1000, 4000, 200, seed=7)):
+        record = fit_decisions(
+            cal_z,
+            cal_y,
+            onnx_sha256=SHA,
+            data_sha256=DATA,
+            alpha=alpha,
+            risk=risk,
+            delta=delta,
+            ood_alpha=ood_alpha,
+            seed=i,
+        )
+        decided = apply_decisions(test_z, record)
+        coverage.append(decided["prediction_set"][np.arange(len(test_y)), test_y].mean())
+        accept = decided["accept"]
+        errors = decided["prediction"] != test_y
+        violated.append(errors[accept].mean() > risk if accept.any() else False)
+        answered.append(accept.mean())
+        flagged.append(decided["ood_flag"].mean())
+    coverage, violated, flagged = map(np.array, (coverage, violated, flagged))
+    assert coverage.mean() >= 1 - alpha - _mc_margin(coverage)
+    # the population risk exceeds the target with probability <= delta; a finite test part adds
+    # its own noise, so allow the Monte Carlo error of a share over 200 splits
+    assert violated.mean() <= delta + 4 * math.sqrt(delta * (1 - delta) / len(violated))
+    assert flagged.mean() <= ood_alpha + _mc_margin(flagged)
+    assert np.mean(answered) > 0.2  # the guarantee is not bought by answering nothing
+
+
+def test_class_conditional_sets_cover_every_class(pool):
+    alpha, n = 0.1, 3000
+    per_class = []
+    for (cal_z, cal_y), (test_z, test_y) in _splits(pool, n, 6000, 60, seed=3):
+        p_cal = ensemble_scores(cal_z, dtype=np.float64)["probs"]
+        scores = class_scores(p_cal, "lac")
+        true = scores[np.arange(n), cal_y]
+        qhat = np.array([conformal_quantile(true[cal_y == c], alpha) for c in range(6)])
+        sets = prediction_sets(ensemble_scores(test_z, dtype=np.float64)["probs"], qhat, "lac")
+        covered = sets[np.arange(len(test_y)), test_y]
+        per_class.append([covered[test_y == c].mean() for c in range(6)])
+    per_class = np.array(per_class)
+    for c in range(6):
+        assert per_class[:, c].mean() >= 1 - alpha - _mc_margin(per_class[:, c])
+
+
+# --- definitions ---------------------------------------------------------------------------------
+@given(n=st.integers(1, 400), alpha=st.floats(0.001, 0.999))
+def test_conformal_quantile_is_the_corrected_order_statistic(n, alpha):
+    scores = np.random.default_rng(n).random(n)
+    rank = math.ceil((n + 1) * (1 - alpha) - 1e-9)
+    if rank > n:
+        with pytest.raises(DataError, match=f"needs at least {min_calibration_size(alpha)}"):
+            conformal_quantile(scores, alpha)
+        assert n < min_calibration_size(alpha)
+    else:
+        assert conformal_quantile(scores, alpha) == np.sort(scores)[max(rank, 1) - 1]
+        assert n >= min_calibration_size(alpha)
+
+
+@pytest.mark.parametrize(("alpha", "n"), [(0.1, 9), (0.05, 19), (0.02, 49), (0.01, 99), (0.5, 1)])
+def test_min_calibration_size(alpha, n):
+    assert min_calibration_size(alpha) == n
+    conformal_quantile(np.zeros(n), alpha)
+    if n > 1:
+        with pytest.raises(DataError, match=f"{n - 1} calibration examples are too few"):
+            conformal_quantile(np.zeros(n - 1), alpha)
+
+
+def _aps_brute(p: np.ndarray, lam: float = 0.0, k_reg: int = 0) -> np.ndarray:
+    """APS/RAPS scores from their definition, one class at a time."""
+    out = np.zeros_like(p)
+    for b, row in enumerate(p):
+        for y in range(len(row)):
+            # classes ranked at or above y: larger p, or equal p and a lower index
+            above = [j for j in range(len(row)) if row[j] > row[y] or (row[j] == row[y] and j <= y)]
+            out[b, y] = sum(row[j] for j in above) + lam * max(0, len(above) - k_reg)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    classes=st.integers(1, 7),
+    lam=st.sampled_from([0.0, 0.01, 0.3]),
+    k_reg=st.integers(0, 3),
+)
+def test_aps_and_raps_scores_follow_their_definition_with_ties(seed, classes, lam, k_reg):
+    rng = np.random.default_rng(seed)
+    logits = rng.integers(-2, 3, (5, classes)).astype(np.float64)  # many ties
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    method = "raps" if lam else "aps"
+    np.testing.assert_allclose(
+        class_scores(p, method, lam=lam, k_reg=k_reg), _aps_brute(p, lam, k_reg), atol=1e-12
+    )
+    qhat = float(rng.random())
+    sets = prediction_sets(p, qhat, method, lam=lam, k_reg=k_reg)
+    top = np.argsort(-p, axis=1, kind="stable")[:, 0]
+    assert sets[np.arange(5), top].all()  # never empty
+    expected = _aps_brute(p, lam, k_reg) <= qhat
+    expected[np.arange(5), top] = True
+    np.testing.assert_array_equal(sets, expected)
+    lac = prediction_sets(p, qhat, "lac")
+    np.testing.assert_array_equal(lac, p >= 1 - qhat)
+
+
+def test_temperature_is_the_nll_minimiser():
+    logits, labels = population(3000, members=1, sharp=0.5)  # over-confident: T > 1
+    t = fit_temperature(logits, labels)
+    reference = optimize.minimize_scalar(
+        lambda log_t: temperature_nll(logits, labels, math.exp(log_t)),
+        bounds=(math.log(0.05), math.log(20)),
+        method="bounded",
+    )
+    assert t == pytest.approx(math.exp(reference.x), rel=1e-3)
+    assert t == pytest.approx(2.0, rel=0.15)  # labels drawn at temperature 1 / 0.5
+    assert temperature_nll(logits, labels, t) < temperature_nll(logits, labels, 1.0)
+
+
+def test_temperature_stays_in_its_bounds():
+    logits = np.zeros((4, 2, 3))
+    logits[:, :, 0] = 1.0
+    labels = np.array([1, 2, 1, 2])  # always wrong: the NLL falls as T grows
+    assert fit_temperature(logits, labels) == pytest.approx(20.0)
+
+
+@given(n=st.integers(1, 300), k=st.integers(0, 300), p=st.floats(0.001, 0.999))
+def test_binomial_cdf_equals_scipy(n, k, p):
+    k = min(k, n)
+    assert binomial_cdf(k, n, p) == pytest.approx(stats.binom.cdf(k, n, p), rel=1e-9, abs=1e-300)
+
+
+@given(n=st.integers(1, 500), k=st.integers(0, 500), level=st.floats(0.001, 0.5))
+def test_upper_bound_is_clopper_pearson(n, k, level):
+    k = min(k, n - 1)
+    expected = stats.beta.ppf(1 - level, k + 1, n - k)
+    assert binomial_upper_bound(k, n, level) == pytest.approx(expected, abs=1e-9)
+
+
+def test_selective_threshold_is_the_lowest_certified_on_a_fixed_grid():
+    rng = np.random.default_rng(0)
+    confidence = rng.random(2000)
+    correct = rng.random(2000) < confidence  # more confident, more often right
+    grid = selective_grid(rng.random(500))
+    assert len(grid) <= 50 and np.all(np.diff(grid) > 0)
+    tau, details = fit_selective(confidence, correct, grid, 0.1, 0.1)
+    level = 0.1 / len(grid)
+    for threshold in grid:
+        answered = confidence >= threshold
+        k, n = int((~correct[answered]).sum()), int(answered.sum())
+        certified = n > 0 and stats.binom.cdf(k, n, 0.1) <= level
+        if threshold < tau:
+            assert not certified
+        elif threshold == tau:
+            assert certified
+    assert details["coverage"] == pytest.approx((confidence >= tau).mean())
+
+
+def test_unreachable_risk_names_the_best_achievable():
+    rng = np.random.default_rng(1)
+    confidence, correct = rng.random(300), rng.random(300) < 0.7  # confidence says nothing
+    grid = selective_grid(rng.random(300))
+    with pytest.raises(
+        DataError,
+        match=r"no threshold reaches a selective risk of 0.01 .* best these data can guarantee is 0\.\d+",
+    ):
+        fit_selective(confidence, correct, grid, 0.01, 0.1)
+
+
+# --- the whole fit and its application ----------------------------------------------------------
+def test_record_round_trips_through_json_and_hydra_json(tmp_path):
+    logits, labels = population(800)
+    record = fit_decisions(
+        logits,
+        labels,
+        onnx_sha256=SHA,
+        data_sha256=DATA,
+        sets="raps",
+        risk=0.3,
+        ood_score="mutual_information",
+    )
+    again = DecisionRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+    assert again == record
+    info = ExportInfo.from_record(
+        {"format": "hydra-export/1", "decisions": record.to_dict()}, tmp_path / "hydra.json"
+    )
+    assert info.decisions == record
+    conditional = fit_decisions(
+        logits, labels, onnx_sha256=SHA, data_sha256=DATA, class_conditional=True, alpha=0.2
+    )
+    assert len(conditional.sets.qhat) == 6
+    assert DecisionRecord.from_dict(json.loads(json.dumps(conditional.to_dict()))) == conditional
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"format": "hydra-decisions/9"}, "this version reads 'hydra-decisions/1'"),
+        ({"temperature": -1.0}, "malformed temperature"),
+        ({"temperature": float("nan")}, "malformed temperature"),
+        ({"onnx_sha256": "xyz"}, "malformed onnx_sha256"),
+        ({"num_classes": 0}, "malformed num_classes"),
+        (
+            {"sets": {"method": "naive", "alpha": 0.1, "qhat": 0.5, "lambda": 0, "k_reg": 0}},
+            "malformed method",
+        ),
+        (
+            {"sets": {"method": "lac", "alpha": 1.5, "qhat": 0.5, "lambda": 0, "k_reg": 0}},
+            "malformed alpha",
+        ),
+        (
+            {
+                "sets": {
+                    "method": "lac",
+                    "alpha": 0.1,
+                    "qhat": [0.5],
+                    "lambda": 0,
+                    "k_reg": 0,
+                    "class_conditional": True,
+                }
+            },
+            "malformed qhat",
+        ),
+        (
+            {
+                "selective": {
+                    "score": "msp",
+                    "target_risk": 0.1,
+                    "delta": 0.0,
+                    "tau": 0.5,
+                    "grid_size": 5,
+                    "coverage": 0.5,
+                }
+            },
+            "malformed delta",
+        ),
+        ({"ood": {"score": "energy", "alpha": 0.05, "threshold": 1.0}}, "malformed score"),
+        ({"ood": [1]}, "malformed ood"),
+        ({"in_graph": "yes"}, "malformed in_graph"),
+    ],
+)
+def test_malformed_records_are_refused_with_the_refit_command(change, message):
+    logits, labels = population(400)
+    record = fit_decisions(logits, labels, onnx_sha256=SHA, data_sha256=DATA, risk=0.4).to_dict()
+    with pytest.raises(ExportFolderError, match=message) as caught:
+        DecisionRecord.from_dict({**record, **change})
+    assert "hydra-calibrate" in str(caught.value)
+
+
+def test_a_record_for_another_model_is_refused():
+    record = DecisionRecord(1.0, 3, SHA, DATA, 10, 10, 0.5, 0, sets=SetRule("lac", 0.1, (0.5,)))
+    record.check_fitted_on(SHA, "export/x")
+    with pytest.raises(
+        ExportFolderError,
+        match=r"fitted on another model.onnx than export/x .* hydra-calibrate export/x",
+    ):
+        record.check_fitted_on("f" * 64, "export/x")
+
+
+def test_apply_decisions_follows_each_rule():
+    logits, labels = population(600, seed=5)
+    record = DecisionRecord(
+        temperature=1.7,
+        num_classes=6,
+        onnx_sha256=SHA,
+        data_sha256=DATA,
+        n_temperature=300,
+        n_quantile=300,
+        holdout=0.5,
+        seed=0,
+        sets=SetRule("lac", 0.1, (0.8,)),
+        selective=SelectiveRule("predictive_entropy", 0.1, 0.1, 0.9, 50, 0.5),
+        ood=OodRule("msp", 0.05, -0.4),
+    )
+    out = apply_decisions(logits, record)
+    calibrated = ensemble_scores(logits / 1.7, dtype=np.float64)
+    np.testing.assert_allclose(out["calibrated_probs"], calibrated["probs"], rtol=1e-6)
+    np.testing.assert_array_equal(out["prediction_set"], calibrated["probs"] >= 1 - 0.8)
+    np.testing.assert_array_equal(out["accept"], calibrated["predictive_entropy"] <= 0.9)
+    np.testing.assert_array_equal(out["ood_flag"], calibrated["msp"] < 0.4)
+    metrics = decision_metrics(logits, labels, record)
+    assert metrics["coverage"] == pytest.approx(
+        out["prediction_set"][np.arange(600), labels].mean()
+    )
+    raw = ensemble_scores(logits, dtype=np.float64)["probs"]
+    assert metrics["ece_raw"] == pytest.approx(ece(raw, labels))
+    assert metrics["ece"] == pytest.approx(ece(calibrated["probs"], labels), abs=1e-6)
+    unlabelled = decision_metrics(logits, None, record)
+    assert set(unlabelled) == {"count", "mean_set_size", "empty_sets", "answered", "flag_rate"}
+
+
+def test_nonfinite_logits_abstain_and_are_flagged_only_when_allowed():
+    logits, labels = population(300)
+    record = fit_decisions(logits, labels, onnx_sha256=SHA, data_sha256=DATA, risk=0.4)
+    bad = logits[:4].copy()
+    bad[1, 0, 2] = np.nan
+    with pytest.raises(Exception, match="NaN or infinite"):
+        apply_decisions(bad, record)
+    out = apply_decisions(bad, record, allow_nonfinite=True)
+    assert out["prediction"][1] == -1 and not out["prediction_set"][1].any()
+    assert not out["accept"][1] and out["ood_flag"][1]
+    assert np.isnan(out["calibrated_probs"][1]).all()
+
+
+# --- refusals -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"alpha": 0.0}, ParameterError, "alpha must be in"),
+        ({"alpha": 1.0}, ParameterError, "alpha must be in"),
+        ({"risk": 1.2}, ParameterError, "risk must be in"),
+        ({"risk": 0.1, "delta": -0.1}, ParameterError, "delta must be in"),
+        ({"ood_alpha": 2}, ParameterError, "ood_alpha must be in"),
+        ({"holdout": 1.0}, ParameterError, "holdout must be in"),
+        ({"sets": "naive"}, ParameterError, "sets must be one of lac, aps, raps"),
+        ({"ood_score": "energy"}, ParameterError, "ood_score must be one of"),
+        ({"alpha": 0.001}, DataError, "too few for alpha 0.001: .* needs at least 999"),
+        ({"risk": 0.0001}, DataError, "best these data can guarantee is"),
+        (
+            {"class_conditional": True, "class_names": list("abcdef")},
+            DataError,
+            r"calibration examples of class \d \([a-f]\) \(class-conditional sets\) are too few",
+        ),
+    ],
+)
+def test_fit_refusals_are_one_line(kwargs, error, message):
+    logits, labels = population(120)
+    labels[labels == 5] = 0
+    labels[:3] = 5  # class 5 is rare
+    with pytest.raises(error, match=message) as caught:
+        fit_decisions(logits, labels, onnx_sha256=SHA, data_sha256=DATA, **kwargs)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("logits", "labels", "message"),
+    [
+        (np.zeros((5, 2, 3)), np.array([0, 1, 2, 3, 0]), "outside the model's classes 0..2"),
+        (np.zeros((5, 2, 3)), np.array([0, 1, -1, 0, 0]), "outside the model's classes"),
+        (np.zeros((5, 2, 3)), np.array([0.5, 1, 1, 0, 0]), "class indices"),
+        (np.zeros((5, 2, 3)), np.array([0, 1]), "one class index per example"),
+        (np.full((5, 2, 3), np.inf), np.zeros(5, int), "NaN or infinite"),
+        (np.zeros((5, 3)), np.zeros(5, int), "examples, members, classes"),
+    ],
+)
+def test_bad_data_is_refused(logits, labels, message):
+    with pytest.raises(DataError, match=message):
+        fit_decisions(logits, labels, onnx_sha256=SHA, data_sha256=DATA)
+
+
+def test_one_class_and_extreme_logits():
+    logits = np.zeros((40, 2, 1))
+    record = fit_decisions(logits, np.zeros(40, int), onnx_sha256=SHA, data_sha256=DATA, alpha=0.2)
+    assert apply_decisions(logits, record)["prediction_set"].all()
+    rng = np.random.default_rng(2)
+    extreme = rng.choice([-1e4, 0.0, 1e4], (200, 3, 4))
+    labels = extreme.mean(axis=1).argmax(axis=1)
+    record = fit_decisions(extreme, labels, onnx_sha256=SHA, data_sha256=DATA, sets="aps")
+    out = apply_decisions(extreme, record)
+    assert np.isfinite(out["calibrated_probs"]).all()
+    assert out["prediction_set"].any(axis=1).all()
