@@ -20,6 +20,7 @@ EXAMPLES = """\
   hydra-serve export/vit_b16-m3 --host 0.0.0.0 --port 9000 --instances 2 --threads 4
   hydra-serve export/vit_b16-m3 --max-batch 16 --preferred-batch 8 16 --queue-delay-us 2000
   hydra-serve export/minilm-m3 --model-name minilm --providers cuda,cpu --json --quiet
+  hydra-serve export/vit_b16-m3 --raw          # a calibrated export: scores only, no decisions
 """
 
 
@@ -31,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
         "member_logits [M, C], probs [C], msp, predictive_entropy, expected_entropy, "
         "mutual_information, disagreement ([1] float32 each) and prediction ([1] int64), computed "
         "by ONNX Runtime (or TensorRT for an engine file) and hydra-deploy's ensemble scores. "
-        "Triton's dynamic batcher gathers concurrent requests into batches up to --max-batch. "
+        "An export calibrated with hydra-calibrate also answers its decisions: calibrated_probs "
+        "[C] and confidence [1] (float32), and for the rules it holds prediction_set [C], accept "
+        "[1] and ood_flag [1] (bool); prediction is then the calibrated argmax (--raw: scores "
+        "only). Triton's dynamic batcher gathers concurrent requests into batches up to "
+        "--max-batch. "
         f"Needs {install_hint('pytriton')}. Triton's own log goes to stderr.",
         EXAMPLES,
     )
@@ -98,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
     )
+    model.add_argument(
+        "--raw",
+        action="store_true",
+        help="serve the scores only: leave out the decisions of a calibrated export "
+        "(hydra-calibrate), and do not check them against the model file",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -149,9 +160,19 @@ def _triton_log_to(sink: _TritonLog) -> Iterator[TextIO]:
 def _summary(info: dict) -> str:
     inputs = ", ".join(f"{t['name']} {t['dims']} {t['dtype']}" for t in info["inputs"])
     endpoints = info["endpoints"]
+    decisions = info.get("decisions")
+    answers = ""
+    if decisions is not None:
+        names = [t["name"] for t in info["outputs"]]
+        served = [n for n in ("prediction_set", "accept", "ood_flag") if n in names]
+        answers = (
+            f"  decisions: calibrated_probs, confidence{''.join(', ' + n for n in served)} "
+            f"(T = {decisions['temperature']:.3g}; --raw: scores only)\n"
+        )
     return (
         f"serving {info['model']!r} ({info['family'] or 'model'}; {inputs}) from {info['export']}\n"
-        f"  HTTP {endpoints['http']}  gRPC {endpoints['grpc']}  metrics {endpoints['metrics']}\n"
+        + answers
+        + f"  HTTP {endpoints['http']}  gRPC {endpoints['grpc']}  metrics {endpoints['metrics']}\n"
         f"  max batch {info['max_batch']}, preferred {info['preferred_batch']}, queue delay "
         f"{info['queue_delay_us']} us, {info['instances']} instance(s), "
         f"{', '.join(info['providers'])}; Ctrl-C to stop"
@@ -174,6 +195,7 @@ def main_body(args: argparse.Namespace) -> int:
         instances=args.instances,
         threads=args.threads,
         providers=args.providers.split(",") if args.providers else None,
+        decisions=not args.raw,
     )
     server = HydraServer(config)  # every check; nothing started yet
     log = _TritonLog(quiet=args.quiet)

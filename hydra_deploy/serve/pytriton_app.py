@@ -8,12 +8,19 @@
         server.serve_forever()          # until SIGINT / SIGTERM, then a clean stop
 
 The export is bound as one Triton model (named after its folder) whose Python callable runs
-``load_runner(export)`` and :func:`~hydra_deploy.uncertainty.ensemble_scores` in numpy and answers,
+``load_runner(export)`` and :func:`~hydra_deploy.engines.scoring.score_batch` in numpy and answers,
 per example: ``member_logits`` [M, C] and ``probs`` [C] (float32), ``msp``,
 ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``disagreement`` (float32)
 and ``prediction`` (int64). The per-example scores are declared with shape ``[1]``: Triton refuses
 an output without dims (``model output 'msp' must specify 'dims'``) when the model batches, so a
-client receives ``[batch, 1]`` for them. Inputs are the runner's (batch axis left out, dynamic
+client receives ``[batch, 1]`` for them.
+
+When the export holds decisions (``hydra-calibrate``: ``runner.decisions``), the model also
+answers them (:data:`DECISION_OUTPUTS`): ``calibrated_probs`` [C] and ``confidence`` [1]
+(float32), and for each rule the record holds ``prediction_set`` [C], ``accept`` [1] and
+``ood_flag`` [1] (bool); ``prediction`` is then the argmax of the calibrated probabilities (the
+class the set and the answer are about); the scores stay those of the raw probabilities.
+``ServeConfig(decisions=False)`` (``hydra-serve --raw``) serves the scores only. Inputs are the runner's (batch axis left out, dynamic
 dimensions -1): ``pixel_values`` [3, H, W] float32 for vision exports, ``input_ids``,
 ``attention_mask`` (and ``token_type_ids`` where the model has it) [-1] int64 for text ones.
 
@@ -61,6 +68,15 @@ logger = logging.getLogger("hydra_deploy")
 
 SCALAR_OUTPUTS = SCALAR_SCORES
 OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
+#: What an export with decisions also answers, for the rules its record holds:
+#: name -> (per-example dims, "classes" standing for the class count; numpy dtype)
+DECISION_OUTPUTS = {
+    "calibrated_probs": (("classes",), "float32"),
+    "confidence": ((1,), "float32"),
+    "prediction_set": (("classes",), "bool"),
+    "accept": ((1,), "bool"),
+    "ood_flag": ((1,), "bool"),
+}
 #: seconds Triton waits for in-flight requests (and open client connections) when stopping;
 #: Triton's own default (30 s) makes every Ctrl-C of an idle server with a connected client wait 30 s
 EXIT_TIMEOUT_S = 5
@@ -85,6 +101,7 @@ class ServeConfig:
     threads: int | None = None  # ONNX Runtime's default; with instances > 1: cores / instances
     providers: Sequence[str] | None = None  # ONNX Runtime providers (default: CUDA, then CPU)
     exit_timeout_s: int = EXIT_TIMEOUT_S
+    decisions: bool = True  # answer the export's decisions, if it holds them (False: --raw)
 
     @property
     def ports(self) -> dict[str, int]:
@@ -246,8 +263,21 @@ class TensorInfo:
         return {"name": self.name, "dims": list(self.dims), "dtype": self.dtype}
 
 
+def decision_outputs(record: Any) -> list[str]:
+    """The :data:`DECISION_OUTPUTS` a decisions record answers (none for None)."""
+    if record is None:
+        return []
+    held = {
+        "prediction_set": record.sets is not None,
+        "accept": record.selective is not None,
+        "ood_flag": record.ood is not None,
+    }
+    return [name for name in DECISION_OUTPUTS if held.get(name, True)]
+
+
 def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
-    """The served inputs (the runner's) and outputs (``OUTPUT_NAMES``) of a Hydra runner."""
+    """The served inputs (the runner's) and outputs (``OUTPUT_NAMES``, and the
+    :data:`DECISION_OUTPUTS` of ``runner.decisions``) of a Hydra runner."""
     logits = next((t for t in runner.outputs if t.name == "member_logits"), None)
     if logits is None or logits.rank != 3:
         raise ServeError(
@@ -269,11 +299,16 @@ def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
         *(TensorInfo(name, (1,), "float32") for name in SCALAR_OUTPUTS),
         TensorInfo("prediction", (1,), "int64"),
     ]
+    for name in decision_outputs(getattr(runner, "decisions", None)):
+        dims, dtype = DECISION_OUTPUTS[name]
+        shape = tuple(classes if d == "classes" else d for d in dims)
+        outputs.append(TensorInfo(name, shape, dtype))
     return inputs, outputs
 
 
 def score_batch(runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """What the server answers for a batch: member logits, probs and scores, shaped as served."""
+    """What the server answers for a batch: member logits, probs and scores, and the decisions
+    when the runner holds them, shaped as served."""
     from hydra_deploy.engines.scoring import score_batch as scored
 
     scores = scored(runner, inputs)
@@ -284,6 +319,10 @@ def score_batch(runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     for name in SCALAR_OUTPUTS:
         answer[name] = scores[name].astype(np.float32)[:, None]  # [batch, 1]: dims [1]
     answer["prediction"] = scores["prediction"].astype(np.int64)[:, None]
+    for name in decision_outputs(getattr(runner, "decisions", None)):
+        dims, dtype = DECISION_OUTPUTS[name]
+        value = np.asarray(scores[name], dtype=dtype)
+        answer[name] = value if dims == ("classes",) else value[:, None]  # per example: [batch, 1]
     return answer
 
 
@@ -324,6 +363,26 @@ def make_infer_func(runner) -> Callable[[list], list]:
             ) from None
 
     return infer
+
+
+def _describe_decisions(record: Any) -> dict[str, Any] | None:
+    """The served decisions in short (``describe()["decisions"]``): T and each rule's targets."""
+    if record is None:
+        return None
+    found: dict[str, Any] = {"temperature": record.temperature}
+    if record.sets is not None:
+        found["sets"] = {"method": record.sets.method, "alpha": record.sets.alpha}
+    if record.selective is not None:
+        rule = record.selective
+        found["selective"] = {
+            "score": rule.score,
+            "target_risk": rule.target_risk,
+            "delta": rule.delta,
+            "tau": rule.tau,
+        }
+    if record.ood is not None:
+        found["ood"] = {"score": record.ood.score, "alpha": record.ood.alpha}
+    return found
 
 
 # --- the server -----------------------------------------------------------------------------------
@@ -435,7 +494,7 @@ class HydraServer:
         self.threads = threads
         providers = list(config.providers) if config.providers else None
         self.runners = [
-            load_runner(self.path, providers=providers, threads=threads)
+            load_runner(self.path, providers=providers, threads=threads, decisions=config.decisions)
             for _ in range(config.instances)
         ]
         runner = self.runners[0]
@@ -459,6 +518,7 @@ class HydraServer:
             "endpoints": self.endpoints,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
+            "decisions": _describe_decisions(runner.decisions),
             "max_batch": self.batching.max_batch,
             "preferred_batch": self.batching.preferred,
             "queue_delay_us": self.config.queue_delay_us,
@@ -597,6 +657,7 @@ def serve(config: ServeConfig, on_ready: Callable[[HydraServer], None] | None = 
 
 
 __all__ = [
+    "DECISION_OUTPUTS",
     "EXIT_TIMEOUT_S",
     "OUTPUT_NAMES",
     "RESTRICTED_APIS",
@@ -608,6 +669,7 @@ __all__ = [
     "check_config",
     "check_ports_free",
     "check_python_supported",
+    "decision_outputs",
     "default_model_name",
     "make_infer_func",
     "model_tensors",

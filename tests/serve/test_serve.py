@@ -35,6 +35,7 @@ from hydra_deploy.uncertainty import SCALAR_SCORES, ensemble_scores
 
 CLASSES = ["ant", "bee", "cat", "dog", "eel"]
 ATOL = 1e-5
+OUTPUTS_RAW = ("member_logits", "probs", *SCALAR_SCORES, "prediction")
 
 
 def _serving_available() -> str | None:
@@ -396,6 +397,155 @@ def test_text_export_with_two_instances_and_sigterm(tmp_path):
         code = process.stop(signal.SIGTERM, timeout_s=60)
     assert code == 0, process.log_tail()
     assert not serve_load.still_running(children, within_s=10), "left running"
+
+
+# --- an export with decisions (hydra-calibrate) --------------------------------------------------------
+DECISIONS = ("calibrated_probs", "confidence", "prediction_set", "accept", "ood_flag")
+
+
+@pytest.fixture(scope="module")
+def calibrated_dir(tmp_path_factory):
+    from helpers.decisions import calibrated_export
+
+    folder, _ = calibrated_export(tmp_path_factory.mktemp("calibrated") / "calibrated")
+    return folder
+
+
+def expected_decisions(folder, x) -> dict[str, np.ndarray]:
+    from hydra_deploy.decisions import apply_decisions
+
+    runner = load_runner(folder)
+    return apply_decisions(runner(x)["member_logits"], runner.decisions)
+
+
+def assert_decisions(served: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    batch = len(want["prediction"])
+    np.testing.assert_array_equal(served["prediction"][:, 0], want["prediction"])
+    assert served["calibrated_probs"].dtype == np.float32
+    np.testing.assert_allclose(served["calibrated_probs"], want["calibrated_probs"], atol=ATOL)
+    assert served["confidence"].shape == (batch, 1) and served["confidence"].dtype == np.float32
+    np.testing.assert_allclose(served["confidence"][:, 0], want["confidence"], atol=ATOL)
+    assert served["prediction_set"].shape == (batch, len(CLASSES))
+    assert served["prediction_set"].dtype == np.bool_
+    np.testing.assert_array_equal(served["prediction_set"], want["prediction_set"])
+    for name in ("accept", "ood_flag"):
+        assert served[name].shape == (batch, 1) and served[name].dtype == np.bool_, name
+        np.testing.assert_array_equal(served[name][:, 0], want[name], err_msg=name)
+
+
+def test_a_calibrated_export_answers_its_decisions_and_raw_leaves_them_out(calibrated_dir):
+    pytest.importorskip(
+        "pytriton", reason="PyTriton is not installed: pip install 'hydra-deploy[serve]'"
+    )
+    from pytriton.proxy.types import Request
+
+    from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig, make_infer_func
+
+    runner = load_runner(calibrated_dir)
+    assert runner.decisions is not None
+    x = images(4, 7)
+    answers = make_infer_func(runner)(
+        [Request(data={"pixel_values": x[:1]}), Request(data={"pixel_values": x[1:]})]
+    )
+    served = {k: np.concatenate([a[k] for a in answers]) for k in answers[0]}
+    assert set(served) == {*OUTPUTS_RAW, *DECISIONS}
+    assert_decisions(served, expected_decisions(calibrated_dir, x))
+    raw = load_runner(calibrated_dir, decisions=False)
+    for name in SCALAR_SCORES:  # the scores stay those of the raw probabilities
+        np.testing.assert_allclose(
+            served[name][:, 0], ensemble_scores(raw(x)["member_logits"])[name], atol=ATOL
+        )
+
+    ports = serve_load.free_ports(3)
+    settings = dict(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+    server = HydraServer(ServeConfig(calibrated_dir, **settings))  # checked and loaded, not started
+    try:
+        info = server.describe()
+    finally:
+        server.close()
+    outputs = {t["name"]: (t["dims"], t["dtype"]) for t in info["outputs"]}
+    assert outputs["calibrated_probs"] == ([5], "float32")
+    assert outputs["confidence"] == ([1], "float32")
+    assert outputs["prediction_set"] == ([5], "bool")
+    assert outputs["accept"] == outputs["ood_flag"] == ([1], "bool")
+    record = runner.decisions
+    assert info["decisions"]["temperature"] == record.temperature
+    assert info["decisions"]["selective"]["target_risk"] == 0.2
+    server = HydraServer(ServeConfig(calibrated_dir, decisions=False, **settings))
+    try:
+        raw_info = server.describe()
+    finally:
+        server.close()
+    assert [t["name"] for t in raw_info["outputs"]] == list(OUTPUTS_RAW)
+    assert raw_info["decisions"] is None
+
+
+def test_stale_decisions_are_refused_unless_raw(calibrated_dir, tmp_path):
+    pytest.importorskip(
+        "pytriton", reason="PyTriton is not installed: pip install 'hydra-deploy[serve]'"
+    )
+    import json
+    import shutil
+
+    from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
+
+    stale = tmp_path / "stale"
+    shutil.copytree(calibrated_dir, stale)
+    record = json.loads((stale / "hydra.json").read_text())
+    record["decisions"]["onnx_sha256"] = "0" * 64  # fitted on another model.onnx
+    (stale / "hydra.json").write_text(json.dumps(record))
+    ports = [str(p) for p in serve_load.free_ports(3)]
+    code, out, err = invoke(
+        str(stale), "--port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]
+    )
+    assert code == 1 and not out and err.count("\n") == 1, err
+    assert "hydra-calibrate" in err and "--overwrite" in err
+    server = HydraServer(
+        ServeConfig(
+            stale,
+            decisions=False,
+            **dict(zip(("http_port", "grpc_port", "metrics_port"), map(int, ports), strict=True)),
+        )
+    )
+    try:
+        assert "accept" not in [t["name"] for t in server.describe()["outputs"]]
+    finally:
+        server.close()
+
+
+@needs_server
+def test_served_decisions_over_http_and_grpc(calibrated_dir, tmp_path):
+    import tritonclient.http as http
+
+    process = serve_load.ServerProcess(calibrated_dir, tmp_path / "logs")
+    with process:
+        assert process.info["decisions"]["sets"] == {"method": "lac", "alpha": 0.1}
+        c = http.InferenceServerClient(process.http_url)
+        with contextlib.closing(c):
+            config = c.get_model_config(process.model_name)
+            metadata = c.get_model_metadata(process.model_name)
+        types = {o["name"]: (o["data_type"], [int(d) for d in o["dims"]]) for o in config["output"]}
+        assert types["prediction_set"] == ("TYPE_BOOL", [5])
+        assert types["accept"] == types["ood_flag"] == ("TYPE_BOOL", [1])
+        assert types["calibrated_probs"] == ("TYPE_FP32", [5])
+        assert types["confidence"] == ("TYPE_FP32", [1])
+        assert {o["name"]: o["datatype"] for o in metadata["outputs"]}["accept"] == "BOOL"
+        for protocol, url in (("http", process.http_url), ("grpc", process.grpc_url)):
+            module = serve_load.client_module(protocol)
+            c = module.InferenceServerClient(url)
+            with contextlib.closing(c):
+                x = images(3, 8)
+                tensor = module.InferInput("pixel_values", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x)
+                names = ("prediction", *DECISIONS)
+                result = c.infer(
+                    process.model_name,
+                    [tensor],
+                    outputs=[module.InferRequestedOutput(n) for n in names],
+                )
+                served = {n: result.as_numpy(n) for n in names}
+            assert_decisions(served, expected_decisions(calibrated_dir, x))
+        assert process.stop(signal.SIGINT, timeout_s=60) == 0, process.log_tail()
 
 
 # --- last: the shared server stops on SIGINT -----------------------------------------------------------
