@@ -401,15 +401,17 @@ def fit_selective(
     errors = ~np.asarray(correct, dtype=bool)
     thresholds = np.asarray(grid, dtype=np.float64)
     level = delta / len(thresholds)
-    best_bound, certified = 1.0, None
+    counts = []  # (answered, errors) per threshold
+    certified = None
     for tau in thresholds:  # ascending: the first certified is the lowest
         answered = conf >= tau
-        n, k = int(answered.sum()), int(errors[answered].sum())
+        counts.append((int(answered.sum()), int(errors[answered].sum())))
+        n, k = counts[-1]
         if n and binomial_cdf(k, n, target_risk) <= level:
             certified = float(tau)
             break
-        best_bound = min(best_bound, binomial_upper_bound(k, n, level))
     if certified is None:
+        best_bound = min(binomial_upper_bound(k, n, level) for n, k in counts)
         raise DataError(
             f"no threshold reaches a selective risk of {target_risk:g} at delta {delta:g} on "
             f"{len(conf)} calibration examples: the best these data can guarantee is "

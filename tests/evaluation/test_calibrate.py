@@ -1,0 +1,237 @@
+"""hydra-calibrate and its library: the record written through the export's own runner, applied by
+hydra-run as numpy applies it, refused when stale, atomic, one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from helpers.vit import tiny_vit
+
+from hydra_deploy.cli.calibrate import build_parser
+from hydra_deploy.cli.calibrate import main as calibrate_main
+from hydra_deploy.cli.run import main as run_main
+from hydra_deploy.decisions import apply_decisions, fit_decisions
+from hydra_deploy.engines import load_runner
+from hydra_deploy.errors import RunnerError
+from hydra_deploy.evaluation.calibrate import calibrate, data_sha256, store_decisions
+from hydra_deploy.evaluation.evaluate import load_eval_data
+from hydra_deploy.export import export_onnx
+from hydra_deploy.export_folder import file_sha256, read_info
+from hydra_deploy.fusion import fuse
+from hydra_deploy.specs import HydraSpec
+from hydra_deploy.uncertainty import ensemble_scores
+
+CLASSES = ["ant", "bee", "cat", "dog", "eel"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A tiny ViT export and labelled data it mostly gets right (85% of labels its own
+    predictions), plus unlabelled noise."""
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=1)
+    root = tmp_path_factory.mktemp("calibrate")
+    export = root / "export"
+    export_onnx(fuse(backbone, spec), export, batch=(1, 2, 4), class_names=CLASSES, validate=False)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 3, 16, 16)).astype(np.float32)
+    with load_runner(export) as runner:
+        logits = runner(x)["member_logits"]
+    y = np.where(
+        rng.random(500) < 0.85, ensemble_scores(logits)["prediction"], rng.integers(0, 5, 500)
+    )
+    np.savez(root / "calib.npz", x=x, y=y)
+    np.savez(root / "noise.npz", x=(3 * rng.normal(size=(40, 3, 16, 16))).astype(np.float32))
+    return {"root": root, "export": export, "x": x, "y": y, "logits": logits}
+
+
+@pytest.fixture()
+def export(built, tmp_path):
+    """A fresh copy of the export for a test that writes into it."""
+    copy = tmp_path / "export"
+    shutil.copytree(built["export"], copy)
+    return copy
+
+
+def invoke(main, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_calibrate_fits_what_fit_decisions_fits_on_the_runners_logits(built):
+    with load_runner(built["export"], decisions=False) as runner:
+        calibration = calibrate(runner, (built["x"], built["y"]), risk=0.3, sets="aps")
+    data = load_eval_data((built["x"], built["y"]), None, name="--data", labelled=True)
+    expected = fit_decisions(
+        built["logits"],
+        built["y"],
+        onnx_sha256=file_sha256(built["export"] / "model.onnx"),
+        data_sha256=data_sha256(data),
+        risk=0.3,
+        sets="aps",
+        class_names=CLASSES,
+    )
+    assert calibration.record == expected
+    assert calibration.parts["quantile"]["count"] + calibration.parts["temperature"]["count"] == 500
+    assert calibration.parts["quantile"]["coverage"] >= 0.9
+
+
+def test_command_writes_the_record_and_hydra_run_applies_it(built, export):
+    code, out, err = invoke(
+        calibrate_main,
+        str(export),
+        "--data",
+        str(built["root"] / "calib.npz"),
+        "--risk",
+        "0.3",
+        "--ood-check",
+        f"noise={built['root'] / 'noise.npz'}",
+    )
+    assert code == 0, err
+    assert "temperature part" in out and "OOD set noise:" in out and "wrote the decisions" in out
+    record = read_info(export).decisions
+    assert record is not None and record.selective is not None and record.ood is not None
+    code, out, err = invoke(run_main, str(export), str(built["root"] / "calib.npz"), "--json", "-")
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    expected = apply_decisions(built["logits"], record)
+    for i, result in enumerate(results):
+        assert result["confidence"] == pytest.approx(float(expected["confidence"][i]), rel=1e-5)
+        members = np.flatnonzero(expected["prediction_set"][i])
+        assert result["prediction_set"] == [CLASSES[c] for c in members]
+        assert result["accept"] == bool(expected["accept"][i])
+        assert result["ood_flag"] == bool(expected["ood_flag"][i])
+        assert result["prediction"] == int(expected["prediction"][i])
+    code, out, _ = invoke(run_main, str(export), str(built["root"] / "noise.npz"))
+    assert code == 0 and "prediction set" in out and ("answer" in out or "abstain" in out)
+    code, out, _ = invoke(
+        run_main, str(export), str(built["root"] / "noise.npz"), "--raw", "--json", "-"
+    )
+    assert code == 0 and "confidence" not in json.loads(out)["results"][0]
+    code, out, _ = invoke(run_main, str(export), str(built["root"] / "noise.npz"), "--csv", "-")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert list(rows[0])[-4:] == ["confidence", "prediction_set", "accept", "ood_flag"]
+    noise = np.load(built["root"] / "noise.npz")["x"]
+    with load_runner(export) as runner:
+        sets = apply_decisions(runner(noise)["member_logits"], record)["prediction_set"]
+    for row, members in zip(rows, sets, strict=True):
+        assert row["prediction_set"] == "|".join(CLASSES[c] for c in np.flatnonzero(members))
+
+
+def test_json_output_and_existing_decisions_need_overwrite(built, export):
+    data = str(built["root"] / "calib.npz")
+    code, out, err = invoke(calibrate_main, str(export), "--data", data, "--json", "--sets", "raps")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["decisions"]["sets"]["method"] == "raps"
+    assert set(report["parts"]) == {"temperature", "quantile"}
+    code, _, err = invoke(calibrate_main, str(export), "--data", data)
+    assert code == 1 and "already holds decisions; pass --overwrite" in err
+    code, _, err = invoke(
+        calibrate_main, str(export), "--data", data, "--overwrite", "--sets", "none", "--quiet"
+    )
+    assert code == 0, err
+    assert read_info(export).decisions.sets is None
+
+
+def test_a_stale_record_is_refused_by_the_runner_with_the_refit_command(built, export):
+    assert invoke(calibrate_main, str(export), "--data", str(built["root"] / "calib.npz"))[0] == 0
+    backbone = tiny_vit("token", seed=1)  # another model in the same folder, the old record kept
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=2)
+    record = json.loads((export / "hydra.json").read_text())["decisions"]
+    export_onnx(fuse(backbone, spec), export, batch=(1, 2, 4), validate=False, overwrite=True)
+    info = json.loads((export / "hydra.json").read_text())
+    (export / "hydra.json").write_text(json.dumps({**info, "decisions": record}))
+    with pytest.raises(
+        RunnerError, match=r"fitted on another model.onnx .* hydra-calibrate .* --overwrite"
+    ):
+        load_runner(export)
+    with load_runner(export, decisions=False) as runner:  # raw scores still run
+        assert runner.decisions is None
+    code, _, err = invoke(run_main, str(export), str(built["root"] / "noise.npz"))
+    assert code == 1 and "hydra-calibrate" in err and "\n" not in err.strip()
+    assert invoke(run_main, str(export), str(built["root"] / "noise.npz"), "--raw")[0] == 0
+
+
+@pytest.mark.parametrize("when", ["json", "onnx"])
+def test_an_interrupted_calibration_leaves_the_folder_as_it_was(built, export, monkeypatch, when):
+    with load_runner(export, decisions=False) as runner:
+        record = calibrate(runner, (built["x"], built["y"])).record
+    before = {p.name: p.read_bytes() for p in export.iterdir() if p.is_file()}
+    if when == "json":
+        import hydra_deploy.evaluation.calibrate as module
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(module, "write_info", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            store_decisions(export, record)
+    else:
+        import onnx
+
+        def interrupted(model, path, *args, **kwargs):
+            with open(path, "wb") as handle:
+                handle.write(b"half")
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(onnx, "save", interrupted)
+        pytest.importorskip(
+            "hydra_deploy.export.decision_graph", reason="the in-graph decisions module"
+        )
+        with pytest.raises(KeyboardInterrupt):
+            store_decisions(export, record, in_graph=True)
+    after = {p.name: p.read_bytes() for p in export.iterdir() if p.is_file()}
+    assert after == before
+    assert not [p for p in os.listdir(export) if p.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--alpha", "1.5"], "--alpha must be in (0, 1)"),
+        (["--risk", "0"], "--risk must be in (0, 1)"),
+        (["--risk", "0.1", "--delta", "2"], "--delta must be in (0, 1)"),
+        (["--holdout", "1"], "--holdout must be in (0, 1)"),
+        (["--alpha", "0.0001"], "needs at least 9999"),
+        (["--risk", "0.001"], "the best these data can guarantee is"),
+        (["--class-conditional", "--alpha", "0.01"], "calibration examples of class"),
+        (["--class-conditional", "--sets", "none"], "--class-conditional needs prediction sets"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+    ],
+)
+def test_errors_are_one_line(built, export, argv, message):
+    code, _, err = invoke(
+        calibrate_main, str(export), "--data", str(built["root"] / "calib.npz"), *argv
+    )
+    assert code == 1
+    assert message in err
+    assert err.count("\n") == 1
+    assert read_info(export).decisions is None  # nothing written
+
+
+def test_data_errors_are_one_line(built, export, tmp_path):
+    root = built["root"]
+    code, _, err = invoke(calibrate_main, str(export), "--data", str(root / "noise.npz"))
+    assert code == 1 and "has no labels 'y'" in err
+    np.savez(tmp_path / "bad.npz", x=built["x"][:20], y=np.full(20, 7))
+    code, _, err = invoke(calibrate_main, str(export), "--data", str(tmp_path / "bad.npz"))
+    assert code == 1 and "outside the model's classes 0..4" in err
+    code, _, err = invoke(
+        calibrate_main, str(export / "model.onnx"), "--data", str(root / "calib.npz")
+    )
+    assert code == 1 and "is not an export folder" in err
+
+
+def test_help_says_it_is_not_int8_calibration():
+    text = build_parser().format_help()
+    assert "not TensorRT's INT8 calibration" in text and "examples:" in text
