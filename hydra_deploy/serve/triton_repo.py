@@ -22,6 +22,15 @@ engine's dtypes from its sidecar (``engine_io``): TensorRT 8.6 makes int64 tenso
 Triton's TensorRT backend refuses a config whose types differ from the engine's. The uncertainty scores must be computed in
 the graph (``hydra-export --uq-outputs``): Triton then answers them with no Python backend.
 
+Decisions (``hydra-calibrate``) are served the same way: when ``model.onnx`` computes them
+(``hydra-calibrate --in-graph``: ``calibrated_probs`` [C] float32, ``prediction_set`` [C],
+``accept`` and ``ood_flag`` (bool, ``TYPE_BOOL``) for the rules the record holds), the config
+declares them like every other output (``calibrated_probs`` carries ``labels.txt`` too), after
+checking that hydra.json lists them and that the record was fitted on this ``model.onnx``. The
+repository has no Python backend to post-process scores, so decisions held in hydra.json only
+are not served: the model's ``config.pbtxt`` and the README say so, and
+``hydra-calibrate EXPORT --data LABELLED --in-graph --overwrite`` puts them in the graph.
+
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
 installed, parsed with Triton's own ``ModelConfig`` protobuf before anything is written. Each model
 folder is assembled under a temporary name beside it and renamed into place, so a model folder with
@@ -38,13 +47,20 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text, staging_dir
 from hydra_deploy.errors import HydraError, ServeError
-from hydra_deploy.export_folder import MODEL_FILE, parse_batch_profile, read_info
+from hydra_deploy.export_folder import (
+    MODEL_FILE,
+    DecisionRecord,
+    file_sha256,
+    parse_batch_profile,
+    read_info,
+)
 from hydra_deploy.optional import require
 
 logger = logging.getLogger("hydra_deploy")
@@ -65,6 +81,17 @@ PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 DEFAULT_FILES = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
 DEFAULT_QUEUE_DELAY_US = 100
 README_MARK = "<!-- written by hydra-deploy: hydra-export --triton / hydra-build --triton -->"
+#: The outputs ``hydra-calibrate --in-graph`` adds to model.onnx
+#: (:mod:`hydra_deploy.export.decision_graph`), the rules' in the order written.
+DECISION_OUTPUTS = ("calibrated_probs", "prediction_set", "accept", "ood_flag")
+#: Outputs over the classes that Triton's classification extension labels (``labels.txt``).
+LABELLED_OUTPUTS = ("probs", "calibrated_probs")
+#: What a model whose hydra.json holds decisions its graph does not compute says (config, README).
+NOT_IN_GRAPH = (
+    "the decisions in hydra.json (hydra-calibrate) are not computed by this model: Triton serves "
+    "what the graph computes, so put them in it with hydra-calibrate EXPORT --data LABELLED "
+    "--in-graph --overwrite (or serve the export with hydra-serve, which applies them)"
+)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -87,6 +114,7 @@ class TritonModel:
     kind: str = "auto"
     labels: list[str] | None = None
     notes: list[str] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)  # ``#`` lines atop config.pbtxt
 
     def fields(self) -> list[tuple[str, Any]]:
         """The config as ordered (field, value) pairs of Triton's ``ModelConfig`` message."""
@@ -101,7 +129,7 @@ class TritonModel:
                 entry.append(("dims", dims))
             else:  # one value per example: Triton wants a non-empty shape, the model gives [batch]
                 entry += [("dims", [1]), ("reshape", [("shape", [])])]
-            if is_output and self.labels and spec["name"] == "probs":
+            if is_output and self.labels and spec["name"] in LABELLED_OUTPUTS:
                 entry.append(("label_filename", "labels.txt"))
             return entry
 
@@ -123,8 +151,13 @@ class TritonModel:
         ]
 
     def pbtxt(self) -> str:
-        """``config.pbtxt``: protobuf text format of the ``ModelConfig``."""
-        return _text_format(self.fields()) + "\n"
+        """``config.pbtxt``: protobuf text format of the ``ModelConfig`` (``comments`` first)."""
+        header = "".join(
+            f"# {line}\n"
+            for text in self.comments
+            for line in textwrap.wrap(text, 96, break_on_hyphens=False)
+        )
+        return header + _text_format(self.fields()) + "\n"
 
 
 def _scalar(value: Any) -> str:
@@ -217,6 +250,36 @@ def _read_export(export_dir: Path) -> dict[str, Any]:
             "--out NEW_DIR (or pass --triton to hydra-export, which adds them)"
         )
     return info
+
+
+def served_decisions(export_dir: Path, info: dict[str, Any]) -> tuple[list[str], bool]:
+    """(the decision outputs the graph computes, whether hydra.json holds decisions it does not).
+
+    A record ``in_graph`` must be matched by hydra.json's outputs (one per rule it holds) and
+    fitted on this ``model.onnx``; a ServeError (an ExportFolderError for a stale record) says to
+    calibrate again otherwise."""
+    outputs = [s["name"] for s in info["outputs"] if s["name"] in DECISION_OUTPUTS]
+    entry = info.get("decisions")
+    if entry is None:
+        return outputs, False
+    record = DecisionRecord.from_dict(entry, f"the decisions entry of {export_dir / 'hydra.json'}")
+    if not record.in_graph:
+        return outputs, True
+    held = {
+        "prediction_set": record.sets is not None,
+        "accept": record.selective is not None,
+        "ood_flag": record.ood is not None,
+    }
+    wanted = [n for n in DECISION_OUTPUTS if held.get(n, True)]
+    missing = [n for n in wanted if n not in outputs]
+    if missing:
+        raise ServeError(
+            f"{export_dir / 'hydra.json'} says its decisions are in model.onnx, but its outputs "
+            f"lack {', '.join(missing)}; put them in again with hydra-calibrate {export_dir} "
+            "--data LABELLED --in-graph --overwrite"
+        )
+    record.check_fitted_on(file_sha256(export_dir / MODEL_FILE), str(export_dir))
+    return outputs, False
 
 
 def _is_tensor(spec: Any) -> bool:
@@ -373,6 +436,7 @@ def plan_repository(
     labels = info.get("class_names") if isinstance(info.get("class_names"), list) else None
     if labels is not None:
         labels = [" ".join(str(c).split()) for c in labels]  # one line each
+    _, decisions_elsewhere = served_decisions(export_dir, info)
 
     def model(
         model_name: str,
@@ -388,7 +452,10 @@ def plan_repository(
                 f"max batch {top} is above the {what}'s profile maximum {profile[2]}; give at "
                 f"most {profile[2]}, or re-export/rebuild with a larger --max-batch"
             )
-        notes = []
+        notes, comments = [], []
+        if decisions_elsewhere:
+            notes.append(NOT_IN_GRAPH)
+            comments.append(NOT_IN_GRAPH)
         if profile[0] > 1:
             notes.append(
                 f"the {what} takes batches of {profile[0]} or more; Triton sends "
@@ -407,6 +474,7 @@ def plan_repository(
             kind=model_kind,
             labels=labels,
             notes=notes,
+            comments=comments,
         )
 
     models = [
@@ -563,6 +631,21 @@ def _models_in(repo: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | N
     return found
 
 
+def _decisions_cell(info: dict[str, Any]) -> str:
+    """The README's decisions column of a model: what its graph answers, or why nothing."""
+    entry = info.get("decisions")
+    names = [
+        s.get("name")
+        for s in info.get("outputs") or []
+        if isinstance(s, dict) and s.get("name") in DECISION_OUTPUTS
+    ]
+    if isinstance(entry, dict) and entry.get("in_graph") and names:
+        return ", ".join(f"`{n}`" for n in names)
+    if isinstance(entry, dict):
+        return "in hydra.json only: not served (see Decisions)"
+    return "none"
+
+
 def repository_readme(repo: Path) -> str:
     """The repository's README: how to start Triton on it and query each hydra model."""
     models = _models_in(repo)
@@ -580,7 +663,7 @@ def repository_readme(repo: Path) -> str:
         if sidecar is not None:
             gpu = (sidecar.get("gpu") or {}).get("name", "?")
             target = f"; built for {gpu} with TensorRT {sidecar.get('tensorrt_version', '?')}"
-        rows.append(f"| `{name}` | {kind}{target} | {shape} |")
+        rows.append(f"| `{name}` | {kind}{target} | {shape} | {_decisions_cell(info)} |")
         first = (info.get("inputs") or [{}])[0]
         dims = ",".join(str(d) if isinstance(d, int) else "16" for d in first.get("shape", [])[1:])
         checks.append(
@@ -590,14 +673,26 @@ def repository_readme(repo: Path) -> str:
     return f"""{README_MARK}
 # Triton model repository
 
-| model | backend | inputs (batch first) |
-|---|---|---|
+| model | backend | inputs (batch first) | decisions |
+|---|---|---|---|
 {chr(10).join(rows)}
 
 Every model answers `member_logits` [M, classes] per example and the uncertainty scores computed in
 its graph: `probs` [classes], `msp`, `predictive_entropy`, `expected_entropy`, `mutual_information`
 (one value each). `probs` carries the class names (`labels.txt`), so Triton's classification
 extension (`class_count` in a request) returns the top classes by name.
+
+## Decisions
+
+A model whose `model.onnx` computes its decisions (`hydra-calibrate EXPORT --data LABELLED
+--in-graph`) also answers `calibrated_probs` [classes] (float32, with the class names too),
+`prediction_set` [classes] (bool: the classes of the conformal set) and `accept` and `ood_flag`
+(bool, one value each), for the rules its calibration holds (see its `hydra.json`, entry
+`decisions`). The calibrated confidence is the largest of `calibrated_probs`. This repository
+has no Python backend to post-process scores: decisions kept in `hydra.json` only (calibrated
+without `--in-graph`) are not served here; re-run `hydra-calibrate EXPORT --data LABELLED
+--in-graph --overwrite` and write the repository again, or serve the export with `hydra-serve`,
+which applies them.
 
 ## Start Triton on it
 

@@ -32,6 +32,7 @@ CLASSES = ["ant", "bee", "cat", "dog", "eel"]
 ONNX_TO_TRITON = {
     onnx.TensorProto.FLOAT: model_config_pb2.TYPE_FP32,
     onnx.TensorProto.INT64: model_config_pb2.TYPE_INT64,
+    onnx.TensorProto.BOOL: model_config_pb2.TYPE_BOOL,
 }
 
 
@@ -437,3 +438,134 @@ def test_hydra_build_refuses_engine_without_triton_and_exports_without_the_head(
     assert code == 1 and "--engine set(s) up a Triton repository; add --triton REPO" in err
     code, _, err = invoke(build_cli.main, exports["plain"], "--triton", tmp_path / "repo")
     assert code == 1 and "no uncertainty outputs in its graph" in err
+
+
+# --- decisions (hydra-calibrate) -----------------------------------------------------------------------
+DECISION_TYPES = {
+    "calibrated_probs": ("TYPE_FP32", [5]),
+    "prediction_set": ("TYPE_BOOL", [5]),
+    "accept": ("TYPE_BOOL", [1]),
+    "ood_flag": ("TYPE_BOOL", [1]),
+}
+
+
+@pytest.fixture(scope="module")
+def calibrated(exports, tmp_path_factory):
+    """The vit export (scores in the graph) with decisions in hydra.json only: (folder, record)."""
+    from helpers.decisions import calibrate_export
+
+    folder = tmp_path_factory.mktemp("calibrated") / "vit"
+    shutil.copytree(exports["vit"], folder)
+    return folder, calibrate_export(folder).record
+
+
+def types_of(config) -> dict[str, tuple[str, list[int]]]:
+    return {
+        t.name: (model_config_pb2.DataType.Name(t.data_type), list(t.dims)) for t in config.output
+    }
+
+
+def with_graph_outputs(folder, target, change=None):
+    """A copy of ``folder`` whose hydra.json says its decisions are in the graph and lists the
+    outputs ``hydra-calibrate --in-graph`` adds (model.onnx is left as it is: Triton is not run)."""
+    shutil.copytree(folder, target)
+    info = json.loads((target / "hydra.json").read_text())
+    batch = info["outputs"][0]["shape"][0]
+    info["outputs"] += [
+        {"name": "calibrated_probs", "shape": [batch, 5], "dtype": "float32"},
+        {"name": "prediction_set", "shape": [batch, 5], "dtype": "bool"},
+        {"name": "accept", "shape": [batch], "dtype": "bool"},
+        {"name": "ood_flag", "shape": [batch], "dtype": "bool"},
+    ]
+    info["decisions"]["in_graph"] = True
+    if change is not None:
+        change(info)
+    (target / "hydra.json").write_text(json.dumps(info))
+    return target
+
+
+def test_decisions_in_hydra_json_only_are_not_served_and_the_repository_says_so(
+    calibrated, tmp_path, caplog
+):
+    folder, _ = calibrated
+    with caplog.at_level("WARNING", logger="hydra_deploy"):
+        write_triton_repository(folder, tmp_path / "repo")
+    text = (tmp_path / "repo" / "vit" / "config.pbtxt").read_text()
+    assert text.startswith("# the decisions in hydra.json (hydra-calibrate) are not computed")
+    assert "--in-graph" in text.split("\nname:")[0]
+    config = load_config(tmp_path / "repo" / "vit")  # the comment parses
+    assert not set(DECISION_TYPES) & {t.name for t in config.output}
+    assert any("--in-graph" in r.getMessage() for r in caplog.records)
+    readme = (tmp_path / "repo" / "README.md").read_text()
+    assert "| in hydra.json only: not served (see Decisions) |" in readme
+    assert "## Decisions" in readme and "--in-graph --overwrite" in readme
+
+
+def test_decision_outputs_listed_in_hydra_json_become_typed_outputs(calibrated, tmp_path):
+    folder, _ = calibrated
+    export = with_graph_outputs(folder, tmp_path / "vit")
+    write_triton_repository(export, tmp_path / "repo")
+    model = tmp_path / "repo" / "vit"
+    text = (model / "config.pbtxt").read_text()
+    assert not text.startswith("#")
+    config = load_config(model)
+    types = types_of(config)
+    for name, expected in DECISION_TYPES.items():
+        assert types[name] == expected, name
+    by_name = {t.name: t for t in config.output}
+    for name in ("accept", "ood_flag"):  # [batch] in the model: a scalar per example
+        assert list(by_name[name].reshape.shape) == [] and by_name[name].HasField("reshape")
+    labelled = {t.name: t.label_filename for t in config.output if t.label_filename}
+    assert labelled == {"probs": "labels.txt", "calibrated_probs": "labels.txt"}
+    readme = (tmp_path / "repo" / "README.md").read_text()
+    assert "`calibrated_probs`, `prediction_set`, `accept`, `ood_flag` |" in readme
+
+
+def test_in_graph_decisions_that_do_not_match_are_refused(calibrated, tmp_path):
+    folder, _ = calibrated
+
+    def drop_accept(info):
+        info["outputs"] = [o for o in info["outputs"] if o["name"] != "accept"]
+
+    def stale(info):
+        info["decisions"]["onnx_sha256"] = "0" * 64
+
+    for case, change, message in (
+        ("missing", drop_accept, "its outputs lack accept; put them in again with hydra-calibrate"),
+        ("stale", stale, "fitted on another model.onnx"),
+    ):
+        export = with_graph_outputs(folder, tmp_path / case, change)
+        with pytest.raises(ServeError, match=message) as caught:
+            write_triton_repository(export, tmp_path / "repo")
+        assert "--overwrite" in str(caught.value)
+        assert not (tmp_path / "repo").exists()
+
+
+def test_a_real_in_graph_export_and_its_engine_declare_the_graphs_decisions(calibrated, tmp_path):
+    pytest.importorskip("hydra_deploy.export.decision_graph")
+    from hydra_deploy.evaluation.calibrate import store_decisions
+
+    folder, record = calibrated
+    export = tmp_path / "vit"
+    shutil.copytree(folder, export)
+    store_decisions(export, record, in_graph=True)  # the same model.onnx: the same fit
+    engine = fake_engine(export, tmp_path / "eng", {"min": 1, "opt": 2, "max": 4})
+    write_triton_repository(export, tmp_path / "repo", engine=engine)
+    for name, model_file in (("vit", "model.onnx"), ("vit-trt", None)):
+        config = load_config(tmp_path / "repo" / name)
+        assert_matches_onnx(config, export / "model.onnx", max_batch=4)  # every output, typed
+        types = types_of(config)
+        assert {n: types[n] for n in DECISION_TYPES} == DECISION_TYPES
+        if model_file is None:
+            continue
+        runner = load_runner(tmp_path / "repo" / name / "1" / model_file)
+        x = np.random.default_rng(0).standard_normal((4, 3, 16, 16)).astype(np.float32)
+        outputs = runner(x)
+        for tensor in config.output:
+            per_example = (
+                list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
+            )
+            assert list(outputs[tensor.name].shape) == [4, *per_example], tensor.name
+        assert outputs["prediction_set"].dtype == np.bool_ and outputs["accept"].dtype == np.bool_
+    readme = (tmp_path / "repo" / "README.md").read_text()
+    assert readme.count("`calibrated_probs`, `prediction_set`, `accept`, `ood_flag` |") == 2
