@@ -200,6 +200,8 @@ def main_body(args: argparse.Namespace) -> int:
         precision=args.precision,
         overwrite=args.overwrite,
     )
+    if args.from_dir is not None:
+        _carry_decisions(args.from_dir, args.out, hydra, log)
     repository = triton.write(args, args.out) if args.triton is not None else None
     if args.json:
         print(json.dumps(info if repository is None else {**info, "triton": repository}, indent=2))
@@ -215,6 +217,30 @@ def main_body(args: argparse.Namespace) -> int:
         for line in trtexec_lines(info, args.out):
             print("  " + line)
     return 0
+
+
+def _carry_decisions(source: Path, out: Path, hydra, log) -> None:
+    """Keep the source's hydra-calibrate decisions when the re-export computes the same member
+    logits (same precision and graph arithmetic), else say they must be fitted again."""
+    from hydra_deploy.evaluation.calibrate import carry_decisions
+    from hydra_deploy.export_folder import read_info
+
+    if read_info(source).decisions is None:
+        return
+    example = hydra.example_inputs(4, 0)
+    example = example if isinstance(example, tuple) else (example,)
+    names = [entry["name"] for entry in read_info(out).record["inputs"]]
+    inputs = {name: t.numpy() for name, t in zip(names, example, strict=False)}
+    if carry_decisions(source, out, inputs) is not None:
+        log.info("kept the decisions of %s: the re-export computes the same member logits", source)
+    else:
+        log.warning(
+            "the decisions of %s are not kept: the re-export computes other member logits (or "
+            "they were fitted on another file); fit them again with hydra-calibrate %s --data "
+            "LABELLED",
+            source,
+            out,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

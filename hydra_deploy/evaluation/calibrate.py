@@ -38,7 +38,7 @@ from hydra_deploy.export_folder import (
     write_info,
 )
 
-__all__ = ["Calibration", "calibrate", "data_sha256", "store_decisions"]
+__all__ = ["Calibration", "calibrate", "carry_decisions", "data_sha256", "store_decisions"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,33 @@ def store_decisions(
         for leftover in (staged, backup):
             with contextlib.suppress(OSError):
                 os.unlink(leftover)
+
+
+def carry_decisions(
+    source: str | os.PathLike, target: str | os.PathLike, inputs: Mapping[str, np.ndarray]
+) -> DecisionRecord | None:
+    """Carry ``source``'s decisions into ``target``, its re-export (``hydra-export --from``), when
+    they still hold: the source's record was fitted on its model.onnx, and the two files give the
+    same ``member_logits``, bit for bit, on ``inputs`` (named model inputs). Returns the record
+    stored in ``target`` (in its graph too when it was in the source's), else None."""
+    from hydra_deploy.engines.runner import load_runner
+
+    source_info = read_info(source)
+    record = source_info.decisions
+    if record is None or file_sha256(source_info.onnx_path) != record.onnx_sha256:
+        return None
+    with (
+        load_runner(source, decisions=False) as before,
+        load_runner(target, decisions=False) as after,
+    ):
+        same = np.array_equal(
+            before(dict(inputs))["member_logits"], after(dict(inputs))["member_logits"]
+        )
+    if not same:
+        return None
+    target_info = read_info(target)
+    moved = replace(record, onnx_sha256=file_sha256(target_info.onnx_path), in_graph=False)
+    return store_decisions(target, moved, in_graph=record.in_graph).decisions
 
 
 def describe_parts(calibration: Calibration) -> list[list[str]]:

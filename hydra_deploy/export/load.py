@@ -9,8 +9,11 @@ checks the result against the folder's ``model.onnx`` in ONNX Runtime.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,8 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
     hydra.merge = info["merge"]
     if isinstance(info.get("preprocessing"), dict):  # the export's, not the rebuilt ViT's default
         hydra.preprocessing = info["preprocessing"]
+    if checked.class_names is not None:  # a re-export keeps them (hydra.json's, checked)
+        hydra.class_names = list(checked.class_names)
     if info.get("tokenizer"):  # a re-export copies the folder's own tokenizer
         hydra.tokenizer_dir = str(folder / info["tokenizer"]["dir"])
     if check and (folder / "model.onnx").is_file():
@@ -154,6 +159,11 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
         ) from err
     outputs = _onnx_output_names(path)
     expected = ["member_logits", *(UQ_OUTPUTS if info.get("uq_outputs") else ())]
+    if outputs is not None and (info.get("decisions") or {}).get("in_graph"):
+        from hydra_deploy.export.decision_graph import DECISION_OUTPUTS
+
+        # hydra-calibrate --in-graph outputs come after the model's own: checked without them
+        expected += [name for name in outputs if name in DECISION_OUTPUTS]
     if outputs is not None and outputs != expected:
         raise ExportError(
             f"hydra.json and model.onnx in {path.parent} disagree about the uncertainty outputs: "
@@ -161,10 +171,12 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
             f"has outputs {outputs}; the folder's files do not belong together: restore them or "
             "export the model again with hydra-export"
         )
+    in_graph = bool((info.get("decisions") or {}).get("in_graph"))
     try:
-        validate_onnx(
-            path, module, hydra.example_inputs, [2], precision=info.get("precision", "fp32")
-        )
+        with _without_decisions(path, in_graph) as checked:
+            validate_onnx(
+                checked, module, hydra.example_inputs, [2], precision=info.get("precision", "fp32")
+            )
     except ExportError as err:
         raise ExportError(
             f"the model rebuilt from {path.parent} differs from its model.onnx ({err}); "
@@ -175,6 +187,23 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
             f"ONNX Runtime cannot load {path} ({type(err).__name__}: {str(err).strip()}); is the "
             "file complete? restore it or export the model again with hydra-export"
         ) from err
+
+
+@contextlib.contextmanager
+def _without_decisions(path: Path, in_graph: bool) -> Iterator[Path]:
+    """``path``, or with ``in_graph`` a temporary copy of it without the decisions
+    ``hydra-calibrate --in-graph`` added (the rebuilt model computes none)."""
+    if not in_graph:
+        yield path
+        return
+    import onnx
+
+    from hydra_deploy.export.decision_graph import remove_decisions
+
+    with tempfile.TemporaryDirectory() as folder:
+        stripped = Path(folder) / path.name
+        onnx.save(remove_decisions(onnx.load(str(path))), str(stripped))
+        yield stripped
 
 
 def _onnx_output_names(path: Path) -> list[str] | None:

@@ -235,3 +235,42 @@ def test_data_errors_are_one_line(built, export, tmp_path):
 def test_help_says_it_is_not_int8_calibration():
     text = build_parser().format_help()
     assert "not TensorRT's INT8 calibration" in text and "examples:" in text
+
+
+def test_in_graph_decisions_survive_reload_and_an_fp32_re_export_but_not_fp16(
+    built, export, tmp_path, caplog
+):
+    from hydra_deploy.cli.export import main as export_main
+    from hydra_deploy.export import load_export
+
+    data = str(built["root"] / "calib.npz")
+    assert (
+        invoke(calibrate_main, str(export), "--data", data, "--risk", "0.3", "--in-graph")[0] == 0
+    )
+    info = read_info(export)
+    assert info.decisions.in_graph and info.onnx_sha256 == file_sha256(export / "model.onnx")
+    names = [o["name"] for o in info.record["outputs"]]
+    assert names == ["member_logits", "calibrated_probs", "prediction_set", "accept", "ood_flag"]
+    with load_runner(export) as runner:
+        graph = runner(built["x"][:8])
+    numpy = apply_decisions(graph["member_logits"], info.decisions)
+    for name in ("prediction_set", "accept", "ood_flag"):
+        np.testing.assert_array_equal(graph[name], numpy[name])
+    load_export(export)  # checked against the file without its decision outputs
+
+    kept, dropped = tmp_path / "kept", tmp_path / "fp16"
+    assert invoke(export_main, "--from", str(export), "--out", str(kept), "--quiet")[0] == 0
+    again = read_info(kept)
+    assert again.class_names == tuple(CLASSES)  # a re-export keeps the class names
+    assert again.decisions is not None and again.decisions.in_graph
+    assert again.decisions.onnx_sha256 == file_sha256(kept / "model.onnx")
+    assert again.decisions.temperature == info.decisions.temperature
+    with load_runner(kept) as runner:
+        assert runner.decisions == again.decisions
+    code, _, err = invoke(
+        export_main, "--from", str(export), "--out", str(dropped), "--precision", "fp16"
+    )
+    assert code == 0, err
+    assert read_info(dropped).decisions is None
+    warned = [r.getMessage() for r in caplog.records if "are not kept" in r.getMessage()]
+    assert warned and "hydra-calibrate" in warned[0]
