@@ -15,6 +15,7 @@ EXAMPLES = """\
   hydra-score-dataset export/vit_b16-m3 /data/imagenet/val --out /data/scores.parquet \\
       --address ray://head:10001 --actors 16 --threads 4 --member-logits      # a cluster
   hydra-score-dataset export/minilm-m3 glosses.txt more.txt --out text.parquet --json
+  hydra-score-dataset export/vit_b16-m3 images/ --out raw.parquet --raw   # calibrated: scores only
   python -c "import pandas; print(pandas.read_parquet('scores.parquet'))"   # read the result
 """
 
@@ -29,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         "OUT as a folder of Parquet parts (one per shard of --shard-size consecutive inputs) "
         "that pandas.read_parquet(OUT) reads as one table in input order. Columns: item (the "
         "path, or file:line for text), shard, prediction, label, msp, predictive_entropy, "
-        "expected_entropy, mutual_information, disagreement, probs (and member_logits). "
+        "expected_entropy, mutual_information, disagreement, probs (and member_logits); an "
+        "export calibrated with hydra-calibrate adds confidence, prediction_set (class indices), "
+        "accept and ood_flag for the rules it holds, and prediction is then the calibrated "
+        "argmax (--raw: scores only). "
         f"OUT/{MANIFEST} records the model, inputs and options; a part file exists only when "
         "complete, so --resume after a crash scores only the missing shards. An input that "
         "cannot be read (an undecodable image) stops the run; the parts finished before are kept.",
@@ -104,12 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also store every member's logits (list<list<float32>>: members x classes)",
     )
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="scores only: leave out the decisions of a calibrated export (hydra-calibrate) "
+        "and do not check them against the model file",
+    )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--resume",
         action="store_true",
         help="finish an existing OUT: keep its parts, score the missing shards (the "
-        "model, inputs, shard size and columns must match its manifest)",
+        "model, inputs, shard size, columns and decisions must match its manifest)",
     )
     mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument(
@@ -139,6 +149,7 @@ def main_body(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         quiet=args.quiet,
         debug=args.debug,
+        decisions=not args.raw,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

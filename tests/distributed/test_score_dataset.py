@@ -424,6 +424,61 @@ def test_existing_out_and_mismatched_resume_are_refused(export_dir, images, tmp_
     assert json.loads((out / MANIFEST).read_text())["shard_size"] == 12
 
 
+# --- an export with decisions (hydra-calibrate) ------------------------------------------------------
+def test_decision_columns_equal_the_local_decisions_and_raw_leaves_them_out(images, tmp_path):
+    from helpers.decisions import calibrated_export
+
+    from hydra_deploy.decisions import apply_decisions
+
+    export, _ = calibrated_export(tmp_path / "calibrated")
+    out = tmp_path / "scores.parquet"
+    base = [export, images, "--shard-size", 12, "--batch-size", 4, "--quiet"]
+    code, stdout, err = invoke(*base, "--out", out, "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["decisions"] == ["confidence", "prediction_set", "accept", "ood_flag"]
+    table = pq.read_table(out)
+    assert table.column_names[-5:] == [
+        "probs",
+        "confidence",
+        "prediction_set",
+        "accept",
+        "ood_flag",
+    ]
+    assert str(table.schema.field("prediction_set").type) == "list<element: int64>"
+    assert str(table.schema.field("accept").type) == "bool"
+    runner = load_runner(export)
+    logits = runner(preprocess_images(find_images([images]), runner.preprocessing))["member_logits"]
+    want = apply_decisions(logits, runner.decisions)
+    np.testing.assert_array_equal(table["prediction"].to_numpy(), want["prediction"])
+    np.testing.assert_allclose(table["confidence"].to_numpy(), want["confidence"], atol=ATOL)
+    assert table["prediction_set"].to_pylist() == [
+        np.flatnonzero(row).tolist() for row in want["prediction_set"]
+    ]
+    for name in ("accept", "ood_flag"):
+        assert table[name].to_pylist() == want[name].tolist(), name
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["columns"] == table.column_names and manifest["decisions_sha256"]
+
+    raw = tmp_path / "raw.parquet"
+    assert invoke(*base, "--out", raw, "--raw")[0] == 0
+    table = pq.read_table(raw)
+    assert table.column_names[-1] == "probs" and "confidence" not in table.column_names
+    expected, _ = local_scores(export, find_images([images]))
+    np.testing.assert_array_equal(table["prediction"].to_numpy(), expected["prediction"])
+    assert json.loads((raw / MANIFEST).read_text())["decisions_sha256"] is None
+    code, _, err = invoke(*base, "--out", raw, "--resume")
+    assert code == 1 and "the decisions differ (raw scores in OUT, decisions now" in err
+
+    stale = tmp_path / "stale"
+    shutil.copytree(export, stale)
+    info = json.loads((stale / "hydra.json").read_text())
+    info["decisions"]["onnx_sha256"] = "0" * 64  # fitted on another model.onnx
+    (stale / "hydra.json").write_text(json.dumps(info))
+    code, _, err = invoke(stale, *base[1:], "--out", tmp_path / "never")
+    assert code == 1 and "hydra-calibrate" in err and "--overwrite" in err
+    assert not (tmp_path / "never").exists()  # refused before anything ran
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

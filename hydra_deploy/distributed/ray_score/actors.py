@@ -12,13 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from hydra_deploy.distributed.ray_score.parts import SCALAR_COLUMNS
+from hydra_deploy.distributed.ray_score.parts import SCALAR_COLUMNS, decision_columns
 from hydra_deploy.errors import RunnerError
 
 
 class HydraScorer:
     """The Ray Data UDF: one runner (one ONNX Runtime session) per actor; a numpy batch of
-    ``shard``, ``index``, ``source`` (absolute image path or text) in, score columns out."""
+    ``shard``, ``index``, ``source`` (absolute image path or text) in, score columns out.
+
+    ``decisions``: the decision columns the driver planned (from the export's record; empty:
+    raw scores only, the record not loaded); the runner's record must give the same."""
 
     def __init__(
         self,
@@ -30,11 +33,22 @@ class HydraScorer:
         member_logits: bool = False,
         providers: Sequence[Any] | None = None,
         delay_s: float = 0.0,
+        decisions: Sequence[str] = (),
     ) -> None:
         from hydra_deploy.engines.runner import load_runner
         from hydra_deploy.engines.scoring import check_member_logits
 
-        self.runner = load_runner(export_dir, providers=providers, threads=threads)
+        self.runner = load_runner(
+            export_dir, providers=providers, threads=threads, decisions=bool(decisions)
+        )
+        got = decision_columns(self.runner.decisions)
+        if got != list(decisions):  # hydra.json changed since the driver read it
+            raise RunnerError(
+                f"{export_dir}: the decisions in hydra.json give the columns {got}, the run "
+                f"writes {list(decisions)}: it was calibrated again during the run; rerun with "
+                "--overwrite"
+            )
+        self.decisions = list(decisions)
         check_member_logits(self.runner, self.runner.output_names)
         if kind == "images" and not self.runner.preprocessing:
             raise RunnerError(
@@ -60,6 +74,7 @@ class HydraScorer:
             "prediction": scores["prediction"].astype(np.int64),
             **{name: scores[name].astype(np.float32) for name in SCALAR_COLUMNS},
             "probs": scores["probs"].astype(np.float32),
+            **{name: scores[name] for name in self.decisions},
         }
         if self.member_logits:
             columns["member_logits"] = np.asarray(logits, dtype=np.float32)

@@ -1,12 +1,16 @@
-"""The export, as the driver sees it: hydra.json only (the driver opens no session)."""
+"""The export, as the driver sees it: hydra.json only (the driver opens no session), its
+decisions (hydra-calibrate) checked against model.onnx before Ray starts."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.export_folder import DecisionRecord
 
 DEFAULT_BATCH_SIZE = 32  # an export without a batch profile
 
@@ -22,9 +26,12 @@ class DriverExport:
     batch_opt: int | None
     batch_max: int | None
     has_preprocessing: bool
+    decisions: DecisionRecord | None = None  # hydra-calibrate's record, checked against the model
 
     @classmethod
-    def read(cls, export_dir: str | os.PathLike) -> DriverExport:
+    def read(cls, export_dir: str | os.PathLike, *, decisions: bool = True) -> DriverExport:
+        """``decisions``: keep the export's decisions (refused when fitted on another
+        model.onnx, as a runner refuses them); False: leave them out (raw scores only)."""
         from hydra_deploy.export_folder import MODEL_FILE, file_sha256, read_info
 
         folder = Path(export_dir)
@@ -45,6 +52,9 @@ class DriverExport:
         except OSError as err:
             raise RunnerError(f"cannot read {onnx_path}: {err}") from err
         profile = info.batch_profile
+        record = info.decisions if decisions else None
+        if record is not None:
+            record.check_fitted_on(digest, str(folder))
         return cls(
             path=folder.absolute(),
             onnx_sha256=digest,
@@ -53,7 +63,16 @@ class DriverExport:
             batch_opt=None if profile is None else profile[1],
             batch_max=None if profile is None else profile[2],
             has_preprocessing=bool(info.record.get("preprocessing")),
+            decisions=record,
         )
+
+    @property
+    def decisions_sha256(self) -> str | None:
+        """A hash of the decisions record applied (None: none), for the manifest."""
+        if self.decisions is None:
+            return None
+        text = json.dumps(self.decisions.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     @property
     def kind(self) -> str:

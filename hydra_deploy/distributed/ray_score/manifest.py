@@ -1,5 +1,6 @@
-"""The manifest, ``OUT/_hydra_manifest.json``: the model, the items, the shard size and the
-columns of a run; ``--resume`` compares it with the run's own.
+"""The manifest, ``OUT/_hydra_manifest.json``: the model, the items, the shard size, the
+columns and the decisions (a hash of the record applied) of a run; ``--resume`` compares it with
+the run's own.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Manifest:
     member_logits: bool
     batch_size: int
     class_names: list[str] | None = None
+    decisions_sha256: str | None = None  # the decisions record applied (None: raw scores)
     package_version: str = ""
     created: str = ""
     format: str = MANIFEST_FORMAT
@@ -76,9 +78,26 @@ class Manifest:
             found.append(
                 f"the shard size differs ({self.shard_size} in OUT, {other.shard_size} now)"
             )
-        if self.columns != other.columns:
+        if self.member_logits != other.member_logits:
             found.append(
                 f"the columns differ ({'with' if self.member_logits else 'without'} "
                 f"--member-logits in OUT, {'with' if other.member_logits else 'without'} now)"
             )
+        if self.decisions_sha256 != other.decisions_sha256:
+            said = {None: "raw scores"}
+            found.append(
+                "the decisions differ ("
+                + said.get(self.decisions_sha256, "decisions")
+                + " in OUT, "
+                + said.get(other.decisions_sha256, "decisions")
+                + " now"
+                + (
+                    ": hydra.json's decisions were fitted again"
+                    if self.decisions_sha256 and other.decisions_sha256
+                    else "; --raw leaves them out"
+                )
+                + ")"
+            )
+        elif self.columns != other.columns and self.member_logits == other.member_logits:
+            found.append(f"the columns differ ({self.columns} in OUT, {other.columns} now)")
         return found

@@ -5,6 +5,7 @@ it atomically to ``OUT/part-<shard>.parquet``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,36 @@ from hydra_deploy.errors import ServeError
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
 SCALAR_COLUMNS = SCALAR_SCORES
+#: The columns of an export with decisions (hydra-calibrate), for the rules its record holds:
+#: ``confidence`` (float32, the calibrated max probability), ``prediction_set`` (list<int64>: the
+#: class indices of the conformal set), ``accept`` and ``ood_flag`` (bool).
+DECISION_COLUMNS = ("confidence", "prediction_set", "accept", "ood_flag")
 
 
-def columns_for(member_logits: bool) -> list[str]:
-    """The columns of every part, in order."""
-    names = ["item", "shard", "prediction", "label", *SCALAR_COLUMNS, "probs"]
+def decision_columns(record: Any) -> list[str]:
+    """The :data:`DECISION_COLUMNS` a decisions record (or None: none) gives."""
+    if record is None:
+        return []
+    held = {
+        "prediction_set": record.sets is not None,
+        "accept": record.selective is not None,
+        "ood_flag": record.ood is not None,
+    }
+    return [name for name in DECISION_COLUMNS if held.get(name, True)]
+
+
+def columns_for(member_logits: bool, decisions: Sequence[str] = ()) -> list[str]:
+    """The columns of every part, in order (``decisions``: the decision columns, if any)."""
+    names = ["item", "shard", "prediction", "label", *SCALAR_COLUMNS, "probs", *decisions]
     return names + (["member_logits"] if member_logits else [])
 
 
 def part_table(
-    shard: Shard, rows: dict[str, np.ndarray], class_names: list[str] | None, member_logits: bool
+    shard: Shard,
+    rows: dict[str, np.ndarray],
+    class_names: list[str] | None,
+    member_logits: bool,
+    decisions: Sequence[str] = (),
 ):
     """The Parquet table of one complete shard from its scored rows (in any order)."""
     import pyarrow as pa
@@ -49,6 +70,14 @@ def part_table(
     for name in SCALAR_COLUMNS:
         columns[name] = pa.array(rows[name][order].astype(np.float32))
     columns["probs"] = _list_column(rows["probs"][order])
+    for name in decisions:
+        value = rows[name][order]
+        if name == "prediction_set":
+            columns[name] = _index_lists(value)
+        elif name == "confidence":
+            columns[name] = pa.array(value.astype(np.float32))
+        else:
+            columns[name] = pa.array(value.astype(np.bool_), pa.bool_())
     if member_logits:
         columns["member_logits"] = _list_column(rows["member_logits"][order])
     return pa.table(columns)
@@ -65,6 +94,16 @@ def _list_column(values: np.ndarray):
         offsets = pa.array(np.arange(0, rows * shape[axis] + 1, shape[axis], dtype=np.int32))
         flat = pa.ListArray.from_arrays(offsets, flat)
     return flat
+
+
+def _index_lists(members: np.ndarray):
+    """[N, C] bool -> list<int64>: each row's True columns (a prediction set's class indices)."""
+    import pyarrow as pa
+
+    members = np.asarray(members, dtype=np.bool_).reshape(len(members), -1)
+    _, classes = np.nonzero(members)  # row by row, columns ascending
+    offsets = np.concatenate([[0], np.cumsum(members.sum(axis=1))]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(classes.astype(np.int64)))
 
 
 def write_part(out: Path, table, shard: int) -> Path:

@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,12 @@ from hydra_deploy.distributed.ray_score.cluster import (
 from hydra_deploy.distributed.ray_score.export import DriverExport
 from hydra_deploy.distributed.ray_score.manifest import Manifest
 from hydra_deploy.distributed.ray_score.output import inspect_out, prepare_out
-from hydra_deploy.distributed.ray_score.parts import columns_for, part_table, write_part
+from hydra_deploy.distributed.ray_score.parts import (
+    columns_for,
+    decision_columns,
+    part_table,
+    write_part,
+)
 from hydra_deploy.distributed.ray_score.shards import Shard, _digest, collect_items, plan_shards
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
 
@@ -58,6 +63,7 @@ class ScoreReport:
     threads: int
     batch_size: int
     address: str
+    decisions: list[str] = field(default_factory=list)  # the decision columns written
 
     @property
     def items_per_second(self) -> float:
@@ -100,6 +106,7 @@ def score_dataset(
     progress: bool = True,
     quiet: bool = False,
     debug: bool = False,
+    decisions: bool = True,
 ) -> ScoreReport:
     """Score every input with the export on a Ray cluster into the Parquet folder ``out``.
 
@@ -108,7 +115,9 @@ def score_dataset(
     each reserve ``threads`` CPUs (default the cluster's CPUs / actors, at least 1) for their
     ONNX Runtime session. ``batch_size``: default the export's batch_profile opt, at most its max.
     ``progress``: Ray Data's progress bars; ``quiet`` keeps Ray's console output off stderr.
-    See the module docstring for the output, the manifest and resume.
+    ``decisions``: an export calibrated with hydra-calibrate also gets its decision columns
+    (refused, before Ray starts, when they were fitted on another model.onnx); False (--raw):
+    scores only. See the module docstring for the output, the manifest and resume.
     """
     from hydra_deploy import __version__
 
@@ -129,6 +138,7 @@ def score_dataset(
             providers=providers,
             quiet=quiet,
             debug=debug,
+            decisions=decisions,
         )
     begin = time.perf_counter()
     for name, value in (
@@ -139,7 +149,7 @@ def score_dataset(
         ("num-cpus", num_cpus),
     ):
         _check_count(name, value)
-    info = DriverExport.read(export_dir)
+    info = DriverExport.read(export_dir, decisions=decisions)
     if info.kind == "images" and not info.has_preprocessing:
         raise RunnerError(
             f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model"
@@ -153,7 +163,8 @@ def score_dataset(
     labels, sources = collect_items(info.family, inputs)
     shards = plan_shards(labels, sources, shard_size)
     out = Path(out)
-    columns = columns_for(member_logits)
+    decided = decision_columns(info.decisions)
+    columns = columns_for(member_logits, decided)
     manifest = Manifest(
         export=str(info.path),
         onnx_sha256=info.onnx_sha256,
@@ -167,6 +178,7 @@ def score_dataset(
         member_logits=member_logits,
         batch_size=batch,
         class_names=info.class_names,
+        decisions_sha256=info.decisions_sha256,
         package_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
@@ -198,6 +210,7 @@ def score_dataset(
             threads=per_actor,
             batch_size=batch,
             address=session.address if session else (address or "local"),
+            decisions=decided,
         )
 
     pool, per_actor = actors or 0, threads or 0
@@ -238,6 +251,7 @@ def score_dataset(
                 member_logits=member_logits,
                 providers=providers,
                 delay_s=delay_s,
+                decisions=decided,
             )
             dataset = _dataset(ray, pending).map_batches(
                 HydraScorer,
@@ -250,7 +264,7 @@ def score_dataset(
                 udf_modifying_row_count=False,
             )
             try:
-                _write_parts(dataset, pending, out, info.class_names, member_logits, tally)
+                _write_parts(dataset, pending, out, info.class_names, member_logits, decided, tally)
             except Exception as err:
                 if isinstance(err, HydraError) and not isinstance(err, ray.exceptions.RayError):
                     raise  # the driver's own (a part that cannot be written)
@@ -287,6 +301,7 @@ def _write_parts(
     out: Path,
     class_names: list[str] | None,
     member_logits: bool,
+    decisions: Sequence[str],
     tally: _Tally,
 ) -> None:
     """Stream the scored rows, group them by shard, write each shard's part once complete."""
@@ -302,7 +317,8 @@ def _write_parts(
             if counts[index] == len(shard.labels):
                 chunks = partial.pop(index)
                 merged = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
-                write_part(out, part_table(shard, merged, class_names, member_logits), index)
+                table = part_table(shard, merged, class_names, member_logits, decisions)
+                write_part(out, table, index)
                 tally.written += 1
                 tally.scored += len(shard.labels)
                 logger.debug("wrote %s", out / shard.part)
