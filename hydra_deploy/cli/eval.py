@@ -18,6 +18,7 @@ EXAMPLES = """\
   hydra-eval export/vit-m3 --id images/test/ --ood svhn=svhn/ --ood textures=dtd/ --out rep --bins 10
   hydra-eval engines/vit-m3.fp16.engine --id test.npz --ood far=far.npz --out rep --overwrite --json
   hydra-eval export/minilm-m3 --id glosses.tsv --ood other=other.txt --out rep   # text model
+  hydra-eval export/vit-m3 --id test.npz --ood noise=noise.npz --out rep --raw   # no decisions
 """
 
 
@@ -27,7 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Evaluate a Hydra ensemble (export folder, .onnx file or TensorRT engine) on labelled "
         "in-distribution data and one or more OOD sets. Writes REPORT_DIR/report.json and "
         "report.md (accuracy, NLL, Brier, ECE, AURC on the ID data; AUROC, AUPR and FPR95 per OOD "
-        "set and score, OOD positive), reliability.png and hist_<score>.png. Data: a .npz with x "
+        "set and score, OOD positive), reliability.png and hist_<score>.png. On an export "
+        "calibrated with hydra-calibrate, the report adds its decisions beside their targets: "
+        "set coverage (>= 1 - alpha), mean set size and empty sets, selective risk (<= the "
+        "rule's risk) and the share answered, ECE before and after the temperature, the share of "
+        "ID flagged as OOD (<= alpha_ood) and, per OOD set, the share flagged; plots "
+        "risk_coverage.png and set_sizes.png (--raw: scores only). Data: a .npz with x "
         "(or the model's input names) and y (y is needed for --id only), a .npy array (OOD), an "
         "image folder (--id: one sub-folder per class, named after it), or for text models a .tsv "
         "(label<TAB>text, --id; a label is a class name or index) or .txt (one text a line, OOD). "
@@ -72,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated OOD scores (default: msp,predictive_entropy,"
         "mutual_information; also expected_entropy, disagreement)",
     )
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="leave out the decisions of a calibrated export (no decisions section, and they "
+        "are not checked against the model file)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing REPORT_DIR")
     p.add_argument("--json", action="store_true", help="also print report.json on stdout")
     return p
@@ -107,7 +119,7 @@ def main_body(args: argparse.Namespace) -> int:
     ood = parse_ood(args.ood)
     scores = [s.strip() for s in args.scores.split(",") if s.strip()]
     common.refuse_existing(args.out, args.overwrite)
-    with load_runner(args.model) as runner:
+    with load_runner(args.model, decisions=not args.raw) as runner:
         report, arrays = evaluate(
             runner,
             args.id_data,
@@ -116,6 +128,7 @@ def main_body(args: argparse.Namespace) -> int:
             bins=args.bins,
             scores=scores,
             return_scores=True,
+            decisions=not args.raw,
         )
     report["model"] = str(args.model)
     write_report(report, arrays, args.out, overwrite=args.overwrite)
@@ -137,8 +150,28 @@ def main_body(args: argparse.Namespace) -> int:
                 if m["auroc"] is not None
             )  # M = 1: no mutual information
             log.info("OOD %s: %s", name, parts)
+        if report.get("decisions"):
+            log.info("decisions: %s", _decisions_line(report["decisions"]))
         log.info("wrote %s", args.out)
     return 0
+
+
+def _decisions_line(section: dict) -> str:
+    """The decisions of a report in one line: each checked number and its target."""
+    ident = section["id"]
+    parts = [f"ECE {ident['ece_raw']:.4f} -> {ident['ece']:.4f} (T {section['temperature']:.3g})"]
+    words = {
+        "coverage": ("set coverage", ">="),
+        "selective_risk": ("selective risk", "<="),
+        "flag_rate": ("ID flagged", "<="),
+    }
+    for key, check in ident["checks"].items():
+        what, side = words[key]
+        value = "-" if check["value"] is None else f"{check['value']:.4f}"
+        parts.append(f"{what} {value} (target {side} {check['target']:.4g})")
+    if "answered" in ident:
+        parts.append(f"answered {ident['answered']:.4f}")
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

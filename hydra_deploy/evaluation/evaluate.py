@@ -8,10 +8,18 @@ as ``runner(inputs) -> {"member_logits": [B, M, C], ...}``) over the data, score
   probabilities (ECE with ``bins`` equal-width bins on the max probability), the reliability table,
   and AURC / E-AURC with each score as the confidence;
 - per OOD set and per score: AUROC, AUPR and FPR95 with **OOD as the positive class** and the score
-  turned into an OOD score by :func:`~hydra_deploy.uncertainty.metrics.ood_score` (``-msp``).
+  turned into an OOD score by :func:`~hydra_deploy.uncertainty.metrics.ood_score` (``-msp``);
+- on a calibrated export (``hydra-calibrate``: ``runner.decisions``; ``decisions=False`` leaves it
+  out), a ``decisions`` section from :func:`~hydra_deploy.decisions.decision_metrics`, each
+  number beside the target its rule was fitted for: on the ID data the prediction sets'
+  empirical coverage (target >= 1 - alpha), mean size and share of empty sets, the selective
+  risk (target <= the rule's risk, with probability >= 1 - delta) and the share answered at tau,
+  ECE and NLL before and after the temperature, the share of ID inputs flagged as OOD (target
+  <= alpha_ood); on each OOD set the share flagged (and answered, and the mean set size).
 
 :func:`write_report` writes ``report.json``, ``report.md``, ``reliability.png`` and one
-``hist_<score>.png`` per score into a folder, built in a temporary folder and renamed into place.
+``hist_<score>.png`` per score into a folder (with decisions also ``risk_coverage.png`` and, with
+prediction sets, ``set_sizes.png``), built in a temporary folder and renamed into place.
 
 Data (ID must be labelled, OOD sets need no labels):
 
@@ -41,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.decisions import apply_decisions, decision_metrics
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
@@ -414,6 +423,7 @@ def evaluate(
     bins: int = ECE_BINS,
     scores: Sequence[str] = DEFAULT_SCORES,
     return_scores: bool = False,
+    decisions: bool = True,
 ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
     """Report of a Hydra ensemble on ``id_data`` (labelled) and the OOD sets ``ood`` by name.
 
@@ -424,7 +434,12 @@ def evaluate(
     examples for OOD detection (OOD positive; see :func:`ood_score`) and misclassification.
 
     With ``return_scores`` also returns the per-example arrays (``{"id": ensemble_scores + labels,
-    "ood": {name: ensemble_scores}}``) that :func:`write_report` plots.
+    "ood": {name: ensemble_scores}}``, and ``"decisions"``: see :func:`decisions_section`) that
+    :func:`write_report` plots.
+
+    ``decisions``: when the runner holds decisions (``runner.decisions``: a calibrated export),
+    add the report's ``decisions`` section; False leaves it out (and a path is then loaded
+    without them: ``load_runner(..., decisions=False)``).
     """
     names = _check_scores(scores)
     bins = _check_bins(bins)  # before the model runs
@@ -434,7 +449,7 @@ def evaluate(
     if isinstance(runner_or_path, (str, os.PathLike)):
         from hydra_deploy.engines.runner import load_runner
 
-        with load_runner(runner_or_path) as runner:
+        with load_runner(runner_or_path, decisions=decisions) as runner:
             return evaluate(
                 runner,
                 id_data,
@@ -443,6 +458,7 @@ def evaluate(
                 bins=bins,
                 scores=names,
                 return_scores=return_scores,
+                decisions=decisions,
             )
     runner = runner_or_path
     if _is_torch_module(runner):
@@ -452,7 +468,8 @@ def evaluate(
         n: load_eval_data(d, runner, name=f"OOD set {n!r}", labelled=False) for n, d in ood.items()
     }
 
-    id_scores = ensemble_scores(member_logits(runner, id_set, batch_size))
+    id_logits = member_logits(runner, id_set, batch_size)
+    id_scores = ensemble_scores(id_logits)
     probs = id_scores["probs"]
     members, classes = id_scores["member_probs"].shape[1:]
     labels = id_set.labels
@@ -477,8 +494,10 @@ def evaluate(
 
     ood_report: dict[str, Any] = {}
     ood_arrays: dict[str, Any] = {}
+    ood_logits: dict[str, np.ndarray] = {}
     for name, data in ood_sets.items():
-        got = ensemble_scores(member_logits(runner, data, batch_size))
+        ood_logits[name] = member_logits(runner, data, batch_size)
+        got = ensemble_scores(ood_logits[name])
         if got["member_probs"].shape[1:] != (members, classes):
             raise HydraError(f"OOD set {name!r}: the model gave a different output shape")
         ood_arrays[name] = got
@@ -523,9 +542,103 @@ def evaluate(
         },
         "ood": ood_report,
     }
+    record = getattr(runner, "decisions", None) if decisions else None
+    arrays: dict[str, Any] = {"id": {**id_scores, "labels": labels}, "ood": ood_arrays}
+    if record is not None:
+        report["decisions"], arrays["decisions"] = decisions_section(
+            record, id_logits, labels, ood_logits, bins
+        )
     if return_scores:
-        return report, {"id": {**id_scores, "labels": labels}, "ood": ood_arrays}
+        return report, arrays
     return report
+
+
+def _meets(value: float | None, target: float, at_most: bool) -> bool | None:
+    if value is None:
+        return None
+    return bool(value <= target + 1e-12) if at_most else bool(value >= target - 1e-12)
+
+
+def decisions_section(
+    record: Any,
+    id_logits: np.ndarray,
+    labels: np.ndarray,
+    ood_logits: Mapping[str, np.ndarray],
+    bins: int = ECE_BINS,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The report's ``decisions`` section for a :class:`~hydra_deploy.export_folder.DecisionRecord`
+    (numbers by :func:`~hydra_deploy.decisions.decision_metrics`), and the per-example arrays its
+    plots need: the calibrated ``confidence`` and whether the calibrated ``prediction`` is
+    ``correct`` on the ID data, the prediction-set sizes of the ID data and of each OOD set
+    (``set_sizes``: ``{"ID": ..., name: ...}``), the classes and the rules' targets.
+
+    ``id`` holds ``checks``: one entry per guarantee, ``{"value", "target", "meets"}``
+    (``meets`` None when there is nothing to measure: no example answered). The guarantees are
+    marginal, over data exchangeable with the calibration data: on a finite test set a value
+    scatters around its target."""
+    ident = decision_metrics(id_logits, labels, record, bins=bins)
+    checks: dict[str, dict[str, Any]] = {}
+    section: dict[str, Any] = {
+        "temperature": record.temperature,
+        "rules": {
+            "sets": None if record.sets is None else record.sets.to_dict(),
+            "selective": None if record.selective is None else record.selective.to_dict(),
+            "ood": None if record.ood is None else record.ood.to_dict(),
+        },
+        "calibration": {
+            "onnx_sha256": record.onnx_sha256,
+            "data_sha256": record.data_sha256,
+            "n_temperature": record.n_temperature,
+            "n_quantile": record.n_quantile,
+        },
+        "id": {**ident, "checks": checks},
+        "ood": {},
+        "conventions": {
+            "prediction": "the argmax of the calibrated probabilities mean_m softmax(logits_m / T)",
+            "ece": f"{bins} equal-width bins on the max probability, before (raw) and after T",
+            "guarantees": "marginal, over data exchangeable with the calibration data; a finite "
+            "test set scatters around the targets, and none holds under distribution shift",
+        },
+    }
+    if record.sets is not None:
+        target = 1.0 - record.sets.alpha
+        checks["coverage"] = {
+            "value": ident["coverage"],
+            "target": target,
+            "meets": _meets(ident["coverage"], target, at_most=False),
+        }
+    if record.selective is not None:
+        rule = record.selective
+        checks["selective_risk"] = {
+            "value": ident["selective_risk"],
+            "target": rule.target_risk,
+            "meets": _meets(ident["selective_risk"], rule.target_risk, at_most=True),
+        }
+    if record.ood is not None:
+        checks["flag_rate"] = {
+            "value": ident["flag_rate"],
+            "target": record.ood.alpha,
+            "meets": _meets(ident["flag_rate"], record.ood.alpha, at_most=True),
+        }
+    decided = apply_decisions(id_logits, record)
+    arrays: dict[str, Any] = {
+        "confidence": decided["confidence"].astype(np.float64),
+        "correct": decided["prediction"] == labels,
+        "classes": int(id_logits.shape[2]),
+        "set_sizes": {},
+        "target_risk": None if record.selective is None else record.selective.target_risk,
+        "tau_point": None,
+    }
+    if record.selective is not None and ident["selective_risk"] is not None:
+        arrays["tau_point"] = (ident["answered"], ident["selective_risk"])
+    if "prediction_set" in decided:
+        arrays["set_sizes"]["ID"] = decided["prediction_set"].sum(axis=1)
+    for name, logits in ood_logits.items():
+        section["ood"][name] = decision_metrics(logits, None, record, bins=bins)
+        if record.sets is not None:
+            sets = apply_decisions(logits, record)["prediction_set"]
+            arrays["set_sizes"][name] = sets.sum(axis=1)
+    return section, arrays
 
 
 # ---------------------------------------------------------------------------------------------
@@ -593,7 +706,84 @@ def markdown(report: Mapping[str, Any]) -> str:
             + " | ".join(_fmt(entry["mean_scores"][s]) for s in report["scores"])
             + " |"
         )
+    if report.get("decisions"):
+        lines += ["", *_decisions_markdown(report["decisions"])]
     return "\n".join(lines) + "\n"
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
+
+
+def _met(check: Mapping[str, Any] | None) -> str:
+    if check is None or check["meets"] is None:
+        return "—"
+    return "yes" if check["meets"] else "no"
+
+
+def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
+    """The report's decisions tables: each measured number beside its rule's target."""
+    ident, rules, checks = section["id"], section["rules"], section["id"]["checks"]
+    rows = [
+        f"| accuracy (calibrated argmax) | {_pct(ident['accuracy'])} | | |",
+        f"| ECE before T | {_pct(ident['ece_raw'])} | | |",
+        f"| ECE after T = {section['temperature']:.4g} | {_pct(ident['ece'])} | | |",
+        f"| NLL before / after T | {ident['nll_raw']:.4f} / {ident['nll']:.4f} | | |",
+    ]
+    if rules["sets"] is not None:
+        sets = rules["sets"]
+        check = checks["coverage"]
+        kind = sets["method"].upper() + (" class-conditional" if sets["class_conditional"] else "")
+        rows += [
+            f"| {kind} set coverage | {_pct(check['value'])} | >= {_pct(check['target'])} "
+            f"| {_met(check)} |",
+            f"| mean set size | {ident['mean_set_size']:.3f} | | |",
+            f"| empty sets | {_pct(ident['empty_sets'])} | | |",
+        ]
+    if rules["selective"] is not None:
+        rule = rules["selective"]
+        check = checks["selective_risk"]
+        rows += [
+            f"| answered at tau = {rule['tau']:.4g} ({rule['score']}) | "
+            f"{_pct(ident['answered'])} | (calibration: {_pct(rule['coverage'])}) | |",
+            f"| selective risk | {_pct(check['value'])} | <= {_pct(check['target'])} "
+            f"(delta {rule['delta']:g}) | {_met(check)} |",
+        ]
+    if rules["ood"] is not None:
+        rule = rules["ood"]
+        check = checks["flag_rate"]
+        rows.append(
+            f"| ID flagged as OOD ({rule['score']}) | {_pct(check['value'])} | "
+            f"<= {_pct(check['target'])} | {_met(check)} |"
+        )
+    lines = [
+        "## Decisions (hydra-calibrate)",
+        "",
+        f"On the ID data ({ident['count']} examples), each rule beside its target:",
+        "",
+        "| metric | value | target | met |",
+        "|---|---:|---:|:---:|",
+        *rows,
+    ]
+    if section["ood"]:
+        lines += [
+            "",
+            "| OOD set | flagged as OOD | answered | mean set size |",
+            "|---|---:|---:|---:|",
+        ]
+        for name, entry in section["ood"].items():
+            size = entry.get("mean_set_size")
+            lines.append(
+                f"| {name} | {_pct(entry.get('flag_rate'))} | {_pct(entry.get('answered'))} | "
+                f"{'—' if size is None else f'{size:.3f}'} |"
+            )
+    lines += [
+        "",
+        f"- Guarantees: {section['conventions']['guarantees']}.",
+        f"- Fitted on {section['calibration']['n_temperature']} + "
+        f"{section['calibration']['n_quantile']} examples (temperature part + quantile part).",
+    ]
+    return lines
 
 
 def write_report(
@@ -604,8 +794,9 @@ def write_report(
     overwrite: bool = False,
 ) -> Path:
     """Write ``report.json``, ``report.md``, ``reliability.png`` and ``hist_<score>.png`` per
-    score into ``out_dir``: built in a temporary folder beside it and renamed into place. An
-    existing ``out_dir`` is refused unless ``overwrite`` (then replaced as a whole)."""
+    score into ``out_dir`` (with a ``decisions`` section, also ``risk_coverage.png`` and, with
+    prediction sets, ``set_sizes.png``): built in a temporary folder beside it and renamed into
+    place. An existing ``out_dir`` is refused unless ``overwrite`` (then replaced as a whole)."""
     from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
     from hydra_deploy.uncertainty import plots
 
@@ -632,6 +823,19 @@ def write_report(
                 score,
                 tmp / f"hist_{score}.png",
             )
+        decided = arrays.get("decisions") if report.get("decisions") else None
+        if decided is not None:
+            plots.risk_coverage_curve(
+                decided["confidence"],
+                decided["correct"],
+                tmp / "risk_coverage.png",
+                target_risk=decided["target_risk"],
+                tau_point=decided["tau_point"],
+            )
+            if decided["set_sizes"]:
+                plots.set_size_histogram(
+                    decided["set_sizes"], decided["classes"], tmp / "set_sizes.png"
+                )
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
             os.replace(out, old / out.name)

@@ -123,3 +123,94 @@ def score_histograms(
     ax.legend()
     fig.tight_layout()
     return _save(fig, path)
+
+
+def risk_coverage_points(confidence: Any, correct: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(coverage, selective risk) at every distinct threshold of ``confidence``, from the highest
+    down: answering the examples whose confidence is at least the threshold."""
+    conf = np.asarray(confidence, dtype=np.float64).ravel()
+    errors = ~np.asarray(correct, dtype=bool).ravel()
+    if conf.size == 0 or conf.size != errors.size:
+        raise HydraError(
+            f"a risk-coverage curve needs one correctness per confidence, got {conf.size} "
+            f"confidences and {errors.size} correctness values"
+        )
+    order = np.argsort(-conf, kind="stable")
+    conf, errors = conf[order], errors[order]
+    last = np.r_[conf[1:] != conf[:-1], True]  # the last example of each run of equal values
+    answered = np.arange(1, conf.size + 1)[last]
+    return answered / conf.size, np.cumsum(errors)[last] / answered
+
+
+def risk_coverage_curve(
+    confidence: Any,
+    correct: Any,
+    path: str | os.PathLike,
+    *,
+    target_risk: float | None = None,
+    tau_point: tuple[float, float] | None = None,
+    score_name: str = "calibrated confidence",
+) -> Path:
+    """Selective risk (error rate of the answered examples) against coverage (share answered)
+    over the thresholds of ``confidence`` (:func:`risk_coverage_points`), with the target risk
+    (a horizontal line) and the chosen threshold's (coverage, risk) marked. Writes a PNG."""
+    plt = _pyplot()
+    coverage, risk = risk_coverage_points(confidence, correct)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step(coverage, risk, where="post", color="tab:blue", label=f"thresholds of {score_name}")
+    if target_risk is not None:
+        ax.axhline(target_risk, color="tab:red", linestyle="--", linewidth=1, label="target risk")
+    if tau_point is not None:
+        ax.plot(
+            [tau_point[0]],
+            [tau_point[1]],
+            marker="o",
+            color="black",
+            linestyle="none",
+            label=f"chosen tau ({100 * tau_point[0]:.1f}% answered)",
+        )
+    top = max(float(np.max(risk)), target_risk or 0.0, tau_point[1] if tau_point else 0.0)
+    ax.set(
+        xlim=(0, 1),
+        ylim=(0, max(0.05, 1.1 * top)),
+        xlabel="coverage (share answered)",
+        ylabel="selective risk (error rate when answering)",
+        title=f"Risk-coverage (n={len(np.ravel(confidence))})",
+    )
+    ax.legend(loc="best")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def set_size_histogram(
+    sizes_by_name: Mapping[str, Any], classes: int, path: str | os.PathLike
+) -> Path:
+    """The share of examples with each prediction-set size (0 .. ``classes``), one group of
+    bars per data set (the ID data, each OOD set). Writes a PNG."""
+    plt = _pyplot()
+    if not sizes_by_name:
+        raise HydraError("no prediction-set sizes to plot")
+    sizes = np.arange(classes + 1)
+    width = 0.8 / len(sizes_by_name)
+    fig, ax = plt.subplots(figsize=(max(6, 0.4 * (classes + 1)), 4))
+    for offset, (name, values) in enumerate(sizes_by_name.items()):
+        values = np.asarray(values, dtype=np.int64).ravel()
+        share = np.bincount(np.clip(values, 0, classes), minlength=classes + 1) / max(
+            values.size, 1
+        )
+        ax.bar(
+            sizes - 0.4 + width * (offset + 0.5),
+            share,
+            width=width,
+            label=f"{name} (n={values.size}, mean {values.mean() if values.size else 0:.2f})",
+        )
+    ax.set(
+        xlabel="prediction-set size (classes)",
+        ylabel="share of examples",
+        title="Prediction-set sizes",
+        ylim=(0, 1),
+    )
+    ax.set_xticks(sizes if classes <= 30 else np.linspace(0, classes, 11).round().astype(int))
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)

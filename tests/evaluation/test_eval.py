@@ -384,3 +384,92 @@ def test_a_pytorch_text_model_reports_its_class_names():
     inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     report = evaluate(hydra, (inputs, np.array([0, 1, 2, 1])))
     assert report["class_names"] == ["verb", "noun", "adj"]
+
+
+# --- a calibrated export (hydra-calibrate): the decisions section ----------------------------------
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """(a calibrated tiny export, a folder with id.npz (labels mostly the model's) and noise.npz)."""
+    from helpers.decisions import calibrated_export, images, labelled_like_model
+
+    root = tmp_path_factory.mktemp("calibrated")
+    folder, _ = calibrated_export(root / "export")
+    with load_runner(folder, decisions=False) as runner:
+        x, y = labelled_like_model(runner, images(200, seed=7), seed=3)
+    np.savez(root / "id.npz", x=x, y=y)
+    np.savez(root / "noise.npz", x=images(60, seed=8, scale=4.0))
+    return folder, root
+
+
+def test_a_calibrated_export_reports_its_decisions_against_their_targets(calibrated, tmp_path):
+    from hydra_deploy.decisions import decision_metrics
+
+    folder, data = calibrated
+    out = tmp_path / "report"
+    ood = f"noise={data / 'noise.npz'}"
+    common = ["--id", str(data / "id.npz"), "--ood", ood, "--bins", "10"]
+    code, stdout, err = invoke(str(folder), *common, "--out", str(out), "--json")
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert json.loads(stdout) == report
+    section = report["decisions"]
+    with load_runner(folder) as runner:
+        record = runner.decisions
+        with np.load(data / "id.npz") as f:
+            x, y = f["x"], f["y"]
+        id_logits = runner(x)["member_logits"]
+        noise_logits = runner(np.load(data / "noise.npz")["x"])["member_logits"]
+    direct = decision_metrics(id_logits, y, record, bins=10)
+    for key, value in direct.items():
+        assert section["id"][key] == pytest.approx(value, abs=1e-6), key
+    for key, value in decision_metrics(noise_logits, None, record).items():
+        assert section["ood"]["noise"][key] == pytest.approx(value, abs=1e-6), key
+    assert section["temperature"] == record.temperature
+    checks = section["id"]["checks"]
+    assert checks["coverage"]["target"] == pytest.approx(1 - record.sets.alpha)
+    assert checks["selective_risk"]["target"] == record.selective.target_risk == 0.2
+    assert checks["flag_rate"]["target"] == record.ood.alpha
+    for check in checks.values():
+        assert check["meets"] is (
+            check["value"] >= check["target"] - 1e-12
+            if check is checks["coverage"]
+            else check["value"] <= check["target"] + 1e-12
+        )
+    assert section["rules"]["selective"]["tau"] == record.selective.tau
+    # the raw numbers are untouched: ECE before T equals the ID section's
+    assert section["id"]["ece_raw"] == pytest.approx(report["id"]["classification"]["ece"])
+
+    md = (out / "report.md").read_text()
+    assert "## Decisions (hydra-calibrate)" in md and "| metric | value | target | met |" in md
+    coverage = checks["coverage"]["value"]
+    met = "yes" if checks["coverage"]["meets"] else "no"
+    assert f"| LAC set coverage | {100 * coverage:.1f}% | >= 90.0% | {met} |" in md
+    assert f"| selective risk | {100 * checks['selective_risk']['value']:.1f}% | <= 20.0%" in md
+    assert "| ID flagged as OOD (msp) |" in md and "<= 5.0% |" in md
+    flagged = section["ood"]["noise"]["flag_rate"]
+    assert f"| noise | {100 * flagged:.1f}% |" in md
+    for png in ("risk_coverage.png", "set_sizes.png"):
+        assert (out / png).read_bytes()[:8] == PNG, png
+        assert Image.open(out / png).size[0] > 100
+
+    raw = tmp_path / "raw"
+    code, _, err = invoke(str(folder), *common, "--out", str(raw), "--raw")
+    assert code == 0, err
+    raw_report = json.loads((raw / "report.json").read_text())
+    assert "decisions" not in raw_report and "Decisions" not in (raw / "report.md").read_text()
+    assert not (raw / "risk_coverage.png").exists() and not (raw / "set_sizes.png").exists()
+    assert raw_report["id"]["classification"] == report["id"]["classification"]
+    assert "decisions" not in evaluate(folder, data / "id.npz", decisions=False)
+
+
+def test_risk_coverage_points_answer_the_most_confident_first():
+    from hydra_deploy.uncertainty.plots import risk_coverage_points
+
+    confidence = np.array([0.9, 0.5, 0.9, 0.7, 0.5, 0.2])
+    correct = np.array([True, False, False, True, True, False])
+    coverage, risk = risk_coverage_points(confidence, correct)
+    expected = []
+    for threshold in sorted(set(confidence.tolist()), reverse=True):
+        answered = confidence >= threshold
+        expected.append((answered.mean(), 1 - correct[answered].mean()))
+    np.testing.assert_allclose(np.c_[coverage, risk], np.array(expected))
