@@ -57,6 +57,7 @@ __all__ = [
     "GRID_SIZE",
     "RAPS_LAMBDAS",
     "SET_METHODS",
+    "SET_TOLERANCE",
     "TEMPERATURE_BOUNDS",
     "apply_decisions",
     "binomial_cdf",
@@ -73,6 +74,7 @@ __all__ = [
     "min_calibration_size",
     "prediction_sets",
     "selective_grid",
+    "set_threshold",
     "split_rows",
     "temperature_nll",
 ]
@@ -83,6 +85,11 @@ GRID_SIZE = 50
 #: RAPS's lambdas tried on the temperature part (Angelopoulos et al. 2020's grid, and 0).
 RAPS_LAMBDAS = (0.0, 0.001, 0.01, 0.1, 0.2, 0.5)
 _EPS = 1e-9  # (n + 1)(1 - alpha) computed in floats: 20 * 0.95 must give 19, not 19.000000000000004
+#: A class whose score is within this (relative) distance above qhat is in the set: scores that are
+#: equal in exact arithmetic (confident members put p on atoms like k / M) must not fall on either
+#: side of qhat by a rounding error, and the graph (float32) must agree with numpy (float64).
+#: Counting such ties as inside can only raise coverage.
+SET_TOLERANCE = 1e-6
 
 
 # --- checks ---------------------------------------------------------------------------------------
@@ -264,6 +271,13 @@ def class_scores(
     return scores
 
 
+def set_threshold(qhat: float | Sequence[float] | np.ndarray) -> np.ndarray:
+    """What a class score is compared with: ``qhat`` plus :data:`SET_TOLERANCE` (relative
+    above 1 in magnitude, absolute below), float64."""
+    value = np.asarray(qhat, dtype=np.float64)
+    return value + SET_TOLERANCE * np.maximum(1.0, np.abs(value))
+
+
 def prediction_sets(
     probs: Any,
     qhat: float | Sequence[float] | np.ndarray,
@@ -273,10 +287,11 @@ def prediction_sets(
     k_reg: int = 0,
 ) -> np.ndarray:
     """The prediction sets [B, C] (bool) at threshold ``qhat`` (a number, or one per class for
-    class-conditional sets): the classes whose score is at most it; APS and RAPS also hold the
-    top class (never empty), LAC may be empty."""
+    class-conditional sets): the classes whose score is at most it (:func:`set_threshold`: ties
+    within rounding count as inside); APS and RAPS also hold the top class (never empty), LAC may
+    be empty."""
     p = np.asarray(probs, dtype=np.float64)
-    threshold = np.asarray(qhat, dtype=np.float64)
+    threshold = set_threshold(qhat)
     if threshold.ndim == 1:
         threshold = threshold[None, :]
     members = class_scores(p, method, lam=lam, k_reg=k_reg) <= threshold

@@ -461,3 +461,11 @@ def test_one_class_and_extreme_logits():
     out = apply_decisions(extreme, record)
     assert np.isfinite(out["calibrated_probs"]).all()
     assert out["prediction_set"].any(axis=1).all()
+
+
+def test_scores_tied_with_qhat_up_to_rounding_are_in_the_set():
+    # p = 1/3 in exact arithmetic, computed two ways that differ in the last bits
+    p = np.array([[1 / 3, 1 / 3, 1 - 2 / 3]])
+    qhat = 1 - (1.0 - 1.0 / 3.0 - 1e-16)  # 2/3 up to rounding
+    assert prediction_sets(p, qhat, "lac").all()
+    assert not prediction_sets(p, qhat - 1e-4, "lac").any()  # a real gap still excludes

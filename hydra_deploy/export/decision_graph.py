@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hydra_deploy.decisions import set_threshold
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export_folder import DecisionRecord, SetRule
 
@@ -196,7 +197,8 @@ def _set_scores(g: _Builder, probs: str, rule: SetRule, classes: int) -> tuple[s
 
 def _prediction_set(g: _Builder, scores: _Scores, rule: SetRule, classes: int) -> str:
     values, top = _set_scores(g, scores.probs, rule, classes)
-    qhat = g.const("qhat", list(rule.qhat))  # [1], or [C]: one per candidate class
+    # [1], or [C]: one per candidate class; ties within rounding inside, as in numpy
+    qhat = g.const("qhat", set_threshold(rule.qhat).tolist())
     name = "prediction_set" if top is None else "under_qhat"
     in_set = g.op("LessOrEqual", [values, qhat], name)  # NaN scores: False
     if top is None:
