@@ -464,8 +464,8 @@ def test_one_class_and_extreme_logits():
 
 
 def test_scores_tied_with_qhat_up_to_rounding_are_in_the_set():
-    # p = 1/3 in exact arithmetic, computed two ways that differ in the last bits
+    # p = 1/3 in exact arithmetic; qhat the score 1 - 1/3 a few bits below, as another sum gives
     p = np.array([[1 / 3, 1 / 3, 1 - 2 / 3]])
-    qhat = 1 - (1.0 - 1.0 / 3.0 - 1e-16)  # 2/3 up to rounding
+    qhat = np.nextafter(np.nextafter(1 - 1 / 3, 0), 0)
     assert prediction_sets(p, qhat, "lac").all()
     assert not prediction_sets(p, qhat - 1e-4, "lac").any()  # a real gap still excludes
