@@ -274,3 +274,29 @@ def test_in_graph_decisions_survive_reload_and_an_fp32_re_export_but_not_fp16(
     assert read_info(dropped).decisions is None
     warned = [r.getMessage() for r in caplog.records if "are not kept" in r.getMessage()]
     assert warned and "hydra-calibrate" in warned[0]
+
+
+def test_a_bert_export_is_calibrated_from_a_tsv(tmp_path):
+    from helpers.bert import tiny_text_export
+
+    export = tiny_text_export(tmp_path)
+    words = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, rng.integers(2, 7))) for _ in range(240)]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    code, out, err = invoke(run_main, str(export), str(tmp_path / "texts.txt"), "--json", "-")
+    assert code == 0, err
+    predicted = [r["prediction"] for r in json.loads(out)["results"]]
+    labels = [p if rng.random() < 0.9 else int(rng.integers(0, 5)) for p in predicted]
+    tsv = tmp_path / "calib.tsv"
+    tsv.write_text("".join(f"{y}\t{t}\n" for y, t in zip(labels, texts, strict=True)))
+    code, _, err = invoke(
+        calibrate_main, str(export), "--data", str(tsv), "--alpha", "0.2", "--quiet"
+    )
+    assert code == 0, err
+    record = read_info(export).decisions
+    assert record is not None and record.num_classes == 5
+    code, out, err = invoke(run_main, str(export), "--text", "the cat sat", "--json", "-")
+    assert code == 0, err
+    result = json.loads(out)["results"][0]
+    assert {"confidence", "prediction_set", "ood_flag"} <= set(result)
