@@ -22,8 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Run an export in PyTorch (float32 reference, rebuilt from the folder), ONNX Runtime and, "
         "with --engine, a TensorRT engine on the same inputs; report per member the member-logit "
         "max difference and argmax agreement, and per uncertainty score the max difference, "
-        "against tolerances that fit each precision (fp32, fp16, bf16). Exits 1 when a tolerance "
-        "fails: run it after every engine build.",
+        "against tolerances that fit each precision (fp32, fp16, bf16). An export calibrated "
+        "with hydra-calibrate also gets its decisions compared: calibrated_probs (max "
+        "difference) and the share of examples whose prediction set, accept and ood_flag agree "
+        "with the reference's (the graph's outputs with --in-graph, else the decisions applied "
+        "to the backend's logits; examples within tolerance of a threshold are not counted). "
+        "Exits 1 when a tolerance fails: run it after every engine build.",
         EXAMPLES,
     )
     p.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="a hydra-export folder")

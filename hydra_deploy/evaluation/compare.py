@@ -7,10 +7,22 @@ TensorRT engine, and reports each backend against the tolerance of its precision
 
 ONNX Runtime's CPU kernels do not run BF16 MatMul: for BF16 exports that backend is skipped with
 the reason. torch is imported only inside :func:`compare_export`.
+
+An export with decisions (``hydra-calibrate``) gets decision checks too (:func:`decision_checks`):
+the reference's decisions are :func:`~hydra_deploy.decisions.apply_decisions` of the PyTorch
+member logits; a backend's are its graph outputs when ``model.onnx`` computes them (``--in-graph``:
+``graph:calibrated_probs``, ``graph:prediction_set``, ``graph:accept``, ``graph:ood_flag``), else
+``apply_decisions`` of its member logits (``decisions:...``). ``calibrated_probs`` is held to the
+probs tolerance; the bool decisions to the argmax agreement, counted over the examples whose
+deciding score lies farther from its threshold than that score's tolerance (an example on the
+threshold may fall either way within tolerance: it is not counted). A record fitted on another
+``model.onnx`` gets no checks (warned); the runners are loaded without their decisions, so a
+stale record never stops the comparison of the numbers.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -18,15 +30,22 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.arrays import read_array_file
+from hydra_deploy.decisions import apply_decisions, calibrated_scores, class_scores
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.parity import (
     BackendReport,
+    Check,
     CompareReport,
     Tolerance,
     compare_outputs,
     tolerance_for,
 )
+from hydra_deploy.uncertainty.metrics import ood_score
+
+logger = logging.getLogger("hydra_deploy")
+#: The bool decisions compared (per example: the whole set, the answer, the flag).
+BOOL_DECISIONS = ("prediction_set", "accept", "ood_flag")
 
 
 def _load_inputs(
@@ -98,7 +117,7 @@ def compare_export(
 
     from hydra_deploy.engines.runner import load_runner
     from hydra_deploy.export import load_export
-    from hydra_deploy.export_folder import MODEL_FILE, read_info
+    from hydra_deploy.export_folder import MODEL_FILE, file_sha256, read_info
 
     folder = Path(export_dir)
     if not folder.exists():
@@ -117,6 +136,15 @@ def compare_export(
             f"{str(folder)!r} is not an export folder: {MODEL_FILE} is missing; give the folder "
             "hydra-export wrote (--out DIR)"
         )
+    record = export.decisions
+    if record is not None and record.onnx_sha256 != file_sha256(export.onnx_path):
+        logger.warning(
+            "the decisions in %s were fitted on another model.onnx: their checks are left out "
+            "(fit them again with hydra-calibrate %s --data LABELLED --overwrite)",
+            export.path,
+            folder,
+        )
+        record = None
     if batch < 1:
         raise HydraError(f"batch must be at least 1, got {batch}")
     precision = export.precision
@@ -144,7 +172,7 @@ def compare_export(
         )
     else:
         try:
-            runner = load_runner(folder, providers=providers)
+            runner = load_runner(folder, providers=providers, decisions=False)
         except RunnerError as err:
             if "NOT_IMPLEMENTED" not in str(err):
                 raise
@@ -152,14 +180,15 @@ def compare_export(
         else:
             with runner:
                 outputs = runner(x)
-            _fill(ort_report, reference, outputs, tolerance or tolerance_for(precision))
+            _fill(ort_report, reference, outputs, tolerance or tolerance_for(precision), record)
     reports.append(ort_report)
 
     if engine is not None:
-        with load_runner(engine, backend="tensorrt") as runner:
+        with load_runner(engine, backend="tensorrt", decisions=False) as runner:
             engine_precision = runner.precision or precision
             trt_report = BackendReport("tensorrt", str(engine), engine_precision, "skipped")
-            _fill(trt_report, reference, runner(x), tolerance or tolerance_for(engine_precision))
+            bounds = tolerance or tolerance_for(engine_precision)
+            _fill(trt_report, reference, runner(x), bounds, record)
         reports.append(trt_report)
     count = len(next(iter(x.values())))
     return CompareReport(str(folder), precision, "pytorch fp32", count, source, reports)
@@ -170,6 +199,86 @@ def _fill(
     reference: np.ndarray,
     outputs: dict[str, np.ndarray],
     tolerance: Tolerance,
+    record: Any = None,
 ) -> None:
     report.status, report.tolerance = "compared", tolerance
     report.members, report.scores = compare_outputs(reference, outputs, tolerance)
+    if record is not None:
+        report.scores += decision_checks(record, reference, outputs, tolerance)
+
+
+def _score_bound(name: str, tolerance: Tolerance) -> float:
+    return tolerance.probs if name == "msp" else tolerance.entropy
+
+
+def _undecided(record: Any, reference: np.ndarray, tolerance: Tolerance) -> dict[str, np.ndarray]:
+    """Per bool decision, where the reference's deciding score lies within its tolerance of the
+    threshold (``prediction_set``: [B, C], per class; the others [B]): a backend within
+    tolerance may decide those either way."""
+    scores = calibrated_scores(reference, record.temperature)
+    probs, found = scores["probs"], {}
+    if record.sets is not None:
+        rule = record.sets
+        qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
+        values = class_scores(probs, rule.method, lam=rule.lam, k_reg=rule.k_reg)
+        bound = np.full(probs.shape, tolerance.probs)
+        near = np.zeros(probs.shape, dtype=bool)
+        if rule.method != "lac":  # cumulative sums over the ranks, and the ranks themselves
+            order = np.argsort(-probs, axis=1, kind="stable")
+            ranks = np.empty_like(order)
+            np.put_along_axis(ranks, order, np.arange(1, probs.shape[1] + 1)[None, :], axis=1)
+            bound = bound * ranks
+            ranked = np.take_along_axis(probs, order, axis=1)
+            close = np.diff(ranked, axis=1) > -2 * tolerance.probs  # a tie within tolerance
+            tied = np.zeros(probs.shape, dtype=bool)
+            tied[:, :-1] |= close
+            tied[:, 1:] |= close
+            np.put_along_axis(near, order, tied, axis=1)
+        found["prediction_set"] = near | (np.abs(values - qhat) <= bound)
+    if record.selective is not None:
+        rule = record.selective
+        bound = _score_bound(rule.score, tolerance)
+        found["accept"] = np.abs(scores[rule.score] - rule.tau) <= bound
+    if record.ood is not None:
+        rule = record.ood
+        bound = _score_bound(rule.score, tolerance)
+        found["ood_flag"] = np.abs(ood_score(scores, rule.score) - rule.threshold) <= bound
+    return found
+
+
+def decision_checks(
+    record: Any, reference: np.ndarray, outputs: dict[str, np.ndarray], tolerance: Tolerance
+) -> list[Check]:
+    """A backend's decisions against the reference's (see the module docstring): its graph
+    outputs where ``model.onnx`` computes them (``graph:<name>``), else ``apply_decisions`` of its
+    member logits (``decisions:<name>``). ``calibrated_probs``: max abs difference within the
+    probs tolerance; ``prediction_set`` (the whole set of an example), ``accept``, ``ood_flag``:
+    the share of examples that agree, leaving out entries within tolerance of the threshold, at
+    least the argmax agreement."""
+    expected = apply_decisions(reference, record)
+    got = outputs.get("member_logits")
+    computed = apply_decisions(got, record, allow_nonfinite=True) if got is not None else {}
+    undecided = _undecided(record, reference, tolerance)
+    checks = []
+
+    def actual(name: str) -> tuple[str, np.ndarray]:
+        if name in outputs:
+            return f"graph:{name}", np.asarray(outputs[name])
+        return f"decisions:{name}", computed[name]
+
+    label, value = actual("calibrated_probs")
+    diff = np.asarray(value, dtype=np.float64) - expected["calibrated_probs"]
+    worst = float(np.abs(diff).max()) if np.isfinite(diff).all() else float("inf")
+    checks.append(Check(label, worst, tolerance.probs, worst <= tolerance.probs))
+    for name in BOOL_DECISIONS:
+        if name not in expected:
+            continue
+        label, value = actual(name)
+        agree = (np.asarray(value, dtype=bool) == expected[name]) | undecided[name]
+        if agree.ndim == 2:  # a set agrees when every class decided agrees
+            agree = agree.all(axis=1)
+        share = float(agree.mean())
+        checks.append(
+            Check(label, share, tolerance.argmax, share >= tolerance.argmax, kind="agreement")
+        )
+    return checks

@@ -165,3 +165,102 @@ def test_nonfinite_outputs_fail_without_raising():
     members, scores = compare_outputs(ref, {"member_logits": bad}, TOLERANCES["bf16"])
     assert not members[0].passed and members[0].value == np.inf
     assert not all(c.passed for c in scores)
+
+
+# --- an export with decisions (hydra-calibrate) --------------------------------------------------------
+GRAPH_DECISIONS = [
+    "graph:calibrated_probs",
+    "graph:prediction_set",
+    "graph:accept",
+    "graph:ood_flag",
+]
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    """{"json": decisions in hydra.json only, "graph": the same record in model.onnx too}."""
+    from helpers.decisions import calibrated_export
+
+    from hydra_deploy.evaluation.calibrate import store_decisions
+
+    root = tmp_path_factory.mktemp("calibrated")
+    folder, calibration = calibrated_export(root / "json")
+    found = {"json": folder, "record": calibration.record}
+    if importlib.util.find_spec("hydra_deploy.export.decision_graph") is not None:
+        shutil.copytree(folder, root / "graph")
+        store_decisions(root / "graph", calibration.record, in_graph=True)
+        found["graph"] = root / "graph"
+    return found
+
+
+def decision_names(report) -> list[str]:
+    (ort,) = report.backends
+    return [c.name for c in ort.scores if c.name.split(":")[0] in ("graph", "decisions")]
+
+
+def test_in_graph_decisions_are_compared_with_the_references(calibrated):
+    if "graph" not in calibrated:
+        pytest.skip("hydra_deploy.export.decision_graph (hydra-calibrate --in-graph) is missing")
+    report = compare_export(calibrated["graph"], batch=6)
+    assert report.passed, report.failures()
+    (ort,) = report.backends
+    checks = {c.name: c for c in ort.scores}
+    assert decision_names(report) == GRAPH_DECISIONS
+    assert checks["graph:calibrated_probs"].value <= 1e-5
+    for name in GRAPH_DECISIONS[1:]:
+        assert checks[name].kind == "agreement" and checks[name].value == 1.0, name
+    assert {"probs", "msp", "prediction"} <= set(checks)  # the score checks are all there
+    code, out, err = invoke(str(calibrated["graph"]), "--batch", "4")
+    assert code == 0, err
+    assert "graph:accept" in out and "graph:prediction_set" in out and "PASSED" in out
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_decisions_in_hydra_json_are_applied_to_the_backends_logits(calibrated, tmp_path, caplog):
+    report = compare_export(calibrated["json"], batch=5)
+    assert report.passed, report.failures()
+    assert decision_names(report) == [
+        "decisions:calibrated_probs",
+        "decisions:prediction_set",
+        "decisions:accept",
+        "decisions:ood_flag",
+    ]
+    stale = tmp_path / "stale"
+    shutil.copytree(calibrated["json"], stale)
+    info = json.loads((stale / "hydra.json").read_text())
+    info["decisions"]["onnx_sha256"] = "0" * 64  # fitted on another model.onnx
+    (stale / "hydra.json").write_text(json.dumps(info))
+    with caplog.at_level("WARNING", logger="hydra_deploy"):
+        report = compare_export(stale, batch=5)  # the numbers are still compared
+    assert report.passed and decision_names(report) == []
+    assert any("fitted on another model.onnx" in r.getMessage() for r in caplog.records)
+
+
+def test_a_flipped_decision_fails_unless_it_sits_on_its_threshold(calibrated):
+    import dataclasses
+
+    from hydra_deploy.decisions import apply_decisions, calibrated_scores
+    from hydra_deploy.engines import load_runner
+    from hydra_deploy.evaluation.compare import decision_checks
+
+    record = calibrated["record"]
+    x = np.random.default_rng(3).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    with load_runner(calibrated["json"]) as runner:
+        logits = runner(x)["member_logits"].astype(np.float64)
+    msp = calibrated_scores(logits, record.temperature)["msp"]
+    on_tau = dataclasses.replace(
+        record, selective=dataclasses.replace(record.selective, tau=float(msp[2]))
+    )
+    tolerance = tolerance_for("fp32")
+    for rule, excused in ((record, False), (on_tau, True)):
+        accept = apply_decisions(logits, rule)["accept"].copy()
+        accept[2] = not accept[2]
+        checks = {
+            c.name: c
+            for c in decision_checks(
+                rule, logits, {"member_logits": logits, "accept": accept}, tolerance
+            )
+        }
+        assert checks["graph:accept"].passed is excused
+        assert checks["graph:accept"].value == (1.0 if excused else 7 / 8)
+        assert checks["decisions:prediction_set"].passed  # not in the outputs: applied
