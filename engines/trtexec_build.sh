@@ -65,7 +65,7 @@ export_dir, trt, precision, installed = sys.argv[1], sys.argv[2], sys.argv[3] or
 GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 HEAD_FLOAT_OPS = {"Softmax", "LogSoftmax", "Exp", "Log", "ReduceSum", "ReduceMean", "ReduceMax",
                   "ReduceLogSumExp", "Mul", "Div", "Sub", "Add", "Neg", "Max", "Min", "Clip",
-                  "Sum", "Mean"}
+                  "Sum", "Mean", "CumSum", "LessOrEqual", "GreaterOrEqual"}
 
 
 def fail(message):

@@ -12,10 +12,15 @@ from typing import Any
 
 from hydra_deploy.errors import EngineError
 
-# Ops of the ensemble head that compute in floating point; with weak typing they are pinned to FP32
-# like LayerNormalization (shape-only ops, TopK and Casts are left to TensorRT).
+# Ops of the ensemble head (and of hydra-calibrate --in-graph's decisions: cumulative sums of
+# probabilities and their comparisons with thresholds) that compute in floating point; with weak
+# typing they are pinned to FP32 like LayerNormalization (shape-only ops, TopK and Casts are left
+# to TensorRT).
 HEAD_FLOAT_OPS = frozenset(
     {
+        "CumSum",
+        "LessOrEqual",
+        "GreaterOrEqual",
         "Softmax",
         "LogSoftmax",
         "Exp",

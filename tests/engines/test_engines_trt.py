@@ -18,11 +18,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from helpers import trt_standins
 from helpers.vit import tiny_vit
 
+from hydra_deploy.decisions import fit_decisions
 from hydra_deploy.engines.build_source import load_source
 from hydra_deploy.engines.onnx_summary import fp32_layer_names, read_onnx
 from hydra_deploy.engines.precision_rules import choose_precision, generation_of
@@ -35,7 +37,9 @@ from hydra_deploy.engines.tensorrt import (
 )
 from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
+from hydra_deploy.evaluation.calibrate import store_decisions
 from hydra_deploy.export import export_onnx
+from hydra_deploy.export_folder import file_sha256
 from hydra_deploy.fusion import fuse
 from hydra_deploy.specs import HydraSpec
 
@@ -89,6 +93,21 @@ def exports(hydra, tmp_path_factory):
         info["precision"] = precision
         (folder / "hydra.json").write_text(json.dumps(info, indent=2))
         folders[precision] = folder
+    folders["decisions"] = root / "decisions"  # the uq export with APS sets etc. in its graph
+    shutil.copytree(folders["uq"], folders["decisions"])
+    classes = info_of(folders["uq"])["outputs"][0]["shape"][2]
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(400, 3, classes))
+    labels = logits.mean(axis=1).argmax(axis=1)
+    record = fit_decisions(
+        logits,
+        labels,
+        onnx_sha256=file_sha256(folders["decisions"] / "model.onnx"),
+        data_sha256="0" * 64,
+        sets="aps",
+        risk=0.2,
+    )
+    store_decisions(folders["decisions"], record, in_graph=True)
     return folders
 
 
@@ -559,6 +578,9 @@ def run_script(bin_folder, script: str, *args: str, **env: str):
         ("trtexec_build.sh", "fp32", ["10", "fp32"], "fp32", "10"),
         ("trtexec_build.sh", "fp32", ["10.12", "fp32"], "fp32", "10.12"),
         ("trtexec_build.sh", "uq", ["10", "best"], "best", "10"),
+        ("build_trt86_fp16.sh", "decisions", [], "fp16", "8.6"),
+        ("build_jetpack6_fp16.sh", "decisions", [], "fp16", "10"),
+        ("trtexec_build.sh", "decisions", ["10", "fp16"], "fp16", "10"),
     ],
 )
 def test_scripts_run_the_command_trtexec_command_gives(
@@ -1133,3 +1155,24 @@ def test_real_engine_builds_and_matches_onnx_runtime(exports, tmp_path):
     with TrtRunner(EngineFromBytes(BytesFromPath(str(engine)))) as runner:
         got = runner.infer({"pixel_values": x})["member_logits"]
     np.testing.assert_allclose(got, expected, atol=1e-3, rtol=0)
+
+
+def test_decision_layers_stay_in_fp32_under_weak_typing(exports):
+    """hydra-calibrate --in-graph's float layers (softmaxes, cumulative sums, comparisons with the
+    thresholds) are pinned to FP32 like the ensemble head, so an --fp16 engine decides on FP32
+    numbers; the ops that compute no float (bool logic, indices) are left to TensorRT."""
+    model = onnx.load(str(exports["decisions"] / "model.onnx"))
+    pinned = set(fp32_layer_names(read_onnx(exports["decisions"] / "model.onnx")))
+    decision_nodes = {
+        n.name: n.op_type for n in model.graph.node if n.name.startswith("decisions/")
+    }
+    for op in ("CumSum", "LessOrEqual", "GreaterOrEqual", "LogSoftmax", "Exp", "ReduceSum"):
+        named = [name for name, kind in decision_nodes.items() if kind == op]
+        assert named, f"no {op} in the decision graph"
+        assert set(named) <= pinned
+    assert (
+        not {name for name, kind in decision_nodes.items() if kind in ("And", "Or", "Not")} & pinned
+    )
+    command = trtexec_command(exports["decisions"], precision="fp16", trt="10")
+    layers = next(a for a in command.argv if a.startswith("--layerPrecisions="))
+    assert all(f"{name}:fp32" in layers for name in pinned)
