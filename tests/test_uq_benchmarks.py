@@ -293,6 +293,10 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
         eval_batch=16,
         latency_batch=4,
         latency_rounds=2,
+        eval_batch_fused=8,
+        calibration_temperature=5,
+        calibration_quantile=10,
+        splits=4,
     )
     train, test, noise = data(24), data(20), 3 * torch.randn(10, 1, 8, 8, generator=rng)
     description = {
@@ -358,6 +362,41 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     assert why["costs"] == uq_common.cost_model(new_model(0), recipe)
     md = (out / "report.md").read_text()
     assert "## Why: the measurements behind each target" in md
+    # the decisions: every row and seed, from the stored logits; alpha 0.1 fits 10 quantile
+    # examples, smaller alphas and RAPS (5 temperature examples) are refused with the reason
+    stored, labels = uq_common.load_logits(out / "logits.npz")
+    assert sorted(stored) == [0, 1] and set(stored[0]) == set(uq_common.ROWS)
+    assert stored[0]["deep ensemble"]["id"].shape == (20, 3, 3)
+    np.testing.assert_array_equal(labels, test[1].numpy())
+    single = report["per_seed"][1]["decisions"]["single"]
+    assert single["splits"] == 4 and single["sets"]["lac"]["0.1"]["available"] is True
+    assert single["sets"]["lac"]["0.05"] == {
+        "available": False,
+        "reason": single["sets"]["lac"]["0.05"]["reason"],
+    }
+    assert "too few for alpha 0.05" in single["sets"]["lac"]["0.05"]["reason"]
+    assert single["sets"]["raps"]["0.1"]["available"] is False
+    assert single["selective"]["refused"] == 1.0 and single["selective"]["answered"] == 0.0
+    assert report["decision_settings"]["tested_part"] == 5
+    cell = report["decision_aggregate"]["Hydra (Taylor)"]["sets"]["aps"]["0.1"]["coverage"]
+    assert cell["values"] == [
+        s["decisions"]["Hydra (Taylor)"]["sets"]["aps"]["0.1"]["coverage"]
+        for s in report["per_seed"]
+    ]
+    assert len(report["decision_claims"]) == len(uq_common.decision_claims(0.05))
+    # the set-size targets at alpha 0.05 are not available; the answered share is (0: refused)
+    verdicts = [c["verdict"] for c in report["decision_targets"]]
+    assert [v.startswith("not available") for v in verdicts] == [True, False, True, False]
+    assert report["seconds_decisions"] > 0 and "risk_coverage.png" in report["figures"]
+    for section in (
+        "## Temperature scaling: T fitted on held-out in-distribution data",
+        "## Decisions: prediction sets, answer or abstain, the OOD flag (each row + T)",
+        "## Validity over the 4 random splits",
+        "(no guarantee holds)",
+        "## Decision claims and targets, paired per seed (each row + T)",
+        "- LAC at alpha 0.05: ",
+    ):
+        assert section in md
     # --render re-derives the tables from the stored measurements, training nothing
     (out / "report.md").unlink()
     rendered = [*argv, "--render"]
@@ -378,6 +417,16 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     assert again["aggregate"]["deep ensemble"]["id"] == report["aggregate"]["deep ensemble"]["id"]
     with pytest.raises(SystemExit):
         uq_common.main(make_task, "tiny", "A tiny benchmark.", argv)  # exists, no --overwrite
+    # --render recomputes the decisions from logits.npz: it refuses one that is not the run's
+    uq_common.save_logits(out / "logits.npz", {0: stored[0]}, make_task(None))
+    with pytest.raises(SystemExit, match="is not the file"):
+        uq_common.main(make_task, "tiny", "A tiny benchmark.", rendered)
+    # a test set too small for the calibration parts is refused before any training
+    recipe.calibration_quantile = 15
+    with pytest.raises(SystemExit, match="cannot be split"):
+        uq_common.main(
+            make_task, "tiny", "A tiny benchmark.", [*argv_again, "--out", str(tmp_path)]
+        )
 
 
 def test_render_refuses_a_missing_or_foreign_report(tmp_path, capsys):
@@ -524,3 +573,203 @@ def test_curve_trains_each_budget_and_scores_on_validation(tmp_path):
     assert [p["steps"] for p in report["points"]] == [2, 4]
     assert all(0 <= p["accuracy"] <= 1 and p["nll"] > 0 for p in report["points"])
     assert report["validation"].startswith("last 20% of the training set (6 examples)")
+
+
+# --- decisions -----------------------------------------------------------------------------------
+def _calibrated_logits(rng, n, members=3, classes=5, scale=3.0):
+    """(member logits, labels): labels drawn from softmax(z), the logits ``scale`` * z per
+    member (plus a little member noise): overconfident by about ``scale``."""
+    z = rng.standard_normal((n, classes)) * 1.5
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    labels = (p.cumsum(1) > rng.random((n, 1))).argmax(1)
+    logits = scale * (z[:, None, :] + 0.05 * rng.standard_normal((n, members, classes)))
+    return logits, labels
+
+
+def test_split_parts_are_disjoint_seeded_and_checked():
+    recipe = uq_common.Recipe(
+        1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=7, calibration_quantile=9, splits=5
+    )
+    parts = uq_common.split_parts(30, recipe, seed=2)
+    assert len(parts) == 5
+    for t, q, tested in parts:
+        assert (len(t), len(q), len(tested)) == (7, 9, 14)
+        assert sorted(np.r_[t, q, tested]) == list(range(30))
+    again = uq_common.split_parts(30, recipe, seed=2)
+    assert all(np.array_equal(a[2], b[2]) for a, b in zip(parts, again, strict=True))
+    other = uq_common.split_parts(30, recipe, seed=3)
+    assert not all(np.array_equal(a[2], b[2]) for a, b in zip(parts, other, strict=True))
+    with pytest.raises(ValueError, match="cannot be split"):
+        uq_common.split_parts(16, recipe, seed=0)
+
+
+def test_certify_equals_fit_selective():
+    from hydra_deploy.decisions import fit_selective, selective_grid
+    from hydra_deploy.errors import DataError
+
+    rng = np.random.default_rng(0)
+    refused = certified = 0
+    for case in range(40):
+        n = int(rng.integers(20, 400))
+        confidence = rng.random(n)
+        accuracy = rng.uniform(0.7, 1.0)
+        correct = rng.random(n) < accuracy * (0.5 + confidence)  # confident: more often right
+        grid = selective_grid(rng.random(int(rng.integers(5, 200))))
+        got = uq_common.certify(confidence, correct, grid)
+        try:
+            tau, _ = fit_selective(
+                confidence, correct, grid, uq_common.TARGET_RISK, uq_common.DELTA
+            )
+        except DataError:
+            assert got is None, case
+            refused += 1
+        else:
+            assert got == tau, case
+            certified += 1
+    assert refused and certified  # both ways exercised
+
+
+@pytest.mark.parametrize("method", ["lac", "aps", "raps"])
+def test_sets_from_scores_equal_prediction_sets(method):
+    from hydra_deploy.decisions import class_scores, prediction_sets
+
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((50, 6)) * 2
+    z[:5, 1] = z[:5, 0]  # ties
+    probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    lam, k_reg = (0.1, 2) if method == "raps" else (0.0, 0)
+    scores = class_scores(probs, method, lam=lam, k_reg=k_reg)
+    for qhat in (0.05, 0.5, 0.9, 1.2):
+        expected = prediction_sets(probs, qhat, method, lam=lam, k_reg=k_reg)
+        got = uq_common._in_sets(scores, qhat, method, probs.argmax(1))
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_risk_curve_reads_the_most_confident_share():
+    confidence = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05])
+    errors = np.array([0, 0, 0, 0, 1, 0, 1, 1, 1, 1], dtype=bool)
+    curve = uq_common._risk_curve(confidence, errors)
+    coverage = list(uq_common.CURVE_COVERAGE)
+    assert curve[coverage.index(0.4)] == 0.0  # the 4 most confident are right
+    assert curve[coverage.index(0.5)] == pytest.approx(1 / 5)
+    assert curve[coverage.index(1.0)] == pytest.approx(5 / 10)
+    assert curve[0] == 0.0  # 5% of 10: the top one
+
+
+def test_decide_row_fits_t_held_out_and_measures_every_decision():
+    rng = np.random.default_rng(3)
+    logits, labels = _calibrated_logits(rng, 600)
+    shift, _ = _calibrated_logits(rng, 200, scale=6.0)
+    ood = rng.standard_normal((150, 3, 5)) * 0.5
+    sets = {"id": logits, "shift": shift, "ood:noise": ood}
+    recipe = uq_common.Recipe(
+        1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=200, calibration_quantile=150, splits=30
+    )
+    out = uq_common.decide_row(sets, labels, uq_common.split_parts(600, recipe, seed=0))
+    assert out["splits"] == 30
+    assert out["temperature"] == pytest.approx(3.0, rel=0.25)  # the overconfidence undone
+    scaled, raw = out["scaling"]["test"]["scaled"], out["scaling"]["test"]["raw"]
+    assert scaled["nll"] < raw["nll"] and scaled["ece"] < raw["ece"]
+    assert set(out["scaling"]["ood"]) == {"noise"}
+    assert (
+        out["scaling"]["ood_mean"]["scaled"]["auroc"]
+        == out["scaling"]["ood"]["noise"]["scaled"]["auroc"]
+    )
+    # 150 quantile examples: alpha 0.01 needs 99, so every alpha is available
+    for method in uq_common.SET_METHODS:
+        for alpha in uq_common.ALPHAS:
+            cell = out["sets"][method][uq_common.alpha_key(alpha)]
+            assert cell["available"] is True
+            assert cell["coverage"] >= 1 - alpha - 0.03  # marginal, over 30 splits
+            assert 0 <= cell["shift_coverage"] <= 1 and cell["ood_mean_size"]["noise"] >= 0
+    lac = out["sets"]["lac"]
+    assert lac["0.01"]["mean_size"] > lac["0.1"]["mean_size"]
+    assert out["sets"]["aps"]["0.1"]["empty"] == 0.0  # APS sets hold the top class
+    assert "lam" in out["sets"]["raps"]["0.1"] and "k_reg" in out["sets"]["raps"]["0.1"]
+    sel = out["selective"]
+    assert 0 <= sel["answered"] <= 1 and 0 <= sel["exceeds"] <= 1
+    assert len(sel["curve"]) == len(uq_common.CURVE_COVERAGE)
+    assert sel["ood_answered"]["noise"] <= sel["answered"] + 1e-9  # noise is less confident
+    flag = out["ood_flag"]
+    assert flag["test"] <= 0.15 and flag["ood"]["noise"] > flag["test"]
+    # too few quantile examples for small alphas: not available, with the reason
+    small = uq_common.Recipe(
+        1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=100, calibration_quantile=30, splits=3
+    )
+    few = uq_common.decide_row(sets, labels, uq_common.split_parts(600, small, seed=0))
+    assert few["sets"]["lac"]["0.01"]["available"] is False
+    assert "needs at least 99" in few["sets"]["lac"]["0.01"]["reason"]
+    assert few["sets"]["lac"]["0.05"]["available"] is True
+
+
+def test_decisions_in_processes_equal_in_process_and_logits_round_trip(tmp_path):
+    rng = np.random.default_rng(4)
+    logits, labels = _calibrated_logits(rng, 60, classes=3)
+    every = {
+        seed: {
+            row: {
+                "id": logits + 0.1 * i,
+                "shift": logits[:20],
+                "ood:a": rng.standard_normal((10, 3, 3)),
+            }
+            for i, row in enumerate(uq_common.ROWS)
+        }
+        for seed in (0, 1)
+    }
+    test = (torch.zeros(60), torch.as_tensor(labels))
+    task = uq_common.Task(
+        "t", list("abc"), (None, None), test, (None, test[1][:20]), {}, None, None
+    )
+    uq_common.save_logits(tmp_path / "logits.npz", every, task)
+    stored, stored_labels = uq_common.load_logits(tmp_path / "logits.npz")
+    np.testing.assert_array_equal(stored_labels, labels)
+    np.testing.assert_allclose(stored[1]["single"]["id"], logits, atol=2e-2)  # float16
+    assert stored[1]["single"]["id"].dtype == np.float64
+    recipe = uq_common.Recipe(
+        1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=20, calibration_quantile=20, splits=3
+    )
+    one = uq_common.decisions(stored, stored_labels, recipe)
+    assert one == uq_common.decisions(stored, stored_labels, recipe, workers=2)
+    assert set(one) == {0, 1} and set(one[0]) == set(uq_common.ROWS)
+
+
+def test_decision_claims_hold_only_on_every_seed():
+    def seed(single, hydra, fused, de):
+        def row(size, answered):
+            return {
+                "sets": {"lac": {"0.02": {"mean_size": size}}},
+                "selective": {"answered": answered},
+            }
+
+        rows = {
+            "single": row(*single),
+            "Hydra (Taylor)": row(*hydra),
+            "Hydra (fused deep ensemble)": row(*fused),
+            "deep ensemble": row(*de),
+        }
+        return {"decisions": rows}
+
+    per_seed = [
+        seed((1.5, 0.6), (1.3, 0.7), (1.22, 0.79), (1.2, 0.8)),
+        seed((1.5, 0.6), (1.6, 0.7), (1.25, 0.76), (1.2, 0.8)),
+    ]
+    targets = {
+        c["row"] + " " + c["metric"]: c
+        for c in uq_common.claims(
+            per_seed, uq_common.decision_targets(0.02), key="decisions", strict=True
+        )
+    }
+    size = targets["Hydra (Taylor) sets.lac.0.02.mean_size"]
+    assert size["advantage_per_seed"] == pytest.approx([0.2, -0.1])
+    assert size["verdict"] == "does not hold (1/2 seeds)"  # holds on average, not on every seed
+    assert targets["Hydra (Taylor) selective.answered"]["verdict"] == "holds (every seed)"
+    fused = targets["Hydra (fused deep ensemble) sets.lac.0.02.mean_size"]
+    assert fused["advantage_per_seed"] == pytest.approx([-0.02, -0.05])
+    assert fused["verdict"] == "does not hold (1/2 seeds)"  # 0.05 larger on seed 1
+    assert targets["Hydra (fused deep ensemble) selective.answered"]["verdict"] == (
+        "does not hold (1/2 seeds)"
+    )
+    missing = uq_common.claims(
+        per_seed, uq_common.decision_targets(0.05), key="decisions", strict=True
+    )
+    assert missing[0]["verdict"].startswith("not available")
