@@ -38,6 +38,7 @@ from hydra_deploy.families import family_names
 
 __all__ = [
     "DECISIONS_FORMAT",
+    "DECISION_OUTPUTS",
     "DECISION_SCORES",
     "FORMAT",
     "GRAPH_PRECISIONS",
@@ -79,6 +80,9 @@ SET_METHODS = ("lac", "aps", "raps")
 #: Scores a selective (abstain) rule or an OOD flag may be fitted on (computed on the
 #: temperature-scaled member probabilities).
 DECISION_SCORES = ("msp", "predictive_entropy", "mutual_information")
+#: The graph outputs ``hydra-calibrate --in-graph`` adds after the model's own (those of the rules
+#: a record holds: :attr:`DecisionRecord.fields`).
+DECISION_OUTPUTS = ("calibrated_probs", "prediction_set", "accept", "ood_flag")
 _REFIT = "fit it again with hydra-calibrate EXPORT --data LABELLED --overwrite"
 
 
@@ -431,6 +435,23 @@ class DecisionRecord:
     selective: SelectiveRule | None = None
     ood: OodRule | None = None
     in_graph: bool = False
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """What applying the record gives per input, besides the prediction:
+        ``calibrated_probs`` and ``confidence``, then ``prediction_set``, ``accept`` and
+        ``ood_flag`` for the rules it holds (the names of the graph outputs with ``in_graph``,
+        minus ``confidence``)."""
+        held = (
+            ("prediction_set", self.sets),
+            ("accept", self.selective),
+            ("ood_flag", self.ood),
+        )
+        return (
+            "calibrated_probs",
+            "confidence",
+            *(name for name, rule in held if rule is not None),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -40,7 +40,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hydra_deploy.decisions import set_threshold
 from hydra_deploy.errors import ExportError
-from hydra_deploy.export_folder import DecisionRecord, SetRule
+from hydra_deploy.export_folder import DECISION_OUTPUTS, DecisionRecord, SetRule
 
 __all__ = [
     "DECISION_OPS",
@@ -52,7 +52,6 @@ __all__ = [
     "remove_decisions",
 ]
 
-DECISION_OUTPUTS = ("calibrated_probs", "prediction_set", "accept", "ood_flag")
 #: names of every node and initializer add_decisions adds start with it
 PREFIX = "decisions/"
 #: ReduceSum and Squeeze take their axes as an input from opset 13 on (the forms used here)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from hydra_deploy.errors import ExportError, HydraError
-from hydra_deploy.export_folder import WEIGHTS_FILE, read_info
+from hydra_deploy.export_folder import DECISION_OUTPUTS, WEIGHTS_FILE, read_info
 from hydra_deploy.families import get_family
 
 
@@ -160,8 +160,6 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
     outputs = _onnx_output_names(path)
     expected = ["member_logits", *(UQ_OUTPUTS if info.get("uq_outputs") else ())]
     if outputs is not None and (info.get("decisions") or {}).get("in_graph"):
-        from hydra_deploy.export.decision_graph import DECISION_OUTPUTS
-
         # hydra-calibrate --in-graph outputs come after the model's own: checked without them
         expected += [name for name in outputs if name in DECISION_OUTPUTS]
     if outputs is not None and outputs != expected:

@@ -265,14 +265,7 @@ class TensorInfo:
 
 def decision_outputs(record: Any) -> list[str]:
     """The :data:`DECISION_OUTPUTS` a decisions record answers (none for None)."""
-    if record is None:
-        return []
-    held = {
-        "prediction_set": record.sets is not None,
-        "accept": record.selective is not None,
-        "ood_flag": record.ood is not None,
-    }
-    return [name for name in DECISION_OUTPUTS if held.get(name, True)]
+    return [] if record is None else [n for n in record.fields if n in DECISION_OUTPUTS]
 
 
 def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:

@@ -55,6 +55,7 @@ from typing import Any
 from hydra_deploy.atomic import atomic_write_text, staging_dir
 from hydra_deploy.errors import HydraError, ServeError
 from hydra_deploy.export_folder import (
+    DECISION_OUTPUTS,
     MODEL_FILE,
     DecisionRecord,
     file_sha256,
@@ -83,7 +84,6 @@ DEFAULT_QUEUE_DELAY_US = 100
 README_MARK = "<!-- written by hydra-deploy: hydra-export --triton / hydra-build --triton -->"
 #: The outputs ``hydra-calibrate --in-graph`` adds to model.onnx
 #: (:mod:`hydra_deploy.export.decision_graph`), the rules' in the order written.
-DECISION_OUTPUTS = ("calibrated_probs", "prediction_set", "accept", "ood_flag")
 #: Outputs over the classes that Triton's classification extension labels (``labels.txt``).
 LABELLED_OUTPUTS = ("probs", "calibrated_probs")
 #: What a model whose hydra.json holds decisions its graph does not compute says (config, README).
@@ -265,12 +265,7 @@ def served_decisions(export_dir: Path, info: dict[str, Any]) -> tuple[list[str],
     record = DecisionRecord.from_dict(entry, f"the decisions entry of {export_dir / 'hydra.json'}")
     if not record.in_graph:
         return outputs, True
-    held = {
-        "prediction_set": record.sets is not None,
-        "accept": record.selective is not None,
-        "ood_flag": record.ood is not None,
-    }
-    wanted = [n for n in DECISION_OUTPUTS if held.get(n, True)]
+    wanted = [n for n in record.fields if n in DECISION_OUTPUTS]
     missing = [n for n in wanted if n not in outputs]
     if missing:
         raise ServeError(

@@ -24,14 +24,7 @@ DECISION_COLUMNS = ("confidence", "prediction_set", "accept", "ood_flag")
 
 def decision_columns(record: Any) -> list[str]:
     """The :data:`DECISION_COLUMNS` a decisions record (or None: none) gives."""
-    if record is None:
-        return []
-    held = {
-        "prediction_set": record.sets is not None,
-        "accept": record.selective is not None,
-        "ood_flag": record.ood is not None,
-    }
-    return [name for name in DECISION_COLUMNS if held.get(name, True)]
+    return [] if record is None else [n for n in record.fields if n in DECISION_COLUMNS]
 
 
 def columns_for(member_logits: bool, decisions: Sequence[str] = ()) -> list[str]:
