@@ -17,6 +17,7 @@ EXAMPLES = """\
   hydra-calibrate export/vit_b16-m3 --data calib/ --ood-alpha 0.01 --ood-score mutual_information \\
       --ood-check textures=dtd/ --in-graph --overwrite        # decisions as graph outputs too
   hydra-calibrate export/minilm-m3 --data glosses.tsv --risk 0.05   # a text model
+  hydra-calibrate export/vit_b16-m3 --data calib/ --engine export/vit_b16-m3/model.fp16.engine
 """
 
 #: library parameter -> the flag that sets it (errors name flags)
@@ -135,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
     )
     p.add_argument(
+        "--engine",
+        type=Path,
+        metavar="FILE",
+        help="fit on a TensorRT engine's outputs instead of ONNX Runtime's (an engine hydra-build "
+        "made from this export's model.onnx: its JSON sidecar names the file)",
+    )
+    p.add_argument(
         "--overwrite", action="store_true", help="replace decisions the export already holds"
     )
     p.add_argument("--json", action="store_true", help="print the record and the table as JSON")
@@ -167,8 +175,11 @@ def main_body(args: argparse.Namespace) -> int:
         raise HydraError("--class-conditional needs prediction sets; drop --sets none")
     ood_checks = parse_ood(args.ood_check) if args.ood_check else {}
     providers = args.providers.split(",") if args.providers else None
+    if args.engine is not None and providers is not None:
+        raise HydraError("--providers are ONNX Runtime's; an --engine runs in TensorRT")
+    target, backend = (args.model, None) if args.engine is None else (args.engine, "tensorrt")
     try:
-        with load_runner(args.model, providers=providers, decisions=False) as runner:
+        with load_runner(target, backend, providers, decisions=False) as runner:
             calibration = calibrate(
                 runner,
                 args.data,

@@ -508,3 +508,49 @@ def test_runner_imports_without_torch():
     modules = set(result.stdout.split())
     assert "hydra_deploy.engines.runner" in modules
     assert not {"torch", "timm", "transformers", "onnxruntime", "tensorrt", "PIL"} & modules
+
+
+def test_an_engine_applies_decisions_fitted_on_its_model_onnx(
+    fake_tensorrt, runner, export_dir, tmp_path, caplog
+):
+    """An engine's decisions hold when its sidecar names the model.onnx they were fitted on;
+    hydra-calibrate --engine fits them on the engine's own outputs."""
+    from hydra_deploy.cli.calibrate import main as calibrate_main
+    from hydra_deploy.export_folder import file_sha256, read_info
+
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    sha = file_sha256(folder / "model.onnx")
+    engine_path = folder / "vit.fp16.engine"
+    engine_path.write_bytes(b"serialized")
+    sidecar = engine_path.with_suffix(".json")
+    sidecar.write_text(json.dumps({"precision": "fp16", "onnx_sha256": sha}))
+    x = inputs(400, seed=9)
+    predicted = runner(x)["member_logits"].mean(axis=1).argmax(axis=1)
+    y = np.where(np.random.default_rng(0).random(400) < 0.9, predicted, 0)
+    np.savez(tmp_path / "calib.npz", x=x, y=y)
+    code = calibrate_main(
+        [
+            str(folder),
+            "--data",
+            str(tmp_path / "calib.npz"),
+            "--engine",
+            str(engine_path),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    record = read_info(folder).decisions
+    assert record is not None and record.onnx_sha256 == sha
+    with load_runner(engine_path) as engine:
+        assert engine.decisions == record
+    sidecar.write_text(json.dumps({"precision": "fp16", "onnx_sha256": "f" * 64}))
+    with pytest.raises(RunnerError, match=r"fitted on another model\.onnx"):
+        load_runner(engine_path)
+    sidecar.write_text(json.dumps({"precision": "fp16"}))  # trtexec-built: cannot tell
+    with (
+        caplog.at_level(logging.WARNING, logger="hydra_deploy"),
+        load_runner(engine_path) as engine,
+    ):
+        assert engine.decisions is None
+    assert "decisions" in caplog.text and "hydra-build" in caplog.text
