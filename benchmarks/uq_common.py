@@ -219,7 +219,14 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads (default: torch.get_num_threads() as found)",
+        help="torch intra-op threads (default: torch.get_num_threads() as found); on a machine "
+        "that other work shares, 1: two threads that wait on each other slow training many-fold",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes for the decision analysis, one thread each (default: --threads, else 1)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
     parser.add_argument(
@@ -234,6 +241,8 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         parser.error("--seeds must be >= 1")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be >= 1")
     if args.render and (args.overwrite or args.quick):
         parser.error(
             "--render re-derives an existing report; it takes neither --overwrite nor --quick"
@@ -2255,7 +2264,7 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
     then report.json and report.md."""
     started = time.perf_counter()
     stored, labels = load_logits(args.out / report["logits"]["file"])
-    workers = args.threads or 1
+    workers = args.workers or args.threads or 1
     decided = decisions(stored, labels, task.recipe, workers=workers)
     for s in report["per_seed"]:
         s["decisions"] = decided[s["seed"]]
