@@ -442,6 +442,9 @@ def test_render_refuses_a_missing_or_foreign_report(tmp_path, capsys):
     with pytest.raises(SystemExit):
         uq_common.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--overwrite"])
     assert "takes neither --overwrite nor --quick" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        uq_common.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--workers", "0"])
+    assert "--workers must be >= 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("family", ["vit", "bert"])
