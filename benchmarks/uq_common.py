@@ -67,6 +67,7 @@ from common import load_average, machine, note
 from hydra_deploy.atomic import atomic_path, atomic_write_json, atomic_write_text
 from hydra_deploy.backbones import load_backbone
 from hydra_deploy.decisions import (
+    GRID_SIZE,
     binomial_cdf,
     calibrated_scores,
     class_scores,
@@ -1717,6 +1718,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
             f"{_before_after(sc['shift'], 'nll', 1, 3)} | "
             f"{_before_after(sc['shift'], 'ece', 100, 2)} |"
         )
+    lines += _temperature_notes(agg, n_t)
     lines += [
         "",
         "OOD detection with the calibrated MSP (raw → T; AUROC / FPR95 in %; mean over the OOD "
@@ -1798,6 +1800,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
             + " | ".join(_dm(flag.get("ood", {}).get(n)) for n in oods)
             + " |"
         )
+    lines += _selective_notes(agg, d)
     lines += [
         "",
         "Mean set size (coverage in brackets) at every alpha, in classes (%):",
@@ -1942,6 +1945,64 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
     for c in report["decision_targets"]:
         lines.append(_claim_line(c, scale(c), with_margin=True))
     return lines
+
+
+def _temperature_notes(agg: dict[str, Any], n_t: int) -> list[str]:
+    """Where T made the tested part's or the shifted set's NLL worse (T is fitted on few errors)."""
+    notes = []
+    for where, name in (("test", "the tested part"), ("shift", "the shifted copies")):
+        worse = [
+            (row, agg[row]["temperature"]["mean"], agg[row]["scaling"][where])
+            for row in ROWS
+            if agg[row]["scaling"][where]["scaled"]["nll"]["mean"]
+            > 1.02 * agg[row]["scaling"][where]["raw"]["nll"]["mean"]
+        ]
+        if worse:
+            notes.append(
+                f"- T raises the NLL of {name} by more than 2% for "
+                + "; ".join(
+                    f"{row} (T {t:.2f}: {c['raw']['nll']['mean']:.3f} → "
+                    f"{c['scaled']['nll']['mean']:.3f})"
+                    for row, t, c in worse
+                )
+                + "."
+            )
+    if notes:
+        notes.insert(
+            0,
+            f"- T minimises the NLL of the {n_t} temperature examples; a row that errs on few of "
+            "them gets a T that fits those few errors (T < 1 sharpens), which need not carry over "
+            "to other data:",
+        )
+        notes.insert(0, "")
+    return notes
+
+
+def _selective_notes(agg: dict[str, Any], d: dict[str, Any]) -> list[str]:
+    """Why answer-or-abstain is often refused: the fewest answered quantile examples that can
+    certify the target risk, with no error among them."""
+    risk, delta, n_q = d["target_risk"], d["delta"], d["quantile_part"]
+    level = delta / GRID_SIZE  # the grid holds at most GRID_SIZE thresholds
+    fewest = int(np.ceil(np.log(level) / np.log(1 - risk)))
+    refused = [
+        f"{row} ({agg[row]['selective']['refused']['mean']:.0%})"
+        for row in ROWS
+        if agg[row]["selective"]["refused"]["mean"] > 0.1
+    ]
+    return [
+        "",
+        f"- Certifying a {risk:.0%} selective risk at delta = {delta:g} over a grid of up to "
+        f"{GRID_SIZE} thresholds tests each at level {level:g}: even with no error among them, "
+        f"at least {fewest} answered quantile examples are needed ((1 - {risk:g})^{fewest} <= "
+        f"{level:g}), {fewest / n_q:.0%} of the quantile part's {n_q}; each error needs more. "
+        + (
+            "Refused (abstain on everything) on more than 10% of the splits: "
+            + ", ".join(refused)
+            + "; the answered share counts those splits as 0."
+            if refused
+            else "No row is refused on more than 10% of the splits."
+        ),
+    ]
 
 
 def _claim_line(c: dict[str, Any], scale: float, *, with_margin: bool) -> str:
