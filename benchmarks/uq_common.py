@@ -2053,9 +2053,10 @@ def risk_coverage_plot(out: Path, report: dict[str, Any]) -> str:
     ax.set_xlabel("coverage: share answered (%)")
     ax.set_ylabel("selective risk: error rate of the answered (%)")
     ax.set_title(
-        f"Risk-coverage with T (tested part; dots: certified at {d['target_risk']:.0%}, "
-        f"delta {d['delta']:g})",
-        fontsize=9,
+        f"Risk-coverage with T (tested part). Dots: the rule certified at "
+        f"{d['target_risk']:.0%}, delta {d['delta']:g}\n(mean share answered, refused splits as "
+        "0; mean risk of the splits that answered): certification is conservative",
+        fontsize=8,
     )
     ax.legend(fontsize=7)
     fig.tight_layout()
