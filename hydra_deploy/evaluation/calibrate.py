@@ -92,26 +92,19 @@ def calibrate(
     runner: Any,
     data: Any,
     *,
-    alpha: float | None = 0.1,
-    sets: str = "lac",
-    class_conditional: bool = False,
-    risk: float | None = None,
-    delta: float = 0.1,
-    accept_score: str = "msp",
-    ood_alpha: float | None = 0.05,
-    ood_score: str = "msp",
-    holdout: float = 0.5,
-    seed: int = 0,
     ood: Mapping[str, Any] | None = None,
     batch_size: int | None = None,
+    **options: Any,
 ) -> Calibration:
     """Fit the decisions of an export on labelled in-distribution ``data``.
 
     ``runner``: a runner of the export (:func:`~hydra_deploy.engines.load_runner`; loaded with
     ``decisions=False``, so an old record does not matter). ``data``: what ``hydra-eval --id``
     takes (a path or in-memory arrays). ``ood``: optional ``{name: data}`` OOD sets, only to
-    report the flag rate on them (they choose nothing). The other arguments are those of
-    :func:`~hydra_deploy.decisions.fit_decisions`."""
+    report the flag rate on them (they choose nothing). ``options``: the keyword arguments of
+    :func:`~hydra_deploy.decisions.fit_decisions` (``alpha``, ``sets``, ``class_conditional``,
+    ``risk``, ``delta``, ``accept_score``, ``ood_alpha``, ``ood_score``, ``holdout``, ``seed``);
+    the hashes and class names come from the runner and the data."""
     labelled = load_eval_data(data, runner, name="--data", labelled=True)
     logits = member_logits(runner, labelled, batch_size)
     assert labelled.labels is not None
@@ -121,19 +114,10 @@ def calibrate(
         labelled.labels,
         onnx_sha256=_model_sha256(runner),
         data_sha256=data_sha256(labelled),
-        alpha=alpha,
-        sets=sets,
-        class_conditional=class_conditional,
-        risk=risk,
-        delta=delta,
-        accept_score=accept_score,
-        ood_alpha=ood_alpha,
-        ood_score=ood_score,
-        holdout=holdout,
-        seed=seed,
         class_names=names if names and len(names) == logits.shape[2] else None,
+        **options,
     )
-    t_rows, q_rows = split_rows(len(logits), holdout, seed)
+    t_rows, q_rows = split_rows(len(logits), record.holdout, record.seed)
     parts = {
         "temperature": decision_metrics(logits[t_rows], labelled.labels[t_rows], record),
         "quantile": decision_metrics(logits[q_rows], labelled.labels[q_rows], record),
@@ -145,17 +129,6 @@ def calibrate(
             member_logits(runner, unlabelled, batch_size), None, record
         )
     return Calibration(record, parts, flagged)
-
-
-def _decision_outputs(model: Any) -> list[dict[str, Any]]:
-    import onnx
-
-    outputs = []
-    for value in model.graph.output:
-        dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
-        outputs.append({"name": value.name, "shape": dims, "dtype": dtype})
-    return outputs
 
 
 def store_decisions(
@@ -179,6 +152,7 @@ def store_decisions(
     import onnx
 
     from hydra_deploy.export.decision_graph import add_decisions, remove_decisions
+    from hydra_deploy.export.exporter import tensor_info
 
     model = remove_decisions(onnx.load(str(info.onnx_path)))
     if in_graph:
@@ -193,7 +167,7 @@ def store_decisions(
         text_record = {
             **info.record,
             "onnx_sha256": sha,
-            "outputs": _decision_outputs(model),
+            "outputs": [tensor_info(value) for value in model.graph.output],
             "decisions": stored.to_dict(),
         }
         os.link(info.onnx_path, backup)

@@ -253,7 +253,8 @@ def _set_metadata(model, spec_json: str, version: str, precision: str = "fp32") 
     model.producer_name = "hydra-deploy"
 
 
-def _tensor_info(value) -> dict[str, Any]:
+def tensor_info(value) -> dict[str, Any]:
+    """hydra.json's entry of a graph input or output: name, shape (dim names or sizes), dtype."""
     import onnx
 
     dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
@@ -271,8 +272,8 @@ def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, c
         "merge": hydra.merge,
         "macs_per_example": hydra.macs,
         "parameters": hydra.num_parameters(),
-        "inputs": [_tensor_info(v) for v in model.graph.input],
-        "outputs": [_tensor_info(v) for v in model.graph.output],
+        "inputs": [tensor_info(v) for v in model.graph.input],
+        "outputs": [tensor_info(v) for v in model.graph.output],
         "batch_profile": {"min": batch[0], "opt": batch[1], "max": batch[2]},
         "preprocessing": _jsonable(getattr(hydra, "preprocessing", None)),
         "backbone_kwargs": getattr(hydra, "backbone_kwargs", None),
