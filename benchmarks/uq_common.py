@@ -227,7 +227,9 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         "--workers",
         type=int,
         default=None,
-        help="processes for the decision analysis, one thread each (default: --threads, else 1)",
+        help="processes, one torch thread each: the seeds train in parallel (seed 0 is then "
+        "rebuilt from --cache for the latency table, measured alone) and the decision analysis "
+        "runs in as many (default 1: seeds one after another; decisions in --threads processes)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
     parser.add_argument(
@@ -413,7 +415,7 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     info["seconds"]["deep ensemble fine-tuning"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    taylor = select(bases[0], "taylor", task.train, seed, r, info)
+    taylor = select(bases[0], "taylor", task.train, seed, r, _sub(cache, "taylor.json"))
     info["seconds"]["Taylor selection"] = time.perf_counter() - started
     started = time.perf_counter()
     taylor_members = train_stage(
@@ -429,10 +431,12 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     info["seconds"]["Hydra (Taylor) fine-tuning"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    circuit = select(single, "circuit", task.train, seed, r, info)
+    circuit = select(single, "circuit", task.train, seed, r, _sub(cache, "circuit.json"))
     info["seconds"]["circuit selection"] = time.perf_counter() - started
     started = time.perf_counter()
-    circuit_base = select(bases[0], "circuit", task.train, seed, r, info)
+    circuit_base = select(
+        bases[0], "circuit", task.train, seed, r, _sub(cache, "circuit_base.json")
+    )
     circuit_members = train_stage(
         bases[0],
         circuit_base,
@@ -465,7 +469,8 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     started = time.perf_counter()
     circuit_ood = None
     if task.ood_validation is not None:
-        circuit_ood = select_members(
+        circuit_ood = cached_selection(
+            _sub(cache, "circuit_ood.json"),
             single,
             M,
             heads_per_member=r.heads_per_member,
@@ -497,7 +502,8 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
     started = time.perf_counter()
     fused_members, fused_heads = [], []
     for m, base in enumerate(bases):
-        own = select_members(
+        own = cached_selection(
+            _sub(cache, f"fused{m}.json"),
             base,
             1,
             heads_per_member=r.heads_per_member,
@@ -565,11 +571,12 @@ def _with_shared_trunk(spec: HydraSpec, layers: int) -> HydraSpec:
 
 
 def select(
-    backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe, info: dict
+    backbone: Any, method: str, data: tuple, seed: int, recipe: Recipe, cache: Path | None
 ) -> HydraSpec:
     """``select_members`` with the recipe's counts (members come out distinct by construction)."""
     examples = recipe.taylor_examples if method == "taylor" else recipe.circuit_examples
-    return select_members(
+    return cached_selection(
+        cache,
         backbone,
         recipe.members,
         heads_per_member=recipe.heads_per_member,
@@ -578,6 +585,38 @@ def select(
         seed=seed,
         max_examples=examples,
     )
+
+
+def _tensors_hash(*tensors: torch.Tensor) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def cached_selection(cache: Path | None, backbone: Any, members: int, **options: Any) -> HydraSpec:
+    """``select_members(backbone, members, **options)``, stored in ``cache`` (a .json file) with
+    its settings and the hashes of the backbone's weights and of the data; a later call with the
+    same ones loads the spec instead of selecting again (circuit selection is minutes on a CPU).
+    ``data`` and ``ood_data`` are tensors or tuples of tensors."""
+    if cache is None:
+        return select_members(backbone, members, **options)
+    settings: dict[str, Any] = {"members": members}
+    for key, value in sorted(options.items()):
+        if key in ("data", "ood_data"):
+            value = _tensors_hash(*(value if isinstance(value, tuple) else (value,)))
+        settings[key] = value
+    settings["backbone"] = _tensors_hash(*backbone.module.state_dict().values())
+    if cache.is_file():
+        stored = json.loads(cache.read_text())
+        if stored.get("settings") == settings:
+            return HydraSpec.from_dict(stored["spec"])
+    spec = select_members(backbone, members, **options)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(cache, {"settings": settings, "spec": spec.to_dict()})
+    return spec
 
 
 def _sub(cache: Path | None, name: str) -> Path | None:
@@ -1161,7 +1200,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Produced by `{report['command']}` on {report['finished']} "
         f"({report['seconds'] / 60:.1f} min, {n} seed(s); mean ± std over seeds; "
-        f"{report['environment']['cpu_model']}, {report['environment']['torch_threads']} threads)"
+        f"{report['environment']['cpu_model']}, {report['environment']['torch_threads']} "
+        f"thread(s) per process, {report.get('seed_workers', 1)} seed(s) at a time)"
         + (
             f"; the derived tables re-rendered from its measurements with `--render` on "
             f"{report['rendered']}."
@@ -1292,8 +1332,15 @@ def markdown(report: dict[str, Any]) -> str:
         f"{r['warmup_steps']}, AdamW (weight decay 0.05), cosine decay; M = {r['members']}, "
         f"{r['heads_per_member']} heads per member per layer; MC dropout {r['mc_samples']} passes",
         f"- latency: PyTorch CPU, batch {r['latency_batch']}, median over {r['latency_rounds']} "
-        "interleaved rounds of the ratio to the single model (seed 0's models)",
-        "- mean wall-clock seconds per seed: "
+        "interleaved rounds of the ratio to the single model (seed 0's models, after every "
+        "seed has finished)",
+        "- mean wall-clock seconds per seed"
+        + (
+            f" ({report['seed_workers']} seeds at a time, in processes sharing the cores)"
+            if report.get("seed_workers", 1) > 1
+            else ""
+        )
+        + ": "
         + ", ".join(f"{k} {v:.0f}" for k, v in report["seconds_per_stage"].items()),
         f"- decisions (temperature scaling, sets, answer or abstain, OOD flag; "
         f"{report['decision_settings']['splits']} splits per seed, every row, "
@@ -2232,38 +2279,39 @@ def main(
         + ", ".join(f"{k} {len(v)}" for k, v in task.ood.items()),
     )
     check_calibration(task)
-    per_seed, pooled = [], {row: {} for row in ROWS}
-    every: dict[int, dict[str, dict[str, np.ndarray]]] = {}
-    lat, params = None, None
-    for seed in range(args.seeds):
-        seed_start = time.perf_counter()
-        models, info = build_rows(task, seed, args)
-        eval_start = time.perf_counter()
-        logits = evaluate_rows(task, models, seed)
-        info["seconds"]["evaluation"] = time.perf_counter() - eval_start
-        rows = {row: score_row(logits[row], task) for row in ROWS}
-        every[seed] = {row: logits[row] for row in ROWS}
-        for row in ROWS:
-            for split, v in logits[row].items():
-                pooled[row][split] = (
-                    v if split not in pooled[row] else np.concatenate([pooled[row][split], v])
-                )
-        if seed == 0:
-            lat = latency(task, models)
-            params = {
-                row: (sum(_parameters(e) for e in m) if isinstance(m, list) else _parameters(m))
-                for row, m in models.items()
-            }
-            params["MC dropout"] = params["single"]
-        info["seconds"]["total"] = time.perf_counter() - seed_start
-        per_seed.append({"seed": seed, "rows": rows, **info})
+    workers = min(args.workers or 1, args.seeds)
+    if workers > 1 and args.cache is None:
+        raise SystemExit(f"uq_{name}: --workers > 1 needs --cache (seed 0 is rebuilt from it)")
+    if workers == 1:
+        done, models = {}, None
+        for seed in range(args.seeds):
+            done[seed], kept = run_seed(task, seed, args)
+            if seed == 0:
+                models = kept  # latency below, measured on seed 0's models
+            del kept
+    else:
+        done = run_seeds_parallel(task_factory, args, workers)
+        started_rebuild = time.perf_counter()
+        models, _ = build_rows(task, 0, args)  # from --cache: trained weights and selections
         note(
             args,
-            f"  seed {seed}: done in {info['seconds']['total']:.0f} s; single acc "
-            f"{rows['single']['id']['accuracy']:.3f}, Hydra (Taylor) "
-            f"{rows['Hydra (Taylor)']['id']['accuracy']:.3f}, circuit "
-            f"{rows['Hydra (circuit)']['id']['accuracy']:.3f}",
+            f"  seed 0 rebuilt from {args.cache} ({time.perf_counter() - started_rebuild:.0f} s)",
         )
+    per_seed, every = [done[s][0] for s in range(args.seeds)], {s: done[s][1] for s in done}
+    pooled: dict[str, dict[str, np.ndarray]] = {
+        row: {
+            split: np.concatenate([every[s][row][split] for s in range(args.seeds)])
+            for split in every[0][row]
+        }
+        for row in ROWS
+    }
+    lat = latency(task, models)  # alone: no seed is running any more
+    params = {
+        row: (sum(_parameters(e) for e in m) if isinstance(m, list) else _parameters(m))
+        for row, m in models.items()
+    }
+    params["MC dropout"] = params["single"]
+    del models
 
     args.out.mkdir(parents=True, exist_ok=True)
     save_logits(args.out / LOGITS_FILE, every, task)
@@ -2284,6 +2332,7 @@ def main(
             "load_average": load_average(),
         },
         "settings": {"seeds": args.seeds, "quick": args.quick, "recipe": task.recipe.__dict__},
+        "seed_workers": workers,
         "task": task.description,
         "rows": list(ROWS),
         "parameters": params,
@@ -2298,6 +2347,58 @@ def main(
         "logits": {"file": LOGITS_FILE, "sha256": _sha256(args.out / LOGITS_FILE)},
     }
     return finish(report, task, args)
+
+
+def run_seed(
+    task: Task, seed: int, args: argparse.Namespace
+) -> tuple[tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]], dict]:
+    """Train, evaluate and score every row of one seed: ((its per-seed record, the member logits
+    of every row), the models)."""
+    seed_start = time.perf_counter()
+    models, info = build_rows(task, seed, args)
+    eval_start = time.perf_counter()
+    logits = evaluate_rows(task, models, seed)
+    info["seconds"]["evaluation"] = time.perf_counter() - eval_start
+    rows = {row: score_row(logits[row], task) for row in ROWS}
+    info["seconds"]["total"] = time.perf_counter() - seed_start
+    note(
+        args,
+        f"  seed {seed}: done in {info['seconds']['total']:.0f} s; single acc "
+        f"{rows['single']['id']['accuracy']:.3f}, Hydra (Taylor) "
+        f"{rows['Hydra (Taylor)']['id']['accuracy']:.3f}, circuit "
+        f"{rows['Hydra (circuit)']['id']['accuracy']:.3f}",
+    )
+    return ({"seed": seed, "rows": rows, **info}, {row: logits[row] for row in ROWS}), models
+
+
+def _seed_job(
+    task_factory: Callable[[argparse.Namespace], Task], args: argparse.Namespace, seed: int
+) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    """One seed in a worker process (one torch thread): the task is made again there."""
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    task = task_factory(args)
+    result, models = run_seed(task, seed, args)
+    del models
+    return result
+
+
+def run_seeds_parallel(
+    task_factory: Callable[[argparse.Namespace], Task], args: argparse.Namespace, workers: int
+) -> dict[int, tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]]:
+    """Every seed in its own process, ``workers`` at a time, one torch thread each: on a machine
+    of C cores, C single-threaded processes train about C times faster than one process of C
+    threads (whose threads wait on each other whenever the machine is busy). A seed's result
+    does not depend on where it ran: each stage seeds its own generators."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")  # no fork of a process running torch
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {
+            seed: pool.submit(_seed_job, task_factory, args, seed) for seed in range(args.seeds)
+        }
+        return {seed: future.result() for seed, future in futures.items()}
 
 
 def check_calibration(task: Task) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -16,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import uq_common
 import uq_digits
 import uq_wordnet
+from helpers.uq import tiny_protocol_task, tiny_recipe, tiny_timm_vit
 
-from hydra_deploy.backbones import load_backbone
 from hydra_deploy.uncertainty import ensemble_scores
 from hydra_deploy.uncertainty.metrics import ece
 
@@ -246,81 +247,12 @@ def test_text_batches_trimmed_and_sorted_give_the_full_length_logits():
     np.testing.assert_allclose(got[:, 0], expected, atol=1e-5)
 
 
-def tiny_timm_vit(seed: int, **kwargs):
-    """A tiny timm ViT (8x8 grey input, 3 classes), seeded: the protocol's model in these tests."""
-    import timm
-
-    torch.manual_seed(seed)
-    return load_backbone(
-        timm.create_model(
-            "vit_tiny_patch16_224",
-            pretrained=False,
-            img_size=8,
-            patch_size=4,
-            in_chans=1,
-            embed_dim=16,
-            depth=2,
-            num_heads=4,
-            mlp_ratio=1.0,
-            num_classes=3,
-            **kwargs,
-        )
-    )
-
-
 # --- the whole protocol, tiny --------------------------------------------------------------------
 def test_main_writes_every_row_report_and_plot(tmp_path):
-
-    rng = torch.Generator().manual_seed(0)
-
-    def new_model(seed):
-        return tiny_timm_vit(seed, proj_drop_rate=0.1)
-
-    def data(n):
-        return torch.randn(n, 1, 8, 8, generator=rng), torch.randint(0, 3, (n,), generator=rng)
-
-    recipe = uq_common.Recipe(
-        base_steps=3,
-        base_lr=1e-3,
-        finetune_steps=2,
-        finetune_lr=1e-3,
-        batch_size=8,
-        warmup_steps=1,
-        heads_per_member=2,
-        mc_samples=3,
-        taylor_examples=16,
-        circuit_examples=16,
-        eval_batch=16,
-        latency_batch=4,
-        latency_rounds=2,
-        eval_batch_fused=8,
-        calibration_temperature=5,
-        calibration_quantile=10,
-        splits=4,
-    )
-    train, test, noise = data(24), data(20), 3 * torch.randn(10, 1, 8, 8, generator=rng)
-    description = {
-        "title": "tiny",
-        "summary": "a tiny run",
-        "shift": "none",
-        "ood": {"noise": "noise"},
-        "details": {"data": "random"},
-    }
-
-    def make_task(args):
-        return uq_common.Task(
-            name="tiny",
-            classes=list("abc"),
-            train=train,
-            test=test,
-            shift=test,
-            ood={"noise": noise},
-            new_model=new_model,
-            recipe=recipe,
-            description=description,
-            ood_validation=("blobs", torch.randn(12, 1, 8, 8, generator=rng).abs() * 2),
-        )
-
+    recipe = tiny_recipe()
+    make_task = functools.partial(tiny_protocol_task, recipe=recipe)
+    test = make_task().test
+    new_model = make_task().new_model
     out = tmp_path / "report"
     argv = ["--seeds", "2", "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"]
     assert uq_common.main(make_task, "tiny", "A tiny benchmark.", argv) == 0
@@ -427,6 +359,69 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
         uq_common.main(
             make_task, "tiny", "A tiny benchmark.", [*argv_again, "--out", str(tmp_path)]
         )
+
+
+def test_seeds_in_worker_processes_equal_seeds_in_one(tmp_path):
+    """--workers 2 trains each seed in its own process and rebuilds seed 0 from --cache for the
+    latency table: every measurement but the timings equals the one-process run's, and the rebuild
+    selects nothing again (the selections are cached with the weights)."""
+
+    def run(name, *extra):
+        out = tmp_path / name
+        argv = ["--seeds", "2", "--out", str(out), "--cache", str(tmp_path / name / "cache")]
+        assert (
+            uq_common.main(tiny_protocol_task, "tiny", "A tiny one.", [*argv, "--quiet", *extra])
+            == 0
+        )
+        return json.loads((out / "report.json").read_text()), uq_common.load_logits(
+            out / "logits.npz"
+        )
+
+    one, (one_logits, _) = run("one")
+    two, (two_logits, _) = run("two", "--workers", "2")
+    for seed in (0, 1):
+        for row in uq_common.ROWS:
+            for split, v in one_logits[seed][row].items():
+                np.testing.assert_array_equal(two_logits[seed][row][split], v)
+    for a, b in zip(one["per_seed"], two["per_seed"], strict=True):
+        a.pop("seconds"), b.pop("seconds")
+        assert a == b
+    assert one["aggregate"] == two["aggregate"] and set(two["latency"]) == set(one["latency"])
+    assert two["parameters"] == one["parameters"] and two["decision_workers"] == 2
+    cached = sorted(p.name for p in (tmp_path / "two" / "cache" / "seed0").glob("*.json"))
+    assert cached == [
+        "circuit.json",
+        "circuit_base.json",
+        "circuit_ood.json",
+        "fused0.json",
+        "fused1.json",
+        "fused2.json",
+        "taylor.json",
+    ]
+
+
+def test_cached_selection_reselects_when_a_setting_the_weights_or_the_data_change(
+    tmp_path, monkeypatch
+):
+    from hydra_deploy.pruning import select_members
+
+    model, path = tiny_timm_vit(0), tmp_path / "sel.json"
+    data = tiny_protocol_task().train
+    options = {"heads_per_member": 1, "method": "random", "data": data}
+    first = uq_common.cached_selection(path, model, 3, seed=1, **options)
+    assert first == select_members(model, 3, seed=1, **options)
+    calls = []
+    monkeypatch.setattr(
+        uq_common, "select_members", lambda *a, **k: calls.append(k) or select_members(*a, **k)
+    )
+    assert uq_common.cached_selection(path, model, 3, seed=1, **options) == first and not calls
+    other = uq_common.cached_selection(path, model, 3, seed=2, **options)
+    assert len(calls) == 1 and other == select_members(model, 3, seed=2, **options)
+    uq_common.cached_selection(path, tiny_timm_vit(1), 3, seed=2, **options)  # other weights
+    shifted = (data[0] + 1, data[1])
+    uq_common.cached_selection(path, model, 3, seed=2, **{**options, "data": shifted})
+    assert len(calls) == 3
+    assert uq_common.cached_selection(None, model, 3, seed=2, **options) == other  # no cache
 
 
 def test_render_refuses_a_missing_or_foreign_report(tmp_path, capsys):
