@@ -85,8 +85,10 @@ def varint(buf, pos):
 
 
 def fields(buf):
-    pos = 0
-    while pos < len(buf):
+    """(field number, value) pairs of one protobuf message (hydra_deploy.engines.onnx_summary's
+    reader, which this copies: the script runs where the package is not installed)."""
+    pos, end = 0, len(buf)
+    while pos < end:
         key, pos = varint(buf, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
@@ -100,23 +102,30 @@ def fields(buf):
             value, pos = buf[pos:pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos > end:  # a length runs past the end: the file was cut short
+            raise ValueError("truncated: a field runs past the end of the data")
         yield number, value
 
 
 def onnx_nodes(path):
     """(name, op_type, inputs, outputs) of every node, in the file's (topological) order."""
     nodes = []
-    for number, graph in fields(memoryview(path.read_bytes())):
-        if number != 7:  # ModelProto.graph
-            continue
-        for gnum, node in fields(graph):
-            if gnum != 1:  # GraphProto.node
+    try:
+        for number, graph in fields(memoryview(path.read_bytes())):
+            if number != 7:  # ModelProto.graph
                 continue
-            parts = {1: [], 2: [], 3: [], 4: []}
-            for nnum, value in fields(node):
-                if nnum in parts:
-                    parts[nnum].append(bytes(value).decode())
-            nodes.append(((parts[3] or [""])[0], (parts[4] or [""])[0], parts[1], parts[2]))
+            for gnum, node in fields(graph):
+                if gnum != 1:  # GraphProto.node
+                    continue
+                parts = {1: [], 2: [], 3: [], 4: []}
+                for nnum, value in fields(node):
+                    if nnum in parts:
+                        parts[nnum].append(bytes(value).decode())
+                nodes.append(((parts[3] or [""])[0], (parts[4] or [""])[0], parts[1], parts[2]))
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
+        fail(f"{str(path)!r} is not a readable ONNX file ({err}); re-export it with hydra-export")
+    if not nodes:
+        fail(f"{str(path)!r} holds no ONNX graph; re-export it with hydra-export")
     return nodes
 
 

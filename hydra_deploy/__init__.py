@@ -6,8 +6,9 @@ The top-level package stays cheap to import: public names are resolved lazily, s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hydra_deploy.optional import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -62,15 +63,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from hydra_deploy.specs import HydraSpec, MemberSpec
     from hydra_deploy.uncertainty import ensemble_scores
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hydra_deploy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

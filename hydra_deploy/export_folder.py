@@ -18,6 +18,11 @@ included), or with a malformed field that consumers interpret (``batch_profile``
 :class:`ExportFolderError` that says what to do. The exporter writes through :func:`write_info`,
 which refuses a record the reader would refuse.
 
+It owns the engine's JSON sidecar too (:class:`EngineInfo`, :func:`read_engine_info`,
+:func:`write_engine_info`: ``hydra-build`` writes it, the runner, the Triton repository and
+``hydra-build``'s report read it, its ``format`` checked) and the decisions record
+(:class:`DecisionRecord`), and it is the one module that spells the file names.
+
 Imports the standard library and the project's stdlib-only modules (errors, atomic writes, the
 family registry): the edge runtime reads export folders without torch.
 """
@@ -40,6 +45,9 @@ __all__ = [
     "DECISIONS_FORMAT",
     "DECISION_OUTPUTS",
     "DECISION_SCORES",
+    "ENGINE_FORMAT",
+    "ENGINE_INFO_FILE",
+    "ENGINE_SUFFIXES",
     "FORMAT",
     "GRAPH_PRECISIONS",
     "INFO_FILE",
@@ -48,15 +56,19 @@ __all__ = [
     "TOKENIZER_DIR",
     "WEIGHTS_FILE",
     "DecisionRecord",
+    "EngineInfo",
     "ExportFolderError",
     "ExportInfo",
     "OodRule",
     "SelectiveRule",
     "SetRule",
+    "engine_info_path",
     "file_sha256",
     "parse_batch_profile",
+    "read_engine_info",
     "read_info",
     "write_decisions",
+    "write_engine_info",
     "write_info",
 ]
 
@@ -64,6 +76,14 @@ MODEL_FILE = "model.onnx"
 INFO_FILE = "hydra.json"
 WEIGHTS_FILE = "weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
+#: TensorRT engine files (hydra-build writes ``.engine``; trtexec users often say ``.plan``).
+ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
+#: An engine's JSON sidecar sits beside it with this suffix (``<stem>.json``, :func:`engine_info_path`).
+ENGINE_INFO_SUFFIX = ".json"
+#: The sidecar's name inside a Triton model folder (beside ``1/model.plan``).
+ENGINE_INFO_FILE = "engine.json"
+#: The ``format`` of an engine sidecar this version writes and reads.
+ENGINE_FORMAT = "hydra-engine/1"
 #: The ``format`` of ``hydra.json`` this version writes and reads.
 FORMAT = "hydra-export/1"
 #: The precisions a graph can carry (``precision`` in hydra.json: fp32, or a strongly typed graph).
@@ -133,6 +153,78 @@ class ExportInfo:
     @property
     def weights_path(self) -> Path:
         return self.folder / WEIGHTS_FILE
+
+    # --- entries that one consumer interprets, and checks with its own advice -------------------
+    @property
+    def spec(self) -> Any:
+        """The HydraSpec as written (a dict; the runners and :func:`HydraSpec.from_dict` check it)."""
+        return self.record.get("spec")
+
+    @property
+    def preprocessing(self) -> Any:
+        """timm's data config of a vision export (:mod:`hydra_deploy.engines.preprocess` checks it)."""
+        return self.record.get("preprocessing")
+
+    @property
+    def tokenizer(self) -> Any:
+        """A text export's ``tokenizer`` entry: ``{"dir", "max_length", "vocab_size"}`` as
+        written (:class:`~hydra_deploy.engines.text.TextEncoder` checks it)."""
+        return self.record.get("tokenizer")
+
+    @property
+    def backbone_config(self) -> Any:
+        """The backbone's own config (a text model's ``max_position_embeddings``), as written."""
+        return self.record.get("backbone_config")
+
+    @property
+    def backbone_kwargs(self) -> Any:
+        """The constructor arguments that rebuild the backbone (reload checks them)."""
+        return self.record.get("backbone_kwargs")
+
+    @property
+    def merge(self) -> Any:
+        """How the non-attention weights were merged (reload checks it)."""
+        return self.record.get("merge")
+
+    @property
+    def inputs(self) -> tuple[dict[str, Any], ...]:
+        """The graph inputs ``{"name", "shape"[, "dtype"]}`` (checked; empty when not recorded)."""
+        return self._tensors("inputs")
+
+    @property
+    def outputs(self) -> tuple[dict[str, Any], ...]:
+        """The graph outputs ``{"name", "shape"[, "dtype"]}`` (checked; empty when not recorded)."""
+        return self._tensors("outputs")
+
+    def malformed_tensors(self, key: str) -> ExportFolderError:
+        """The error for malformed ``inputs`` / ``outputs`` (also what stricter readers, such as
+        Triton's, raise for entries they cannot use)."""
+        return ExportFolderError(
+            f"{self.path} has malformed {key} {self.record.get(key)!r:.100} (expected "
+            '[{"name": ..., "shape": [...], "dtype": ...}, ...]); re-export the model with '
+            "hydra-export"
+        )
+
+    def tensor_names(self, key: str) -> list[Any]:
+        """The names of the recorded ``inputs`` / ``outputs``, unchecked (an entry that is not an
+        object stands for itself, one without a name is None): for messages that list them."""
+        entries = self.record.get(key) or []
+        entries = entries if isinstance(entries, list) else [entries]
+        return [e.get("name") if isinstance(e, dict) else e for e in entries]
+
+    def _tensors(self, key: str) -> tuple[dict[str, Any], ...]:
+        entries = self.record.get(key)
+        if entries is None or entries == []:
+            return ()
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict)
+            and isinstance(e.get("name"), str)
+            and isinstance(e.get("shape"), list)
+            and isinstance(e.get("dtype", ""), str)
+            for e in entries
+        ):
+            raise self.malformed_tensors(key)
+        return tuple(dict(e) for e in entries)
 
     @classmethod
     def from_record(cls, record: Any, path: str | os.PathLike) -> ExportInfo:
@@ -253,6 +345,140 @@ def write_info(folder: str | os.PathLike, record: dict[str, Any]) -> ExportInfo:
     text = json.dumps(record, indent=2) + "\n"
     info = ExportInfo.from_record(json.loads(text), path)
     atomic_write_text(path, text)
+    return info
+
+
+# --- the TensorRT engine's JSON sidecar (hydra-build) ---------------------------------------------
+_REBUILD = "rebuild the engine with hydra-build EXPORT_DIR"
+#: What to do about a sidecar's batch profile (Triton needs one): also re-exporting may fix it.
+_PROFILE_FIX = "re-export the model with hydra-export, or rebuild the engine with hydra-build"
+#: Sidecar entries that say where the export an engine was built from lies (newest first).
+_EXPORT_HINTS = ("export_dir", "onnx", "onnx_path", "source")
+
+
+def engine_info_path(engine: str | os.PathLike) -> Path:
+    """Where an engine's JSON sidecar is: ``<stem>.json`` beside it (a ``.json`` path stays)."""
+    path = Path(engine)
+    return path if path.suffix == ENGINE_INFO_SUFFIX else path.with_suffix(ENGINE_INFO_SUFFIX)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """A checked engine sidecar: what ``hydra-build`` wrote beside a TensorRT engine.
+
+    ``record`` is the JSON object as written (:meth:`BuildPlan.sidecar
+    <hydra_deploy.engines.tensorrt.BuildPlan.sidecar>` decides its contents); the typed fields are
+    read here, once, for the runner, the Triton repository, ``hydra-build`` and
+    ``hydra-calibrate``. A sidecar of another ``format`` is refused; one without a ``format``
+    (written by hand beside a trtexec engine) is read for what it holds.
+    """
+
+    path: Path
+    record: Mapping[str, Any]
+    precision: str | None
+    tensorrt_version: str | None
+    gpu_name: str | None
+    compute_capability: str | None
+    strongly_typed: bool | None
+    batch_profile: tuple[int, int, int] | None  # (min, opt, max)
+    onnx_sha256: str | None
+    #: where the export lies, as the sidecar says (``export_dir``, ``onnx``, ...), in that order
+    export_hints: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> Any:
+        """The HydraSpec the engine was built with, as written (the runner checks it)."""
+        return self.record.get("spec")
+
+    @property
+    def class_names(self) -> Any:
+        return self.record.get("class_names")
+
+    @property
+    def preprocessing(self) -> Any:
+        return self.record.get("preprocessing")
+
+    @property
+    def family(self) -> Any:
+        return self.record.get("family")
+
+    @property
+    def engine_io(self) -> Any:
+        """The parsed network's I/O ``{"inputs": [...], "outputs": [...]}`` with the engine's
+        dtypes, as written (the Triton repository checks it)."""
+        return self.record.get("engine_io")
+
+    @classmethod
+    def from_record(cls, record: Any, path: str | os.PathLike) -> EngineInfo:
+        """Check a parsed sidecar (``path`` names it in errors)."""
+        path = Path(path)
+        if not isinstance(record, dict):
+            raise ExportFolderError(
+                f"{path} is not an engine sidecar (a JSON object); restore it or {_REBUILD}"
+            )
+        found = record.get("format")
+        if found is not None and found != ENGINE_FORMAT:
+            raise ExportFolderError(
+                f"{path} has format {found!r:.60}; this version reads {ENGINE_FORMAT!r} engine "
+                f"sidecars: upgrade hydra-deploy, or {_REBUILD}"
+            )
+        sha = record.get("onnx_sha256")
+        if sha is not None and not isinstance(sha, str):
+            raise ExportFolderError(f"{path} has a malformed onnx_sha256 {sha!r:.80}; {_REBUILD}")
+        gpu = record.get("gpu") if isinstance(record.get("gpu"), dict) else {}
+        typed = record.get("strongly_typed")
+        version = record.get("tensorrt_version")
+        return cls(
+            path=path,
+            record=record,
+            precision=_text_or_none(record.get("precision")),
+            tensorrt_version=version if isinstance(version, str) else None,
+            gpu_name=_text_or_none(gpu.get("name")),
+            compute_capability=_text_or_none(gpu.get("compute_capability")),
+            strongly_typed=typed if isinstance(typed, bool) else None,
+            batch_profile=parse_batch_profile(record.get("batch_profile"), path, _PROFILE_FIX),
+            onnx_sha256=sha or None,
+            export_hints=tuple(
+                record[key] for key in _EXPORT_HINTS if _text_or_none(record.get(key))
+            ),
+        )
+
+
+def read_engine_info(engine: str | os.PathLike, *, required: bool = False) -> EngineInfo | None:
+    """The checked sidecar of an engine (``engine``: the engine file or the sidecar itself);
+    None when there is none and not ``required`` (an engine trtexec built)."""
+    path = engine_info_path(engine)
+    if not path.is_file():
+        if not required:
+            return None
+        raise ExportFolderError(
+            f"{path} is missing: hydra-build writes it beside the engine; {_REBUILD}"
+        )
+    try:
+        record = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as err:
+        raise ExportFolderError(
+            f"cannot read the engine's sidecar {path}: {err}; restore it or {_REBUILD}"
+        ) from err
+    except RecursionError:
+        raise ExportFolderError(
+            f"cannot read the engine's sidecar {path}: its JSON is nested too deeply; {_REBUILD}"
+        ) from None
+    return EngineInfo.from_record(record, path)
+
+
+def write_engine_info(path: str | os.PathLike, record: dict[str, Any]) -> EngineInfo:
+    """Write ``record`` as the sidecar ``path`` (atomically, NaN refused), after checking it as
+    :func:`read_engine_info` would; its ``format`` is set to :data:`ENGINE_FORMAT`."""
+    from hydra_deploy import atomic  # looked up at call time (tests make the disk full)
+
+    record = {"format": ENGINE_FORMAT, **record}
+    info = EngineInfo.from_record(json.loads(json.dumps(record)), path)
+    atomic.atomic_write_json(path, record)
     return info
 
 

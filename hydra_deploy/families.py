@@ -57,9 +57,12 @@ class Family:
     fused_class: str
     #: rebuild(backbone_kwargs) -> an nn.Module or adapter with placeholder weights (reload)
     rebuild: str
-    #: the fused model's components and their names in one member (export reload): ``embeds``,
-    #: ``embed_params``, ``block`` (``{}`` = layer index), ``block_parts``, ``final`` (component ->
-    #: (member name, the number of dimensions its saved weight has when per member))
+    #: the fused model's components and their names in one member (``module``), read by fusion
+    #: and by the export reload: ``embeds``, ``embed_params``, ``block`` (``{}`` = layer index),
+    #: ``block_parts`` (role -> submodule of one member's block: ``norm1``, ``ls1``, ``attn``,
+    #: ``norm2``, ``ls2`` where the block has them, ``mlp``, and the MLP's ``fc1``, ``act``,
+    #: ``fc2``), ``final`` (component -> (member name, the number of dimensions its saved weight
+    #: has when per member))
     member_layout: Mapping[str, Any] = field(default_factory=dict)
     #: ``load_backbone`` options only this family takes
     takes_new_classifier: bool = False
@@ -161,11 +164,14 @@ register(
             "block": "blocks.{}",
             "block_parts": {
                 "norm1": "norm1",
-                "norm2": "norm2",
-                "ls1": "ls1",
-                "ls2": "ls2",
                 "attn": "attn",
+                "ls1": "ls1",
+                "norm2": "norm2",
                 "mlp": "mlp",
+                "fc1": "mlp.fc1",
+                "act": "mlp.act",
+                "fc2": "mlp.fc2",
+                "ls2": "ls2",
             },
             "final": {"norm": ("norm", 2), "fc_norm": ("fc_norm", 2), "head": ("head", 3)},
         },
@@ -188,11 +194,14 @@ register(
             "embeds": ("bert.embeddings",),
             "embed_params": (),
             "block": "bert.encoder.layer.{}",
-            "block_parts": {
-                "norm1": "attention.output.LayerNorm",
-                "norm2": "output.LayerNorm",
+            "block_parts": {  # post-norm: attn, norm1, mlp, norm2
                 "attn": "attention.self",
+                "norm1": "attention.output.LayerNorm",
                 "mlp": "intermediate",
+                "fc1": "intermediate.dense",
+                "act": "intermediate.intermediate_act_fn",
+                "fc2": "output.dense",
+                "norm2": "output.LayerNorm",
             },
             "final": {
                 "pooler.linear": ("bert.pooler.dense", 3),
@@ -226,11 +235,14 @@ register(
             "block": "visual.transformer.resblocks.{}",
             "block_parts": {
                 "norm1": "ln_1",
-                "norm2": "ln_2",
-                "ls1": "ls_1",
-                "ls2": "ls_2",
                 "attn": "attn",
+                "ls1": "ls_1",
+                "norm2": "ln_2",
                 "mlp": "mlp",
+                "fc1": "mlp.c_fc",
+                "act": "mlp.gelu",
+                "fc2": "mlp.c_proj",
+                "ls2": "ls_2",
             },
             "final": {"ln_post": ("visual.ln_post", 2), "proj": ("visual.proj", 3)},
         },

@@ -10,7 +10,9 @@ raises the caller's error class with one message naming what needs it and the in
 
 :func:`missing` asks without importing (for checks that run before a long job, and for listing
 what can run here); :func:`missing_message`, :func:`install_hint` and :func:`install_command`
-give the same words to errors raised elsewhere and to help texts.
+give the same words to errors raised elsewhere and to help texts. :func:`lazy_attributes` gives a
+package the ``__getattr__`` and ``__dir__`` that import its public names when first used (so
+``import hydra_deploy`` never imports torch).
 
 Standard library only: this module sits at the bottom of the import layers, beside
 :mod:`hydra_deploy.errors`.
@@ -21,7 +23,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -33,6 +36,7 @@ __all__ = [
     "dependency",
     "install_command",
     "install_hint",
+    "lazy_attributes",
     "missing",
     "missing_message",
     "require",
@@ -223,3 +227,29 @@ def _findable(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):  # a missing parent package; a module without __spec__
         return False
+
+
+def lazy_attributes(
+    package: str, names: Mapping[str, str]
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of a package whose public names are imported when first
+    used (PEP 562)::
+
+        __getattr__, __dir__ = lazy_attributes(__name__, {"load_runner": "hydra_deploy.engines.runner"})
+
+    ``names`` maps each public name to the module that defines it; the first use imports it and
+    keeps it in the package, later uses cost nothing. Another name raises AttributeError.
+    """
+
+    def __getattr__(name: str) -> object:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(names))
+
+    return __getattr__, __dir__

@@ -1,13 +1,21 @@
 """Building a Hydra model in one call: backbone, members' heads, fine-tuning, fusion.
 
 :func:`build_hydra` is what ``hydra-fuse`` and ``hydra-export`` run, as a library function with
-keyword arguments (the commands only parse flags into them)::
+its options in typed groups (:mod:`hydra_deploy.options`; the commands only parse flags into
+them)::
 
+    from hydra_deploy.options import FinetuneOptions, LoadOptions, SelectionOptions
     from hydra_deploy.pipeline import build_hydra
 
-    built = build_hydra("vit_b16", checkpoint="vit_b16.safetensors", members=3,
-                        heads_per_member=4, calib="train/", finetune="train/", epochs=1)
+    built = build_hydra("vit_b16", load=LoadOptions(checkpoint="vit_b16.safetensors"),
+                        select=SelectionOptions(members=3, heads_per_member=4, calib="train/"),
+                        finetune=FinetuneOptions(data="train/", epochs=1))
     built.hydra        # the fused HydraModel; built.spec, built.backbone, built.members
+
+The groups' fields are also keyword arguments (``build_hydra("vit_b16", members=3,
+heads_per_member=4, calib="train/", finetune="train/", epochs=1)``), under their flags' names
+where those differ: ``finetune`` (the data), ``finetune_steps``, ``finetune_batch_size``,
+``finetune_dir``.
 
 Several checkpoints of one architecture (``checkpoint=[a, b, c]``) become one member each (a
 deep ensemble fused into one network), heads chosen per checkpoint, MLPs kept per member.
@@ -18,13 +26,21 @@ the parameters (``members``), and the commands say their flags (``--members``) i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from hydra_deploy.errors import ParameterError, SpecError
 from hydra_deploy.families import family_for_prefix
+from hydra_deploy.options import (
+    FinetuneOptions,
+    FuseOptions,
+    LoadOptions,
+    SelectionOptions,
+)
 
 __all__ = ["Built", "build_hydra", "choose_spec", "resolve_members"]
 
@@ -75,61 +91,27 @@ def resolve_members(checkpoint: Any = None, members: int | None = None, spec: An
 
 def choose_spec(
     backbone: Any,
+    options: SelectionOptions | None = None,
     *,
-    members: int = 3,
-    spec: Any = None,
-    heads_per_member: int | Sequence[int] | None = None,
-    keep_ratio: float | None = None,
-    importance: str | None = None,
-    calib: Any = None,
-    ood: Any = None,
-    objective: str | None = None,
-    conditioning: str = "member",
-    temperature: float = 0.5,
-    max_examples: int = 512,
-    shared_layers: int = 0,
-    disjoint: bool = False,
-    seed: int = 0,
     backbone_name: str | None = None,
+    **keywords: Any,
 ):
-    """The HydraSpec asked for: read from ``spec`` (a JSON file), drawn at random (no ``calib``),
-    or selected on ``calib`` data by ``importance`` (default taylor when data is given)."""
+    """The HydraSpec ``options`` ask for (its fields may also be given as keywords, which win):
+    read from ``spec`` (a JSON file), drawn at random (no ``calib``), or selected on ``calib``
+    data by ``importance`` (default taylor when data is given)."""
     from hydra_deploy.pruning import select_members
     from hydra_deploy.specs import HydraSpec
 
-    name = backbone_name or backbone.name
-    if spec is not None:
-        loaded = HydraSpec.from_json(spec)
-        wrong = [
-            f"{k}={getattr(loaded, k)} (backbone has {getattr(backbone, k)})"
-            for k in ("num_layers", "num_heads", "head_dim")
-            if getattr(loaded, k) != getattr(backbone, k)
-        ]
-        if wrong:
-            made_for = (
-                f"it was made for {loaded.backbone!r}: pass `backbone` {loaded.backbone}, or "
-                if loaded.backbone != name
-                else ""
-            )
-            raise _SpecMismatch(
-                f"`spec` {spec} does not fit `backbone` {name}: {', '.join(wrong)}; "
-                f"{made_for}write a spec for this backbone with hydra-fuse --backbone "
-                f"{name} ... --save-spec FILE"
-            )
-        return loaded
-    if members < 1:
-        raise ParameterError(f"`members` must be at least 1, got {members}")
-    if keep_ratio is not None and not 0.0 < keep_ratio <= 1.0:
-        raise ParameterError(
-            f"`keep_ratio` must be within (0, 1] (the fraction of each layer's heads a member "
-            f"keeps; 1 keeps all), got {keep_ratio}"
-        )
-    k = heads_per_member
+    options = dataclasses.replace(options or SelectionOptions(), **keywords)
+    if options.spec is not None:
+        return _read_spec(options.spec, backbone, backbone_name or backbone.name)
+    members = 3 if options.members is None else options.members
+    k, keep_ratio = options.heads_per_member, options.keep_ratio
     if k is None and keep_ratio is None:
         k = max(1, backbone.num_heads // max(members, 1))
     kept = k if keep_ratio is None else keep_ratio * backbone.num_heads
     keeps_all = not isinstance(kept, Sequence) and kept >= backbone.num_heads
-    if members == 1 and keeps_all and importance is None:
+    if members == 1 and keeps_all and options.importance is None:
         logger.info(
             "one member keeping all %d heads per layer: the plain model (the single-model "
             "baseline to compare a Hydra export with)",
@@ -138,18 +120,18 @@ def choose_spec(
         return HydraSpec.full(
             backbone.name, backbone.num_layers, backbone.num_heads, backbone.head_dim, members=1
         )
-    method = importance or ("taylor" if calib else "random")
-    if method != "random" and not calib:
+    method = options.method
+    if method != "random" and not options.calib:
         raise ParameterError(
             f"`importance` {method} needs `calib` (an image folder or .npz; text: .tsv or .npz)"
         )
-    if method == "random" and not importance:
+    if method == "random" and not options.importance:
         logger.info(
             "no calib data: heads are drawn at random (seed %d); pass calib data to choose "
             "them by importance",
-            seed,
+            options.seed,
         )
-    if method != "random" and (shared_layers or disjoint):
+    if method != "random" and (options.shared_layers or options.disjoint):
         raise ParameterError("`shared_layers` and `disjoint` apply to `importance` random only")
     if method == "random" and keep_ratio is None:
         return HydraSpec.random(
@@ -159,183 +141,182 @@ def choose_spec(
             backbone.head_dim,
             members=members,
             heads_per_member=k,
-            shared_layers=shared_layers,
-            disjoint=disjoint,
-            seed=seed,
+            shared_layers=options.shared_layers,
+            disjoint=options.disjoint,
+            seed=options.seed,
         )
-    return select_members(
-        backbone,
-        members,
-        heads_per_member=k,
-        keep_ratio=keep_ratio,
-        method=method,
-        data=calib,
-        ood_data=ood,
-        seed=seed,
-        objective=objective,
-        temperature=temperature,
-        max_examples=max_examples,
-        conditioning=conditioning,
-    )
+    chosen = dataclasses.replace(options, members=members, heads_per_member=k, importance=method)
+    return select_members(backbone, options=chosen)
 
 
-def build_hydra(
-    backbone: Any,
-    *,
-    checkpoint: Any = None,
-    num_classes: int | None = None,
-    new_classifier: bool = False,
-    model_args: dict[str, Any] | None = None,
-    preprocessing: dict[str, Any] | None = None,
-    classes: Any = None,
-    templates: Any = None,
-    members: int | None = None,
-    spec: Any = None,
-    heads_per_member: int | Sequence[int] | None = None,
-    keep_ratio: float | None = None,
-    importance: str | None = None,
-    calib: Any = None,
-    ood: Any = None,
-    objective: str | None = None,
-    conditioning: str = "member",
-    temperature: float = 0.5,
-    max_examples: int = 512,
-    shared_layers: int = 0,
-    disjoint: bool = False,
-    seed: int = 0,
-    finetune: Any = None,
-    epochs: float = 1.0,
-    finetune_steps: int | None = None,
-    lr: float = 1e-4,
-    warmup_steps: int = 0,
-    finetune_batch_size: int = 32,
-    finetune_dir: Any = None,
-    shared_parts: str = "per-member",
-    mlp_merge: str | None = None,
-    lowering: str | None = None,
-    progress: bool = True,
-) -> Built:
-    """Backbone, spec, (fine-tuned) members and the fused model.
+def _read_spec(path: Any, backbone: Any, name: str):
+    """The spec file ``path``, refused unless it fits ``backbone``'s geometry."""
+    from hydra_deploy.specs import HydraSpec
 
-    ``backbone``: what :func:`~hydra_deploy.backbones.load_backbone` takes (an alias, a timm name,
-    ``hf:<folder>``, ``openclip:<name>``, a folder), with ``checkpoint`` (one, or several for a
-    fused deep ensemble), ``num_classes``, ``new_classifier`` (BERT), ``model_args`` (timm
-    constructor arguments), ``preprocessing`` (timm data config) and ``classes``/``templates``
-    (zero-shot OpenCLIP). Members: ``members`` copies keeping ``heads_per_member`` heads per layer
-    (or ``keep_ratio`` of them), from ``spec`` (a JSON file), at random, or chosen on ``calib``
-    data by ``importance`` (``select_members``'s options). With ``finetune`` data each member is
-    fine-tuned (``finetune_members``'s options) before ``fuse`` (``mlp_merge``, ``lowering``:
-    default ``fuse``'s).
-    """
-    import torch
+    loaded = HydraSpec.from_json(path)
+    wrong = [
+        f"{k}={getattr(loaded, k)} (backbone has {getattr(backbone, k)})"
+        for k in ("num_layers", "num_heads", "head_dim")
+        if getattr(loaded, k) != getattr(backbone, k)
+    ]
+    if wrong:
+        made_for = (
+            f"it was made for {loaded.backbone!r}: pass `backbone` {loaded.backbone}, or "
+            if loaded.backbone != name
+            else ""
+        )
+        raise _SpecMismatch(
+            f"`spec` {path} does not fit `backbone` {name}: {', '.join(wrong)}; "
+            f"{made_for}write a spec for this backbone with hydra-fuse --backbone "
+            f"{name} ... --save-spec FILE"
+        )
+    return loaded
 
-    from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.fusion import DEFAULT_LOWERING, fuse
 
-    lowering = lowering or DEFAULT_LOWERING
+#: build_hydra's parameter of each group
+_GROUP_PARAMETERS = {
+    LoadOptions: "load",
+    SelectionOptions: "select",
+    FinetuneOptions: "finetune",
+    FuseOptions: "fuse",
+}
 
-    torch.manual_seed(seed)  # random weights (no checkpoint) repeat from run to run
-    zero_shot = {k: v for k, v in (("classes", classes), ("templates", templates)) if v}
+
+def _keyword_targets() -> dict[str, list[tuple[type, str]]]:
+    """build_hydra's keyword -> the (group, field) pairs it sets: every field a flag sets (or a
+    group's flags), by its ``keyword`` name where it has one (``finetune_steps``)."""
+    targets: dict[str, list[tuple[type, str]]] = {}
+    for group in _GROUP_PARAMETERS:
+        for f in dataclasses.fields(group):
+            flag = f.metadata["flag"]
+            if flag is None and f.metadata["group"] is None:
+                continue  # library only: the group's own call sets it
+            keyword = f.metadata["keyword"] or f.name  # finetune_steps for max_steps, ...
+            targets.setdefault(keyword, []).append((group, f.name))
+    return targets
+
+
+def _groups(groups: dict[type, Any], keywords: dict[str, Any]) -> list[Any]:
+    """The option groups: those given, the others built from ``keywords`` (or defaults)."""
+    targets = _keyword_targets()
+    values: dict[type, dict[str, Any]] = {group: {} for group in groups}
+    for keyword, value in keywords.items():
+        if keyword not in targets:
+            raise TypeError(f"build_hydra() got an unexpected keyword argument {keyword!r}")
+        for group, name in targets[keyword]:
+            if groups[group] is not None:
+                raise ParameterError(
+                    f"`{keyword}` is set by `{_GROUP_PARAMETERS[group]}` too: give it there "
+                    f"({group.__name__}({name}=...))"
+                )
+            values[group][name] = value
+    return [
+        given if given is not None else group(**values[group]) for group, given in groups.items()
+    ]
+
+
+def _check_load(backbone: Any, load: LoadOptions) -> None:
+    """Refuse load options the backbone's family does not take."""
+    zero_shot = [k for k in ("classes", "templates") if getattr(load, k)]
     if zero_shot and not str(backbone).startswith("openclip:"):
         raise ParameterError(
             "/".join(f"`{k}`" for k in zero_shot) + " apply to zero-shot OpenCLIP backbones "
             "(`backbone` openclip:<model name>)"
         )
-    model_args = dict(model_args or {})
     prefix, sep, _ = str(backbone).partition(":")
     prefixed = family_for_prefix(prefix) if sep else None
-    if (model_args or preprocessing) and prefixed is not None and not prefixed.takes_preprocessing:
+    if (
+        (load.model_args or load.preprocessing)
+        and prefixed is not None
+        and not prefixed.takes_preprocessing
+    ):
         raise ParameterError("`model_args` and `preprocessing` apply to timm ViT backbones")
-    extra = {"preprocessing": preprocessing} if preprocessing else {}
-    new_head = {"new_classifier": True} if new_classifier else {}
-    members = resolve_members(checkpoint, members, spec)
-    load_kwargs = dict(num_classes=num_classes, **zero_shot, **model_args, **extra, **new_head)
-    selection = dict(
-        heads_per_member=heads_per_member,
-        keep_ratio=keep_ratio,
-        importance=importance,
-        calib=calib,
-        ood=ood,
-        objective=objective,
-        conditioning=conditioning,
-        temperature=temperature,
-        max_examples=max_examples,
-        shared_layers=shared_layers,
-        disjoint=disjoint,
-        backbone_name=str(backbone),
+
+
+def _tuning_without_data(tune: FinetuneOptions) -> bool:
+    """Fine-tuning options given without fine-tuning data."""
+    return not tune.given and bool(tune.max_steps or tune.save_dir or tune.warmup_steps)
+
+
+def build_hydra(
+    backbone: Any,
+    *,
+    load: LoadOptions | None = None,
+    select: SelectionOptions | None = None,
+    finetune: FinetuneOptions | None = None,
+    fuse: FuseOptions | None = None,
+    progress: bool = True,
+    **keywords: Any,
+) -> Built:
+    """Backbone, spec, (fine-tuned) members and the fused model.
+
+    ``backbone``: what :func:`~hydra_deploy.backbones.load_backbone` takes (an alias, a timm name,
+    ``hf:<folder>``, ``openclip:<name>``, a folder); ``load`` (:class:`LoadOptions`): one
+    ``checkpoint`` or several (a fused deep ensemble), ``num_classes``, ``new_classifier`` (BERT),
+    ``model_args`` (timm constructor arguments), ``preprocessing`` (timm data config),
+    ``classes``/``templates`` (zero-shot OpenCLIP). ``select`` (:class:`SelectionOptions`):
+    ``members`` copies keeping ``heads_per_member`` heads per layer (or ``keep_ratio`` of them),
+    from ``spec`` (a JSON file), at random, or chosen on ``calib`` data by ``importance``. With
+    ``finetune`` (:class:`FinetuneOptions`) ``data`` each member is fine-tuned before it is fused
+    by ``fuse`` (:class:`FuseOptions`: ``mlp_merge``, ``lowering``). Groups left out are built
+    from ``keywords`` (the groups' fields, see the module docstring; ``finetune`` may be the
+    data itself), else their defaults; ``seed`` seeds random weights too.
+    """
+    import torch
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.fusion import fuse as fuse_members
+
+    if finetune is not None and not isinstance(finetune, FinetuneOptions):
+        keywords, finetune = {"finetune": finetune, **keywords}, None  # the data, as before
+    groups = {LoadOptions: load, SelectionOptions: select, FinetuneOptions: finetune}
+    load, select, tune, fusing = _groups({**groups, FuseOptions: fuse}, keywords)
+
+    torch.manual_seed(select.seed)  # random weights (no checkpoint) repeat from run to run
+    _check_load(backbone, load)
+    select = dataclasses.replace(
+        select, members=resolve_members(load.checkpoint, select.members, select.spec)
     )
-    tuning = dict(
-        epochs=epochs,
-        lr=lr,
-        batch_size=finetune_batch_size,
-        max_steps=finetune_steps,
-        progress=progress,
-        warmup_steps=warmup_steps,
-    )
-    checkpoints = _checkpoints(checkpoint) or [None]
+    checkpoints = _checkpoints(load.checkpoint) or [None]
     if len(checkpoints) > 1:
-        if mlp_merge == "average":
-            raise ParameterError(
-                "`mlp_merge` average with several `checkpoint` files would average the MLPs of "
-                "independently trained models, whose hidden units do not correspond; use "
-                "`mlp_merge` grouped (the default for several checkpoints)"
-            )
-        if not finetune and (finetune_steps or finetune_dir or warmup_steps):
-            raise ParameterError(
-                "`finetune_steps`, `finetune_dir` and `warmup_steps` need `finetune` DATA"
-            )
-        if shared_parts != "per-member":
-            raise ParameterError(
-                "`shared_parts` applies to members fine-tuned from one checkpoint; independently "
-                "trained checkpoints have their own embeddings and classifiers"
-            )
-        return _fuse_checkpoints(
-            backbone,
-            checkpoints,
-            load_kwargs,
-            selection,
-            tuning,
-            seed,
-            finetune,
-            finetune_dir,
-            lowering,
-        )
-    model = load_backbone(backbone, checkpoint=checkpoints[0], **load_kwargs)
-    chosen = choose_spec(model, members=members, spec=spec, seed=seed, **selection)
+        return _fuse_checkpoints(backbone, checkpoints, load, select, tune, fusing, progress)
+    model = load_backbone(backbone, checkpoint=checkpoints[0], **load.load_kwargs())
+    chosen = choose_spec(model, select, backbone_name=str(backbone))
     fused_members = model
-    if finetune:
+    if tune.given:
         from hydra_deploy.pruning import finetune_members
 
-        fused_members = finetune_members(
-            model,
-            chosen,
-            finetune,
-            seed=seed,
-            save_dir=finetune_dir,
-            shared_parts=shared_parts,
-            **tuning,
-        )
-    elif finetune_steps or finetune_dir or warmup_steps or shared_parts != "per-member":
+        fused_members = finetune_members(model, chosen, options=tune, progress=progress)
+    elif _tuning_without_data(tune) or tune.shared_parts != "per-member":
         raise ParameterError(
             "`finetune_steps`, `finetune_dir`, `warmup_steps` and `shared_parts` need `finetune` "
             "DATA"
         )
-    hydra = fuse(fused_members, chosen, mlp_merge, lowering=lowering)
+    hydra = fuse_members(fused_members, chosen, fusing.mlp_merge, lowering=fusing.lowering)
     return Built(model, hydra.spec, fused_members, hydra)  # the spec as fused (its mlp_merge)
 
 
-def _fuse_checkpoints(
-    backbone, checkpoints, load_kwargs, selection, tuning, seed, finetune, finetune_dir, lowering
-) -> Built:
-    """A deep ensemble fused into one network: one member per checkpoint, heads chosen on each
-    checkpoint's own model (:func:`choose_spec` with one member, seed ``seed + m``), fine-tuned on
-    its own when asked, fused with per-member MLPs."""
-    from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.fusion import fuse
-    from hydra_deploy.pruning.finetune import FinetunedMembers
-    from hydra_deploy.specs import HydraSpec
+def _check_ensemble(tune: FinetuneOptions, fusing: FuseOptions) -> None:
+    """Refuse the options a deep ensemble of several checkpoints cannot take."""
+    if fusing.mlp_merge == "average":
+        raise ParameterError(
+            "`mlp_merge` average with several `checkpoint` files would average the MLPs of "
+            "independently trained models, whose hidden units do not correspond; use "
+            "`mlp_merge` grouped (the default for several checkpoints)"
+        )
+    if _tuning_without_data(tune):
+        raise ParameterError(
+            "`finetune_steps`, `finetune_dir` and `warmup_steps` need `finetune` DATA"
+        )
+    if tune.shared_parts != "per-member":
+        raise ParameterError(
+            "`shared_parts` applies to members fine-tuned from one checkpoint; independently "
+            "trained checkpoints have their own embeddings and classifiers"
+        )
 
-    models = [load_backbone(backbone, checkpoint=c, **load_kwargs) for c in checkpoints]
+
+def _check_same_architecture(checkpoints: list, models: list) -> None:
+    """Refuse checkpoints whose models differ from the first one's."""
     first = models[0]
     for checkpoint, other in zip(checkpoints[1:], models[1:], strict=True):
         fields = ("family", "num_layers", "num_heads", "head_dim", "embed_dim", "num_classes")
@@ -354,27 +335,45 @@ def _fuse_checkpoints(
                 f"{', '.join(wrong)}; every checkpoint of a fused deep ensemble must be the same "
                 "`backbone` with the same classes"
             )
-    selection = dict(selection)
-    if selection["heads_per_member"] is None and selection["keep_ratio"] is None:
-        selection["heads_per_member"] = max(1, first.num_heads // len(checkpoints))
+
+
+def _fuse_checkpoints(
+    backbone: Any,
+    checkpoints: list,
+    load: LoadOptions,
+    select: SelectionOptions,
+    tune: FinetuneOptions,
+    fusing: FuseOptions,
+    progress: bool,
+) -> Built:
+    """A deep ensemble fused into one network: one member per checkpoint, heads chosen on each
+    checkpoint's own model (:func:`choose_spec` with one member, seed ``seed + m``), fine-tuned on
+    its own when asked, fused with per-member MLPs."""
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.fusion import fuse
+    from hydra_deploy.pruning.finetune import FinetunedMembers
+    from hydra_deploy.specs import HydraSpec
+
+    _check_ensemble(tune, fusing)
+    models = [load_backbone(backbone, checkpoint=c, **load.load_kwargs()) for c in checkpoints]
+    _check_same_architecture(checkpoints, models)
+    first = models[0]
+    if select.heads_per_member is None and select.keep_ratio is None:
+        select = dataclasses.replace(
+            select, heads_per_member=max(1, first.num_heads // len(checkpoints))
+        )
     heads, members, history = [], [], []
     for m, model in enumerate(models):
-        own_spec = choose_spec(model, members=1, seed=seed + m, **selection)
+        own = dataclasses.replace(select, members=1, seed=select.seed + m)
+        own_spec = choose_spec(model, own, backbone_name=str(backbone))
         heads.append(own_spec.members[0])
         member = model
-        if finetune:
+        if tune.given:
             from hydra_deploy.pruning import finetune_members
 
-            save_dir = None if finetune_dir is None else finetune_dir / f"checkpoint{m}"
-            tuned = finetune_members(
-                model,
-                own_spec,
-                finetune,
-                seed=seed + m,
-                shared_parts="per-member",
-                save_dir=save_dir,
-                **tuning,
-            )
+            save_dir = None if tune.save_dir is None else Path(tune.save_dir) / f"checkpoint{m}"
+            own_tune = dataclasses.replace(tune, seed=tune.seed + m, save_dir=save_dir)
+            tuned = finetune_members(model, own_spec, options=own_tune, progress=progress)
             member = tuned[0]
             history.append({**tuned.history[0], "member": m, "checkpoint": str(checkpoints[m])})
         members.append(member)
@@ -385,10 +384,10 @@ def _fuse_checkpoints(
         first.head_dim,
         heads,
         mlp_merge="grouped",
-        importance=selection["importance"] or ("taylor" if selection["calib"] else "random"),
-        seed=seed,
+        importance=select.method,
+        seed=select.seed,
         meta={"checkpoints": [str(c) for c in checkpoints]},
     )
-    hydra = fuse(members, spec, "grouped", lowering=lowering)
+    hydra = fuse(members, spec, "grouped", lowering=fusing.lowering)
     tuned_members = FinetunedMembers([getattr(m, "module", m) for m in members], history)
-    return Built(first, hydra.spec, tuned_members if finetune else first, hydra)
+    return Built(first, hydra.spec, tuned_members if tune.given else first, hydra)

@@ -54,6 +54,28 @@ def test_the_declaration_matches_the_code(name):
     assert all(a[0] == "batch" and (1 in a) == family.text for a in axes.values())
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_the_declared_block_layout_is_the_one_fusion_reads(name, monkeypatch):
+    """``member_layout``'s block and its parts name real parts of a member's layer (fusion builds
+    its blocks from them: no family keeps a second table), and a wrong name there breaks fusion."""
+    import importlib
+    from operator import attrgetter
+
+    family = get_family(name)
+    layout = family.member_layout
+    backbone = TINY[name]()
+    block = backbone.module.get_submodule(layout["block"].format(0))
+    parts = layout["block_parts"]
+    assert {"norm1", "norm2", "attn", "mlp", "fc1", "act", "fc2"} <= set(parts)
+    for role, path in parts.items():
+        assert attrgetter(path)(block) is not None, (role, path)
+    fused_module = importlib.import_module(family.fused_class.partition(":")[0])
+    assert not hasattr(fused_module, "BLOCK_PARTS")
+    monkeypatch.setitem(layout, "block_parts", {**parts, "fc1": "no_such_layer"})
+    with pytest.raises(AttributeError, match="no_such_layer"):
+        fuse(backbone, _spec(backbone))
+
+
 def _spec(backbone, members=3, seed=0):
     return random_spec(backbone, members=members, heads_per_member=2, seed=seed)
 

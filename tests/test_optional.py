@@ -312,3 +312,38 @@ def test_a_build_command_without_torch_names_the_extra(tmp_path, command, argv):
     )
     assert "pip install 'hydra-deploy[build]' (or pip install torch)" in done.stderr
     assert "Traceback" not in done.stderr and not out.exists()
+
+
+# --- lazy_attributes: the packages whose public names import when first used ----------------------
+def test_lazy_attributes_import_on_first_use_and_keep_the_value(monkeypatch):
+    package = types.ModuleType("lazy_package")
+    monkeypatch.setitem(sys.modules, "lazy_package", package)
+    package.__getattr__, package.__dir__ = optional.lazy_attributes(
+        "lazy_package", {"dedent": "textwrap"}
+    )
+    assert "dedent" in package.__dir__() and "dedent" not in vars(package)
+    import textwrap
+
+    assert package.dedent is textwrap.dedent
+    assert vars(package)["dedent"] is textwrap.dedent  # kept: __getattr__ is not asked again
+    with pytest.raises(AttributeError, match="module 'lazy_package' has no attribute 'nothing'"):
+        package.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("package", ["hydra_deploy", "hydra_deploy.engines", "hydra_deploy.bench"])
+def test_the_lazy_packages_use_lazy_attributes(package):
+    code = (
+        "import importlib, sys\n"
+        f"package = importlib.import_module({package!r})\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert set(package.__all__) <= set(dir(package)), dir(package)\n"
+        "assert package.__getattr__.__module__ == 'hydra_deploy.optional'\n"
+        "try:\n"
+        "    package.no_such_name\n"
+        "except AttributeError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == f"module {package!r} has no attribute 'no_such_name'"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ class BackboneAdapter(abc.ABC):
     head_dim: int
     embed_dim: int
     num_classes: int
+    mlp_hidden: int  # the MLP's hidden width (fc1's outputs)
     #: Parameter-name prefixes (of ``module``) of the parts outside the attention blocks that the
     #: fused model stores once when the members' copies are equal: embeddings, final norm, pooler,
     #: classifier. ``finetune_members(shared_parts="frozen" | "averaged")`` keeps them equal.
@@ -168,6 +169,26 @@ class BackboneAdapter(abc.ABC):
     def macs(self) -> int:
         """Multiply-accumulates of one forward pass per example (docs/design.md, "Counting FLOPs")."""
         raise NotImplementedError
+
+    def encoder_macs(self, layer_heads: Sequence[Sequence[int]] | None, tokens: int) -> int:
+        """Multiply-accumulates of the Transformer layers for one example of ``tokens`` tokens.
+
+        The one count of a layer every family's ``macs`` adds its embeddings and head to.
+        ``layer_heads[l]`` lists the kept-head count of every residual stream computed in layer l
+        (None: the single model, ``[[num_heads]] * num_layers``); the MLP runs once per stream.
+        """
+        if layer_heads is None:
+            layer_heads = [[self.num_heads]] * self.num_layers
+        N, D, hd = tokens, self.embed_dim, self.head_dim
+        total = 0
+        for streams in layer_heads:
+            for kept in streams:
+                width = kept * hd
+                total += N * D * 3 * width  # Q, K, V projections
+                total += 2 * kept * N * N * hd  # scores and weighted sum
+                total += N * width * D  # output projection
+                total += 2 * N * D * self.mlp_hidden  # MLP
+        return int(total)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.module.parameters())

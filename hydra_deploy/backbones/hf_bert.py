@@ -629,24 +629,15 @@ class HfBertAdapter(BackboneAdapter):
     ) -> int:
         """Multiply-accumulates per example of ``seq_len`` tokens (default: ``self.seq_len``).
 
-        ``layer_heads[l]``: the kept-head count of every stream computed in layer l (the single
-        model: ``[[num_heads]] * num_layers``); the MLP runs once per stream. Embeddings are
-        lookups (no MACs; ``embed_streams`` is accepted for symmetry with the ViT); each of the
-        ``head_streams`` classifier heads costs its pooler (D x D) and classifier (D x C).
+        The layers' (:meth:`encoder_macs`, ``layer_heads``) and ``head_streams`` classifier heads,
+        each its pooler (D x D) and classifier (D x C). Embeddings are lookups (no MACs;
+        ``embed_streams`` is accepted for symmetry with the ViT).
         """
         del embed_streams
-        if layer_heads is None:
-            layer_heads = [[self.num_heads]] * self.num_layers
-        N, D, hd = self.seq_len if seq_len is None else seq_len, self.embed_dim, self.head_dim
+        D = self.embed_dim
         total = head_streams * (D * D + D * self.num_classes)
-        for streams in layer_heads:
-            for kept in streams:
-                width = kept * hd
-                total += N * D * 3 * width  # Q, K, V projections
-                total += 2 * kept * N * N * hd  # scores and weighted sum
-                total += N * width * D  # output projection
-                total += 2 * N * D * self.mlp_hidden  # MLP
-        return int(total)
+        tokens = self.seq_len if seq_len is None else seq_len
+        return int(total) + self.encoder_macs(layer_heads, tokens)
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", seq_len={self.seq_len})"

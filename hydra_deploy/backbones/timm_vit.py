@@ -248,23 +248,10 @@ class TimmVitAdapter(BackboneAdapter):
         embed_streams: int = 1,
         head_streams: int = 1,
     ) -> int:
-        """Multiply-accumulates per image.
-
-        ``layer_heads[l]`` lists the kept-head count of every residual stream computed in layer l
-        (the single model: ``[[num_heads]] * num_layers``); the MLP runs once per stream.
-        ``embed_streams`` / ``head_streams``: how many patch embeddings / classifiers run.
-        """
-        if layer_heads is None:
-            layer_heads = [[self.num_heads]] * self.num_layers
-        N, D, hd = self.num_tokens, self.embed_dim, self.head_dim
+        """Multiply-accumulates per image: the layers' (:meth:`encoder_macs`, ``layer_heads``),
+        ``embed_streams`` patch embeddings and ``head_streams`` classifiers."""
+        D = self.embed_dim
         proj = self.module.patch_embed.proj
         patch = self.num_patches * proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * D
         total = embed_streams * patch + head_streams * D * self.num_classes
-        for streams in layer_heads:
-            for kept in streams:
-                width = kept * hd
-                total += N * D * 3 * width  # Q, K, V projections
-                total += 2 * kept * N * N * hd  # scores and weighted sum
-                total += N * width * D  # output projection
-                total += 2 * N * D * self.mlp_hidden  # MLP
-        return int(total)
+        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)

@@ -13,10 +13,8 @@ that ``import hydra_deploy.bench`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from hydra_deploy.errors import HydraError
+from hydra_deploy.optional import lazy_attributes
 
 
 class BenchError(HydraError, ValueError):
@@ -38,8 +36,4 @@ _LAZY = {
 
 __all__ = sorted([*_LAZY, "BenchError"])
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hydra_deploy.bench' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

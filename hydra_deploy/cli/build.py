@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hydra_deploy.cli import common, triton
+from hydra_deploy.export_folder import read_engine_info
 
 EXAMPLES = """\
   hydra-build export/vit_b16-m3                          # FP16 engine beside model.onnx
@@ -208,19 +209,19 @@ def main_body(args: argparse.Namespace) -> int:
         out=args.out,
         overwrite=args.overwrite,
     )
-    sidecar_path = engine.with_suffix(".json")
-    sidecar = json.loads(sidecar_path.read_text(encoding="utf-8"))
+    engine_info = read_engine_info(engine, required=True)
+    sidecar_path, sidecar = engine_info.path, dict(engine_info.record)
     repository = triton.write(args, args.export_dir, engine=engine) if args.triton else None
     if args.json:
         extra = {} if repository is None else {"triton": repository}
         print(json.dumps({"engine_path": str(engine), **sidecar, **extra}, indent=2))
     elif not args.quiet:
-        profile = sidecar["batch_profile"]
+        low, opt, high = engine_info.batch_profile or ("?", "?", "?")
         print(
-            f"wrote {engine} ({sidecar['precision']}, "
-            f"{'strongly' if sidecar['strongly_typed'] else 'weakly'} typed, batch "
-            f"{profile['min']}/{profile['opt']}/{profile['max']}, {sidecar['gpu']['name']}, "
-            f"TensorRT {sidecar['tensorrt_version']}) and {sidecar_path.name}"
+            f"wrote {engine} ({engine_info.precision}, "
+            f"{'strongly' if engine_info.strongly_typed else 'weakly'} typed, batch "
+            f"{low}/{opt}/{high}, {engine_info.gpu_name}, "
+            f"TensorRT {engine_info.tensorrt_version}) and {sidecar_path.name}"
         )
     return 0
 

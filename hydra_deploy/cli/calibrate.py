@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hydra_deploy.cli import common
 from hydra_deploy.errors import HydraError, ParameterError
+from hydra_deploy.export_folder import INFO_FILE, MODEL_FILE
 
 EXAMPLES = """\
   hydra-calibrate export/vit_b16-m3 --data calib/          # LAC sets at 90%, OOD flag at 5%
@@ -222,7 +223,7 @@ def main_body(args: argparse.Namespace) -> int:
         for name, measured in calibration.ood.items():
             flag = measured.get("flag_rate")
             print(f"OOD set {name}: {'-' if flag is None else f'{100 * flag:.1f}%'} flagged")
-        where = "hydra.json and model.onnx" if args.in_graph else "hydra.json"
+        where = f"{INFO_FILE} and {MODEL_FILE}" if args.in_graph else INFO_FILE
         print(f"wrote the decisions to {args.model}/{where}")
     return 0
 

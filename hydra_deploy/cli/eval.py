@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         "risk_coverage.png and set_sizes.png (--raw: scores only). Data: a .npz with x "
         "(or the model's input names) and y (y is needed for --id only), a .npy array (OOD), an "
         "image folder (--id: one sub-folder per class, named after it), or for text models a .tsv "
-        "(label<TAB>text, --id; a label is a class name or index) or .txt (one text a line, OOD). "
+        "(label<TAB>text, or a third column for sentence pairs; a label is a class name or index) "
+        "or .txt (one text a line, OOD). "
         "Class names map to the model's classes through the export's class_names (an unknown "
         "name is refused); a model without class names takes the sorted names as its classes "
         "only when there are as many as it has classes.",

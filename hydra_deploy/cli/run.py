@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="INPUT",
         help="image files or folders, .npy/.npz arrays, or (text models) .txt files "
-        "with one input per line",
+        "with one input per line and .tsv files (label<TAB>text, or label<TAB>text<TAB>second "
+        "text for sentence pairs; the labels are not read)",
     )
     p.add_argument(
         "--text",

@@ -7,8 +7,7 @@ imported here. Names resolve lazily so ``import hydra_deploy.engines`` stays che
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hydra_deploy.optional import lazy_attributes
 
 _LAZY = {
     "build_engine": "hydra_deploy.engines.tensorrt",
@@ -19,11 +18,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hydra_deploy.engines' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY)

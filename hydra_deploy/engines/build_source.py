@@ -7,6 +7,7 @@ optimization-profile shapes, and the engine and timing-cache file names. Shared 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from hydra_deploy.export_folder import (
     GRAPH_PRECISIONS,
     INFO_FILE,
     MODEL_FILE,
+    ExportInfo,
     file_sha256,
-    parse_batch_profile,
     read_info,
 )
 
@@ -29,14 +30,19 @@ class ExportSource:
 
     onnx_path: Path
     folder: Path
-    info: dict[str, Any] | None
+    export: ExportInfo | None
     onnx: OnnxSummary
+
+    @property
+    def info(self) -> Mapping[str, Any] | None:
+        """The export's ``hydra.json`` record as written (:attr:`export` checked it), or None."""
+        return None if self.export is None else self.export.record
 
     @property
     def sha256(self) -> str:
         """The ONNX file's SHA-256 (from hydra.json when present, else computed)."""
-        if self.info and self.info.get("onnx_sha256"):
-            return str(self.info["onnx_sha256"])
+        if self.export is not None and self.export.onnx_sha256:
+            return self.export.onnx_sha256
         return file_sha256(self.onnx_path)
 
     @property
@@ -45,8 +51,8 @@ class ExportSource:
 
         From hydra.json, else the ONNX metadata (``hydra_precision``), else fp32.
         """
-        if self.info is not None:
-            precision = self.info.get("precision", "fp32")
+        if self.export is not None:
+            precision = self.export.precision
         else:
             precision = self.onnx.metadata.get("hydra_precision", "fp32")
         if precision not in GRAPH_PRECISIONS:
@@ -59,8 +65,8 @@ class ExportSource:
     @property
     def spec(self) -> dict[str, Any] | None:
         """The HydraSpec as a dict (hydra.json, else the ONNX metadata), or None."""
-        if self.info and self.info.get("spec") is not None:
-            return self.info["spec"]
+        if self.export is not None and self.export.spec is not None:
+            return self.export.spec
         text = self.onnx.metadata.get("hydra_spec")
         return json.loads(text) if text else None
 
@@ -68,8 +74,7 @@ class ExportSource:
         self, min_batch: int | None, opt_batch: int | None, max_batch: int | None
     ) -> tuple[int, int, int]:
         """(min, opt, max): the arguments given, else hydra.json's profile, else (1, 8, 32)."""
-        where = self.folder / INFO_FILE
-        saved = parse_batch_profile((self.info or {}).get("batch_profile"), where) or (1, 8, 32)
+        saved = (None if self.export is None else self.export.batch_profile) or (1, 8, 32)
         saved = dict(zip(("min", "opt", "max"), saved, strict=True))
         lo = saved["min"] if min_batch is None else min_batch
         hi = saved["max"] if max_batch is None else max_batch
@@ -78,27 +83,17 @@ class ExportSource:
 
     def input_shapes(self) -> list[tuple[str, list[int | str]]]:
         """(name, shape) of each model input; hydra.json's, else the ONNX file's."""
-        if self.info and self.info.get("inputs"):
-            inputs = self.info["inputs"]
-            if not isinstance(inputs, list) or not all(
-                isinstance(i, dict)
-                and isinstance(i.get("name"), str)
-                and isinstance(i.get("shape"), list)
-                for i in inputs
-            ):
-                raise EngineError(
-                    f"{str(self.folder / 'hydra.json')!r} has malformed inputs {inputs!r:.100} "
-                    '(expected [{"name": ..., "shape": [...]}, ...]); re-export the folder with '
-                    "hydra-export"
-                )
-            return [(i["name"], list(i["shape"])) for i in inputs]
+        recorded = () if self.export is None else self.export.inputs  # checked there
+        if recorded:
+            return [(i["name"], list(i["shape"])) for i in recorded]
         return [(i["name"], list(i["shape"])) for i in self.onnx.inputs]
 
     def sequence_profile(self) -> tuple[int, int, int]:
         """(min, opt, max) sequence length of a text model: 1, min(128, max), the tokenizer's
         maximum length (else the model's position embeddings)."""
-        info = self.info or {}
-        tokenizer, config = info.get("tokenizer"), info.get("backbone_config")
+        export = self.export
+        tokenizer = None if export is None else export.tokenizer
+        config = None if export is None else export.backbone_config
         longest = (tokenizer.get("max_length") if isinstance(tokenizer, dict) else None) or (
             config.get("max_position_embeddings") if isinstance(config, dict) else None
         )
@@ -179,20 +174,19 @@ def load_source(path: str | Path) -> ExportSource:
             f"{str(path)!r} is neither an export folder nor an .onnx file; give the folder "
             "hydra-export wrote"
         )
-    info = None
+    export = None
     if onnx_path.name == MODEL_FILE:  # an export folder's model: its hydra.json, checked
         export = read_info(folder / INFO_FILE, required=False)
-        info = None if export is None else dict(export.record)
     if not onnx_path.is_file():
         raise EngineError(f"{str(onnx_path)!r} is missing; re-export the folder with hydra-export")
     onnx = read_onnx(onnx_path)
-    if info is None and "member_logits" not in onnx.outputs:
+    if export is None and "member_logits" not in onnx.outputs:
         raise EngineError(
             f"{str(onnx_path)!r} is not a Hydra export: it has no member_logits output (outputs: "
             f"{list(onnx.outputs)}) and no hydra.json; build from a folder hydra-export wrote "
             "(other models: run trtexec on them directly)"
         )
-    return ExportSource(onnx_path=onnx_path, folder=folder, info=info, onnx=onnx)
+    return ExportSource(onnx_path=onnx_path, folder=folder, export=export, onnx=onnx)
 
 
 def engine_stem(sha256: str, precision: str, trt_tag: str, gpu_tag: str | None = None) -> str:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,8 +26,8 @@ import numpy as np
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import INTERPOLATIONS
 from hydra_deploy.optional import require
+from hydra_deploy.userdata import IMAGE_SUFFIXES, find_images  # noqa: F401  (importable here)
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 DEFAULT_CROP_PCT = 0.875  # timm's default when crop_pct is None
 
 
@@ -161,23 +160,3 @@ def preprocess_images(paths: Sequence[str | os.PathLike], config: dict[str, Any]
     if not paths:
         raise RunnerError("no images given")
     return np.stack([preprocess_image(p, config) for p in paths])
-
-
-def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Image files among ``paths``: files as given, folders searched recursively (sorted)."""
-    found: list[Path] = []
-    for entry in map(Path, paths):
-        if entry.is_dir():
-            inside = sorted(
-                p for p in entry.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-            )
-            if not inside:
-                raise RunnerError(
-                    f"the folder {str(entry)!r} holds no images ({', '.join(IMAGE_SUFFIXES)})"
-                )
-            found += inside
-        elif entry.is_file():
-            found.append(entry)
-        else:
-            raise RunnerError(f"{str(entry)!r} does not exist")
-    return found

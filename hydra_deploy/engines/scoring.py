@@ -14,13 +14,16 @@ numpy only (edge-safe).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hydra_deploy.decisions import apply_decisions
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.uncertainty.scores import ensemble_scores
+
+if TYPE_CHECKING:
+    from hydra_deploy.engines.runner_base import Runner
 
 __all__ = ["DECISION_FIELDS", "check_member_logits", "run_member_logits", "score_batch"]
 
@@ -40,7 +43,7 @@ def check_member_logits(runner: Any, output_names: Any) -> None:
 
 
 def run_member_logits(
-    runner: Any,
+    runner: Runner,
     inputs: np.ndarray | Mapping[str, np.ndarray],
     *,
     batch_size: int | None = None,
@@ -57,7 +60,7 @@ def run_member_logits(
 
 
 def score_batch(
-    runner: Any,
+    runner: Runner,
     inputs: np.ndarray | Mapping[str, np.ndarray],
     *,
     batch_size: int | None = None,

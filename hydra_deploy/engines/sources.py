@@ -5,8 +5,9 @@ same rules here:
 
 - image files and folders of images (searched recursively, sorted), for image models; they are
   preprocessed from the export's ``hydra.json`` (:mod:`hydra_deploy.engines.preprocess`);
-- ``.txt`` files, one input per non-empty line, for text models (tokenized with the export's
-  tokenizer, :mod:`hydra_deploy.engines.text`);
+- ``.txt`` files, one input per non-empty line, and ``.tsv`` files (``label<TAB>text``, or
+  ``label<TAB>text<TAB>second text`` for sentence pairs; the labels are not read), for text models
+  (tokenized with the export's tokenizer, :mod:`hydra_deploy.engines.text`);
 - ``.npy``/``.npz`` arrays of preprocessed inputs (which arrays of a ``.npz`` feed the model:
   :func:`~hydra_deploy.engines.inputs.pick_inputs`), where the command takes them.
 
@@ -14,7 +15,8 @@ same rules here:
 :func:`prepare` turn examples into the model's inputs; :func:`score_inputs` is hydra-run's loop
 (files in, one result per example out), callable from Python.
 
-numpy only (edge-safe).
+Files are read by :mod:`hydra_deploy.userdata`, the one reader of user data (fine-tuning, head
+selection, ``hydra-eval`` and ``hydra-calibrate`` read through it too). numpy only (edge-safe).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.scoring import score_batch
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.families import Family, get_family
+from hydra_deploy.userdata import IMAGE_SUFFIXES, TEXT_FILE_SUFFIXES, find_images, read_text_file
 
 __all__ = [
     "ARRAY",
@@ -51,19 +54,21 @@ __all__ = [
 
 IMAGES, TEXT, ARRAY = "images", "text", "array"
 ARRAY_SUFFIXES = (".npy", ".npz")
-#: files that hold text: a text model reads ``.txt`` (one input per line); the others are refused
-#: with that advice, as are all of them for an image model
+#: files that hold text: a text model reads ``.txt`` (one input per line) and ``.tsv`` (label<TAB>
+#: text[<TAB>second text]); the others are refused with that advice, as are all of them for an
+#: image model
 TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".jsonl", ".json")
 
 
 @dataclass
 class Source:
-    """The examples of one INPUT argument: image paths, text lines or arrays, and their names
-    (``images/cat.jpg``, ``lines.txt:3``, ``batch.npy[0]``)."""
+    """The examples of one INPUT argument: image paths, text lines (``(text, second text)``
+    tuples for sentence pairs) or arrays, and their names (``images/cat.jpg``, ``lines.txt:3``,
+    ``batch.npy[0]``)."""
 
     kind: str  # IMAGES | TEXT | ARRAY
     names: list[str]
-    items: list[Path] | list[str] | np.ndarray | dict[str, np.ndarray]
+    items: list[Path] | list[str] | list[tuple[str, str]] | np.ndarray | dict[str, np.ndarray]
 
     def __len__(self) -> int:
         return len(self.names)
@@ -118,8 +123,6 @@ def read_source(
     """One INPUT argument as a :class:`Source`; a :class:`RunnerError` for what the model cannot
     take. ``model`` names the model argument in messages; ``runner`` (its inputs) is needed to
     read arrays, and without it an array file is refused with ``arrays_elsewhere`` (the advice)."""
-    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
-
     path = Path(path)
     suffix = path.suffix.lower()
     takes_arrays = runner is not None
@@ -143,14 +146,15 @@ def read_source(
                 f"the array file {path} holds no examples (shape {shape}); give 1 or more examples"
             )
         return Source(ARRAY, [f"{path}[{i}]" for i in range(count)], data)
-    if suffix == ".txt" and family.text:
-        from hydra_deploy.engines.text import read_lines
-
-        lines = read_lines(path)
-        return Source(TEXT, [f"{path}:{i}" for i in range(1, len(lines) + 1)], lines)
+    if suffix in TEXT_FILE_SUFFIXES and family.text:
+        items = read_text_file(path, error=RunnerError).items
+        return Source(TEXT, [f"{path}:{i}" for i in range(1, len(items) + 1)], items)
     if suffix in TEXT_SUFFIXES:
         if family.text:
-            what = "text models read .txt files (one input per line)"
+            what = (
+                "text models read .txt files (one input per line) and .tsv files "
+                "(label<TAB>text, or label<TAB>text<TAB>second text)"
+            )
         elif takes_arrays:
             what = (
                 f"text inputs are for text models; {model} is a {family.name} model taking "

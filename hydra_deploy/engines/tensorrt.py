@@ -40,11 +40,12 @@ from hydra_deploy.engines.onnx_summary import fp32_layer_names
 from hydra_deploy.engines.precision_rules import choose_precision, generation_of, parse_version
 from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
+from hydra_deploy.export_folder import ENGINE_FORMAT, engine_info_path, write_engine_info
 from hydra_deploy.optional import install_command, missing_message, require
 
 log = logging.getLogger("hydra_deploy.engines")
 
-SIDECAR_FORMAT = "hydra-engine/1"
+SIDECAR_FORMAT = ENGINE_FORMAT  # the sidecar's format (its owner: hydra_deploy.export_folder)
 _PURPOSE = "building TensorRT engines"
 
 
@@ -253,7 +254,7 @@ def plan_build(
         if timing_cache is not None
         else out_dir / timing_cache_name(f"{major}.{minor}", gpu.tag)
     )
-    info = source.info or {}
+    export = source.export
     return BuildPlan(
         onnx_path=source.onnx_path,
         export_dir=source.folder,
@@ -270,13 +271,13 @@ def plan_build(
         gpu=gpu,
         onnx_sha256=sha,
         engine_path=out_dir / f"{stem}.engine",
-        sidecar_path=out_dir / f"{stem}.json",
+        sidecar_path=engine_info_path(out_dir / f"{stem}.engine"),
         timing_cache=cache,
         load_timing_cache=cache if cache.is_file() else None,
         spec=source.spec,
-        inputs=list(info.get("inputs") or source.onnx.inputs),
-        outputs=list(info.get("outputs") or source.onnx.outputs),
-        uq_outputs=bool(info.get("uq_outputs", len(source.onnx.outputs) > 1)),
+        inputs=list((export.inputs if export else None) or source.onnx.inputs),
+        outputs=list((export.outputs if export else None) or source.onnx.outputs),
+        uq_outputs=export.uq_outputs if export else len(source.onnx.outputs) > 1,
         notes=choice.notes,
         source=source,
         constrain_fp32=choice.constrain_fp32,
@@ -374,7 +375,7 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     The engine, its sidecar and the timing cache are written together: the sidecar's contents are
     decided before anything is written, and an engine whose sidecar cannot be written is removed.
     """
-    from hydra_deploy.atomic import atomic_write_bytes, atomic_write_json
+    from hydra_deploy.atomic import atomic_write_bytes
 
     trt, poly = _import_polygraphy_trt()
     if plan.engine_path.exists() and not overwrite:
@@ -474,7 +475,7 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     except OSError as err:
         raise EngineError(f"cannot write {str(plan.engine_path)!r}: {err.strerror or err}") from err
     try:
-        atomic_write_json(plan.sidecar_path, sidecar)
+        write_engine_info(plan.sidecar_path, sidecar)
     except (OSError, ValueError) as err:  # no engine without its sidecar: a rerun would refuse
         plan.engine_path.unlink(missing_ok=True)
         raise EngineError(

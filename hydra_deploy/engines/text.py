@@ -17,12 +17,16 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.export_folder import INFO_FILE, TOKENIZER_DIR, ExportInfo
 from hydra_deploy.optional import require
 
 TOKENIZER_FILE = "tokenizer.json"
 #: The inputs a text export may take, in the order of its graph.
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-RESTORE = "restore the export's tokenizer/ folder and hydra.json, or re-export the model with hydra-export"
+RESTORE = (
+    f"restore the export's {TOKENIZER_DIR}/ folder and {INFO_FILE}, or re-export the model with "
+    "hydra-export"
+)
 
 
 class TextEncoder:
@@ -64,15 +68,16 @@ class TextEncoder:
         self.tokenizer.enable_padding(pad_id=pad[1], pad_token=pad[0])  # to the longest line
 
     @classmethod
-    def from_export(cls, info: dict[str, Any], folder: str | os.PathLike) -> TextEncoder:
-        """The encoder an export folder's ``hydra.json`` describes."""
-        entry = info.get("tokenizer")
+    def from_export(cls, export: ExportInfo) -> TextEncoder:
+        """The encoder an export folder's ``hydra.json`` (its checked record) describes."""
+        folder = export.folder
+        entry = export.tokenizer
         if not entry:
             raise RunnerError(
-                f"{folder} holds no tokenizer (hydra.json has no 'tokenizer' entry); pass token "
+                f"{folder} holds no tokenizer ({INFO_FILE} has no 'tokenizer' entry); pass token "
                 "ids as a .npz with input_ids and attention_mask instead of text"
             )
-        where, fix = Path(folder) / "hydra.json", RESTORE
+        where, fix = export.path, RESTORE
         if not isinstance(entry, dict):
             raise RunnerError(
                 f"{where}: its 'tokenizer' entry is a {type(entry).__name__}, not an object; {fix}"
@@ -91,19 +96,17 @@ class TextEncoder:
                 raise RunnerError(
                     f"{where}: tokenizer {key!r} must be a positive integer, got {value!r}; {fix}"
                 )
-        inputs = info.get("inputs") or []
-        inputs = inputs if isinstance(inputs, list) else [inputs]
-        names = [i.get("name") if isinstance(i, dict) else i for i in inputs]
+        names = export.tensor_names("inputs")
         if not all(isinstance(n, str) and n in TEXT_INPUTS for n in names):
             raise RunnerError(
                 f"{where}: its 'inputs' ({names!r}) are not the text inputs "
-                f"{list(TEXT_INPUTS)}; restore hydra.json or re-export the model with hydra-export"
+                f"{list(TEXT_INPUTS)}; restore {INFO_FILE} or re-export the model with hydra-export"
             )
-        tokenizer_dir = Path(folder) / directory
+        tokenizer_dir = folder / directory
         if not tokenizer_dir.is_dir():
             raise RunnerError(
-                f"the tokenizer folder {tokenizer_dir} (hydra.json's 'tokenizer' entry) is missing; "
-                f"{fix}"
+                f"the tokenizer folder {tokenizer_dir} ({INFO_FILE}'s 'tokenizer' entry) is "
+                f"missing; {fix}"
             )
         if not (tokenizer_dir / TOKENIZER_FILE).is_file():
             raise RunnerError(f"{tokenizer_dir} lacks {TOKENIZER_FILE}; {fix}")
@@ -147,12 +150,8 @@ def _pad_token(tokenizer) -> tuple[str, int]:
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """The non-empty lines of a UTF-8 text file (one input per line)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise RunnerError(f"cannot read text from {path}: {err}") from err
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise RunnerError(f"{path} holds no text (every line is empty)")
-    return lines
+    """The non-empty lines of a UTF-8 text file (one input per line), as
+    :func:`hydra_deploy.userdata.read_text_file` reads a ``.txt``."""
+    from hydra_deploy.userdata import read_text_file
+
+    return read_text_file(path, error=RunnerError, tsv=False).texts

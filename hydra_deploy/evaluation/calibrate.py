@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.decisions import decision_metrics, fit_decisions, split_rows
+from hydra_deploy.engines.runner_base import Runner
 from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
@@ -55,7 +56,7 @@ class Calibration:
 
 def data_sha256(data: EvalData) -> str:
     """The SHA-256 of labelled data as read: its labels and its inputs (array bytes, image file
-    bytes in order, or texts)."""
+    bytes in order, or texts, each with its second text for sentence pairs)."""
     digest = hashlib.sha256()
     if data.labels is not None:
         digest.update(np.ascontiguousarray(data.labels, dtype=np.int64).tobytes())
@@ -63,8 +64,10 @@ def data_sha256(data: EvalData) -> str:
         for path in data.images or ():
             digest.update(Path(path).read_bytes())
     elif data.kind == "text":
-        for text in data.texts or ():
-            digest.update(text.encode("utf-8") + b"\0")
+        texts = data.texts or []
+        for text, pair in zip(texts, data.pairs or [None] * len(texts), strict=True):
+            second = b"" if pair is None else b"\t" + pair.encode("utf-8")  # sentence pairs
+            digest.update(text.encode("utf-8") + second + b"\0")
     else:
         arrays = data.array if isinstance(data.array, Mapping) else {"x": data.array}
         for name in sorted(arrays):
@@ -74,10 +77,11 @@ def data_sha256(data: EvalData) -> str:
     return digest.hexdigest()
 
 
-def _model_sha256(runner: Any) -> str:
+def _model_sha256(runner: Runner) -> str:
     """The hash the record names: the ONNX file run (an engine's: the file it was built from)."""
     if getattr(runner, "backend", None) == "tensorrt":
-        sha = (getattr(runner, "engine_info", None) or {}).get("onnx_sha256")
+        engine_info = getattr(runner, "engine_info", None)
+        sha = None if engine_info is None else engine_info.onnx_sha256
         if sha is None:
             raise HydraError(
                 f"cannot tell which model.onnx {runner.path} was built from (no onnx_sha256 in "
@@ -89,7 +93,7 @@ def _model_sha256(runner: Any) -> str:
 
 
 def calibrate(
-    runner: Any,
+    runner: Runner,
     data: Any,
     *,
     ood: Mapping[str, Any] | None = None,

@@ -33,6 +33,7 @@ from hydra_deploy.arrays import read_array_file
 from hydra_deploy.decisions import apply_decisions, calibrated_scores, class_scores
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.errors import HydraError, RunnerError
+from hydra_deploy.export_folder import ExportInfo
 from hydra_deploy.parity import (
     BackendReport,
     Check,
@@ -49,11 +50,11 @@ BOOL_DECISIONS = ("prediction_set", "accept", "ood_flag")
 
 
 def _load_inputs(
-    inputs: Any, info: dict[str, Any], hydra: Any, batch: int, seed: int
+    inputs: Any, export: ExportInfo, hydra: Any, batch: int, seed: int
 ) -> tuple[dict[str, np.ndarray], str]:
     """The inputs by name: given (array, .npy, .npz), or the model's own seeded example inputs
     (random pixels; random token ids with padded rows for text models)."""
-    names = [spec["name"] for spec in info["inputs"]]
+    names = [spec["name"] for spec in export.inputs]
     if inputs is None:
         example = hydra.example_inputs(batch, seed)
         example = (example,) if not isinstance(example, (tuple, list)) else example
@@ -91,7 +92,7 @@ def _load_inputs(
             + (" (raw pixels?)" if array.dtype == np.uint8 else "")
             + "; give preprocessed float inputs, as hydra-run feeds the model"
         )
-    if array.ndim == len(info["inputs"][0]["shape"]) - 1:
+    if array.ndim == len(export.inputs[0]["shape"]) - 1:
         array = array[None]
     return {names[0]: np.asarray(array, dtype=np.float32)}, str(path)
 
@@ -130,7 +131,6 @@ def compare_export(
             "(--out DIR)"
         )
     export = read_info(folder)
-    info = dict(export.record)
     if not export.onnx_path.is_file():
         raise HydraError(
             f"{str(folder)!r} is not an export folder: {MODEL_FILE} is missing; give the folder "
@@ -149,7 +149,7 @@ def compare_export(
         raise HydraError(f"batch must be at least 1, got {batch}")
     precision = export.precision
     hydra = load_export(folder, check=False).float().eval()
-    x, source = _load_inputs(inputs, info, hydra, batch, seed)
+    x, source = _load_inputs(inputs, export, hydra, batch, seed)
     if len(next(iter(x.values()))) == 0:
         raise HydraError("the inputs are an empty batch; give at least one example")
     bad = [n for n, a in x.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]

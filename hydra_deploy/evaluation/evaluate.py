@@ -27,10 +27,12 @@ Data (ID must be labelled, OOD sets need no labels):
   models) and, for ID, ``y``; a ``.npy`` array (OOD only);
 - an image folder: for ID, one sub-folder per class, named after its class; for OOD, every image
   under the folder; images are preprocessed from the export's ``hydra.json``;
-- text models: a ``.tsv`` (``label<TAB>text`` per line) for ID, a ``.txt`` (one text a line) for OOD;
+- text models: a ``.tsv`` (``label<TAB>text`` per line, or ``label<TAB>text<TAB>second text`` for
+  sentence pairs) for ID, a ``.txt`` (one text a line) or ``.tsv`` for OOD;
 - in memory: an array (OOD), a dict of arrays, or a tuple ``(x, y)``.
 
-Class names (``.tsv`` labels, class sub-folders) become indices by the rule fine-tuning uses too,
+Files are read by :mod:`hydra_deploy.userdata`, as fine-tuning, head selection and ``hydra-run``
+read them. Class names (``.tsv`` labels, class sub-folders) become indices by the rule fine-tuning uses too,
 :func:`hydra_deploy.labels.label_indices`: through the model's ``class_names`` (hydra.json; a BERT
 export records its checkpoint's ``id2label``), a name that is not one of them refused; a model
 without class names takes the sorted names as classes ``0, 1, ...`` (warned) only when there are
@@ -54,7 +56,7 @@ from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
 from hydra_deploy.errors import DataError, HydraError
-from hydra_deploy.families import get_family
+from hydra_deploy.evaluation.torch_runner import TorchRunner
 from hydra_deploy.labels import label_indices
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
@@ -65,6 +67,12 @@ from hydra_deploy.uncertainty.metrics import (
     reliability_bins,
 )
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES, ensemble_scores
+from hydra_deploy.userdata import (
+    find_images,
+    labelled_images,
+    read_text_file,
+    text_items,
+)
 
 DEFAULT_SCORES = ("msp", "predictive_entropy", "mutual_information")
 #: Scores that measure how members differ: identically 0 for one member, so not applicable there.
@@ -86,10 +94,13 @@ class EvalData:
     texts: list[str] | None = None
     labels: np.ndarray | None = None
     class_names: list[str] | None = field(default=None)
+    #: the second text of each example of a sentence-pair ``.tsv`` (None: single texts)
+    pairs: list[str] | None = None
 
     def batches(self, runner: Any, size: int) -> Iterator[Any]:
         """The model's inputs, ``size`` examples at a time (hydra-run's batching)."""
-        items = {"images": self.images, "text": self.texts}.get(self.kind, self.array)
+        texts = None if self.texts is None else text_items(self.texts, self.pairs)
+        items = {"images": self.images, "text": texts}.get(self.kind, self.array)
         for _, inputs in iter_batches(runner, self.kind, items, size):
             yield inputs
 
@@ -157,92 +168,50 @@ def _num_classes(runner: Any) -> int | None:
 
 
 def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
-    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES, find_images
-
-    if labelled:
-        classes = sorted(p.name for p in path.iterdir() if p.is_dir())
-        if not classes:
-            raise HydraError(
-                f"{name}: the image folder {str(path)!r} has no class sub-folders; labelled "
-                "images are one sub-folder per class"
-            )
-        indices, _ = label_indices(
-            classes,
-            getattr(runner, "class_names", None),
-            _num_classes(runner),
-            source=f"{name}: {path}",
-            where=[f"sub-folder {c!r}" for c in classes],
-            index_labels=False,
-            error=DataError,
-        )
-        index = dict(zip(classes, indices, strict=True))
-        images: list[Path] = []
-        labels: list[int] = []
-        for cls in classes:
-            found = sorted(
-                p
-                for p in (path / cls).rglob("*")
-                if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
-            )
-            images += found
-            labels += [index[cls]] * len(found)
-        if not images:
-            raise HydraError(f"{name}: the image folder {str(path)!r} holds no images")
-        return EvalData(
-            name,
-            str(path),
-            "images",
-            len(images),
-            images=images,
-            labels=np.asarray(labels, np.int64),
-            class_names=classes,
-        )
-    try:
-        images = find_images([path])
-    except HydraError as err:
-        raise HydraError(f"{name}: {err}") from err
-    return EvalData(name, str(path), "images", len(images), images=images)
-
-
-def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
-    from hydra_deploy.engines.text import read_lines
-
-    lines = read_lines(path)  # refuses a file with no text
-    if path.suffix.lower() != ".tsv":
-        if labelled:
-            raise HydraError(
-                f"{name}: {path} holds no labels; labelled text is a .tsv file (label<TAB>text)"
-            )
-        return EvalData(name, str(path), "text", len(lines), texts=lines)
-    # the file's own line numbers of the non-empty lines read_lines kept, for messages
-    numbers = [
-        n
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-        if line.strip()
-    ]
-    pairs = []
-    for number, line in zip(numbers, lines, strict=True):
-        label, tab, text = line.partition("\t")
-        if not tab:
-            raise HydraError(f"{name}: {path}:{number} is not label<TAB>text")
-        pairs.append((label.strip(), text))
-    texts = [p[1] for p in pairs]
-    if not labelled:  # an OOD .tsv: its labels may be anything
-        return EvalData(name, str(path), "text", len(pairs), texts=texts)
-    labels, classes = label_indices(
-        [p[0] for p in pairs],
+    if not labelled:
+        try:
+            images = find_images([path])
+        except HydraError as err:
+            raise HydraError(f"{name}: {err}") from err
+        return EvalData(name, str(path), "images", len(images), images=images)
+    images, owners, classes = labelled_images(path, name=name, error=HydraError)
+    indices, _ = label_indices(
+        classes,
         getattr(runner, "class_names", None),
         _num_classes(runner),
         source=f"{name}: {path}",
-        where=[f"line {n}" for n in numbers],
+        where=[f"sub-folder {c!r}" for c in classes],
+        index_labels=False,
         error=DataError,
+    )
+    index = dict(zip(classes, indices, strict=True))
+    return EvalData(
+        name,
+        str(path),
+        "images",
+        len(images),
+        images=images,
+        labels=np.asarray([index[cls] for cls in owners], np.int64),
+        class_names=classes,
+    )
+
+
+def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
+    """A ``.txt`` (OOD) or ``.tsv`` (label<TAB>text[<TAB>second text]), read by
+    :func:`hydra_deploy.userdata.read_text_file`; an OOD ``.tsv``'s labels may be anything."""
+    table = read_text_file(path, name=name, error=HydraError)
+    if not labelled:
+        return EvalData(name, str(path), "text", len(table), texts=table.texts, pairs=table.pairs)
+    labels, classes = table.label_indices(
+        getattr(runner, "class_names", None), _num_classes(runner), name=name, error=DataError
     )
     return EvalData(
         name,
         str(path),
         "text",
-        len(pairs),
-        texts=texts,
+        len(table),
+        texts=table.texts,
+        pairs=table.pairs,
         labels=np.asarray(labels, np.int64),
         class_names=classes,
     )
@@ -356,62 +325,6 @@ def _is_torch_module(obj: Any) -> bool:
         cls.__module__ == "torch.nn.modules.module" and cls.__name__ == "Module"
         for cls in type(obj).__mro__
     )
-
-
-class TorchRunner:
-    """A fused PyTorch Hydra model (``fuse(...)``'s ``HydraModel``) called like an engine runner.
-
-    ``runner(inputs)`` takes numpy arrays (pixel values, or a dict of ``input_ids`` /
-    ``attention_mask`` / ``token_type_ids`` for text models) and returns ``{"member_logits":
-    [B, M, C]}`` in float32, computed under ``torch.inference_mode()`` on the model's device.
-    Text files need a tokenizer, which a bare PyTorch model lacks: pass token arrays instead.
-    """
-
-    def __init__(self, model: Any) -> None:
-        if not hasattr(model, "num_members") or not hasattr(model, "spec"):
-            raise HydraError(
-                f"{type(model).__name__} is not a fused Hydra model (hydra_deploy.fusion.fuse "
-                "returns one); wrap other models in a callable returning {'member_logits': ...}"
-            )
-        self.model = model.eval()
-        self.family = getattr(model, "family", None)
-        self.class_names = getattr(model, "class_names", None)  # labels map through them
-        family = get_family(self.family or "vit")
-        self.input_names = family.input_names if family.text else ()
-        self.preprocessing = getattr(model, "preprocessing", None)  # image folders, as exported
-
-    def __call__(self, inputs: Any, batch_size: int | None = None) -> dict[str, np.ndarray]:
-        import torch
-
-        device = next(self.model.parameters()).device
-        if isinstance(inputs, Mapping):
-            missing = "input_ids" not in inputs
-            if missing or not self.input_names:
-                raise HydraError(
-                    f"this {type(self.model).__name__} takes "
-                    + ("input_ids (and attention_mask)" if self.input_names else "one image array")
-                    + f", got the arrays {sorted(inputs)}"
-                )
-            args = [
-                torch.as_tensor(np.asarray(inputs[k]), device=device) if k in inputs else None
-                for k in self.input_names
-            ]
-        else:
-            if self.input_names:
-                raise HydraError(
-                    "a text model needs a dict of input_ids and attention_mask arrays, got one "
-                    "array; pass {'input_ids': ..., 'attention_mask': ...}"
-                )
-            args = [torch.as_tensor(np.asarray(inputs, dtype=np.float32), device=device)]
-        with torch.inference_mode():
-            logits = self.model(*args)
-        return {"member_logits": logits.float().cpu().numpy()}
-
-    def text_encoder(self) -> Any:
-        raise HydraError(
-            "a PyTorch Hydra model has no tokenizer: evaluate text as token arrays (a .npz or a "
-            "dict with input_ids and attention_mask), or evaluate the export folder"
-        )
 
 
 def evaluate(

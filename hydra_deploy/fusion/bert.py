@@ -18,17 +18,9 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.errors import FusionError
-from hydra_deploy.fusion.grouped import DEFAULT_LOWERING, GroupedLinear
-from hydra_deploy.fusion.layers import (
-    FusedAttention,
-    LayerStack,
-    all_equal,
-    embeddings_shared,
-    merge_mlps,
-    stream_norm,
-)
+from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.layers import FusedAttention, all_equal
 from hydra_deploy.fusion.model import HydraModel
-from hydra_deploy.specs import HydraSpec
 
 
 class BertEmbedding(nn.Module):
@@ -143,8 +135,7 @@ def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
         )
 
 
-def _embedding_tensors(module: nn.Module) -> list[torch.Tensor]:
-    embeddings = module.bert.embeddings
+def _embedding_tensors(embeddings: nn.Module) -> list[torch.Tensor]:
     return [
         embeddings.word_embeddings.weight,
         embeddings.position_embeddings.weight,
@@ -162,23 +153,13 @@ class HydraBert(HydraModel):
 
     family = "bert"
 
-    def __init__(
-        self,
-        members: Sequence[BackboneAdapter],
-        spec: HydraSpec,
-        lowering: str = DEFAULT_LOWERING,
-        shared_trunk: bool = True,
-    ) -> None:
-        super().__init__()
-        check_same_architecture(members)
+    check_members = staticmethod(check_same_architecture)
+
+    def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
+        M, lowering = self.num_members, self.lowering
         first_adapter = members[0]
         models = [member.module for member in members]
         first = models[0]
-        M = spec.num_members
-        self.spec = spec
-        self.num_members = M
-        self.num_classes = first_adapter.num_classes
-        self.lowering = lowering
         self.input_names = tuple(first_adapter.input_names)
         self.dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in self.input_names}
         self.preprocessing = None
@@ -192,32 +173,11 @@ class HydraBert(HydraModel):
         self.pad_token_id = first_adapter.pad_token_id
         self.type_vocab_size = first_adapter.type_vocab_size
 
-        # embeddings: shared when every member has the same weights
-        embed_shared = embeddings_shared([_embedding_tensors(model) for model in models])
-        self.embed = BertEmbedding(first.bert.embeddings) if embed_shared else None
-        self.member_embeds = (
-            None
-            if embed_shared
-            else nn.ModuleList(BertEmbedding(model.bert.embeddings) for model in models)
-        )
-
-        # layers: a shared trunk while all members are identical, then M streams
-        names = ["attention.output.LayerNorm", "output.LayerNorm"]
-        if spec.mlp_merge == "grouped":
-            names += ["intermediate.dense", "output.dense"]
-        stack = LayerStack(
-            members,
-            spec,
-            layer_blocks=lambda layer: [model.bert.encoder.layer[layer] for model in models],
-            identical_modules=names,
-            fused_block=lambda layers, weights, heads: self._fused_block(
-                layers, weights, heads, spec.mlp_merge, lowering
-            ),
-            shared_trunk=shared_trunk and embed_shared,
-        )
-        self.trunk, self.blocks = stack.trunk, stack.blocks
-        self.trunk_layers = len(stack.trunk)
-        layer_heads = stack.layer_heads
+        # embeddings shared when every member has the same weights; a shared trunk while all
+        # members' layers are identical, then M streams
+        embeddings = [model.bert.embeddings for model in models]
+        embed_shared = self._fuse_embeddings(embeddings, _embedding_tensors, BertEmbedding)
+        stack = self._fuse_layers(members, shared_trunk and embed_shared, FusedPostNormBlock)
 
         # pooler (dense + tanh on token 0) and classifier
         self.pooler = StreamLinear([model.bert.pooler.dense for model in models], lowering)
@@ -231,32 +191,8 @@ class HydraBert(HydraModel):
             "pooler": "per-member" if self.pooler.per_stream else "shared",
             "classifier": "per-member" if self.classifier.per_stream else "shared",
         }
-        single = first_adapter.macs()
-        self.macs = {
-            "hydra": first_adapter.macs(layer_heads, 1 if embed_shared else M, final_streams),
-            "single": single,
-            "deep_ensemble": M * single,
-        }
+        self._count_macs(first_adapter, stack, embed_shared, final_streams)
         self.macs_seq_len = first_adapter.seq_len  # the sequence length the MACs are counted at
-        self.eval()
-
-    @staticmethod
-    def _fused_block(layers, weights, heads, mlp_merge: str, lowering: str):
-        streams = len(weights)
-        mlp, mlp_kind = merge_mlps(
-            [layer.intermediate.dense for layer in layers],
-            [layer.intermediate.intermediate_act_fn for layer in layers],
-            [layer.output.dense for layer in layers],
-            mlp_merge,
-            lowering,
-        )
-        block = FusedPostNormBlock(
-            attn=FusedAttention(weights, heads, lowering),
-            norm1=stream_norm([layer.attention.output.LayerNorm for layer in layers[:streams]]),
-            mlp=mlp,
-            norm2=stream_norm([layer.output.LayerNorm for layer in layers[:streams]]),
-        )
-        return block, mlp_kind
 
     # ---------------------------------------------------------------------------------------------
     def example_inputs(

@@ -7,7 +7,8 @@ broadcast over streams) and *per-stream* otherwise (a leading S axis on its weig
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -386,34 +387,43 @@ class LayerStack:
         }
 
 
-def fused_prenorm_block(
+def fused_layer(
     layer_blocks: Sequence[nn.Module],
     weights: Sequence[AttentionWeights],
     heads: Sequence[Sequence[int]],
-    names: dict[str, str],
+    parts: Mapping[str, str],
     mlp_merge: str,
     lowering: str,
-) -> tuple[FusedBlock, str]:
-    """A pre-norm block (ViT, OpenCLIP) from the members' blocks; ``names`` maps the roles
-    ``norm1, ls1, norm2, ls2, fc1, act, fc2`` to submodule names in one member's block."""
+    block_class: Callable[..., nn.Module] = FusedBlock,
+) -> tuple[nn.Module, str]:
+    """One fused layer from the members' layers, and how its MLP was merged.
+
+    ``parts`` maps the roles ``norm1, norm2, fc1, act, fc2`` and, where the layer has them,
+    ``ls1, ls2`` to names in one member's layer (the family registry's ``block_parts``).
+    ``block_class`` takes the fused parts by role: :class:`FusedBlock` (pre-norm: ViT, OpenCLIP)
+    or a family's own (BERT's post-norm block).
+    """
     norm_blocks = layer_blocks[: len(weights)]
 
-    def parts(role: str, blocks: Sequence[nn.Module]) -> list[nn.Module]:
-        return [block.get_submodule(names[role]) for block in blocks]
+    def part(role: str, blocks: Sequence[nn.Module]) -> list:
+        return [
+            attrgetter(parts[role])(block) for block in blocks
+        ]  # an activation may be a function
 
     mlp, mlp_kind = merge_mlps(
-        parts("fc1", layer_blocks),
-        parts("act", layer_blocks),
-        parts("fc2", layer_blocks),
+        part("fc1", layer_blocks),
+        part("act", layer_blocks),
+        part("fc2", layer_blocks),
         mlp_merge,
         lowering,
     )
-    block = FusedBlock(
-        norm1=stream_norm(parts("norm1", norm_blocks)),
-        attn=FusedAttention(weights, heads, lowering),
-        ls1=stream_scale(parts("ls1", norm_blocks)),
-        norm2=stream_norm(parts("norm2", norm_blocks)),
-        mlp=mlp,
-        ls2=stream_scale(parts("ls2", norm_blocks)),
-    )
-    return block, mlp_kind
+    components = {
+        "attn": FusedAttention(weights, heads, lowering),
+        "norm1": stream_norm(part("norm1", norm_blocks)),
+        "norm2": stream_norm(part("norm2", norm_blocks)),
+        "mlp": mlp,
+    }
+    for role in ("ls1", "ls2"):
+        if role in parts:
+            components[role] = stream_scale(part(role, norm_blocks))
+    return block_class(**components), mlp_kind

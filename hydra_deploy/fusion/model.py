@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,12 @@ from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import BackboneError, FusionError, SpecError
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion.grouped import DEFAULT_LOWERING
+from hydra_deploy.fusion.layers import FusedBlock, LayerStack, embeddings_shared, fused_layer
 from hydra_deploy.specs import HydraSpec
+
+#: block roles whose weights must match in every member for a layer to join the shared trunk
+#: (with ``mlp_merge="grouped"`` the MLP's ``fc1`` and ``fc2`` too)
+_TRUNK_ROLES = ("norm1", "norm2", "ls1", "ls2")
 
 
 class HydraModel(nn.Module):
@@ -22,6 +27,10 @@ class HydraModel(nn.Module):
     ``num_members``, ``num_classes``, ``trunk_layers`` (leading layers computed once), ``merge``
     (how non-attention weights were merged, per component) and the analytic multiply-accumulate
     counts in ``macs`` ("hydra", "single", "deep_ensemble"; per example).
+
+    A family's fused model fills in :meth:`check_members` and :meth:`_fuse`, with the steps below
+    (:meth:`_fuse_embeddings`, :meth:`_fuse_layers` from the family registry's block layout,
+    :meth:`_count_macs`); this constructor does the rest.
     """
 
     spec: HydraSpec
@@ -32,6 +41,95 @@ class HydraModel(nn.Module):
     merge: dict[str, Any]
     macs: dict[str, int]
 
+    def __init__(
+        self,
+        members: Sequence[BackboneAdapter],
+        spec: HydraSpec,
+        lowering: str = DEFAULT_LOWERING,
+        shared_trunk: bool = True,
+    ) -> None:
+        """Fuse ``members`` (adapters of this family; :func:`fuse` builds them) as ``spec`` says;
+        ``lowering`` and ``shared_trunk`` as in :func:`fuse`."""
+        super().__init__()
+        self.check_members(members)
+        self.spec = spec
+        self.num_members = spec.num_members
+        self.num_classes = members[0].num_classes
+        self.lowering = lowering
+        self._fuse(members, shared_trunk)
+        self.eval()
+
+    @staticmethod
+    def check_members(members: Sequence[BackboneAdapter]) -> None:
+        """Raise FusionError unless the members can be fused (one architecture, ...)."""
+        raise NotImplementedError
+
+    def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
+        """Build the family's components from the members (``spec``, ``lowering`` are set)."""
+        raise NotImplementedError
+
+    # --- the steps of a family's _fuse, in this order -----------------------------------------------
+    def _fuse_embeddings(
+        self,
+        sources: Sequence[Any],
+        tensors: Callable[[Any], Sequence[torch.Tensor | None]],
+        embedding: Callable[[Any], nn.Module],
+    ) -> bool:
+        """``embed``: one ``embedding(source)`` when every member's embedding ``tensors(source)`` are
+        equal, else ``member_embeds``: one per member. Returns whether they are shared."""
+        shared = embeddings_shared([tensors(source) for source in sources])
+        self.embed = embedding(sources[0]) if shared else None
+        self.member_embeds = None if shared else nn.ModuleList(embedding(s) for s in sources)
+        return shared
+
+    def _fuse_layers(
+        self,
+        members: Sequence[BackboneAdapter],
+        shared_trunk: bool,
+        block_class: Callable[..., nn.Module] = FusedBlock,
+    ) -> LayerStack:
+        """``trunk`` (leading layers every member shares, computed once), then ``blocks`` (M
+        streams) of ``block_class`` (:func:`~hydra_deploy.fusion.layers.fused_layer`), from the
+        layers and their parts the family registry declares (``member_layout``)."""
+        layout = get_family(self.family).member_layout
+        parts: Mapping[str, str] = layout["block_parts"]
+        spec, lowering = self.spec, self.lowering
+        identical = [parts[role] for role in _TRUNK_ROLES if role in parts]
+        if spec.mlp_merge == "grouped":
+            identical += [parts["fc1"], parts["fc2"]]
+        stack = LayerStack(
+            members,
+            spec,
+            layer_blocks=lambda layer: [
+                member.module.get_submodule(layout["block"].format(layer)) for member in members
+            ],
+            identical_modules=identical,
+            fused_block=lambda blocks, weights, heads: fused_layer(
+                blocks, weights, heads, parts, spec.mlp_merge, lowering, block_class
+            ),
+            shared_trunk=shared_trunk,
+        )
+        self.trunk, self.blocks = stack.trunk, stack.blocks
+        self.trunk_layers = len(stack.trunk)
+        return stack
+
+    def _count_macs(
+        self,
+        member: BackboneAdapter,
+        stack: LayerStack,
+        embed_shared: bool,
+        final_streams: int,
+    ) -> None:
+        """``macs`` per example: the fused model's, one member's and M members' run one by one."""
+        single = member.macs()
+        embed_streams = 1 if embed_shared else self.num_members
+        self.macs = {
+            "hydra": member.macs(stack.layer_heads, embed_streams, final_streams),
+            "single": single,
+            "deep_ensemble": self.num_members * single,
+        }
+
+    # --- forward ------------------------------------------------------------------------------------
     def encode(self, *embed_inputs: torch.Tensor, **block_kwargs: Any) -> torch.Tensor:
         """Embeddings (shared, or one per member), the shared trunk once, then the members' streams.
 

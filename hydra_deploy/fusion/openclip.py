@@ -19,28 +19,9 @@ from torch import nn
 from hydra_deploy.backbones.base import BackboneAdapter
 from hydra_deploy.backbones.openclip.zero_shot import zero_shot_logits
 from hydra_deploy.errors import FusionError
-from hydra_deploy.fusion.grouped import DEFAULT_LOWERING, GroupedLinear
-from hydra_deploy.fusion.layers import (
-    LayerStack,
-    all_equal,
-    embeddings_shared,
-    fused_prenorm_block,
-    stream_norm,
-    token_mean,
-)
+from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.layers import all_equal, stream_norm, token_mean
 from hydra_deploy.fusion.model import HydraModel
-from hydra_deploy.specs import HydraSpec
-
-# an open_clip ResidualAttentionBlock's parts by role (see fused_prenorm_block)
-BLOCK_PARTS = {
-    "norm1": "ln_1",
-    "ls1": "ls_1",
-    "norm2": "ln_2",
-    "ls2": "ls_2",
-    "fc1": "mlp.c_fc",
-    "act": "mlp.gelu",
-    "fc2": "mlp.c_proj",
-}
 
 
 class OpenClipEmbedding(nn.Module):
@@ -118,50 +99,22 @@ class HydraOpenClip(HydraModel):
 
     family = "openclip"
 
-    def __init__(
-        self,
-        members: Sequence[BackboneAdapter],
-        spec: HydraSpec,
-        lowering: str = DEFAULT_LOWERING,
-        shared_trunk: bool = True,
-    ) -> None:
-        super().__init__()
-        check_same_architecture(members)
+    check_members = staticmethod(check_same_architecture)
+
+    def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
+        M, lowering = self.num_members, self.lowering
         visuals = [member.module.visual for member in members]
         first, classifier = members[0], members[0].module
-        M = spec.num_members
-        self.spec = spec
-        self.num_members = M
-        self.num_classes = first.num_classes
-        self.lowering = lowering
         self.input_size = (first.in_chans, *first.img_size)
         self.input_names = ("pixel_values",)
         self.preprocessing = first.data_config()
         self.class_names = None if first.class_names is None else list(first.class_names)
         self.backbone_kwargs = first.backbone_kwargs()
 
-        # embeddings: shared when every member has the same weights
-        embed_shared = embeddings_shared([_embedding_tensors(visual) for visual in visuals])
-        self.embed = OpenClipEmbedding(visuals[0]) if embed_shared else None
-        self.member_embeds = (
-            None if embed_shared else nn.ModuleList(OpenClipEmbedding(v) for v in visuals)
-        )
-
-        # blocks: a shared trunk while all members are identical, then M streams
-        grouped = spec.mlp_merge == "grouped"
-        stack = LayerStack(
-            members,
-            spec,
-            layer_blocks=lambda layer: [v.transformer.resblocks[layer] for v in visuals],
-            identical_modules=["ln_1", "ln_2", "ls_1", "ls_2"] + (["mlp"] if grouped else []),
-            fused_block=lambda blocks, weights, heads: fused_prenorm_block(
-                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering
-            ),
-            shared_trunk=shared_trunk and embed_shared,
-        )
-        self.trunk, self.blocks = stack.trunk, stack.blocks
-        self.trunk_layers = len(stack.trunk)
-        layer_heads = stack.layer_heads
+        # embeddings shared when every member has the same weights; a shared trunk while all
+        # members' layers are identical, then M streams
+        embed_shared = self._fuse_embeddings(visuals, _embedding_tensors, OpenClipEmbedding)
+        stack = self._fuse_layers(members, shared_trunk and embed_shared)
 
         # pooling, ln_post and the projection into the joint space
         self.pool_type = visuals[0].pool_type
@@ -189,13 +142,7 @@ class HydraOpenClip(HydraModel):
             "projection": proj_kind,
             "classifier": "shared (zero-shot text embeddings)",
         }
-        single = first.macs()
-        self.macs = {
-            "hydra": first.macs(layer_heads, 1 if embed_shared else M, final_streams),
-            "single": single,
-            "deep_ensemble": M * single,
-        }
-        self.eval()
+        self._count_macs(first, stack, embed_shared, final_streams)
 
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         """Random ``pixel_values`` [batch, 3, H, W] (seeded), for tracing and validation."""

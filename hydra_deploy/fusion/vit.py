@@ -10,28 +10,9 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.errors import FusionError
-from hydra_deploy.fusion.grouped import DEFAULT_LOWERING, GroupedLinear
-from hydra_deploy.fusion.layers import (
-    LayerStack,
-    all_equal,
-    embeddings_shared,
-    fused_prenorm_block,
-    stream_norm,
-    token_mean,
-)
+from hydra_deploy.fusion.grouped import GroupedLinear
+from hydra_deploy.fusion.layers import all_equal, stream_norm, token_mean
 from hydra_deploy.fusion.model import HydraModel
-from hydra_deploy.specs import HydraSpec
-
-# a timm block's parts by role (see fused_prenorm_block)
-BLOCK_PARTS = {
-    "norm1": "norm1",
-    "ls1": "ls1",
-    "norm2": "norm2",
-    "ls2": "ls2",
-    "fc1": "mlp.fc1",
-    "act": "mlp.act",
-    "fc2": "mlp.fc2",
-}
 
 
 class VitEmbedding(nn.Module):
@@ -112,49 +93,21 @@ class HydraViT(HydraModel):
 
     family = "vit"
 
-    def __init__(
-        self,
-        members: Sequence[BackboneAdapter],
-        spec: HydraSpec,
-        lowering: str = DEFAULT_LOWERING,
-        shared_trunk: bool = True,
-    ) -> None:
-        super().__init__()
-        check_same_architecture(members)
+    check_members = staticmethod(check_same_architecture)
+
+    def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
+        M, lowering = self.num_members, self.lowering
         models = [member.module for member in members]
         first = models[0]
-        M = spec.num_members
-        self.spec = spec
-        self.num_members = M
-        self.num_classes = members[0].num_classes
-        self.lowering = lowering
         self.input_size = (members[0].in_chans, *members[0].img_size)
         self.input_names = ("pixel_values",)
         self.preprocessing = members[0].data_config()
         self.backbone_kwargs = members[0].constructor_kwargs()
 
-        # embeddings: shared when every member has the same weights
-        embed_shared = embeddings_shared([_embedding_tensors(model) for model in models])
-        self.embed = VitEmbedding(first) if embed_shared else None
-        self.member_embeds = (
-            None if embed_shared else nn.ModuleList(VitEmbedding(m) for m in models)
-        )
-
-        # blocks: a shared trunk while all members are identical, then M streams
-        grouped = spec.mlp_merge == "grouped"
-        stack = LayerStack(
-            members,
-            spec,
-            layer_blocks=lambda layer: [model.blocks[layer] for model in models],
-            identical_modules=["norm1", "norm2", "ls1", "ls2"] + (["mlp"] if grouped else []),
-            fused_block=lambda blocks, weights, heads: fused_prenorm_block(
-                blocks, weights, heads, BLOCK_PARTS, spec.mlp_merge, lowering
-            ),
-            shared_trunk=shared_trunk and embed_shared,
-        )
-        self.trunk, self.blocks = stack.trunk, stack.blocks
-        self.trunk_layers = len(stack.trunk)
-        layer_heads = stack.layer_heads
+        # embeddings shared when every member has the same weights; a shared trunk while all
+        # members' layers are identical, then M streams
+        embed_shared = self._fuse_embeddings(models, _embedding_tensors, VitEmbedding)
+        stack = self._fuse_layers(members, shared_trunk and embed_shared)
 
         # final norms, pooling and classifier
         self.norm = stream_norm([model.norm for model in models])
@@ -180,13 +133,7 @@ class HydraViT(HydraModel):
             **stack.merge(embed_shared, (self.norm, self.fc_norm)),
             "classifier": head_kind,
         }
-        single = members[0].macs()
-        self.macs = {
-            "hydra": members[0].macs(layer_heads, 1 if embed_shared else M, final_streams),
-            "single": single,
-            "deep_ensemble": M * single,
-        }
-        self.eval()
+        self._count_macs(members[0], stack, embed_shared, final_streams)
 
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""

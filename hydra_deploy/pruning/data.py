@@ -35,6 +35,10 @@ Text data can be:
   classes, and refuses them otherwise. ``LabelledData.classes`` lists the names by index. One file
   uses either indices or names on every line.
 
+Files (``.tsv``, ``.txt``, the class sub-folders of an image folder) are read by
+:mod:`hydra_deploy.userdata`, the reader ``hydra-eval``, ``hydra-calibrate``, ``hydra-run`` and
+``hydra-score-dataset`` share; this module tokenizes and wraps what it reads as torch datasets.
+
 :func:`load_inputs` reads inputs alone (labels ignored or absent; OOD sets): the same formats, plus
 arrays/dicts/tensors without labels and, for text, a ``.txt`` file with one text per line.
 """
@@ -54,6 +58,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from hydra_deploy.errors import DataError
 from hydra_deploy.labels import label_indices
+from hydra_deploy.userdata import class_folders, read_text_file
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -561,7 +566,8 @@ def _load_tokenizer(backbone: Any, name: str, source: str) -> Any:
 
 
 def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> LabelledData:
-    """A ``.tsv`` (label<TAB>text[<TAB>text pair]) or, unlabelled, ``.txt`` (text) tokenized."""
+    """A ``.tsv`` (label<TAB>text[<TAB>text pair]) or, unlabelled, ``.txt`` (text), read by
+    :func:`hydra_deploy.userdata.read_text_file` and tokenized."""
     source = repr(str(path))
     if not is_text_backbone(backbone):
         family = "no backbone" if backbone is None else f"a {backbone.family} backbone"
@@ -569,36 +575,13 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
             f"{name}: {source} is a text file, which needs a text backbone with a tokenizer "
             f"(family bert), got {family}"
         )
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"{name}: cannot read {source}: {err}") from err
-    labels, texts, pairs, numbers = [], [], [], []
-    tabbed = path.suffix.lower() == ".tsv"
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        fields = line.split("\t", 2) if tabbed else ["", line]
-        if len(fields) < 2:
-            raise DataError(
-                f"{name}: {source} line {number} has no tab; write label<TAB>text on each line"
-            )
-        numbers.append(number)
-        labels.append(fields[0].strip())
-        texts.append(fields[1])
-        pairs.append(fields[2] if len(fields) > 2 else None)
-    if not texts:
-        raise DataError(f"{name} is empty: {source} has no text lines")
-    if any(p is None for p in pairs) and any(p is not None for p in pairs):
-        raise DataError(
-            f"{name}: {source} mixes lines with one text and with a text pair (two tabs); use one "
-            "form on every line"
-        )
+    table = read_text_file(path, name=name, error=DataError)
+    texts, pairs = table.texts, table.pairs
     tokenizer = _load_tokenizer(backbone, name, source)
     try:
         encoded = tokenizer(
             texts,
-            None if pairs[0] is None else pairs,
+            pairs,
             padding="longest",
             truncation=True,
             max_length=int(backbone.seq_len),
@@ -614,13 +597,10 @@ def _from_text_file(path: Path, backbone: Any, name: str, labelled: bool) -> Lab
     if not labelled:
         y = torch.zeros(len(texts), dtype=torch.long)
     else:
-        indices, classes = label_indices(
-            labels,
+        indices, classes = table.label_indices(
             getattr(backbone, "class_names", None),
             getattr(backbone, "num_classes", None),
-            source=f"{name}: {source}",
-            where=[f"line {n}" for n in numbers],
-            error=DataError,
+            name=name,
         )
         y = torch.tensor(indices, dtype=torch.long)
     return LabelledData(TensorDataset(x, y), name, classes)
@@ -732,12 +712,7 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
             "preprocessing (input size, channels, mean/std); pass the backbone to load_data"
         )
     # The class folders exactly as torchvision's ImageFolder finds them (sorted sub-folder names).
-    classes = sorted(entry.name for entry in os.scandir(path) if entry.is_dir())
-    if not classes:
-        raise DataError(
-            f"{name}: {str(path)!r} has no class sub-folders; put each class's images in a "
-            "sub-folder named after the class (root/cat/x.png, root/dog/y.jpg)"
-        )
+    classes = class_folders(path, name=name, error=DataError)
     mode, transform = _image_transform(backbone, name)
     try:
         dataset = ImageFolder(str(path), transform=transform, loader=_ImageLoader(mode, name))

@@ -16,13 +16,15 @@ uses seed ``seed + m`` for the shuffling and for dropout, so a call is reproduci
 
 With ``save_dir`` every finished member is written as ``member_{m}.safetensors`` (atomically) plus
 ``member_{m}.json`` (its settings, losses and the weights' SHA-256); a later call with the same
-settings loads it instead of training it again.
+settings (:class:`~hydra_deploy.options.FinetuneOptions`' recorded fields) loads it instead of
+training it again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -39,38 +41,29 @@ from torch import nn
 
 from hydra_deploy.atomic import atomic_write_json
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import CheckpointError, FinetuneError, SpecError
+from hydra_deploy.errors import CheckpointError, FinetuneError, ParameterError, SpecError
+from hydra_deploy.export_folder import file_sha256
+from hydra_deploy.options import SHARED_PARTS, FinetuneOptions
 from hydra_deploy.pruning.data import LabelledData, load_data
 from hydra_deploy.specs import HydraSpec
 
-__all__ = ["FORMAT", "FinetuneError", "FinetunedMembers", "finetune_members", "zero_pruned_heads"]
+__all__ = [
+    "FORMAT",
+    "SHARED_PARTS",
+    "FinetuneError",
+    "FinetuneOptions",
+    "FinetunedMembers",
+    "finetune_members",
+    "zero_pruned_heads",
+]
 
 logger = logging.getLogger("hydra_deploy")
 
 FORMAT = "hydra-finetune/1"
 """The format string of ``member_{m}.json``."""
 
-#: Settings that must match for a saved member to be reused.
-_MATCH_KEYS = (
-    "heads",
-    "epochs",
-    "lr",
-    "batch_size",
-    "weight_decay",
-    "seed",
-    "max_steps",
-    "warmup_steps",
-    "backbone",
-    "data",
-    "shared_parts",
-    "shared_layers",
-)
-
-SHARED_PARTS = ("per-member", "frozen", "averaged")
-"""How ``finetune_members`` treats the parts outside the attention blocks (embeddings, final norm,
-pooler, classifier; ``BackboneAdapter.shared_parameter_prefixes``): ``"per-member"`` fine-tunes
-them in every member (the fused model then stores M copies), ``"frozen"`` keeps the backbone's
-(one copy), ``"averaged"`` fine-tunes them and then gives every member their mean (one copy)."""
+#: What a saved member is compared on besides FinetuneOptions' recorded fields.
+_IDENTITY_KEYS = ("heads", "backbone", "data")
 _FINGERPRINT_SAMPLE = 64  # examples hashed to recognise the training data
 
 
@@ -197,37 +190,6 @@ def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _check_settings(
-    epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
-) -> None:
-    def number(value: object) -> bool:
-        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-            value, (bool, np.bool_)
-        )
-
-    if max_steps is not None and (not _is_int(max_steps) or max_steps < 1):
-        raise FinetuneError(f"max_steps must be None or an int >= 1, got {max_steps!r}")
-    if epochs is not None and not number(epochs):
-        raise FinetuneError(f"epochs must be a number, got {epochs!r}")
-    if max_steps is None and (epochs is None or not 0 < epochs < math.inf):
-        raise FinetuneError(
-            f"epochs must be a positive finite number (fractions allowed), got {epochs!r}; or pass "
-            "max_steps to fix the number of optimizer steps"
-        )
-    if not number(lr) or not 0 < lr < math.inf:
-        raise FinetuneError(f"lr must be a positive finite number, got {lr!r}")
-    if not _is_int(batch_size) or batch_size < 1:
-        raise FinetuneError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if not number(weight_decay) or not 0 <= weight_decay < math.inf:
-        raise FinetuneError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
-    if not _is_int(warmup_steps) or warmup_steps < 0:
-        raise FinetuneError(f"warmup_steps must be an int >= 0, got {warmup_steps!r}")
-    if not _is_int(seed):
-        raise FinetuneError(f"seed must be an int, got {seed!r}")
-    if not _is_int(eval_examples) or eval_examples < 1:
-        raise FinetuneError(f"eval_examples must be an int >= 1, got {eval_examples!r}")
-
-
 def _total_steps(epochs: float | None, max_steps: int | None, steps_per_epoch: int) -> int:
     """``max_steps`` when given (it overrides ``epochs``), else ``ceil(epochs * steps_per_epoch)``."""
     if max_steps is not None:
@@ -259,14 +221,6 @@ def _data_fingerprint(data: LabelledData) -> dict[str, Any]:
         digest.update(_tensor_bytes(torch.as_tensor(x)))
         digest.update(str(int(y)).encode())
     return {"examples": n, "sample_hash": digest.hexdigest()}
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -429,13 +383,16 @@ def _read_record(json_path: Path) -> dict[str, Any] | None:
 
 
 def _differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The settings of a saved member that differ from the current ones (a setting its record
+    lacks, written before that option existed, counts as the option's default)."""
+    defaults = FinetuneOptions.recorded_defaults()
     out = []
-    for key in _MATCH_KEYS:
-        old = saved.get(key, {"shared_parts": "per-member", "shared_layers": 0}.get(key))
+    for key in (*_IDENTITY_KEYS, *defaults):
+        old = saved.get(key, defaults.get(key))
         new = current[key]
         if old == new or (key == "epochs" and current["max_steps"] is not None):
             continue  # with max_steps set, epochs does not change the training
-        if key in ("heads", "backbone", "data"):
+        if key in _IDENTITY_KEYS:
             out.append(f"{key} differ")
         else:
             out.append(f"{key}={old!r} -> {new!r}")
@@ -451,7 +408,7 @@ def _load_member(
     from safetensors.torch import load_file
 
     try:
-        sha = _file_sha256(weights_path)
+        sha = file_sha256(weights_path)
         if sha != record.get("weights_sha256"):
             raise CheckpointError(
                 f"saved member {str(weights_path)!r} does not match the SHA-256 recorded in its "
@@ -484,7 +441,7 @@ def _load_member(
 def finetune_members(
     backbone: BackboneAdapter | nn.Module,
     spec: HydraSpec,
-    train_data: Any,
+    train_data: Any = None,
     epochs: float | None = 1.0,
     lr: float = 1e-4,
     *,
@@ -499,177 +456,269 @@ def finetune_members(
     eval_examples: int = 512,
     shared_parts: str = "per-member",
     shared_layers: int = 0,
+    options: FinetuneOptions | None = None,
 ) -> FinetunedMembers:
     """Fine-tune one copy of ``backbone`` per member of ``spec``, pruned heads held at zero.
 
-    ``epochs`` may be fractional (``ceil(epochs * steps_per_epoch)`` steps, the last epoch cut
-    short); ``max_steps``, when given, fixes the number of steps instead (as in Hugging Face's
-    Trainer it overrides ``epochs``, which may then be None). ``lr`` is the peak
-    learning rate: linear warm-up over ``warmup_steps``, then cosine decay to 0. Member m uses seed
-    ``seed + m`` for shuffling and dropout; the caller's global RNG state is left untouched.
-    ``eval_examples`` fixed, evenly spaced examples of ``train_data`` measure each member's masked
-    loss before and after. With ``save_dir``, finished members are saved and, with ``resume``,
-    reused when their saved settings match (a mismatch is logged and the member retrained).
-    ``shared_parts`` (see ``SHARED_PARTS``): ``"frozen"`` or ``"averaged"`` keep the embeddings,
-    final norm, pooler and classifier equal across members, so the fused model stores them once
-    (near one model's size); ``"per-member"`` (default) fine-tunes every weight of every member.
-    ``shared_layers``: the first n layers stay frozen; the spec's members must keep the same heads
-    there, so that the fused model computes those layers once (a shared trunk; with
-    ``shared_parts="per-member"`` the embeddings are frozen too, since the trunk starts there).
+    The settings are ``options`` (a :class:`~hydra_deploy.options.FinetuneOptions`, whose
+    ``data`` stands in for ``train_data``) or the keywords of the same names (``save_dir`` is
+    its ``save_dir``), not both. ``epochs`` may be fractional (``ceil(epochs *
+    steps_per_epoch)`` steps, the last epoch cut short); ``max_steps``, when given, fixes the
+    number of steps instead (as in Hugging Face's Trainer it overrides ``epochs``, which may then
+    be None). ``lr`` is the peak learning rate: linear warm-up over ``warmup_steps``, then cosine
+    decay to 0. Member m uses seed ``seed + m`` for shuffling and dropout; the caller's global RNG
+    state is left untouched. ``eval_examples`` fixed, evenly spaced examples of ``train_data``
+    measure each member's masked loss before and after. With ``save_dir``, finished members are
+    saved and, with ``resume``, reused when their saved settings match (a mismatch is logged and
+    the member retrained). ``shared_parts`` (see ``SHARED_PARTS``): ``"frozen"`` or
+    ``"averaged"`` keep the embeddings, final norm, pooler and classifier equal across members, so
+    the fused model stores them once (near one model's size); ``"per-member"`` (default)
+    fine-tunes every weight of every member. ``shared_layers``: the first n layers stay frozen;
+    the spec's members must keep the same heads there, so that the fused model computes those
+    layers once (a shared trunk; with ``shared_parts="per-member"`` the embeddings are frozen
+    too, since the trunk starts there).
 
     Returns a :class:`FinetunedMembers` list of M modules of the backbone's class in eval mode.
     """
     adapter = load_backbone(backbone)
     adapter.check_spec(spec, "finetune_members")
-    _check_settings(
-        epochs, lr, batch_size, weight_decay, warmup_steps, max_steps, seed, eval_examples
+    keywords = dict(
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        max_steps=max_steps,
+        seed=seed,
+        save_dir=save_dir,
+        shared_parts=shared_parts,
+        shared_layers=shared_layers,
     )
-    shared_names = _shared_names(adapter, shared_parts)
-    trunk_names = _trunk_names(adapter, spec, shared_layers)
-    frozen_names = sorted({*trunk_names, *(shared_names if shared_parts == "frozen" else ())})
-    data = load_data(train_data, adapter, name="train_data")
-    steps_per_epoch = math.ceil(len(data) / batch_size)
-    total_steps = _total_steps(epochs, max_steps, steps_per_epoch)
-    if warmup_steps >= total_steps:
+    options = _settings(options, train_data, keywords)
+    if not _is_int(eval_examples) or eval_examples < 1:
+        raise FinetuneError(f"eval_examples must be an int >= 1, got {eval_examples!r}")
+    plan = _plan(adapter, spec, options, eval_examples)
+    members, history = [], []
+    # Eval loaders draw their base seed from the global RNG and training reseeds it: fork it.
+    device = _device_of(adapter.module)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for m in range(spec.num_members):
+            module, entry = _member(adapter, spec, m, plan, resume=resume, progress=progress)
+            members.append(module)
+            history.append(entry)
+    if options.shared_parts == "averaged":
+        _average(members, plan.shared_names)
+    for entry in history:
+        entry["shared_parts"], entry["shared_layers"] = options.shared_parts, options.shared_layers
+    return FinetunedMembers(members, history)
+
+
+def _settings(
+    options: FinetuneOptions | None, train_data: Any, keywords: dict[str, Any]
+) -> FinetuneOptions:
+    """``options`` with ``train_data`` put in, or the options the keywords give."""
+    if options is None:
+        if train_data is None:
+            raise FinetuneError("finetune_members needs train_data (labelled data to train on)")
+        return FinetuneOptions(data=train_data, **keywords)
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneOptions)}
+    mixed = [k for k, v in keywords.items() if v != defaults[k]]
+    if mixed:
+        raise ParameterError(
+            f"{', '.join(f'`{k}`' for k in mixed)} given besides `options`: set "
+            "FinetuneOptions' fields instead"
+        )
+    if train_data is not None:
+        if options.data is not None and options.data is not train_data:
+            raise ParameterError("give `train_data` or the options' data, not both")
+        options = dataclasses.replace(options, data=train_data)
+    if options.data is None:
+        raise FinetuneError("finetune_members needs train_data (labelled data to train on)")
+    return options
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the members' fine-tuning shares: the settings, data, steps, frozen parameters."""
+
+    options: FinetuneOptions
+    data: LabelledData
+    eval_data: LabelledData
+    steps_per_epoch: int
+    total_steps: int
+    shared_names: list[str]
+    frozen_names: list[str]
+    folder: Path | None
+    settings: dict[str, Any]  # the recorded settings but the member's heads
+
+
+def _plan(
+    adapter: BackboneAdapter, spec: HydraSpec, options: FinetuneOptions, eval_examples: int
+) -> _Plan:
+    shared_names = _shared_names(adapter, options.shared_parts)
+    trunk_names = _trunk_names(adapter, spec, options.shared_layers)
+    frozen = {*trunk_names, *(shared_names if options.shared_parts == "frozen" else ())}
+    data = load_data(options.data, adapter, name="train_data")
+    steps_per_epoch = math.ceil(len(data) / options.batch_size)
+    total_steps = _total_steps(options.epochs, options.max_steps, steps_per_epoch)
+    if options.warmup_steps >= total_steps:
         logger.warning(
             "warmup_steps=%d >= the %d training steps: the learning rate never reaches lr=%g",
-            warmup_steps,
+            options.warmup_steps,
             total_steps,
-            lr,
+            options.lr,
         )
     n = len(data)
     eval_data = data.subset(
         np.unique(np.linspace(0, n - 1, min(n, eval_examples)).round().astype(int)).tolist()
     )
-    folder = None if save_dir is None else Path(save_dir).expanduser()
+    folder = None if options.save_dir is None else Path(options.save_dir).expanduser()
+    settings = options.record()
     if folder is not None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise CheckpointError(f"cannot create save_dir {str(folder)!r}: {err}") from err
-    common = {
-        "epochs": None if epochs is None else float(epochs),
-        "lr": float(lr),
-        "batch_size": int(batch_size),
-        "weight_decay": float(weight_decay),
-        "seed": int(seed),
-        "max_steps": None if max_steps is None else int(max_steps),
-        "warmup_steps": int(warmup_steps),
-        "shared_parts": shared_parts,
-        "shared_layers": int(shared_layers),
-    }
-    if folder is not None:
-        common["backbone"] = _backbone_fingerprint(adapter.module)
-        common["data"] = _data_fingerprint(data)
+        settings["backbone"] = _backbone_fingerprint(adapter.module)
+        settings["data"] = _data_fingerprint(data)
+    plan = _Plan(
+        options,
+        data,
+        eval_data,
+        steps_per_epoch,
+        total_steps,
+        shared_names,
+        sorted(frozen),
+        folder,
+        settings,
+    )
+    _log_plan(adapter, spec, plan)
+    return plan
 
+
+def _log_plan(adapter: BackboneAdapter, spec: HydraSpec, plan: _Plan) -> None:
+    options = plan.options
     logger.info(
         "fine-tuning %d members of %s: %d steps each (%.3g epochs of %d examples, batch %d), "
         "lr %g, weight decay %g, warm-up %d; embeddings, final norm and classifier %s",
         spec.num_members,
         adapter.name,
-        total_steps,
-        total_steps / steps_per_epoch,
-        n,
-        batch_size,
-        lr,
-        weight_decay,
-        warmup_steps,
+        plan.total_steps,
+        plan.total_steps / plan.steps_per_epoch,
+        len(plan.data),
+        options.batch_size,
+        options.lr,
+        options.weight_decay,
+        options.warmup_steps,
         {
             "per-member": "tuned per member (stored per member)",
             "frozen": "frozen (stored once)",
             "averaged": "tuned, then averaged (stored once)",
-        }[shared_parts],
+        }[options.shared_parts],
     )
-    members, history = [], []
-    # Eval loaders draw their base seed from the global RNG and training reseeds it: fork it.
-    device = _device_of(adapter.module)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for m, member_spec in enumerate(spec.members):
-            start = time.perf_counter()
-            kept_heads = member_spec.heads
-            mask = torch.as_tensor(spec.head_mask(m), device=device)
-            settings = {"heads": [list(h) for h in kept_heads], **common}
-            weights_path = None if folder is None else folder / f"member_{m}.safetensors"
-            json_path = None if folder is None else folder / f"member_{m}.json"
 
-            record = _read_record(json_path) if (json_path is not None and resume) else None
-            if record is not None:
-                diff = _differences(record["settings"], settings)
-                if not weights_path.is_file():
-                    diff = [f"{weights_path.name} is missing"]
-                if not diff:
-                    module = _load_member(adapter, weights_path, record, kept_heads)
-                    entry = {
-                        "member": m,
-                        "steps": record.get("steps"),
-                        "epochs": record.get("epochs_trained"),
-                        "lr": float(lr),
-                        "seed": seed + m,
-                        "loss_before": record.get("loss_before"),
-                        "loss_after": record.get("loss_after"),
-                        "resumed": True,
-                        "seconds": time.perf_counter() - start,
-                    }
-                    logger.info("member %d: loaded from %s (settings match)", m, weights_path)
-                    members.append(module)
-                    history.append(entry)
-                    continue
-                logger.warning(
-                    "member %d: not reusing the member saved in %s (%s); retraining it",
-                    m,
-                    folder,
-                    "; ".join(diff),
-                )
 
-            module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
-            member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
-            loss_before = _masked_loss(member, mask, eval_data, batch_size)
-            with _frozen(module, frozen_names):
-                _train_member(
-                    member,
-                    kept_heads,
-                    mask,
-                    data,
-                    total_steps=total_steps,
-                    lr=float(lr),
-                    batch_size=batch_size,
-                    weight_decay=float(weight_decay),
-                    warmup_steps=warmup_steps,
-                    seed=seed + m,
-                    desc=f"member {m}",
-                    progress=progress,
-                )
-            loss_after = _masked_loss(member, mask, eval_data, batch_size)
-            seconds = time.perf_counter() - start
-            logger.info(
-                "member %d: %d steps, masked loss %.4f -> %.4f on %d examples (%.1f s)",
-                m,
-                total_steps,
-                loss_before,
-                loss_after,
-                len(eval_data),
-                seconds,
-            )
-            entry = {
-                "member": m,
-                "steps": total_steps,
-                "epochs": total_steps / steps_per_epoch,
-                "lr": float(lr),
-                "seed": seed + m,
-                "loss_before": loss_before,
-                "loss_after": loss_after,
-                "resumed": False,
-                "seconds": seconds,
-            }
-            if folder is not None:
-                _save_member(module, weights_path, json_path, settings, entry, len(eval_data))
-            members.append(module.eval())
-            history.append(entry)
-    if shared_parts == "averaged":
-        _average(members, shared_names)
-    for entry in history:
-        entry["shared_parts"], entry["shared_layers"] = shared_parts, int(shared_layers)
-    return FinetunedMembers(members, history)
+def _member(
+    adapter: BackboneAdapter, spec: HydraSpec, m: int, plan: _Plan, *, resume: bool, progress: bool
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Member ``m``, loaded from ``plan.folder`` when saved with the same settings, else trained
+    (and saved there)."""
+    start = time.perf_counter()
+    kept_heads = spec.members[m].heads
+    settings = {"heads": [list(h) for h in kept_heads], **plan.settings}
+    paths = None
+    if plan.folder is not None:
+        paths = (plan.folder / f"member_{m}.safetensors", plan.folder / f"member_{m}.json")
+        if resume:
+            resumed = _resumed(adapter, m, paths, settings, kept_heads, plan, start)
+            if resumed is not None:
+                return resumed
+    mask = torch.as_tensor(spec.head_mask(m), device=_device_of(adapter.module))
+    options = plan.options
+    module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
+    member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
+    loss_before = _masked_loss(member, mask, plan.eval_data, options.batch_size)
+    with _frozen(module, plan.frozen_names):
+        _train_member(
+            member,
+            kept_heads,
+            mask,
+            plan.data,
+            total_steps=plan.total_steps,
+            lr=float(options.lr),
+            batch_size=options.batch_size,
+            weight_decay=float(options.weight_decay),
+            warmup_steps=options.warmup_steps,
+            seed=options.seed + m,
+            desc=f"member {m}",
+            progress=progress,
+        )
+    loss_after = _masked_loss(member, mask, plan.eval_data, options.batch_size)
+    seconds = time.perf_counter() - start
+    logger.info(
+        "member %d: %d steps, masked loss %.4f -> %.4f on %d examples (%.1f s)",
+        m,
+        plan.total_steps,
+        loss_before,
+        loss_after,
+        len(plan.eval_data),
+        seconds,
+    )
+    entry = {
+        "member": m,
+        "steps": plan.total_steps,
+        "epochs": plan.total_steps / plan.steps_per_epoch,
+        "lr": float(options.lr),
+        "seed": options.seed + m,
+        "loss_before": loss_before,
+        "loss_after": loss_after,
+        "resumed": False,
+        "seconds": seconds,
+    }
+    if paths is not None:
+        _save_member(module, *paths, settings, entry, len(plan.eval_data))
+    return module.eval(), entry
+
+
+def _resumed(
+    adapter: BackboneAdapter,
+    m: int,
+    paths: tuple[Path, Path],
+    settings: dict[str, Any],
+    kept_heads: Sequence[Sequence[int]],
+    plan: _Plan,
+    start: float,
+) -> tuple[nn.Module, dict[str, Any]] | None:
+    """The saved member ``m`` and its history entry, None when none is saved with ``settings``."""
+    weights_path, json_path = paths
+    record = _read_record(json_path)
+    if record is None:
+        return None
+    diff = _differences(record["settings"], settings)
+    if not weights_path.is_file():
+        diff = [f"{weights_path.name} is missing"]
+    if diff:
+        logger.warning(
+            "member %d: not reusing the member saved in %s (%s); retraining it",
+            m,
+            plan.folder,
+            "; ".join(diff),
+        )
+        return None
+    module = _load_member(adapter, weights_path, record, kept_heads)
+    entry = {
+        "member": m,
+        "steps": record.get("steps"),
+        "epochs": record.get("epochs_trained"),
+        "lr": float(plan.options.lr),
+        "seed": plan.options.seed + m,
+        "loss_before": record.get("loss_before"),
+        "loss_after": record.get("loss_after"),
+        "resumed": True,
+        "seconds": time.perf_counter() - start,
+    }
+    logger.info("member %d: loaded from %s (settings match)", m, weights_path)
+    return module, entry
 
 
 def _trunk_names(adapter: BackboneAdapter, spec: HydraSpec, shared_layers: Any) -> list[str]:
@@ -767,7 +816,7 @@ def _save_member(
                 "eval_examples": eval_count,
                 "seconds": entry["seconds"],
                 "weights": weights_path.name,
-                "weights_sha256": _file_sha256(weights_path),
+                "weights_sha256": file_sha256(weights_path),
             },
         )
     except OSError as err:

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import DataError, HydraError, SpecError
+from hydra_deploy.errors import DataError, HydraError, ParameterError, SpecError
+from hydra_deploy.options import SelectionOptions
 from hydra_deploy.pruning.data import load_data
 from hydra_deploy.pruning.importance import (
     METHODS,
@@ -89,7 +90,7 @@ def _per_layer(value: Any, L: int, name: str) -> list:
 
 def select_members(
     backbone: Any,
-    members: int,
+    members: int | None = None,
     heads_per_member: int | Sequence[int] | None = None,
     keep_ratio: float | Sequence[float] | None = None,
     method: str = "taylor",
@@ -107,6 +108,7 @@ def select_members(
     confident_fraction: float = 1.0,
     member_heads: Sequence[int | Sequence[int]] | None = None,
     conditioning: str = "member",
+    options: SelectionOptions | None = None,
 ) -> HydraSpec:
     """Choose the heads of ``members`` members and return the HydraSpec.
 
@@ -120,18 +122,194 @@ def select_members(
     masked, ``"headmap"`` with the circuit heads found so far masked (HeadMap's search).
     ``member_heads``: one head count per member (an int, or one per layer) instead of
     ``heads_per_member`` / ``keep_ratio``, so members prune by different ratios.
+    ``options``: a :class:`~hydra_deploy.options.SelectionOptions` instead of those keywords.
     Members come out distinct by construction: a member that repeats an earlier one is changed
     by the cheapest single swap (the kept head with the lowest score for the best pruned head of
     the same layer) that makes it new. Only asking for more members than there are distinct head
     subsets raises SpecError.
     """
     backbone = load_backbone(backbone)
+    if options is not None:
+        arguments = {k: v for k, v in locals().items() if k not in ("backbone", "options")}
+        return select_members(backbone, **_from_options(backbone, options, arguments))
+    _check_arguments(members, method, temperature)
+    member_counts = _member_counts(
+        backbone, members, heads_per_member, keep_ratio, member_heads, min_heads
+    )
+    objective, ood_data, labelled = _read_inputs(
+        backbone, method, objective, data, ood_data, max_examples
+    )
+    masks = _choose_masks(
+        backbone,
+        method,
+        labelled,
+        member_counts,
+        seed=seed,
+        temperature=temperature,
+        resample=resample,
+        ood_data=ood_data,
+        objective=objective,
+        batch_size=batch_size,
+        max_examples=max_examples,
+        confident_fraction=confident_fraction,
+        conditioning=conditioning,
+    )
+    spec = _spec_of(backbone, masks, mlp_merge=mlp_merge, importance=method, seed=seed)
+    selection = {
+        "heads_per_layer": member_counts[0] if member_heads is None else member_counts,
+        "keep_ratio": _plain_ratio(keep_ratio),
+        "temperature": temperature,
+        "resample": "bootstrap" if resample else None,
+        "objective": objective if method == "circuit" else None,
+        "min_heads": min_heads,
+        "max_examples": max_examples,
+        "conditioning": conditioning if method == "circuit" else None,
+        "data_examples": None if labelled is None else len(labelled),
+    }
+    return spec.replace(meta={"selection": selection, "overlap": spec.overlap().round(4).tolist()})
+
+
+def _plain_ratio(keep_ratio: Any) -> Any:
+    """``keep_ratio`` as JSON (a list of floats when one per layer)."""
+    return [float(r) for r in keep_ratio] if isinstance(keep_ratio, Sequence) else keep_ratio
+
+
+def _check_arguments(members: Any, method: str, temperature: float) -> None:
     if not isinstance(members, (int, np.integer)) or isinstance(members, bool) or members < 1:
         raise SpecError(f"members must be a positive integer, got {members!r}")
     if method not in METHODS:
         raise HydraError(f"unknown selection method {method!r}; choose one of {METHODS}")
     if temperature < 0:
         raise HydraError(f"temperature must be >= 0, got {temperature}")
+
+
+def _read_inputs(
+    backbone: BackboneAdapter,
+    method: str,
+    objective: str | None,
+    data: Any,
+    ood_data: Any,
+    max_examples: int | None,
+) -> tuple[str, Any, Any]:
+    """(objective, OOD inputs, labelled data) of a selection, each read once."""
+    objective = objective or ("ood" if ood_data is not None and method == "circuit" else "loss")
+    if objective == "ood" and ood_data is not None:  # read once, not once per member
+        ood_data = _ood_inputs(ood_data, backbone, max_examples)
+    if objective == "ood" and method != "circuit":
+        raise HydraError("objective='ood' is a circuit objective; use method='circuit'")
+    labelled = None
+    if method != "random":
+        if data is None:
+            raise DataError(f"method {method!r} needs labelled data (data=...)")
+        labelled = load_data(data, backbone, max_examples=max_examples)
+    return objective, ood_data, labelled
+
+
+def _choose_masks(
+    backbone: BackboneAdapter,
+    method: str,
+    labelled: Any,
+    member_counts: list[list[int]],
+    *,
+    seed: int,
+    temperature: float,
+    resample: bool,
+    **circuit: Any,
+) -> list[np.ndarray]:
+    """Each member's kept-heads mask [L, H], distinct from the earlier members' ones."""
+    chosen_masks: list[np.ndarray] = []
+    for member, counts in enumerate(member_counts):
+        rng = np.random.default_rng([seed, member])
+        member_data = labelled
+        if labelled is not None and resample:
+            member_data = labelled.resample(seed=int(rng.integers(2**31)))
+        chooser = gumbel_chooser(rng, temperature)
+        scores, mask = _choose_member(
+            backbone, method, member_data, counts, chooser, rng, chosen_masks, **circuit
+        )
+        if any(np.array_equal(mask, other) for other in chosen_masks):
+            mask = _distinct(mask, scores, chosen_masks)
+            logger.info(
+                "member %d repeated an earlier member's heads: the cheapest swap made it distinct",
+                member,
+            )
+        chosen_masks.append(mask)
+        logger.info("member %d: %d heads kept", member, int(mask.sum()))
+    return chosen_masks
+
+
+def _spec_of(backbone: BackboneAdapter, masks: list[np.ndarray], **fields: Any) -> HydraSpec:
+    """The HydraSpec of the members' masks; SpecError when two members keep the same heads."""
+    L = backbone.num_layers
+    heads = [
+        [[int(h) for h in np.flatnonzero(mask[layer])] for layer in range(L)] for mask in masks
+    ]
+    _refuse_identical(heads)
+    return HydraSpec(
+        backbone.name,
+        L,
+        backbone.num_heads,
+        backbone.head_dim,
+        [{"heads": h} for h in heads],
+        **fields,
+    )
+
+
+#: select_members' keywords for SelectionOptions' fields (the others have the fields' names)
+_KEYWORD_OF_FIELD = {"importance": "method", "calib": "data", "ood": "ood_data"}
+_KEYWORD_DEFAULTS = {
+    "heads_per_member": None,
+    "keep_ratio": None,
+    "method": "taylor",
+    "data": None,
+    "ood_data": None,
+    "seed": 0,
+    "objective": None,
+    "temperature": 0.5,
+    "max_examples": 512,
+    "conditioning": "member",
+}
+
+
+def _differs(value: Any, default: Any) -> bool:
+    """Whether a keyword was given (data may be arrays: compared by identity with None)."""
+    return value is not None if default is None else bool(value != default)
+
+
+def _from_options(
+    backbone: BackboneAdapter, options: SelectionOptions, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    """select_members' arguments with ``options`` put in for the selection keywords (refused when
+    given besides them)."""
+    mixed = [k for k, v in _KEYWORD_DEFAULTS.items() if _differs(arguments[k], v)]
+    if mixed:
+        raise ParameterError(
+            f"{', '.join(f'`{k}`' for k in mixed)} given besides `options`: set "
+            "SelectionOptions' fields instead"
+        )
+    members = arguments["members"]
+    if members is not None and options.members is not None and members != options.members:
+        raise ParameterError(
+            f"`members` {members} disagrees with the options' members {options.members}"
+        )
+    members = members if members is not None else (options.members or 3)
+    fields = (*_KEYWORD_OF_FIELD, *(k for k in _KEYWORD_DEFAULTS if hasattr(options, k)))
+    keywords = {_KEYWORD_OF_FIELD.get(name, name): getattr(options, name) for name in fields}
+    keywords["method"] = options.method
+    if options.heads_per_member is None and options.keep_ratio is None:
+        keywords["heads_per_member"] = max(1, backbone.num_heads // max(members, 1))
+    return {**arguments, **keywords, "members": members}
+
+
+def _member_counts(
+    backbone: BackboneAdapter,
+    members: int,
+    heads_per_member: Any,
+    keep_ratio: Any,
+    member_heads: Any,
+    min_heads: int,
+) -> list[list[int]]:
+    """Heads kept per layer, per member; SpecError when the members cannot all differ."""
     if member_heads is not None:
         if heads_per_member is not None or keep_ratio is not None:
             raise HydraError("give member_heads or heads_per_member/keep_ratio, not both")
@@ -150,87 +328,41 @@ def select_members(
         ] * members
     for counts in {tuple(c) for c in member_counts}:
         _refuse_too_many(sum(c == list(counts) for c in member_counts), backbone.num_heads, counts)
-    objective = objective or ("ood" if ood_data is not None and method == "circuit" else "loss")
-    if objective == "ood" and ood_data is not None:  # read once, not once per member
-        ood_data = _ood_inputs(ood_data, backbone, max_examples)
-    if objective == "ood" and method != "circuit":
-        raise HydraError("objective='ood' is a circuit objective; use method='circuit'")
-    labelled = None
-    if method != "random":
-        if data is None:
-            raise DataError(f"method {method!r} needs labelled data (data=...)")
-        labelled = load_data(data, backbone, max_examples=max_examples)
+    return member_counts
 
+
+def _choose_member(
+    backbone: BackboneAdapter,
+    method: str,
+    member_data: Any,
+    counts: list[int],
+    chooser: Chooser,
+    rng: np.random.Generator,
+    chosen_masks: list[np.ndarray],
+    **circuit: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, mask [L, H]) of one member: a circuit search, or top heads by Taylor importance
+    or random scores, drawn by ``chooser``."""
     L, H = backbone.num_layers, backbone.num_heads
-    chosen_masks: list[np.ndarray] = []
-    for member in range(members):
-        counts = member_counts[member]
-        rng = np.random.default_rng([seed, member])
-        chooser = gumbel_chooser(rng, temperature)
-        member_data = labelled
-        if labelled is not None and resample:
-            member_data = labelled.resample(seed=int(rng.integers(2**31)))
-        if method == "circuit":
-            scores, mask = circuit_search(
-                backbone,
-                member_data,
-                keep=counts,
-                ood_data=ood_data,
-                objective=objective,
-                ensemble_masks=chosen_masks if objective == "ood" else (),
-                chooser=chooser,
-                batch_size=batch_size,
-                max_examples=max_examples,
-                confident_fraction=confident_fraction,
-                conditioning=conditioning,
-            )
-        else:
-            if method == "taylor":
-                scores = taylor_importance(backbone, member_data, batch_size=batch_size)
-            else:
-                scores = rng.random((L, H))
-            mask = np.zeros((L, H), dtype=np.float32)
-            for layer in range(L):
-                kept = chooser(np.arange(H), scores[layer], counts[layer])
-                mask[layer, kept] = 1.0
-        if any(np.array_equal(mask, other) for other in chosen_masks):
-            mask = _distinct(mask, scores, chosen_masks)
-            logger.info(
-                "member %d repeated an earlier member's heads: the cheapest swap made it distinct",
-                member,
-            )
-        chosen_masks.append(mask)
-        logger.info("member %d: %d heads kept", member, int(mask.sum()))
-
-    heads = [
-        [[int(h) for h in np.flatnonzero(mask[layer])] for layer in range(L)]
-        for mask in chosen_masks
-    ]
-    _refuse_identical(heads)
-    spec = HydraSpec(
-        backbone.name,
-        L,
-        H,
-        backbone.head_dim,
-        [{"heads": h} for h in heads],
-        mlp_merge=mlp_merge,
-        importance=method,
-        seed=seed,
-    )
-    selection = {
-        "heads_per_layer": member_counts[0] if member_heads is None else member_counts,
-        "keep_ratio": keep_ratio,
-        "temperature": temperature,
-        "resample": "bootstrap" if resample else None,
-        "objective": objective if method == "circuit" else None,
-        "min_heads": min_heads,
-        "max_examples": max_examples,
-        "conditioning": conditioning if method == "circuit" else None,
-        "data_examples": None if labelled is None else len(labelled),
-    }
-    if isinstance(keep_ratio, Sequence):
-        selection["keep_ratio"] = [float(r) for r in keep_ratio]
-    return spec.replace(meta={"selection": selection, "overlap": spec.overlap().round(4).tolist()})
+    if method == "circuit":
+        objective = circuit["objective"]
+        return circuit_search(
+            backbone,
+            member_data,
+            keep=counts,
+            ensemble_masks=chosen_masks if objective == "ood" else (),
+            chooser=chooser,
+            **circuit,
+        )
+    if method == "taylor":
+        scores = taylor_importance(backbone, member_data, batch_size=circuit["batch_size"])
+    else:
+        scores = rng.random((L, H))
+    mask = np.zeros((L, H), dtype=np.float32)
+    for layer in range(L):
+        kept = chooser(np.arange(H), scores[layer], counts[layer])
+        mask[layer, kept] = 1.0
+    return scores, mask
 
 
 def _refuse_too_many(members: int, num_heads: int, counts: Sequence[int]) -> None:

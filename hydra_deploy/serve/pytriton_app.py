@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.export_folder import INFO_FILE
 from hydra_deploy.optional import require
 from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
@@ -393,7 +394,7 @@ def resolve_batching(config: ServeConfig, runner) -> Batching:
     export = getattr(runner, "export_info", None)  # the checked hydra.json, if loaded from one
     profile_opt = export.batch_profile[1] if export and export.batch_profile else None
     profile_max = runner.max_batch
-    source = "its engine profile" if runner.backend == "tensorrt" else "hydra.json batch_profile"
+    source = "its engine profile" if runner.backend == "tensorrt" else f"{INFO_FILE} batch_profile"
     if config.max_batch is None:
         max_batch = profile_max or 32
     elif profile_max is not None and config.max_batch > profile_max:

@@ -56,10 +56,15 @@ from hydra_deploy.atomic import atomic_write_text, staging_dir
 from hydra_deploy.errors import HydraError, ServeError
 from hydra_deploy.export_folder import (
     DECISION_OUTPUTS,
+    ENGINE_INFO_FILE,
+    INFO_FILE,
     MODEL_FILE,
     DecisionRecord,
+    EngineInfo,
+    engine_info_path,
     file_sha256,
     parse_batch_profile,
+    read_engine_info,
     read_info,
 )
 from hydra_deploy.optional import require
@@ -237,13 +242,10 @@ def _read_export(export_dir: Path) -> dict[str, Any]:
     export = read_info(export_dir)  # Triton's config is written from its inputs and outputs
     info = dict(export.record)
     for key in ("inputs", "outputs"):
-        specs = info.get(key)
-        if not isinstance(specs, list) or not specs or not all(_is_tensor(s) for s in specs):
-            raise ServeError(
-                f"{export_dir / 'hydra.json'} has malformed {key} {specs!r:.100}; re-export the "
-                "model with hydra-export"
-            )
-    if not info.get("uq_outputs"):
+        specs = export.inputs if key == "inputs" else export.outputs  # checked by their owner
+        if not specs or not all(_is_tensor(s) for s in specs):  # and what Triton needs
+            raise export.malformed_tensors(key)
+    if not export.uq_outputs:
         raise ServeError(
             f"{export_dir} has no uncertainty outputs in its graph; Triton serves what the graph "
             f"computes, so re-export with them: hydra-export --from {export_dir} --uq-outputs "
@@ -262,14 +264,14 @@ def served_decisions(export_dir: Path, info: dict[str, Any]) -> tuple[list[str],
     entry = info.get("decisions")
     if entry is None:
         return outputs, False
-    record = DecisionRecord.from_dict(entry, f"the decisions entry of {export_dir / 'hydra.json'}")
+    record = DecisionRecord.from_dict(entry, f"the decisions entry of {export_dir / INFO_FILE}")
     if not record.in_graph:
         return outputs, True
     wanted = [n for n in record.fields if n in DECISION_OUTPUTS]
     missing = [n for n in wanted if n not in outputs]
     if missing:
         raise ServeError(
-            f"{export_dir / 'hydra.json'} says its decisions are in model.onnx, but its outputs "
+            f"{export_dir / INFO_FILE} says its decisions are in model.onnx, but its outputs "
             f"lack {', '.join(missing)}; put them in again with hydra-calibrate {export_dir} "
             "--data LABELLED --in-graph --overwrite"
         )
@@ -296,30 +298,27 @@ def _profile(where: str, profile: Any) -> tuple[int, int, int]:
     return parsed
 
 
-def _engine_profile(engine: Path, info: dict[str, Any]) -> tuple[tuple[int, int, int], dict | None]:
+def _engine_profile(
+    engine: Path, info: dict[str, Any]
+) -> tuple[tuple[int, int, int], EngineInfo | None]:
     """The engine's batch range from its JSON sidecar (hydra-build), else the export's profile
     (what the trtexec recipes build by default)."""
-    sidecar_path = engine.with_suffix(".json")
-    if not sidecar_path.is_file():
+    engine_info = read_engine_info(engine)  # checked there (its format included)
+    if engine_info is None:
         logger.info("%s has no JSON sidecar: using the export's batch profile", engine.name)
-        return _profile("hydra.json", info.get("batch_profile")), None
-    try:
-        sidecar = json.loads(sidecar_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ServeError(f"cannot read the engine's sidecar {sidecar_path}: {err}") from err
-    if not isinstance(sidecar, dict):
-        raise ServeError(f"{sidecar_path} is not an engine sidecar (a JSON object)")
-    if sidecar.get("onnx_sha256") and sidecar["onnx_sha256"] != info.get("onnx_sha256"):
+        return _profile(INFO_FILE, info.get("batch_profile")), None
+    export_sha = info.get("onnx_sha256")
+    if engine_info.onnx_sha256 and engine_info.onnx_sha256 != export_sha:
         raise ServeError(
             f"{engine} was built from another ONNX file (sidecar onnx_sha256 "
-            f"{str(sidecar['onnx_sha256'])[:12]}, export {str(info.get('onnx_sha256'))[:12]}); "
+            f"{engine_info.onnx_sha256[:12]}, export {str(export_sha)[:12]}); "
             "rebuild it from this export with hydra-build"
         )
-    return _profile(str(sidecar_path), sidecar.get("batch_profile")), sidecar
+    return _profile(str(engine_info.path), engine_info.record.get("batch_profile")), engine_info
 
 
 # --- planning ------------------------------------------------------------------------------------------------
-def _engine_io(engine: Path, info: dict[str, Any], sidecar: dict | None) -> tuple[list, list]:
+def _engine_io(engine: Path, info: dict[str, Any], sidecar: EngineInfo | None) -> tuple[list, list]:
     """The export's inputs and outputs with the engine's dtypes: Triton's TensorRT backend refuses
     a config whose data_type differs from the engine's, and TensorRT 8.6's ONNX parser turns INT64
     tensors (token ids, predicted classes) into INT32 (onnx-tensorrt 8.6-GA ``convertDtype``).
@@ -327,14 +326,14 @@ def _engine_io(engine: Path, info: dict[str, Any], sidecar: dict | None) -> tupl
     From the sidecar's ``engine_io`` (hydra-build records what the parsed network has); without
     one (a trtexec build) from the engine's name: ``.trt8.*`` means INT32 for INT64.
     """
-    recorded = sidecar.get("engine_io") if isinstance(sidecar, dict) else None
+    recorded = None if sidecar is None else sidecar.engine_io
     if isinstance(recorded, dict):
         dtypes: dict[str, str] = {}
         for key in ("inputs", "outputs"):
             for tensor in recorded.get(key) or []:
                 if not (isinstance(tensor, dict) and tensor.get("dtype") in TRITON_TYPES):
                     raise ServeError(
-                        f"{engine.with_suffix('.json')} has a malformed engine_io entry "
+                        f"{engine_info_path(engine)} has a malformed engine_io entry "
                         f"{tensor!r:.100}; rebuild the engine with hydra-build"
                     )
                 dtypes[str(tensor.get("name"))] = tensor["dtype"]
@@ -476,7 +475,7 @@ def plan_repository(
         model(
             name,
             PLATFORMS["onnx"],
-            _profile("hydra.json", info.get("batch_profile")),
+            _profile(INFO_FILE, info.get("batch_profile")),
             "export",
             kind,
         )
@@ -521,10 +520,10 @@ def _assemble(model: TritonModel, staging: Path, export_dir: Path, engine: Path 
         shutil.copy2(export_dir / "model.onnx", version / "model.onnx")
     else:
         shutil.copy2(engine, version / "model.plan")
-        sidecar = engine.with_suffix(".json")
+        sidecar = engine_info_path(engine)
         if sidecar.is_file():
-            shutil.copy2(sidecar, staging / "engine.json")
-    shutil.copy2(export_dir / "hydra.json", staging / "hydra.json")
+            shutil.copy2(sidecar, staging / ENGINE_INFO_FILE)
+    shutil.copy2(export_dir / INFO_FILE, staging / INFO_FILE)
     if model.labels:
         (staging / "labels.txt").write_text("\n".join(model.labels) + "\n", encoding="utf-8")
     (staging / "config.pbtxt").write_text(model.pbtxt(), encoding="utf-8")
@@ -618,11 +617,10 @@ def _models_in(repo: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | N
     for folder in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
         with contextlib.suppress(OSError, ValueError, HydraError):
             info = dict(read_info(folder).record)
-            sidecar = None
-            if (folder / "engine.json").is_file():
-                sidecar = json.loads((folder / "engine.json").read_text(encoding="utf-8"))
+            engine_info = read_engine_info(folder / ENGINE_INFO_FILE)
+            sidecar = None if engine_info is None else dict(engine_info.record)
             if (folder / "config.pbtxt").is_file() and isinstance(info, dict):
-                found.append((folder.name, info, sidecar if isinstance(sidecar, dict) else None))
+                found.append((folder.name, info, sidecar))
     return found
 
 

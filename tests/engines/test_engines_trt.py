@@ -654,6 +654,27 @@ def test_script_refuses_a_folder_that_is_not_an_export(trtexec_of, tmp_path):
     assert usage.returncode == 2 and "EXPORT_DIR TRT" in usage.stdout
 
 
+@pytest.mark.parametrize("cut", ["half", "graph-length"])
+def test_script_refuses_a_truncated_model_as_the_python_reader_does(
+    trtexec_of, exports, tmp_path, cut
+):
+    """The script's own ONNX reader (the package need not be installed where it runs) has the
+    package reader's truncation check and its words: a cut file is refused, not half read."""
+    folder = tmp_path / "cut"
+    shutil.copytree(exports["fp32"], folder)
+    data = (folder / "model.onnx").read_bytes()
+    # "graph-length": only a short tail is missing, so the graph's own length field overruns
+    data = data[: len(data) // 2] if cut == "half" else data[:-7]
+    (folder / "model.onnx").write_bytes(data)
+    with pytest.raises(EngineError) as python_error:
+        read_onnx(folder / "model.onnx")
+    assert "truncated: a field runs past the end of the data" in str(python_error.value)
+    result = run_script(trtexec_of["10"], "build_jetpack6_fp16.sh", str(folder))
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert result.stderr.strip() == f"error: {python_error.value}"
+    assert "Traceback" not in result.stderr
+
+
 # --- every generation's lines against that generation's trtexec ----------------------------------------------
 @pytest.fixture(scope="module")
 def text_export(tmp_path_factory):
@@ -1077,10 +1098,12 @@ def test_a_text_engine_gets_token_ids_in_its_own_dtype(
     import onnxruntime as ort
 
     from hydra_deploy.engines import runner as runner_module
+    from hydra_deploy.engines import tensorrt_runner
+    from hydra_deploy.export_folder import read_info
 
     monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
-    monkeypatch.setattr(runner_module, "_trt_runner_class", lambda: trt_standins.TrtRunner)
-    monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: None)
+    monkeypatch.setattr(tensorrt_runner, "_trt_runner_class", lambda: trt_standins.TrtRunner)
+    monkeypatch.setattr(tensorrt_runner, "_compute_capability_here", lambda: None)
     monkeypatch.setattr(trt_standins.TrtRunner, "feeds", [])
     names = [i["name"] for i in info_of(text_export)["inputs"]]
     engine = trt_standins.engine_file(
@@ -1089,7 +1112,7 @@ def test_a_text_engine_gets_token_ids_in_its_own_dtype(
         version,
         {n: [[1, 1], [2, 16], [4, 64]] for n in names},
     )
-    runner = runner_module.TensorRTRunner(engine, info=info_of(text_export))
+    runner = runner_module.TensorRTRunner(engine, export=read_info(text_export))
     assert {spec.name: spec.dtype for spec in runner.inputs} == dict.fromkeys(names, ids)
     feed = {
         n: np.array([[2, 4, 5, 3], [2, 6, 3, 0]])
@@ -1108,7 +1131,7 @@ def test_a_text_engine_gets_token_ids_in_its_own_dtype(
     np.testing.assert_allclose(got, expected, atol=1e-5)
     with pytest.raises(runner_module.RunnerError, match="only run on the TensorRT version"):
         engine.write_text(engine.read_text().replace(version, "9.9.9"))
-        runner_module.TensorRTRunner(engine, info=info_of(text_export))
+        runner_module.TensorRTRunner(engine, export=read_info(text_export))
 
 
 @pytest.mark.parametrize("kind", ["fp16", "bf16", "fp32"])

@@ -19,7 +19,7 @@ from helpers.trt_standins import TrtRunner as _StandInTrtRunner
 from helpers.vit import tiny_vit
 from onnx import TensorProto, helper
 
-from hydra_deploy.engines import load_runner
+from hydra_deploy.engines import load_runner, tensorrt_runner
 from hydra_deploy.engines import runner as runner_module
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export import export_onnx
@@ -400,7 +400,7 @@ def fake_tensorrt(monkeypatch, runner):
     fake = trt_standins.tensorrt_module("10.13.0.35")  # nptype, DataType, TensorIOMode, Logger
     fake.Runtime = runtime
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
-    monkeypatch.setattr(runner_module, "_trt_runner_class", lambda: _FakeTrtRunner)
+    monkeypatch.setattr(tensorrt_runner, "_trt_runner_class", lambda: _FakeTrtRunner)
     _FakeTrtRunner.calls = []
     return fake
 
@@ -455,7 +455,7 @@ def test_an_engine_for_another_tensorrt_is_refused_before_loading(
     fake_tensorrt, export_dir, monkeypatch
 ):
     fake_tensorrt.__version__ = "10.3.0"
-    monkeypatch.setattr(runner_module, "_compute_capability_here", lambda: "8.7")
+    monkeypatch.setattr(tensorrt_runner, "_compute_capability_here", lambda: "8.7")
     engine_path = export_dir.parent / "other.engine"
     engine_path.write_bytes(b"serialized")
     engine_path.with_suffix(".json").write_text(json.dumps(SIDECAR))

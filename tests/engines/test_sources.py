@@ -125,11 +125,14 @@ def test_batches_cover_every_row_once_and_tokenize_with_one_encoder():
             "a vit model: give image files or folders",
         ),
         (
-            "t.tsv",
+            "t.csv",
             BERT,
             {},
-            "{d}/t.tsv looks like text: text models read .txt files (one input per line)",
+            "{d}/t.csv looks like text: text models read .txt files (one input per line) and "
+            ".tsv files (label<TAB>text, or label<TAB>text<TAB>second text)",
         ),
+        # a .tsv is read (issue 26: one reader of user data), by hydra_deploy.userdata's rules
+        ("t.tsv", BERT, {}, "{d}/t.tsv line 1 has no tab; write label<TAB>text on each line"),
         (
             "w.bin",
             BERT,
@@ -140,7 +143,7 @@ def test_batches_cover_every_row_once_and_tokenize_with_one_encoder():
 )
 def test_what_the_reader_refuses(tmp_path, name, family, kwargs, message):
     write_images(tmp_path / "folder", 1)
-    for file in ("x.npy", "t.txt", "t.tsv", "w.bin"):
+    for file in ("x.npy", "t.txt", "t.csv", "t.tsv", "w.bin"):
         (tmp_path / file).write_text("1\n")
     with pytest.raises(RunnerError) as caught:
         read_source(tmp_path / name, family, **kwargs)

@@ -291,23 +291,12 @@ class OpenClipAdapter(BackboneAdapter):
     ) -> int:
         """Multiply-accumulates per image (the text side is computed once, offline: not counted).
 
-        ``layer_heads[l]`` lists the kept-head count of every residual stream computed in layer l
-        (the single model: ``[[num_heads]] * num_layers``); the MLP runs once per stream.
-        ``embed_streams`` / ``head_streams``: how many patch embeddings / heads (projection to the
-        joint space and the class-weight product) run.
+        The layers' (:meth:`encoder_macs`, ``layer_heads``), ``embed_streams`` patch embeddings and
+        ``head_streams`` heads (projection to the joint space and the class-weight product).
         """
-        if layer_heads is None:
-            layer_heads = [[self.num_heads]] * self.num_layers
-        N, D, hd = self.num_tokens, self.embed_dim, self.head_dim
+        D = self.embed_dim
         ph, pw = self.patch_size
         patch = self.num_patches * self.in_chans * ph * pw * D
         head = D * self.output_dim + self.output_dim * self.num_classes
         total = embed_streams * patch + head_streams * head
-        for streams in layer_heads:
-            for kept in streams:
-                width = kept * hd
-                total += N * D * 3 * width  # Q, K, V projections
-                total += 2 * kept * N * N * hd  # scores and weighted sum
-                total += N * width * D  # output projection
-                total += 2 * N * D * self.mlp_hidden  # MLP
-        return int(total)
+        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)

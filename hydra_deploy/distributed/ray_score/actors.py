@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hydra_deploy.distributed.ray_score.parts import SCALAR_COLUMNS, decision_columns
 from hydra_deploy.errors import RunnerError
 
+if TYPE_CHECKING:
+    from hydra_deploy.engines.runner_base import Runner
+
 
 class HydraScorer:
     """The Ray Data UDF: one runner (one ONNX Runtime session) per actor; a numpy batch of
-    ``shard``, ``index``, ``source`` (absolute image path or text) in, score columns out.
+    ``shard``, ``index``, ``source`` (absolute image path or text; with ``pair``, the second
+    text of sentence pairs) in, score columns out.
 
     ``decisions``: the decision columns the driver planned (from the export's record; empty:
     raw scores only, the record not loaded); the runner's record must give the same."""
@@ -38,7 +42,7 @@ class HydraScorer:
         from hydra_deploy.engines.runner import load_runner
         from hydra_deploy.engines.scoring import check_member_logits
 
-        self.runner = load_runner(
+        self.runner: Runner = load_runner(
             export_dir, providers=providers, threads=threads, decisions=bool(decisions)
         )
         got = decision_columns(self.runner.decisions)
@@ -61,11 +65,11 @@ class HydraScorer:
         self.delay_s = float(delay_s)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from hydra_deploy.distributed.ray_score.shards import batch_items
         from hydra_deploy.engines.scoring import score_batch
         from hydra_deploy.engines.sources import prepare
 
-        sources = [str(s) for s in batch["source"]]
-        inputs = prepare(self.runner, self.kind, sources, self.encoder)
+        inputs = prepare(self.runner, self.kind, batch_items(batch), self.encoder)
         scores = score_batch(self.runner, inputs, batch_size=self.batch_size)
         logits = scores["member_logits"]
         columns = {

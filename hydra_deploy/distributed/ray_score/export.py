@@ -62,7 +62,7 @@ class DriverExport:
             class_names=None if info.class_names is None else list(info.class_names),
             batch_opt=None if profile is None else profile[1],
             batch_max=None if profile is None else profile[2],
-            has_preprocessing=bool(info.record.get("preprocessing")),
+            has_preprocessing=bool(info.preprocessing),
             decisions=record,
         )
 

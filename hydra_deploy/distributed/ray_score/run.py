@@ -17,7 +17,6 @@ import numpy as np
 
 from hydra_deploy.distributed.ray_score.actors import HydraScorer
 from hydra_deploy.distributed.ray_score.cluster import (
-    RaySession,
     _connect_error,
     _data_context,
     _import_ray,
@@ -35,7 +34,13 @@ from hydra_deploy.distributed.ray_score.parts import (
     part_table,
     write_part,
 )
-from hydra_deploy.distributed.ray_score.shards import Shard, _digest, collect_items, plan_shards
+from hydra_deploy.distributed.ray_score.shards import (
+    Shard,
+    _digest,
+    collect_items,
+    plan_shards,
+    source_columns,
+)
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
 
 logger = logging.getLogger("hydra_deploy")
@@ -119,73 +124,72 @@ def score_dataset(
     (refused, before Ray starts, when they were fitted on another model.onnx); False (--raw):
     scores only. See the module docstring for the output, the manifest and resume.
     """
-    from hydra_deploy import __version__
 
     if address is not None and address.startswith("ray://"):
-        return _score_over_ray_client(
-            export_dir,
-            inputs,
-            out,
-            address=address,
-            num_cpus=num_cpus,
-            actors=actors,
-            threads=threads,
-            batch_size=batch_size,
-            shard_size=shard_size,
-            member_logits=member_logits,
-            resume=resume,
-            overwrite=overwrite,
-            providers=providers,
-            quiet=quiet,
-            debug=debug,
-            decisions=decisions,
-        )
+        client = {k: v for k, v in locals().items() if k not in ("inputs", "out", "progress")}
+        return _score_over_ray_client(client.pop("export_dir"), inputs, out, **client)
     begin = time.perf_counter()
-    for name, value in (
-        ("actors", actors),
-        ("threads", threads),
-        ("batch-size", batch_size),
-        ("shard-size", shard_size),
-        ("num-cpus", num_cpus),
-    ):
+    names = ("actors", "threads", "batch-size", "shard-size", "num-cpus")
+    for name, value in zip(names, (actors, threads, batch_size, shard_size, num_cpus), strict=True):
         _check_count(name, value)
-    info = DriverExport.read(export_dir, decisions=decisions)
-    if info.kind == "images" and not info.has_preprocessing:
-        raise RunnerError(
-            f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model"
-        )
-    if batch_size is not None and info.batch_max is not None and batch_size > info.batch_max:
-        raise RunnerError(
-            f"--batch-size {batch_size} exceeds the export's maximum batch {info.batch_max} "
-            f"(hydra.json batch_profile); use at most {info.batch_max}"
-        )
+    info = _read_export(export_dir, decisions, batch_size)
     batch = batch_size or info.default_batch_size()
     labels, sources = collect_items(info.family, inputs)
     shards = plan_shards(labels, sources, shard_size)
     out = Path(out)
     decided = decision_columns(info.decisions)
     columns = columns_for(member_logits, decided)
-    manifest = Manifest(
-        export=str(info.path),
-        onnx_sha256=info.onnx_sha256,
-        kind=info.kind,
-        inputs=[str(p) for p in inputs],
-        items=len(labels),
-        items_sha256=_digest(labels, sources),
-        shard_size=shard_size,
-        shards=[s.summary() for s in shards],
-        columns=columns,
-        member_logits=member_logits,
-        batch_size=batch,
-        class_names=info.class_names,
-        decisions_sha256=info.decisions_sha256,
-        package_version=__version__,
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    manifest = _manifest(
+        info, inputs, labels, sources, shards, shard_size, columns, member_logits, batch
     )
+    state, pending = _pending(info.kind, out, manifest, shards, resume=resume, overwrite=overwrite)
+    fixed = dict(
+        out=str(out),
+        items=len(labels),
+        shards=len(shards),
+        shards_skipped=len(state.done),
+        batch_size=batch,
+        decisions=decided,
+    )
+    if not pending:
+        if state.remove:
+            prepare_out(out, manifest, state)
+        logger.info("nothing to do: all %d shard(s) in %s are done", len(shards), out)
+        ran = dict(items_scored=0, shards_done=0, ray_start_seconds=0.0, scoring_seconds=0.0)
+        ran |= dict(actors=actors or 0, threads=threads or 0, address=address or "local")
+    else:
+        scorer = dict(
+            batch_size=batch, member_logits=member_logits, providers=providers, decisions=decided
+        )
+        ran = _score_pending(
+            info,
+            pending,
+            out,
+            (manifest, state, len(shards)),
+            scorer,
+            (address, num_cpus, actors, threads),
+            progress=progress,
+            quiet=quiet,
+            debug=debug,
+        )
+    return ScoreReport(**fixed, **ran, seconds=round(time.perf_counter() - begin, 3))
+
+
+def _pending(
+    kind: str,
+    out: Path,
+    manifest: Manifest,
+    shards: Sequence[Shard],
+    *,
+    resume: bool,
+    overwrite: bool,
+) -> tuple[Any, list[Shard]]:
+    """(the output folder's state, the shards still to score); says what there is to do."""
     state = inspect_out(out, manifest, shards, resume=resume, overwrite=overwrite)
     pending = [s for s in shards if s.index not in state.done]
-    what = "images" if info.kind == "images" else "text lines"
-    logger.info("%d %s in %d shard(s) of %d", len(labels), what, len(shards), shard_size)
+    what = "images" if kind == "images" else "text lines"
+    items = sum(len(s.labels) for s in shards)
+    logger.info("%d %s in %d shard(s) of %d", items, what, len(shards), manifest.shard_size)
     if state.done:
         logger.info(
             "resuming %s: %d of %d shard(s) done, %d to score",
@@ -194,32 +198,26 @@ def score_dataset(
             len(shards),
             len(pending),
         )
+    return state, pending
 
-    def report(session: RaySession | None, scoring_s: float, done: int, scored: int) -> ScoreReport:
-        return ScoreReport(
-            out=str(out),
-            items=len(labels),
-            items_scored=scored,
-            shards=len(shards),
-            shards_done=done,
-            shards_skipped=len(state.done),
-            seconds=round(time.perf_counter() - begin, 3),
-            ray_start_seconds=round(session.start_seconds, 3) if session else 0.0,
-            scoring_seconds=round(scoring_s, 3),
-            actors=pool,
-            threads=per_actor,
-            batch_size=batch,
-            address=session.address if session else (address or "local"),
-            decisions=decided,
-        )
 
-    pool, per_actor = actors or 0, threads or 0
-    if not pending:
-        if state.remove:
-            prepare_out(out, manifest, state)
-        logger.info("nothing to do: all %d shard(s) in %s are done", len(shards), out)
-        return report(None, 0.0, 0, 0)
-
+def _score_pending(
+    info: DriverExport,
+    pending: Sequence[Shard],
+    out: Path,
+    run: tuple[Manifest, Any, int],
+    scorer: dict[str, Any],
+    cluster: tuple[str | None, int | None, int | None, int | None],
+    *,
+    progress: bool,
+    quiet: bool,
+    debug: bool,
+) -> dict[str, Any]:
+    """Start (or join) Ray (``cluster``: address, num_cpus, actors, threads), size the actors'
+    pool, score the pending shards: the report's fields of what ran."""
+    manifest, state, total = run
+    address, num_cpus, actors, threads = cluster  # as score_dataset takes them
+    batch = scorer["batch_size"]
     ray = _import_ray()
     delay_s = float(os.environ.get(TEST_DELAY_ENV) or 0)
     with ray_session(address, num_cpus, quiet=quiet, debug=debug) as session:
@@ -242,51 +240,129 @@ def score_dataset(
             batch,
         )
         scoring_begin = time.perf_counter()
-        tally = _Tally()
-        failure: HydraError | None = None
-        with _data_context(progress and not quiet):
-            scorer = dict(
-                threads=per_actor,
-                batch_size=batch,
-                member_logits=member_logits,
-                providers=providers,
-                delay_s=delay_s,
-                decisions=decided,
-            )
-            dataset = _dataset(ray, pending).map_batches(
-                HydraScorer,
-                fn_constructor_args=(str(info.path), info.kind),
-                fn_constructor_kwargs=scorer,
-                batch_size=batch,
-                batch_format="numpy",
-                compute=ray.data.ActorPoolStrategy(size=pool),
-                num_cpus=per_actor,
-                udf_modifying_row_count=False,
-            )
-            try:
-                _write_parts(dataset, pending, out, info.class_names, member_logits, decided, tally)
-            except Exception as err:
-                if isinstance(err, HydraError) and not isinstance(err, ray.exceptions.RayError):
-                    raise  # the driver's own (a part that cannot be written)
-                failure = _stopped(
-                    unwrap_ray_error(err), len(state.done) + tally.written, len(shards), out
-                )
-                if debug:
-                    raise failure from err
-        if failure is not None:
-            # The failed execution's actors keep their CPUs until its frames are collected: free
-            # them now, for a process that stays connected (a notebook, the next run).
-            del dataset
-            gc.collect()
-            raise failure
-        missing = [s.part for s in pending if not (out / s.part).exists()]
-        if missing:
-            raise ServeError(
-                f"Ray Data returned no results for {len(missing)} shard(s) ({', '.join(missing[:3])}"
-                "...); rerun with --resume"
-            )
+        tally = _run_pool(
+            ray,
+            info,
+            pending,
+            out,
+            total,
+            len(state.done),
+            {"threads": per_actor, **scorer, "delay_s": delay_s},
+            pool,
+            progress=progress and not quiet,
+            debug=debug,
+        )
         scoring_s = time.perf_counter() - scoring_begin
-    return report(session, scoring_s, tally.written, tally.scored)
+    return dict(
+        items_scored=tally.scored,
+        shards_done=tally.written,
+        ray_start_seconds=round(session.start_seconds, 3),
+        scoring_seconds=round(scoring_s, 3),
+        actors=pool,
+        threads=per_actor,
+        address=session.address,
+    )
+
+
+def _manifest(
+    info: DriverExport,
+    inputs: Sequence[Any],
+    labels: Sequence[Any],
+    sources: Sequence[Any],
+    shards: Sequence[Shard],
+    shard_size: int,
+    columns: list[str],
+    member_logits: bool,
+    batch: int,
+) -> Manifest:
+    """The run's manifest: what a resumed run must match."""
+    from hydra_deploy import __version__
+
+    return Manifest(
+        export=str(info.path),
+        onnx_sha256=info.onnx_sha256,
+        kind=info.kind,
+        inputs=[str(p) for p in inputs],
+        items=len(labels),
+        items_sha256=_digest(labels, sources),
+        shard_size=shard_size,
+        shards=[s.summary() for s in shards],
+        columns=columns,
+        member_logits=member_logits,
+        batch_size=batch,
+        class_names=info.class_names,
+        decisions_sha256=info.decisions_sha256,
+        package_version=__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+
+
+def _read_export(export_dir: Any, decisions: bool, batch_size: int | None) -> DriverExport:
+    """The export to score, refused when its images cannot be prepared or the batch is too big."""
+    info = DriverExport.read(export_dir, decisions=decisions)
+    if info.kind == "images" and not info.has_preprocessing:
+        raise RunnerError(
+            f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model"
+        )
+    if batch_size is not None and info.batch_max is not None and batch_size > info.batch_max:
+        raise RunnerError(
+            f"--batch-size {batch_size} exceeds the export's maximum batch {info.batch_max} "
+            f"(hydra.json batch_profile); use at most {info.batch_max}"
+        )
+    return info
+
+
+def _run_pool(
+    ray: Any,
+    info: DriverExport,
+    pending: Sequence[Shard],
+    out: Path,
+    total: int,
+    done_before: int,
+    scorer: dict[str, Any],
+    pool: int,
+    *,
+    progress: bool,
+    debug: bool,
+) -> _Tally:
+    """Score the pending shards with ``pool`` actors (``scorer``: HydraScorer's keywords) and
+    write their parts; the error that stopped the run says what is kept and what to do."""
+    per_actor, batch = scorer["threads"], scorer["batch_size"]
+    member_logits, decided = scorer["member_logits"], scorer["decisions"]
+    tally = _Tally()
+    failure: HydraError | None = None
+    with _data_context(progress):
+        dataset = _dataset(ray, pending).map_batches(
+            HydraScorer,
+            fn_constructor_args=(str(info.path), info.kind),
+            fn_constructor_kwargs=scorer,
+            batch_size=batch,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=pool),
+            num_cpus=per_actor,
+            udf_modifying_row_count=False,
+        )
+        try:
+            _write_parts(dataset, pending, out, info.class_names, member_logits, decided, tally)
+        except Exception as err:
+            if isinstance(err, HydraError) and not isinstance(err, ray.exceptions.RayError):
+                raise  # the driver's own (a part that cannot be written)
+            failure = _stopped(unwrap_ray_error(err), done_before + tally.written, total, out)
+            if debug:
+                raise failure from err
+    if failure is not None:
+        # The failed execution's actors keep their CPUs until its frames are collected: free
+        # them now, for a process that stays connected (a notebook, the next run).
+        del dataset
+        gc.collect()
+        raise failure
+    missing = [s.part for s in pending if not (out / s.part).exists()]
+    if missing:
+        raise ServeError(
+            f"Ray Data returned no results for {len(missing)} shard(s) ({', '.join(missing[:3])}"
+            "...); rerun with --resume"
+        )
+    return tally
 
 
 @dataclass
@@ -342,17 +418,29 @@ def _dataset(ray, pending: Sequence[Shard]):
     """One block per pending shard (so a batch never spans two shards when batch <= shard size)."""
     import pyarrow as pa
 
-    tables = [
-        pa.table(
+    return ray.data.from_arrow([pa.table(columns) for columns in shard_columns(pending)])
+
+
+def shard_columns(pending: Sequence[Shard]) -> list[dict[str, Any]]:
+    """The table columns of each pending shard: ``shard``, ``index`` and what the actors read
+    (:func:`~hydra_deploy.distributed.ray_score.shards.source_columns`; every table gets a
+    ``pair`` column when any item is a sentence pair, so the blocks share one schema)."""
+    import pyarrow as pa
+
+    paired = any(isinstance(item, tuple) for s in pending for item in s.sources)
+    tables = []
+    for s in pending:
+        read = source_columns(s.sources)
+        if paired:
+            read.setdefault("pair", [None] * len(s.sources))
+        tables.append(
             {
                 "shard": pa.array(np.full(len(s.labels), s.index, dtype=np.int64)),
                 "index": pa.array(np.arange(len(s.labels), dtype=np.int64)),
-                "source": pa.array(list(s.sources), pa.string()),
+                **{name: pa.array(values, pa.string()) for name, values in read.items()},
             }
         )
-        for s in pending
-    ]
-    return ray.data.from_arrow(tables)
+    return tables
 
 
 def _score_over_ray_client(

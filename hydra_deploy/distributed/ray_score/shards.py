@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hydra_deploy.errors import RunnerError
+
+#: one item the actors score: an absolute image path, a text, or a sentence pair
+Item = str | tuple[str, str]
 
 
 def part_name(shard: int) -> str:
@@ -21,11 +24,11 @@ def part_name(shard: int) -> str:
 @dataclass(frozen=True)
 class Shard:
     """``shard_size`` consecutive items: their labels (the ``item`` column) and what the actors
-    read (absolute image paths, or the text lines)."""
+    read (absolute image paths, or the text lines: ``(text, second text)`` for sentence pairs)."""
 
     index: int
     labels: tuple[str, ...]
-    sources: tuple[str, ...]
+    sources: tuple[Item, ...]
 
     @property
     def part(self) -> str:
@@ -45,17 +48,42 @@ class Shard:
         }
 
 
-def _digest(labels: Sequence[str], sources: Sequence[str]) -> str:
+def _digest(labels: Sequence[str], sources: Sequence[Item]) -> str:
     digest = hashlib.sha256()
     for label, source in zip(labels, sources, strict=True):
-        digest.update(f"{label}\t{source}\n".encode())
+        text = "\t".join(source) if isinstance(source, tuple) else source
+        digest.update(f"{label}\t{text}\n".encode())
     return digest.hexdigest()
 
 
-def collect_items(family: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[str], list[str]]:
+def source_columns(sources: Sequence[Item]) -> dict[str, list[str | None]]:
+    """What the actors read, as table columns: ``source`` (an absolute image path or a text)
+    and, when any item is a sentence pair, ``pair`` (its second text; None for a single text)."""
+    columns: dict[str, list[str | None]] = {
+        "source": [s[0] if isinstance(s, tuple) else s for s in sources]
+    }
+    if any(isinstance(s, tuple) for s in sources):
+        columns["pair"] = [s[1] if isinstance(s, tuple) else None for s in sources]
+    return columns
+
+
+def batch_items(batch: Mapping[str, Any]) -> list[Item]:
+    """The items of a batch of those columns (:func:`source_columns`) as
+    :func:`hydra_deploy.engines.sources.prepare` takes them."""
+    sources = [str(s) for s in batch["source"]]
+    if "pair" not in batch:
+        return sources
+    return [
+        text if pair is None else (text, str(pair))
+        for text, pair in zip(sources, batch["pair"], strict=True)
+    ]
+
+
+def collect_items(family: str, inputs: Sequence[str | os.PathLike]) -> tuple[list[str], list[Item]]:
     """The INPUT arguments -> (labels, sources) in input order, read as hydra-run reads them
     (:func:`hydra_deploy.engines.sources.read_source`), arrays refused. ``family`` is the
-    export's; sources are absolute image paths (image models) or the lines of ``.txt`` files."""
+    export's; sources are absolute image paths (image models) or the lines of ``.txt`` and
+    ``.tsv`` files (``(text, second text)`` for a ``.tsv`` of sentence pairs)."""
     from hydra_deploy.engines.sources import IMAGES, read_sources
     from hydra_deploy.families import get_family
 
@@ -64,7 +92,7 @@ def collect_items(family: str, inputs: Sequence[str | os.PathLike]) -> tuple[lis
             "no INPUTS given: give image files or folders (or .txt files for text models)"
         )
     labels: list[str] = []
-    sources: list[str] = []
+    sources: list[Item] = []
     for source in read_sources(
         inputs,
         get_family(family),
@@ -80,7 +108,7 @@ def collect_items(family: str, inputs: Sequence[str | os.PathLike]) -> tuple[lis
     return labels, sources
 
 
-def plan_shards(labels: Sequence[str], sources: Sequence[str], shard_size: int) -> list[Shard]:
+def plan_shards(labels: Sequence[str], sources: Sequence[Item], shard_size: int) -> list[Shard]:
     """Consecutive chunks of ``shard_size`` items (the last one may be shorter)."""
     return [
         Shard(

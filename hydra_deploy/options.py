@@ -1,0 +1,650 @@
+"""The build options as typed groups: one frozen dataclass per concern, one field per option.
+
+Each field's metadata holds its command-line flag, help, type (and choices, metavar), so one
+declaration serves the library, the commands and the recorded settings::
+
+    from hydra_deploy.options import FinetuneOptions, SelectionOptions
+    from hydra_deploy.pipeline import build_hydra
+
+    built = build_hydra("vit_b16", select=SelectionOptions(members=3, heads_per_member=4,
+                        calib="train/"), finetune=FinetuneOptions(data="train/", epochs=1))
+
+- :class:`LoadOptions` -> ``load_backbone`` (checkpoint, classes, constructor arguments),
+  :class:`PreprocessingOptions` are its image preprocessing flags;
+- :class:`SelectionOptions` -> ``choose_spec`` / ``select_members`` (which heads each member keeps);
+- :class:`FinetuneOptions` -> ``finetune_members`` (its recorded, compared settings: the field
+  names are the keys of ``member_{m}.json``'s ``settings``);
+- :class:`FuseOptions` -> ``fuse``.
+
+The commands build their flags with :func:`add_options` and read them back with
+:func:`from_args`; :data:`PARAMETER_FLAGS` spells a field as its flag in command-line messages.
+Every check raises :class:`~hydra_deploy.errors.ParameterError` (its message names parameters;
+the commands say their flags). Adding an option is one field in one group: ``option(default,
+"--flag", "help")``; its flag, parsing, check of its type and (fine-tuning) its place in the
+recorded settings follow. This module imports only the standard library and the small helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hydra_deploy.errors import FinetuneError, HydraError, ParameterError
+from hydra_deploy.export_folder import INTERPOLATIONS
+
+__all__ = [
+    "CROP_MODES",
+    "DEFAULT_LOWERING",
+    "GROUPS",
+    "IMPORTANCES",
+    "LOWERINGS",
+    "PARAMETER_FLAGS",
+    "SHARED_PARTS",
+    "FinetuneOptions",
+    "FuseOptions",
+    "LoadOptions",
+    "PreprocessingOptions",
+    "SelectionOptions",
+    "add_options",
+    "flag_of",
+    "from_args",
+    "option",
+    "parse_model_args",
+]
+
+# hydra_deploy.fusion.grouped's, repeated so that parsing arguments needs no torch (tested equal)
+LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
+DEFAULT_LOWERING = "loop"
+CROP_MODES = ("center", "squash", "border")
+IMPORTANCES = ("random", "taylor", "circuit")
+SHARED_PARTS = ("per-member", "frozen", "averaged")
+"""How ``finetune_members`` treats the parts outside the attention blocks (embeddings, final norm,
+pooler, classifier; ``BackboneAdapter.shared_parameter_prefixes``): ``"per-member"`` fine-tunes
+them in every member (the fused model then stores M copies), ``"frozen"`` keeps the backbone's
+(one copy), ``"averaged"`` fine-tunes them and then gives every member their mean (one copy)."""
+
+
+class FinetuneSettingError(FinetuneError, ParameterError):
+    """A fine-tuning setting is invalid (a FinetuneError that names its parameters)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# declaring an option
+
+
+def option(
+    default: Any,
+    flag: str | None,
+    help: str | None = None,
+    *,
+    type: Callable[[str], Any] | None = None,
+    choices: Sequence[Any] | None = None,
+    metavar: str | None = None,
+    nargs: str | None = None,
+    aliases: Sequence[str] = (),
+    action: str | None = None,
+    parse: Callable[[Any], Any] | None = None,
+    group: type | None = None,
+    recorded: bool = True,
+    keyword: str | None = None,
+) -> Any:
+    """A dataclass field declaring one option: ``flag`` (None: a library-only setting) with
+    argparse's ``help``, ``type``, ``choices``, ``metavar``, ``nargs``, ``action`` and ``aliases``
+    (other spellings of the flag). ``parse`` turns the parsed flag value into the field's value;
+    ``group`` makes the field the value of another group's flags (``PreprocessingOptions``).
+    ``recorded``: part of a group's :meth:`record` (the settings a saved result is compared on).
+    ``keyword``: ``build_hydra``'s keyword for it where that is not the field's name."""
+    metadata = {
+        "flag": flag,
+        "help": help,
+        "type": type,
+        "choices": tuple(choices) if choices is not None else None,
+        "metavar": metavar,
+        "nargs": nargs,
+        "aliases": tuple(aliases),
+        "action": action,
+        "parse": parse,
+        "group": group,
+        "recorded": recorded,
+        "keyword": keyword,
+    }
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _seed() -> Any:  # one option shared by the groups that draw at random
+    return option(0, "--seed", "seed of everything random (random weights too)", type=int)
+
+
+# --------------------------------------------------------------------------------------------------
+# checks (messages name parameters between backticks: ParameterError shows names, or flags)
+
+
+def _is_int(value: object) -> bool:
+    """An int (numpy's too), not a bool (numpy's bool is no ``numbers.Integral``)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_choice(group: Any, name: str, allowed: Sequence[Any], error=ParameterError) -> None:
+    value = getattr(group, name)
+    if value is not None and value not in allowed:
+        raise error(f"`{name}` must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def _check_count(group: Any, name: str, minimum: int, error=ParameterError) -> None:
+    value = getattr(group, name)
+    if value is not None and (not _is_int(value) or value < minimum):
+        raise error(f"`{name}` must be an int >= {minimum}, got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# the groups
+
+
+def _parse_checkpoint(value: Any) -> Any:
+    return list(value) if value else None
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessingOptions:
+    """Image preprocessing (timm ViTs): ``load_backbone``'s ``preprocessing=`` entries, one flag
+    each; :meth:`as_dict` is the mapping (None when nothing is given)."""
+
+    SECTION: ClassVar[str] = (
+        "image preprocessing (timm ViTs; default: the checkpoint folder's config.json "
+        "pretrained_cfg, else timm's default for the architecture)"
+    )
+
+    mean: Sequence[float] | None = option(
+        None,
+        "--mean",
+        "normalization mean, one per channel or one for all (e.g. 0.5)",
+        type=float,
+        nargs="+",
+        metavar="M",
+    )
+    std: Sequence[float] | None = option(
+        None,
+        "--std",
+        "normalization std, one per channel or one for all (e.g. 0.5)",
+        type=float,
+        nargs="+",
+        metavar="S",
+    )
+    interpolation: str | None = option(
+        None, "--interpolation", "resize interpolation", choices=INTERPOLATIONS
+    )
+    crop_pct: float | None = option(
+        None,
+        "--crop-pct",
+        "center-crop fraction: resize to size / crop_pct, then crop (1.0: no crop)",
+        type=float,
+    )
+    crop_mode: str | None = option(
+        None,
+        "--crop-mode",
+        "center (resize the shorter side), squash (both sides) or border (pad)",
+        choices=CROP_MODES,
+    )
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "interpolation", INTERPOLATIONS)
+        _check_choice(self, "crop_mode", CROP_MODES)
+
+    def as_dict(self) -> dict[str, Any] | None:
+        """The ``preprocessing=`` mapping of the entries given (None when none is)."""
+        given = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+        return given or None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """How the backbone is loaded (``load_backbone``'s options besides the name)."""
+
+    SECTION: ClassVar[str] = "model"
+
+    checkpoint: str | Sequence[str] | None = option(
+        None,
+        "--checkpoint",
+        "local .safetensors/.pth file or folder; 'hub' downloads (needs network); omitted: "
+        "random weights. Several checkpoints of one architecture (a deep ensemble): one member "
+        "each, heads chosen per member, fused into one network with per-member MLPs",
+        nargs="+",
+        metavar="FILE",
+        parse=_parse_checkpoint,
+    )
+    num_classes: int | None = option(
+        None,
+        "--num-classes",
+        "classifier size (default: the checkpoint's, else timm's)",
+        type=int,
+    )
+    new_classifier: bool = option(
+        False,
+        "--new-head",
+        "BERT: replace the checkpoint's classifier by a new random one of --num-classes "
+        "classes (without it, a --num-classes other than the checkpoint's is refused)",
+        action="store_true",
+    )
+    model_args: Mapping[str, Any] | None = option(
+        None,
+        "--model-arg",
+        "timm ViT constructor argument, repeatable (load_backbone's keyword arguments; win "
+        "over a folder's config.json model_args): --model-arg embed_dim=64 --model-arg depth=4 "
+        "--model-arg img_size=16 --model-arg patch_size=4 --model-arg in_chans=1; VALUE is JSON "
+        "(4, 2.0, true, [16, 16]) or else a string (avg)",
+        action="append",
+        metavar="KEY=VALUE",
+        parse=lambda pairs: parse_model_args(pairs or []),
+    )
+    classes: str | Sequence[str] | None = option(
+        None,
+        "--classes",
+        "openclip: a text file of class names, one per line (the zero-shot classifier)",
+    )
+    templates: str | Sequence[str] | None = option(
+        None,
+        "--templates",
+        "openclip: a text file of prompt templates with {} for the class name "
+        "(default: a small built-in set)",
+    )
+
+    preprocessing: Mapping[str, Any] | None = option(
+        None, None, group=PreprocessingOptions, parse=PreprocessingOptions.as_dict
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.new_classifier, bool):
+            raise ParameterError(
+                f"`new_classifier` must be True or False, got {self.new_classifier!r}"
+            )
+        if self.model_args is not None and not isinstance(self.model_args, Mapping):
+            raise ParameterError(
+                f"`model_args` must be a mapping of constructor arguments, got {self.model_args!r}"
+            )
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """``load_backbone``'s keyword arguments besides ``checkpoint``."""
+        zero_shot = {
+            k: v for k, v in (("classes", self.classes), ("templates", self.templates)) if v
+        }
+        extra = {"preprocessing": dict(self.preprocessing)} if self.preprocessing else {}
+        new_head = {"new_classifier": True} if self.new_classifier else {}
+        model_args = dict(self.model_args or {})
+        return dict(num_classes=self.num_classes, **zero_shot, **model_args, **extra, **new_head)
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionOptions:
+    """Which heads each member keeps: read from ``spec``, drawn at random, or chosen on ``calib``
+    data by ``importance`` (``choose_spec`` and ``select_members``)."""
+
+    SECTION: ClassVar[str] = "members"
+
+    spec: object = option(
+        None, "--spec", "HydraSpec JSON file (instead of choosing heads)", type=Path
+    )
+    members: int | None = option(
+        None,
+        "--members",
+        "M (default 3; with several --checkpoint files, one member per checkpoint)",
+        type=int,
+        aliases=("-m",),
+    )
+    heads_per_member: int | Sequence[int] | None = option(
+        None,
+        "--heads-per-member",
+        "heads each member keeps per layer (default: num_heads // M)",
+        type=int,
+        aliases=("-k",),
+    )
+    keep_ratio: float | None = option(
+        None,
+        "--keep-ratio",
+        "fraction of each layer's heads a member keeps (instead of -k)",
+        type=float,
+    )
+    importance: str | None = option(
+        None,
+        "--importance",
+        "how heads are chosen (default: taylor with --calib, else random)",
+        choices=IMPORTANCES,
+    )
+    calib: object = option(
+        None,
+        "--calib",
+        "labelled data to score heads on: image folder (class "
+        "per sub-folder) or .npz with x (preprocessed floats) and y (labels); text models: .tsv "
+        "(label<TAB>text) or .npz with input_ids, attention_mask and y",
+    )
+    ood: object = option(
+        None,
+        "--ood",
+        "OOD inputs for the circuit OOD objective: folder or .npz; text models also .txt "
+        "(one text per line) or .tsv",
+    )
+    objective: str | None = option(
+        None,
+        "--objective",
+        "circuit objective (default: ood with --ood, else loss)",
+        choices=("loss", "ood"),
+    )
+    conditioning: str = option(
+        "member",
+        "--conditioning",
+        "circuit: score each layer with the heads pruned so far masked (member, default) or "
+        "with the circuit heads found so far masked (headmap: HeadMap's own search)",
+        choices=("member", "headmap"),
+    )
+    temperature: float = option(
+        0.5,
+        "--temperature",
+        "0: each member keeps its top heads; higher: more diverse draws",
+        type=float,
+    )
+    max_examples: int = option(
+        512, "--max-examples", "examples used to score heads (default 512)", type=int
+    )
+    shared_layers: int = option(
+        0,
+        "--shared-layers",
+        "random heads: leading layers all members share (a shared trunk)",
+        type=int,
+    )
+    disjoint: bool = option(
+        False,
+        "--disjoint",
+        "random heads: members keep disjoint heads per layer",
+        action="store_true",
+    )
+    seed: int = _seed()
+
+    def __post_init__(self) -> None:
+        if self.members is not None and (not _is_int(self.members) or self.members < 1):
+            raise ParameterError(f"`members` must be at least 1, got {self.members}")
+        ratios = self.keep_ratio if isinstance(self.keep_ratio, Sequence) else [self.keep_ratio]
+        for ratio in ratios:
+            if ratio is not None and not (_is_number(ratio) and 0.0 < ratio <= 1.0):
+                raise ParameterError(
+                    f"`keep_ratio` must be within (0, 1] (the fraction of each layer's heads a "
+                    f"member keeps; 1 keeps all), got {self.keep_ratio}"
+                )
+        _check_choice(self, "importance", IMPORTANCES)
+        _check_choice(self, "objective", ("loss", "ood"))
+        _check_choice(self, "conditioning", ("member", "headmap"))
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ParameterError(
+                f"`temperature` must be a finite number >= 0, got {self.temperature!r}"
+            )
+        _check_count(self, "max_examples", 1)
+        _check_count(self, "shared_layers", 0)
+        if not _is_int(self.seed):
+            raise ParameterError(f"`seed` must be an int, got {self.seed!r}")
+
+    @property
+    def method(self) -> str:
+        """The importance used: ``importance``, else taylor with ``calib`` data, else random."""
+        return self.importance or ("taylor" if self.calib else "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneOptions:
+    """Fine-tuning every member (``finetune_members``): on ``data``, AdamW, linear warm-up then
+    cosine decay. The recorded fields (all but ``data`` and ``save_dir``) are the ``settings``
+    of ``member_{m}.json`` that a saved member is reused on; a field a record lacks counts as its
+    default, so a new option with a default that keeps today's training keeps saved members."""
+
+    SECTION: ClassVar[str] = "fine-tuning"
+
+    data: object = option(
+        None,
+        "--finetune",
+        "fine-tune every member on this labelled data (folder or .npz; text: .tsv or .npz)",
+        metavar="DATA",
+        recorded=False,
+        keyword="finetune",
+    )
+    epochs: float | None = option(1.0, "--epochs", "fine-tuning epochs (default 1)", type=float)
+    max_steps: int | None = option(
+        None,
+        "--finetune-steps",
+        "stop each member after this many steps",
+        type=int,
+        keyword="finetune_steps",
+    )
+    lr: float = option(1e-4, "--lr", "fine-tuning learning rate", type=float)
+    warmup_steps: int = option(
+        0,
+        "--warmup-steps",
+        "linear learning-rate warm-up steps before the cosine decay (default 0)",
+        type=int,
+    )
+    batch_size: int = option(
+        32, "--finetune-batch-size", None, type=int, keyword="finetune_batch_size"
+    )
+    save_dir: object = option(
+        None,
+        "--finetune-dir",
+        "save members here and resume from them on a later run",
+        type=Path,
+        recorded=False,
+        keyword="finetune_dir",
+    )
+    shared_parts: str = option(
+        "per-member",
+        "--shared-parts",
+        "embeddings, final norm, pooler and classifier: fine-tuned in every member (default; "
+        "the export stores M copies), frozen, or fine-tuned then averaged (both: one copy, near "
+        "one model's size)",
+        choices=SHARED_PARTS,
+    )
+    weight_decay: float = option(
+        0.05,
+        "--weight-decay",
+        "fine-tuning AdamW weight decay, on weight matrices only (default 0.05)",
+        type=float,
+    )
+    seed: int = _seed()
+    #: library only (``--shared-layers`` draws a spec's shared trunk and leaves fine-tuning alone)
+    shared_layers: int = option(0, None)
+
+    def __post_init__(self) -> None:
+        error = FinetuneSettingError
+        max_steps, epochs, lr = self.max_steps, self.epochs, self.lr
+        if max_steps is not None and (not _is_int(max_steps) or max_steps < 1):
+            raise error(f"`max_steps` must be None or an int >= 1, got {max_steps!r}")
+        if epochs is not None and not _is_number(epochs):
+            raise error(f"`epochs` must be a number, got {epochs!r}")
+        if max_steps is None and (epochs is None or not 0 < epochs < math.inf):
+            raise error(
+                f"`epochs` must be a positive finite number (fractions allowed), got {epochs!r}; "
+                "or pass `max_steps` to fix the number of optimizer steps"
+            )
+        if not _is_number(lr) or not 0 < lr < math.inf:
+            raise error(f"`lr` must be a positive finite number, got {lr!r}")
+        _check_count(self, "batch_size", 1, error)
+        if self.batch_size is None:
+            raise error("`batch_size` must be an int >= 1, got None")
+        wd = self.weight_decay
+        if not _is_number(wd) or not 0 <= wd < math.inf:
+            raise error(f"`weight_decay` must be a finite number >= 0, got {wd!r}")
+        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+            raise error(f"`warmup_steps` must be an int >= 0, got {self.warmup_steps!r}")
+        if not _is_int(self.seed):
+            raise error(f"`seed` must be an int, got {self.seed!r}")
+        if self.shared_parts not in SHARED_PARTS:
+            raise error(
+                f"`shared_parts` must be one of {', '.join(map(repr, SHARED_PARTS))}, got "
+                f"{self.shared_parts!r}"
+            )
+        if not _is_int(self.shared_layers) or self.shared_layers < 0:
+            raise error(f"`shared_layers` must be an int >= 0, got {self.shared_layers!r}")
+
+    def record(self) -> dict[str, Any]:
+        """The recorded settings as JSON values (``member_{m}.json``'s ``settings``)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.metadata["recorded"]:
+                value = getattr(self, f.name)
+                if _is_int(value):
+                    value = int(value)
+                elif _is_number(value):
+                    value = float(value)
+                out[f.name] = value
+        if out["epochs"] is not None:
+            out["epochs"] = float(out["epochs"])
+        return out
+
+    @classmethod
+    def recorded_defaults(cls) -> dict[str, Any]:
+        """Each recorded setting's default (what a record written before it existed meant)."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.metadata["recorded"]}
+
+    @property
+    def given(self) -> bool:
+        """Whether fine-tuning is asked for (``data`` given)."""
+        return bool(self.data)
+
+
+@dataclasses.dataclass(frozen=True)
+class FuseOptions:
+    """How the members are fused (``fuse``)."""
+
+    SECTION: ClassVar[str] = "fusion"
+
+    mlp_merge: str | None = option(
+        None,
+        "--mlp-merge",
+        "average: one MLP of the members' mean weights (paper); "
+        "grouped: every member keeps its own MLP",
+        choices=("average", "grouped"),
+    )
+    lowering: str = option(
+        DEFAULT_LOWERING,
+        "--lowering",
+        "how grouped projections run and export (default loop: one MatMul per "
+        "member on a 2-D weight, fastest on the CPU; bmm: one batched MatMul; "
+        "einsum writes Einsum nodes)",
+        choices=LOWERINGS,
+        aliases=("--grouped-linear",),
+    )
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "mlp_merge", ("average", "grouped"))
+        if self.lowering is None:
+            object.__setattr__(self, "lowering", DEFAULT_LOWERING)
+        _check_choice(self, "lowering", LOWERINGS)
+
+
+#: The build's groups, in the order the commands show them.
+GROUPS = (LoadOptions, PreprocessingOptions, SelectionOptions, FinetuneOptions, FuseOptions)
+
+
+# --------------------------------------------------------------------------------------------------
+# the command line
+
+
+def parse_model_args(pairs: list[str]) -> dict[str, Any]:
+    """``--model-arg KEY=VALUE`` pairs -> constructor keyword arguments (VALUE as JSON, else text)."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise HydraError(
+                f"--model-arg {pair!r} is not KEY=VALUE (e.g. --model-arg embed_dim=64)"
+            )
+        if key in ("num_classes", "pretrained", "checkpoint_path", "preprocessing"):
+            flag = {"num_classes": "--num-classes", "preprocessing": "--mean/--std/..."}.get(
+                key, "--checkpoint"
+            )
+            raise HydraError(f"--model-arg {key}=... is set with {flag}, not --model-arg")
+        if key in kwargs:
+            raise HydraError(f"--model-arg {key} is given twice ({kwargs[key]!r} and {text!r})")
+        try:
+            kwargs[key] = json.loads(text)
+        except ValueError:
+            kwargs[key] = text
+    return kwargs
+
+
+def _dest(flag: str) -> str:
+    """argparse's attribute for ``flag`` (``--finetune-steps`` -> ``finetune_steps``)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def flag_of(group: type, name: str) -> str | None:
+    """The flag of field ``name`` of ``group``."""
+    return {f.name: f.metadata["flag"] for f in dataclasses.fields(group)}[name]
+
+
+def add_options(parser: argparse.ArgumentParser, group: type, section: Any = None) -> None:
+    """Add ``group``'s flags to ``parser`` (in ``section``, an argument group, or a new one titled
+    ``group.SECTION``); a flag the parser already has (``--seed``, shared) is not added twice, a
+    field holding another group's value adds that group's flags."""
+    section = section if section is not None else parser.add_argument_group(group.SECTION)
+    known = {s for action in parser._actions for s in action.option_strings}
+    for f in dataclasses.fields(group):
+        meta = f.metadata
+        if meta["group"] is not None:
+            add_options(parser, meta["group"])
+            continue
+        flag = meta["flag"]
+        if flag is None or flag in known:
+            continue
+        kwargs: dict[str, Any] = {"dest": _dest(flag), "help": meta["help"]}
+        if meta["action"] is not None:
+            kwargs["action"] = meta["action"]
+            kwargs["default"] = [] if meta["action"] == "append" else f.default
+        else:
+            kwargs["default"] = None if f.default is dataclasses.MISSING else f.default
+        for key in ("type", "choices", "metavar", "nargs"):
+            if meta[key] is not None:
+                kwargs[key] = meta[key]
+        section.add_argument(flag, *meta["aliases"], **kwargs)
+
+
+def from_args(group: type, args: argparse.Namespace) -> Any:
+    """The ``group`` the parsed flags give (a flag the parser lacks keeps the field's default)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(group):
+        meta = f.metadata
+        if meta["group"] is not None:
+            values[f.name] = meta["parse"](from_args(meta["group"], args))
+            continue
+        if meta["flag"] is None or not hasattr(args, _dest(meta["flag"])):
+            continue
+        value = getattr(args, _dest(meta["flag"]))
+        values[f.name] = meta["parse"](value) if meta["parse"] is not None else value
+    return group(**values)
+
+
+def _parameter_flags() -> dict[str, str]:
+    """Field name -> how the commands spell it, where that is not ``--name-with-dashes``."""
+    flags: dict[str, str] = {}
+    for group in GROUPS:
+        for f in dataclasses.fields(group):
+            flag = f.metadata["flag"]
+            if f.metadata["group"] is not None:
+                inner = [g.metadata["flag"] for g in dataclasses.fields(f.metadata["group"])]
+                flags[f.name] = f"the image preprocessing flags ({', '.join(inner)})"
+            elif flag is not None and flag != "--" + f.name.replace("_", "-"):
+                flags[f.name] = flag
+    return flags
+
+
+#: how the commands spell the library's parameters in its messages (others: ``--name-with-dashes``)
+PARAMETER_FLAGS: dict[str, str] = _parameter_flags()
