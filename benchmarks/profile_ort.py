@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from hydra_deploy.bench.latency import (
     build_variants,
     export_variant,
     feed_of,
+    profile_session,
     versions,
 )
 from hydra_deploy.cli.common import print_table, refuse_existing
@@ -186,42 +186,10 @@ def node_roles(path: Path) -> dict[str, str]:
 
 
 def profile(path: Path, feed: dict[str, np.ndarray], runs: int, threads: int, workdir: Path):
-    """Per node name: summed kernel microseconds over ``runs``; plus wall ms per run."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
-    optimized = workdir / f"{path.parent.name}.optimized.onnx"
-    options.optimized_model_filepath = str(optimized)  # the graph the profile's node names name
-    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    walls = []
-    options.enable_profiling = True
-    options.profile_file_prefix = str(workdir / path.parent.name)
-    options.optimized_model_filepath = ""
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    for _ in range(2):
-        session.run(None, feed)  # warm-up (profiled too; dropped below by run index)
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, feed)
-        walls.append(1000 * (time.perf_counter() - start))
-    trace = json.loads(Path(session.end_profiling()).read_text())
-    runs_seen = [e for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    keep_after = runs_seen[2]["ts"] if len(runs_seen) > 2 else 0
-    per_node: dict[str, float] = collections.defaultdict(float)
-    op_type: dict[str, str] = {}
-    for event in trace:
-        if event.get("cat") != "Node" or not event.get("name", "").endswith("_kernel_time"):
-            continue
-        if event["ts"] < keep_after:
-            continue
-        name = event["name"][: -len("_kernel_time")]
-        per_node[name] += event["dur"] / runs
-        op_type[name] = event.get("args", {}).get("op_name", "?")
-    return per_node, op_type, walls, optimized
+    """Per node name: mean kernel microseconds per run; op types; wall ms per run; the optimized
+    graph (:func:`hydra_deploy.bench.latency.profile_session`, 2 warm-ups)."""
+    found = profile_session(path, feed, runs, threads, workdir)
+    return found.per_node_us, found.op_type, found.wall_ms, found.optimized
 
 
 def role_of(name: str, op: str, roles: dict[str, str]) -> str:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # TensorRT 10.12+ / 11: build an export that carries its own precision (hydra-export --precision
-# fp16|bf16) with --stronglyTyped; the engine computes in the graph's precision.
+# fp16|bf16, or int8 --int8-method static: QuantizeLinear/DequantizeLinear pairs) with
+# --stronglyTyped; the engine computes in the graph's precision.
 #
 #   engines/build_strongly_typed.sh EXPORT_DIR [10.12|11] [-- EXTRA_TRTEXEC_ARGS...]
 #

@@ -5,7 +5,9 @@
 #
 #   TRT        the TensorRT generation on this machine: 8.6 (JetPack 6.0 ships 8.6.2), 10
 #              (10.0-10.11; JetPack 6.1 and 6.2 ship 10.3), 10.12 (10.12 and later 10.x) or 11
-#   PRECISION  fp16, bf16, fp32 or best (default: the graph's own precision, else fp16)
+#   PRECISION  fp16, bf16, fp32, int8 or best (default: the graph's own precision, else fp16);
+#              int8 needs an export with QuantizeLinear/DequantizeLinear pairs (hydra-export
+#              --precision int8 --int8-method static), read from model.onnx itself
 #
 # Environment: OUT_DIR (default EXPORT_DIR), GPU_TAG (e.g. orin-sm87, put into the file names),
 # MIN_BATCH / OPT_BATCH / MAX_BATCH (default: hydra.json's profile), TRTEXEC (default: trtexec on
@@ -13,14 +15,15 @@
 # TRT_VERSION (e.g. 8.6.2: the TensorRT the command is for, instead of asking trtexec).
 #
 # The installed TensorRT's version is read from trtexec's banner ("[TensorRT v8602]"); a recipe
-# of another generation is refused (trtexec 8.6 fails on --stronglyTyped and --bf16, 11 on --fp16).
+# of another generation is refused (trtexec 8.6 fails on --stronglyTyped and --bf16, 11 on --fp16
+# and --int8).
 # Needs bash and python3 (standard library only: hydra.json is read with the json module and the
 # ONNX graph's node names with a small protobuf reader). The command is the one
 # `hydra-build EXPORT_DIR --trtexec --trt TRT` prints (a test checks that they agree).
 set -euo pipefail
 
 if [[ $# -lt 2 || "$1" == "-h" || "$1" == "--help" ]]; then
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 export_dir=$1
@@ -66,6 +69,13 @@ GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 HEAD_FLOAT_OPS = {"Softmax", "LogSoftmax", "Exp", "Log", "ReduceSum", "ReduceMean", "ReduceMax",
                   "ReduceLogSumExp", "Mul", "Div", "Sub", "Add", "Neg", "Max", "Min", "Clip",
                   "Sum", "Mean", "CumSum", "LessOrEqual", "GreaterOrEqual"}
+# hydra_deploy.engines.onnx_summary's QDQ_OPS and INTEGER_OPS (see there for the sources)
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+INTEGER_OPS = {"ConvInteger", "DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
+               "MatMulIntegerToFloat", "QGemm", "QAttention", "QEmbedLayerNormalization",
+               "DynamicQuantizeLSTM"}
+STATIC = ("hydra-export --from EXPORT_DIR --precision int8 --int8-method static --int8-calib DATA "
+          "--out NEW_DIR")
 
 
 def fail(message):
@@ -107,14 +117,32 @@ def fields(buf):
         yield number, value
 
 
+def zero_point(tensor):
+    """A TensorProto -> (data type, whether every value is zero; None for external data)."""
+    data_type, zeros, external = 0, True, False
+    for number, value in fields(tensor):
+        if number == 2:
+            data_type = value
+        elif number in (5, 9):  # int32_data / raw_data: zero bytes only
+            zeros = zeros and (value == 0 if isinstance(value, int) else not any(bytes(value)))
+        elif number == 14 and value == 1:
+            external = True
+    return data_type, None if external else zeros
+
+
 def onnx_nodes(path):
-    """(name, op_type, inputs, outputs) of every node, in the file's (topological) order."""
-    nodes = []
+    """(name, op_type, inputs, outputs) of every node, in the file's (topological) order, and the
+    Q/DQ zero points that are initializers: {name: (data type, all zeros)}."""
+    nodes, initializers = [], {}
     try:
         for number, graph in fields(memoryview(path.read_bytes())):
             if number != 7:  # ModelProto.graph
                 continue
             for gnum, node in fields(graph):
+                if gnum == 5:  # GraphProto.initializer: its name, the rest kept unread
+                    for tnum, value in fields(node):
+                        if tnum == 8:
+                            initializers[bytes(value).decode()] = node
                 if gnum != 1:  # GraphProto.node
                     continue
                 parts = {1: [], 2: [], 3: [], 4: []}
@@ -122,11 +150,43 @@ def onnx_nodes(path):
                     if nnum in parts:
                         parts[nnum].append(bytes(value).decode())
                 nodes.append(((parts[3] or [""])[0], (parts[4] or [""])[0], parts[1], parts[2]))
+        zero_points = {inputs[2]: zero_point(initializers[inputs[2]])
+                       for _, op, inputs, _ in nodes
+                       if op in QDQ_OPS and len(inputs) > 2 and inputs[2] in initializers}
     except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
         fail(f"{str(path)!r} is not a readable ONNX file ({err}); re-export it with hydra-export")
     if not nodes:
         fail(f"{str(path)!r} holds no ONNX graph; re-export it with hydra-export")
-    return nodes
+    return nodes, zero_points
+
+
+def explicit_quantization(path, nodes, zero_points):
+    """hydra_deploy.engines.onnx_summary.explicit_quantization: Q/DQ pairs TensorRT can build?"""
+    found = sorted({op for _, op, _, _ in nodes if op in INTEGER_OPS or op.startswith("QLinear")})
+    if found:
+        fail(f"{str(path)!r} is quantized with ONNX Runtime's integer operators ({', '.join(found)}; "
+             "hydra-export --int8-method dynamic), which TensorRT's ONNX parser cannot import; "
+             "re-export with --int8-method static, whose QuantizeLinear/DequantizeLinear pairs "
+             f"TensorRT builds in INT8: {STATIC}")
+    qdq = [(name, op, inputs) for name, op, inputs, _ in nodes if op in QDQ_OPS]
+    refused = []
+    for name, op, inputs in qdq:
+        if len(inputs) < 3 and op == "QuantizeLinear":
+            refused.append(f"{name or op}: no zero point, so ONNX quantizes to uint8")
+            continue
+        data_type, zeros = zero_points.get(inputs[2] if len(inputs) > 2 else "", (3, True))
+        if data_type == 2:
+            refused.append(f"{name or op}: a uint8 zero point")
+        elif data_type != 3:
+            refused.append(f"{name or op}: a zero point of ONNX type {data_type}")
+        elif zeros is False:
+            refused.append(f"{name or op}: a zero point that is not 0")
+    if refused:
+        fail(f"{str(path)!r} quantizes in a form TensorRT refuses ({len(refused)} "
+             f"QuantizeLinear/DequantizeLinear nodes, e.g. {refused[0]}): TensorRT takes only "
+             "symmetric signed INT8 (int8 zero points, all 0); re-export with symmetric int8 "
+             f"activations and weights: {STATIC}")
+    return bool(qdq)
 
 
 def fp32_layers(nodes):
@@ -178,6 +238,8 @@ if installed:
     if generation_of(here) != trt:
         scripts = {"8.6": "build_trt86_fp16.sh", "10": "build_jetpack6_fp16.sh or build_jetpack6_bf16.sh",
                    "10.12": "build_strongly_typed.sh EXPORT_DIR 10.12", "11": "build_strongly_typed.sh EXPORT_DIR 11"}
+        if precision == "int8":
+            scripts.update({"8.6": "build_trt86_int8.sh", "10": "build_jetpack6_int8.sh"})
         fail(f"this machine has TensorRT {here[0]}.{here[1]} (generation {generation_of(here)}), but this "
              f"recipe is for generation {trt}; run engines/{scripts[generation_of(here)]} (or "
              f"trtexec_build.sh EXPORT_DIR {generation_of(here)})")
@@ -190,11 +252,25 @@ if not onnx_path.is_file() or not info_path.is_file():
     fail(f"{export_dir!r} is not an export folder (it needs model.onnx and hydra.json)")
 info = json.loads(info_path.read_text(encoding="utf-8"))
 graph = info.get("precision", "fp32")
+nodes, zero_points = onnx_nodes(onnx_path)
+quantized = explicit_quantization(onnx_path, nodes, zero_points)  # INT8: read from the graph
+if quantized and graph not in ("int8", "fp32"):
+    fail(f"{str(onnx_path)!r} holds QuantizeLinear/DequantizeLinear pairs (INT8) but its record "
+         f"gives precision {graph}; re-export the folder with hydra-export")
+if graph == "int8" and not quantized:
+    fail(f"hydra.json gives precision int8 but {str(onnx_path)!r} holds no "
+         "QuantizeLinear/DequantizeLinear pairs; re-export the folder with hydra-export "
+         "--precision int8 --int8-method static")
+graph = "int8" if quantized else graph
 version = GENERATIONS[trt]
 if precision is None:
     precision = graph if graph != "fp32" else "fp16"
-if precision not in ("fp16", "bf16", "fp32", "best"):
-    fail(f"unknown precision {precision!r}; choose fp16, bf16, fp32 or best")
+if precision == "int8" and graph != "int8":
+    fail(f"unknown precision 'int8' for this {graph} graph: TensorRT builds INT8 here only from "
+         "the graph's own QuantizeLinear/DequantizeLinear pairs; quantize the export: "
+         f"{STATIC}")
+if precision not in ("fp16", "bf16", "fp32", "int8", "best"):
+    fail(f"unknown precision {precision!r}; choose fp16, bf16, fp32, int8 or best")
 reexport = (f"export a graph that carries its precision: hydra-export --from EXPORT_DIR "
             f"--precision {precision if precision != 'best' else 'fp16'} --out NEW_DIR")
 if graph != "fp32":
@@ -265,8 +341,12 @@ for index, key in enumerate(("min", "opt", "max")):
 if strongly_typed:
     args.append("--stronglyTyped")
 args += [f"--{flag}" for flag in flags]
-if flags:
-    nodes = onnx_nodes(onnx_path)
+if flags == ["int8"]:  # INT8 without FP16: the layers outside the Q/DQ pairs stay FP32
+    print("note: --int8 turns on TensorRT's explicit quantization of the graph's Q/DQ pairs "
+          "(their scales are in model.onnx: no calibration); leave out the --fp16 or --best that "
+          "trtexec suggests: they would let TensorRT run LayerNorm, softmax and the ensemble "
+          "head in FP16, which this export keeps in FP32", file=sys.stderr)
+elif flags:
     names = fp32_layers(nodes)
     if trt == "8.6":  # 8.6's ONNX parser leaves LayerNormalization layers unnamed
         layernorms = {name for name, op, _, _ in nodes if op == "LayerNormalization"}
@@ -281,7 +361,7 @@ if flags:
     if names:
         args += ["--precisionConstraints=obey",
                  "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names)]
-if precision == "fp32":  # trtexec enables TF32 unless --noTF32, strongly typed too
+if precision in ("fp32", "int8"):  # trtexec enables TF32 unless --noTF32, strongly typed too
     args.append("--noTF32")
 args += [f"--saveEngine={out_dir / (stem + '.engine')}",
          f"--timingCacheFile={out_dir / cache}",

@@ -7,8 +7,9 @@ what to do. The command-line tools print the message alone and exit non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 
 class HydraError(Exception):
@@ -32,10 +33,42 @@ class ParameterError(HydraError, ValueError):
     def for_command(self, flags: Mapping[str, str] | None = None) -> str:
         """The message with each parameter spelled as its flag: ``flags[name]``, else
         ``--name-with-dashes``."""
-        flags = flags or {}
-        return _PARAMETER.sub(
-            lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")), self.template
-        )
+        return _as_flags(self.template, flags or {})
+
+
+def _as_flags(template: str, flags: Mapping[str, str]) -> str:
+    return _PARAMETER.sub(
+        lambda m: flags.get(m.group(1), "--" + m.group(1).replace("_", "-")), template
+    )
+
+
+#: the flags of the command that is running (set by :func:`command_spelling`), else None: Python
+_COMMAND_FLAGS: list[Mapping[str, str]] = []
+
+
+@contextlib.contextmanager
+def command_spelling(flags: Mapping[str, str]) -> Iterator[None]:
+    """While a command runs: :func:`spelled` and :func:`said` give its spelling (``--calib``),
+    not the library's (``calib=``). The commands enter it; Python callers never do."""
+    _COMMAND_FLAGS.append(flags)
+    try:
+        yield
+    finally:
+        _COMMAND_FLAGS.pop()
+
+
+def spelled(python: str, command: str) -> str:
+    """How to say an advice to whoever is listening: ``python`` from the library, ``command``
+    inside a command (``spelled("load_backbone('hf:<folder>')", "--backbone hf:<folder>")``)."""
+    return command if _COMMAND_FLAGS else python
+
+
+def said(template: str) -> str:
+    """A message (a warning, advice) naming parameters between backticks, like
+    :class:`ParameterError`'s: ``calib`` from the library, ``--calib`` inside a command."""
+    if _COMMAND_FLAGS:
+        return _as_flags(template, _COMMAND_FLAGS[-1])
+    return _PARAMETER.sub(lambda m: m.group(1), template)
 
 
 class SpecError(HydraError, ValueError):

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text
-from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError
+from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError, spelled
 from hydra_deploy.families import family_names
 
 __all__ = [
+    "CALIBRATION_METHODS",
     "DECISIONS_FORMAT",
     "DECISION_OUTPUTS",
     "DECISION_SCORES",
@@ -51,6 +52,7 @@ __all__ = [
     "FORMAT",
     "GRAPH_PRECISIONS",
     "INFO_FILE",
+    "INT8_METHODS",
     "INTERPOLATIONS",
     "MODEL_FILE",
     "TOKENIZER_DIR",
@@ -59,6 +61,7 @@ __all__ = [
     "EngineInfo",
     "ExportFolderError",
     "ExportInfo",
+    "Int8Record",
     "OodRule",
     "SelectiveRule",
     "SetRule",
@@ -87,12 +90,49 @@ ENGINE_FORMAT = "hydra-engine/1"
 #: The ``format`` of ``hydra.json`` this version writes and reads.
 FORMAT = "hydra-export/1"
 #: The precisions a graph can carry (``precision`` in hydra.json: fp32, or a strongly typed graph).
-GRAPH_PRECISIONS = ("fp32", "fp16", "bf16")
+GRAPH_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+#: How an INT8 graph was quantized (``int8.method``; :mod:`hydra_deploy.export.int8`): weights
+#: only, or QDQ with activations calibrated on data.
+INT8_METHODS = ("dynamic", "static")
+#: How a static INT8 graph's activation ranges were calibrated (``int8.calibration_method``).
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 #: The resize interpolations hydra.json's ``preprocessing`` entry may name (timm's names; what
 #: :mod:`hydra_deploy.engines.preprocess` implements).
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "hamming", "lanczos")
 
 _REDO = "restore it or re-export the model with hydra-export"
+
+#: the preprocessing record's entry listing what was taken from timm's default, not the model
+DEFAULTED = "defaulted"
+#: the preprocessing entries that decide how an image becomes the model's input
+DECISIVE_PREPROCESSING = ("mean", "std", "interpolation", "crop_pct")
+
+
+def default_preprocessing_warning(subject: str, config: Mapping[str, Any]) -> str | None:
+    """The one warning, in the same words on every path (a checkpoint loaded by name or into a
+    module, a re-export), when ``config`` (timm's data config of an image model) took entries from
+    timm's default for the architecture instead of the model's own; None when it took none."""
+    defaulted = [k for k in DECISIVE_PREPROCESSING if k in (config.get(DEFAULTED) or ())]
+    if not defaulted:
+        return None
+    shown = ", ".join(f"{key} {_short(config.get(key))}" for key in defaulted)
+    advice = spelled(
+        "pass preprocessing={...} (commands: --mean, --std, --interpolation, --crop-pct)",
+        "pass --mean, --std, --interpolation, --crop-pct",
+    )
+    return (
+        f"{subject} records no {'/'.join(defaulted)}; using timm's default for the architecture "
+        f"({shown}): if the model was trained otherwise, {advice} or put them in the checkpoint "
+        "folder's config.json pretrained_cfg"
+    )
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(f"{float(v):.4g}" for v in value) + ")"
+    return str(value)
+
+
 #: The ``format`` of the ``decisions`` entry of hydra.json (what ``hydra-calibrate`` writes).
 DECISIONS_FORMAT = "hydra-decisions/1"
 #: Prediction-set methods a decisions record may name (split conformal, on calibrated probs).
@@ -141,6 +181,7 @@ class ExportInfo:
     class_names: tuple[str, ...] | None
     uq_outputs: bool
     decisions: DecisionRecord | None = None
+    int8: Int8Record | None = None  # how an INT8 graph was quantized (precision "int8" only)
 
     @property
     def folder(self) -> Path:
@@ -273,6 +314,15 @@ class ExportInfo:
         decisions = record.get("decisions")
         if decisions is not None:
             decisions = DecisionRecord.from_dict(decisions, f"the decisions entry of {path}")
+        int8 = record.get("int8")
+        if (int8 is None) == (precision == "int8"):
+            said = "no 'int8' entry" if int8 is None else "an 'int8' entry"
+            raise ExportFolderError(
+                f"{path} gives precision {precision!r} and {said}: an INT8 export (and only "
+                f"one) records how it was quantized; {_REDO}"
+            )
+        if int8 is not None:
+            int8 = Int8Record.from_dict(int8, f"the int8 entry of {path}")
         return cls(
             path=path,
             record=record,
@@ -283,6 +333,7 @@ class ExportInfo:
             class_names=None if names is None else tuple(names),
             uq_outputs=uq,
             decisions=decisions,
+            int8=int8,
         )
 
 
@@ -346,6 +397,122 @@ def write_info(folder: str | os.PathLike, record: dict[str, Any]) -> ExportInfo:
     info = ExportInfo.from_record(json.loads(text), path)
     atomic_write_text(path, text)
     return info
+
+
+# --- the INT8 record (hydra-export --precision int8) ----------------------------------------------
+def _counts(value: Any, where: str, field: str, low: int) -> dict[str, int]:
+    if not (
+        isinstance(value, dict)
+        and all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= low
+            for k, v in value.items()
+        )
+    ):
+        raise ExportFolderError(
+            f"{where} has a malformed {field} {value!r:.80} (expected op type -> count >= {low}); "
+            f"{_REDO}"
+        )
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class Int8Record:
+    """How an INT8 graph was quantized, stored as ``"int8"`` in hydra.json (written by
+    :func:`hydra_deploy.export.int8.quantize_export`).
+
+    ``method``: ``dynamic`` (weights only) or ``static`` (QDQ; ``calibration_method`` on
+    ``num_calibration`` examples whose inputs hash to ``calibration_sha256``; None / 0 / None for
+    dynamic). ``quantized_ops``: op type -> nodes computing on int8; ``integer_ops``: the
+    quantization nodes in the file; ``kept_float``: what stayed float (``{"nodes", "why"}``);
+    ``weights`` / ``activations``: the schemes in words.
+    """
+
+    method: str
+    calibration_method: str | None
+    num_calibration: int
+    calibration_sha256: str | None
+    quantized_ops: dict[str, int]
+    integer_ops: dict[str, int]
+    kept_float: dict[str, dict[str, Any]]
+    format: str | None = None  # "QDQ", or "QOperator (MatMulInteger)"
+    weights: str | None = None
+    activations: str | None = None
+    onnxruntime_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "format": self.format,
+            "calibration_method": self.calibration_method,
+            "num_calibration": self.num_calibration,
+            "calibration_sha256": self.calibration_sha256,
+            "quantized_ops": dict(self.quantized_ops),
+            "integer_ops": dict(self.integer_ops),
+            "kept_float": {k: dict(v) for k, v in self.kept_float.items()},
+            "weights": self.weights,
+            "activations": self.activations,
+            "onnxruntime_version": self.onnxruntime_version,
+        }
+
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "the int8 record") -> Int8Record:
+        """Check a parsed record (``where`` names it in errors)."""
+
+        def bad(field: str, value: Any, expected: str) -> ExportFolderError:
+            return ExportFolderError(
+                f"{where} has a malformed {field} {value!r:.80} (expected {expected}); {_REDO}"
+            )
+
+        if not isinstance(entry, dict):
+            raise bad("record", entry, "a JSON object")
+        method = entry.get("method")
+        if method not in INT8_METHODS:
+            raise bad("method", method, f"one of {', '.join(INT8_METHODS)}")
+        calibration = entry.get("calibration_method")
+        count = entry.get("num_calibration", 0)
+        sha = entry.get("calibration_sha256")
+        if method == "static":
+            if calibration not in CALIBRATION_METHODS:
+                raise bad("calibration_method", calibration, f"one of {CALIBRATION_METHODS}")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise bad("num_calibration", count, "an integer >= 1")
+            if not (
+                isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef")
+            ):
+                raise bad("calibration_sha256", sha, "64 lowercase hex digits")
+        elif (calibration, count, sha) != (None, 0, None):
+            raise bad(
+                "calibration", [calibration, count, sha], "none for dynamic INT8 (null, 0, null)"
+            )
+        quantized = _counts(entry.get("quantized_ops"), where, "quantized_ops", 1)
+        if not quantized:
+            raise bad("quantized_ops", quantized, "at least one quantized op")
+        kept = entry.get("kept_float", {})
+        if not (
+            isinstance(kept, dict)
+            and all(
+                isinstance(v, dict)
+                and isinstance(v.get("nodes"), int)
+                and isinstance(v.get("why"), str)
+                for v in kept.values()
+            )
+        ):
+            raise bad("kept_float", kept, 'op -> {"nodes": count, "why": text}')
+        texts = {}
+        for key in ("format", "weights", "activations", "onnxruntime_version"):
+            texts[key] = entry.get(key)
+            if texts[key] is not None and not isinstance(texts[key], str):
+                raise bad(key, texts[key], "text or null")
+        return cls(
+            method=method,
+            calibration_method=calibration,
+            num_calibration=count,
+            calibration_sha256=sha,
+            quantized_ops=quantized,
+            integer_ops=_counts(entry.get("integer_ops", {}), where, "integer_ops", 0),
+            kept_float={k: dict(v) for k, v in kept.items()},
+            **texts,
+        )
 
 
 # --- the TensorRT engine's JSON sidecar (hydra-build) ---------------------------------------------

@@ -16,6 +16,9 @@ declaration serves the library, the commands and the recorded settings::
   names are the keys of ``member_{m}.json``'s ``settings``);
 - :class:`FuseOptions` -> ``fuse``.
 
+Beside the build's groups, :class:`Int8Options` is ``hydra-export --precision int8``'s (the
+``int8=`` of ``export_onnx``).
+
 The commands build their flags with :func:`add_options` and read them back with
 :func:`from_args`; :data:`PARAMETER_FLAGS` spells a field as its flag in command-line messages.
 Every check raises :class:`~hydra_deploy.errors.ParameterError` (its message names parameters;
@@ -36,18 +39,23 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hydra_deploy.errors import FinetuneError, HydraError, ParameterError
-from hydra_deploy.export_folder import INTERPOLATIONS
+from hydra_deploy.export_folder import CALIBRATION_METHODS, INT8_METHODS, INTERPOLATIONS
 
 __all__ = [
+    "CALIBRATION_METHODS",
     "CROP_MODES",
+    "DEFAULT_CALIBRATION_SIZE",
     "DEFAULT_LOWERING",
     "GROUPS",
     "IMPORTANCES",
+    "INT8_METHODS",
     "LOWERINGS",
+    "MIN_CALIBRATION_EXAMPLES",
     "PARAMETER_FLAGS",
     "SHARED_PARTS",
     "FinetuneOptions",
     "FuseOptions",
+    "Int8Options",
     "LoadOptions",
     "PreprocessingOptions",
     "SelectionOptions",
@@ -547,6 +555,90 @@ class FuseOptions:
         if self.lowering is None:
             object.__setattr__(self, "lowering", DEFAULT_LOWERING)
         _check_choice(self, "lowering", LOWERINGS)
+
+
+#: static INT8 refuses fewer calibration examples than this
+MIN_CALIBRATION_EXAMPLES = 32
+#: at most this many calibration examples by default (a seeded random subset of more)
+DEFAULT_CALIBRATION_SIZE = 256
+
+
+def _int8_calib(value: Any) -> Any:
+    return Path(value) if isinstance(value, str) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Options:
+    """``--precision int8``: how ``export_onnx(..., precision="int8", int8=...)`` quantizes.
+
+    ``method`` None picks ``"static"`` when ``calib`` is given, else ``"dynamic"``; ``calib_method``
+    None is ``"minmax"`` (static). ``calib`` is a data path (the commands' reader:
+    :func:`hydra_deploy.evaluation.int8_data.int8_calibration` reads it from the staged export),
+    the model's inputs (an array, or arrays by input name), or a callable that takes the staged
+    FP32 export folder and returns them. ``FLAGS`` spells the fields as the commands do."""
+
+    SECTION: ClassVar[str] = "INT8 (with --precision int8)"
+    FLAGS: ClassVar[dict[str, str]] = {
+        "method": "--int8-method",
+        "calib": "--int8-calib",
+        "calib_method": "--int8-calib-method",
+        "calib_size": "--int8-calib-size",
+    }
+
+    method: str | None = option(
+        None,
+        "--int8-method",
+        "dynamic: int8 weights, activations quantized at run time (no data; ONNX Runtime on a "
+        "CPU); static: QDQ with activations calibrated on --int8-calib (ONNX Runtime and "
+        "TensorRT). Default: static with --int8-calib, else dynamic",
+        choices=INT8_METHODS,
+    )
+    calib: object = option(
+        None,
+        "--int8-calib",
+        "data whose activations calibrate static INT8: an image folder, a .npz of inputs, a "
+        ".txt/.tsv for text models (read and preprocessed as hydra-eval reads data)",
+        metavar="DATA",
+        parse=_int8_calib,
+    )
+    calib_method: str | None = option(
+        None,
+        "--int8-calib-method",
+        "how activations' ranges are calibrated: minmax (default), entropy or percentile (99.999)",
+        choices=CALIBRATION_METHODS,
+    )
+    calib_size: int = option(
+        DEFAULT_CALIBRATION_SIZE,
+        "--int8-calib-size",
+        f"calibrate on at most N examples, a seeded random subset of more (default "
+        f"{DEFAULT_CALIBRATION_SIZE}; at least {MIN_CALIBRATION_EXAMPLES})",
+        type=int,
+        metavar="N",
+    )
+
+    def __post_init__(self) -> None:
+        _check_choice(self, "method", INT8_METHODS)
+        _check_choice(self, "calib_method", CALIBRATION_METHODS)
+        _check_count(self, "calib_size", MIN_CALIBRATION_EXAMPLES)
+        method = self.method or ("static" if self.calib is not None else "dynamic")
+        if method == "static" and self.calib is None:
+            raise ParameterError(
+                "static INT8 calibrates the activations' ranges on data: give `calib` (a few "
+                "hundred of the model's inputs), or `method` dynamic (weights only)"
+            )
+        if method == "dynamic" and self.calib is not None:
+            raise ParameterError(
+                "`calib` is static INT8's calibration data; dynamic INT8 takes none: drop "
+                "`calib`, or give `method` static"
+            )
+        if method == "dynamic" and self.calib_method is not None:
+            raise ParameterError(
+                "`calib_method` calibrates static INT8; dynamic INT8 has no calibration: drop "
+                "it, or give `calib` data"
+            )
+        object.__setattr__(self, "method", method)
+        if method == "static" and self.calib_method is None:
+            object.__setattr__(self, "calib_method", "minmax")
 
 
 #: The build's groups, in the order the commands show them.

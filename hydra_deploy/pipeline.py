@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hydra_deploy.errors import ParameterError, SpecError
+from hydra_deploy.errors import ParameterError, SpecError, said
 from hydra_deploy.families import family_for_prefix
 from hydra_deploy.options import (
     FinetuneOptions,
@@ -127,8 +127,10 @@ def choose_spec(
         )
     if method == "random" and not options.importance:
         logger.info(
-            "no calib data: heads are drawn at random (seed %d); pass calib data to choose "
-            "them by importance",
+            said(
+                "no `calib` data: heads are drawn at random (seed %d); pass `calib`=DATA to "
+                "choose them by importance"
+            ),
             options.seed,
         )
     if method != "random" and (options.shared_layers or options.disjoint):

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import uq_common
 import uq_digits
+import uq_int8
 import uq_wordnet
 from helpers.uq import tiny_protocol_task, tiny_recipe, tiny_timm_vit
 
@@ -771,3 +772,108 @@ def test_decision_claims_hold_only_on_every_seed():
         per_seed, uq_common.decision_targets(0.05), key="decisions", strict=True
     )
     assert missing[0]["verdict"].startswith("not available")
+
+
+# --- INT8 drift (benchmarks/uq_int8.py) -------------------------------------------------------------
+def test_int8_drift_of_an_unquantized_copy_is_zero(tmp_path, monkeypatch):
+    """uq_int8 on the tiny task, one seed, static: with quantize_export replaced by a copy of the
+    FP32 file, every metric, the logits and the refitted decisions drift by exactly 0; static is
+    calibrated on the training set; the rows are rebuilt from the cache, and their FP32 ONNX
+    logits are the PyTorch protocol's; the report holds every row, the target per Hydra row and
+    its sections."""
+    import shutil
+
+    calls = []
+
+    def copy(fp32, out, *, method, calibration=None, calibrate_method="minmax"):
+        calls.append((method, calibration))
+        shutil.copyfile(fp32, out)
+        return {"method": method, "quantized_ops": {"MatMul": 0}, "kept_float": {}}
+
+    rows = ("single", "Hydra (Taylor)", "deep ensemble")
+    monkeypatch.setattr(uq_int8, "quantize_export", copy)
+    monkeypatch.setitem(uq_int8.TASKS, "tiny", tiny_protocol_task)
+    monkeypatch.setitem(uq_int8.ROW_GROUPS, "all", rows)
+    task, out, cache = tiny_protocol_task(), tmp_path / "out", tmp_path / "cache"
+    # the uq benchmark's part: train into the cache (said), store the PyTorch member logits
+    models, rebuilt = uq_int8.rebuild(task, 0, cache, quiet=True)
+    assert len(rebuilt["trained_here"]) == 21  # every member of every row: an empty cache
+    torch_logits = uq_common.evaluate_rows(task, {r: models[r] for r in rows}, 0)
+    reference = tmp_path / "logits.npz"
+    uq_common.save_logits(reference, {0: {r: torch_logits[r] for r in rows}}, task)
+    argv = ["--task", "tiny", "--seeds", "1", "--methods", "static", "--cache", str(cache)]
+    argv += ["--out", str(out), "--work", str(tmp_path), "--reference", str(reference)]
+    assert uq_int8.main([*argv, "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    # one file per model: the single model is the deep ensemble's member 0 (measured once);
+    # static calibrates on the training inputs (all 24: fewer than CALIBRATION_EXAMPLES)
+    assert [method for method, _ in calls] == ["static"] * 4
+    for _, calibration in calls:
+        np.testing.assert_array_equal(calibration["pixel_values"], task.train[0].numpy())
+    seed = report["per_seed"][0]
+    assert seed["seed"] == 0 and list(seed["rows"]) == list(rows)
+    assert seed["rebuilt"]["trained_here"] == []  # everything from the cache
+    for row in rows:
+        entry = seed["rows"][row]
+        int8 = entry["int8"]["static"]
+        assert int8["metrics"]["accuracy"]["fp32"] == entry["fp32"]["scores"]["id"]["accuracy"]
+        assert all(cell["delta"] == 0.0 for cell in int8["metrics"].values())
+        assert int8["logits"]["max_abs"] == 0.0 and int8["logits"]["prediction_agreement"] == 1.0
+        assert int8["size_ratio"] == 1.0 and int8["scores"] == entry["fp32"]["scores"]
+        assert entry["decisions"]["static"] == entry["decisions"]["fp32"]
+        assert entry["decisions"]["fp32"]["temperature"] > 0
+        # FP32 ONNX = PyTorch: the stored float16 logits, and the scores
+        assert entry["fp32_vs_uq_report"] < 1e-2
+        expected = uq_common.score_row(torch_logits[row], task)
+        assert entry["fp32"]["scores"]["id"]["accuracy"] == expected["id"]["accuracy"]
+        assert entry["fp32"]["scores"]["ood_mean"]["msp"]["auroc"] == pytest.approx(
+            expected["ood_mean"]["msp"]["auroc"], abs=1e-6
+        )
+    assert report["reference"] == str(reference)
+    assert seed["rows"]["deep ensemble"]["members"] == 3
+    assert seed["rows"]["deep ensemble"]["model_files"] == 3
+    assert "auroc_mi" in seed["rows"]["Hydra (Taylor)"]["int8"]["static"]["metrics"]
+    assert "auroc_mi" not in seed["rows"]["single"]["int8"]["static"]["metrics"]
+    (target,) = report["targets"]
+    assert target["row"] == "Hydra (Taylor)" and target["holds"] is True
+    assert target["worst_margin"] == pytest.approx(uq_int8.TARGET_POINTS)
+    agg = report["aggregate"]["static"]["Hydra (Taylor)"]
+    assert agg["metrics"]["auroc_msp"]["delta"]["values"] == [0.0]
+    md = (out / "report.md").read_text()
+    for section in (
+        "## Issue 27's target: Hydra rows within 0.5 points of FP32, every seed",
+        "## Drift per row: static INT8 against FP32",
+        "## Per seed",
+        "## Decisions refitted on the INT8 logits",
+        "## What was quantized (seed 0's files)",
+        "| static | Hydra (Taylor) | +0.00 | +0.00 | +0.50 | holds on every seed |",
+        "- static: 1 of 1 Hydra rows hold the target on every seed.",
+        "the rows are the uq report's",
+    ):
+        assert section in md
+    with pytest.raises(SystemExit):
+        uq_int8.main(argv)  # the report exists, no --overwrite
+
+
+def test_int8_drift_of_a_real_dynamic_quantization(tmp_path):
+    """The same path with ONNX Runtime's dynamic quantization: the INT8 file runs, its matrix
+    products are on int8 and its logits move, by little."""
+    task = tiny_protocol_task()
+    hydra = uq_int8.as_hydra(tiny_timm_vit(0))
+    assert hydra.num_members == 1
+    measured = uq_int8.measure_model(
+        hydra,
+        tmp_path / "model",
+        uq_int8.evaluation_sets(task),
+        methods=["dynamic"],
+        calibration=task.train[0],
+        batch=16,
+        text=False,
+        threads=1,
+    )
+    assert not (tmp_path / "model").exists()  # the files are removed
+    fp32, int8 = measured["fp32"], measured["dynamic"]
+    assert int8["quantization"]["quantized_ops"]["MatMul"] > 0
+    assert fp32["logits"]["id"].shape == int8["logits"]["id"].shape == (20, 1, 3)
+    change = uq_int8.logit_change(fp32["logits"], int8["logits"])
+    assert 0 < change["max_abs"] < 0.5

@@ -10,10 +10,15 @@ from typing import Any
 
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.base import RANDOM_WEIGHTS, AttentionWeights, BackboneAdapter
 from hydra_deploy.backbones.checkpoint import folder_config, load_into, read_state_dict
 from hydra_deploy.backbones.timm_vit import TimmVitAdapter
-from hydra_deploy.errors import BackboneError, CheckpointError
+from hydra_deploy.errors import BackboneError, CheckpointError, said
+from hydra_deploy.export_folder import (
+    DECISIVE_PREPROCESSING,
+    DEFAULTED,
+    default_preprocessing_warning,
+)
 from hydra_deploy.families import families, family_for_prefix, family_of_module, get_family
 
 __all__ = [
@@ -97,12 +102,15 @@ def load_backbone(
         return name_or_module
     if isinstance(name_or_module, nn.Module):
         family = family_of_module(name_or_module)
-        if preprocessing is not None:
-            set_preprocessing(name_or_module, preprocessing)
         if not family.takes_new_classifier:
             _refuse_new_classifier(timm_kwargs, type(name_or_module).__name__)
         wrap = family.resolve("wrapper")
-        return wrap(name_or_module, checkpoint, num_classes, **timm_kwargs)
+        adapter = wrap(name_or_module, checkpoint, num_classes, **timm_kwargs)
+        if preprocessing is not None:
+            set_preprocessing(name_or_module, preprocessing)
+        if family.takes_preprocessing:
+            _warn_default_preprocessing(adapter, checkpoint)
+        return adapter
     if not isinstance(name_or_module, (str, os.PathLike)):
         raise BackboneError(
             f"load_backbone expects a name, a folder or a timm VisionTransformer, "
@@ -153,8 +161,6 @@ def _takes_preprocessing(name_or_module: Any) -> bool:
 
 #: The data-config entries ``preprocessing=`` may set (timm's ``resolve_data_config`` names).
 PREPROCESSING_KEYS = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
-#: The entries that decide how an image becomes the model's input (warned about when defaulted).
-_DECISIVE_KEYS = ("mean", "std", "interpolation", "crop_pct")
 
 
 def check_preprocessing(preprocessing: Any, in_chans: int | None = None) -> dict[str, Any]:
@@ -225,6 +231,8 @@ def set_preprocessing(module: nn.Module, preprocessing: dict[str, Any]) -> None:
     cfg = {**dict(getattr(module, "pretrained_cfg", None) or {}), **values}
     module.pretrained_cfg = cfg  # a new dict: timm's registry defaults stay as they are
     module.default_cfg = cfg  # timm's older alias
+    defaulted = getattr(module, "preprocessing_defaulted", ())
+    module.preprocessing_defaulted = tuple(k for k in defaulted if k not in values)
 
 
 def _refuse_new_classifier(kwargs: dict[str, Any], name: str) -> None:
@@ -281,6 +289,7 @@ def wrap_vit(
             raise CheckpointError("checkpoint='hub' needs a model name, not a built module")
         load_into(module, read_state_dict(checkpoint), str(checkpoint))
         weights = str(checkpoint)
+        _mark_default_preprocessing(module, folder_config(checkpoint), None)
     name = getattr(module, "pretrained_cfg", {}).get("architecture") or type(module).__name__
     return TimmVitAdapter(module, name=name, weights=weights)
 
@@ -304,10 +313,7 @@ def _build_timm(
         if preprocessing is not None:
             set_preprocessing(model, preprocessing)
         adapter = TimmVitAdapter(model, name=name)
-        logger.warning(
-            "%s: random weights (no checkpoint given); pass checkpoint=<file> for trained weights",
-            name,
-        )
+        logger.warning(RANDOM_WEIGHTS, name, said("`checkpoint`=<file>"))
         return adapter
     if str(checkpoint) == "hub":
         _check_hub_reachable(timm_name)
@@ -355,7 +361,7 @@ def _build_timm(
 
         if isinstance(model, VisionTransformer):
             check_file_shapes(state_dict, model, str(checkpoint), timm_name)
-        _warn_default_preprocessing(model, name, checkpoint, config, preprocessing)
+        _mark_default_preprocessing(model, config, preprocessing)
         if isinstance(model, VisionTransformer):
             try:
                 state_dict = checkpoint_filter_fn(state_dict, model)
@@ -365,7 +371,9 @@ def _build_timm(
                 ) from err
         load_into(model, state_dict, str(checkpoint))
         weights = str(checkpoint)
-    return TimmVitAdapter(model, name=name, weights=weights)
+    adapter = TimmVitAdapter(model, name=name, weights=weights)
+    _warn_default_preprocessing(adapter, checkpoint)
+    return adapter
 
 
 HUB_HOST = "huggingface.co"
@@ -435,32 +443,21 @@ def _same_model(architecture: Any, timm_name: str) -> bool:
     return ALIASES.get(base, base) == timm_name or (timm.is_model(base) and base == timm_name)
 
 
-def _warn_default_preprocessing(model, name: str, checkpoint, config: dict, preprocessing) -> None:
-    """One warning line when a local checkpoint comes without its preprocessing."""
+def _mark_default_preprocessing(model, config: dict, preprocessing) -> None:
+    """Note on a model loaded from a local checkpoint which decisive preprocessing entries neither
+    the checkpoint folder's config.json nor ``preprocessing=`` gave: timm's default for the
+    architecture stands in for them, and the fused model's record says so."""
     recorded = config.get("pretrained_cfg") if "pretrained_cfg" in config else config
     given = set(recorded or {}) | set(preprocessing or {})
-    defaulted = [key for key in _DECISIVE_KEYS if key not in given]
-    if not defaulted:
-        return
-    from timm.data import resolve_data_config
-
-    data = resolve_data_config({}, model=model)
-    shown = ", ".join(f"{key} {_short(data[key])}" for key in defaulted)
-    logger.warning(
-        "%s: checkpoint %s records no %s; using timm's default for the architecture (%s): if the "
-        "model was trained otherwise, pass preprocessing={...} (CLI: --mean, --std, "
-        "--interpolation, --crop-pct) or put them in the folder's config.json pretrained_cfg",
-        name,
-        checkpoint,
-        "/".join(defaulted),
-        shown,
-    )
+    model.preprocessing_defaulted = tuple(k for k in DECISIVE_PREPROCESSING if k not in given)
 
 
-def _short(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return "(" + ", ".join(f"{float(v):.4g}" for v in value) + ")"
-    return str(value)
+def _warn_default_preprocessing(adapter: BackboneAdapter, checkpoint) -> None:
+    """One warning line when a local checkpoint comes without its preprocessing."""
+    config = {**adapter.data_config(), DEFAULTED: adapter.preprocessing_defaulted}
+    message = default_preprocessing_warning(f"{adapter.name}: checkpoint {checkpoint}", config)
+    if message is not None:
+        logger.warning("%s", message)
 
 
 def _vit_shape_args(state_dict: dict, no_embed_class: bool) -> dict[str, Any]:

@@ -20,6 +20,9 @@ from torch import nn
 
 from hydra_deploy.errors import SpecError
 
+#: the warning for a backbone built without trained weights (its name, then how to give them)
+RANDOM_WEIGHTS = "%s: random weights (no checkpoint given); pass %s for trained weights"
+
 
 @dataclass(frozen=True)
 class AttentionWeights:

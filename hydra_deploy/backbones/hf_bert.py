@@ -38,7 +38,7 @@ from torch import nn
 
 from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
 from hydra_deploy.backbones.checkpoint import load_into, read_state_dict
-from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError
+from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError, spelled
 from hydra_deploy.labels import class_names_from_id2label
 
 logger = logging.getLogger("hydra_deploy")
@@ -83,10 +83,11 @@ def load_bert(
     _check_kwargs(kwargs)
     folder = Path(source).expanduser()
     if not folder.is_dir():
+        given_as = spelled("load_backbone('hf:<folder>')", "--backbone hf:<folder>")
         raise BackboneError(
             f"hf:{source} is not a local folder; hydra-deploy never downloads models. Save the model "
             "first (model.save_pretrained(folder), or `hf download <name> --local-dir folder`) and "
-            "pass load_backbone('hf:<folder>'), or pass a transformers module"
+            f"pass {given_as}, or pass a transformers module"
         )
     if not (folder / "config.json").is_file():
         raise BackboneError(

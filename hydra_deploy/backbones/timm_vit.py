@@ -237,6 +237,12 @@ class TimmVitAdapter(BackboneAdapter):
             config[key] = values if len(values) == self.in_chans else values[:1] * self.in_chans
         return config
 
+    @property
+    def preprocessing_defaulted(self) -> tuple[str, ...]:
+        """The decisive entries of :meth:`data_config` taken from timm's default for the
+        architecture because the checkpoint recorded none (the fused model's record keeps them)."""
+        return tuple(getattr(self.module, "preprocessing_defaulted", ()))
+
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed)
         return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)

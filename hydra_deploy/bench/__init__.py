@@ -1,11 +1,12 @@
 """Latency benchmarks: Hydra against one model and a deep ensemble, and a regression guard.
 
 - :mod:`hydra_deploy.bench.latency`: builds the variants (``single``, ``hydra``, ``hydra_trunk``,
-  ``deep_ensemble_seq``, ``deep_ensemble_batched``), times them on every backend present (PyTorch
-  eager, ONNX Runtime CPU, PyTorch CUDA BF16/FP16 with CUDA graphs, TensorRT) and reports medians,
+  ``fused_deep_ensemble``, ``deep_ensemble_seq``, ``deep_ensemble_batched``), times them on every
+  backend present (PyTorch eager, ONNX Runtime CPU, both also in INT8 / BF16, PyTorch CUDA
+  BF16/FP16 with CUDA graphs, TensorRT) and reports medians,
   spreads, ratios to the single model and the analytic FLOPs beside them (needs torch).
 - :mod:`hydra_deploy.bench.check`: baselines of those ratios and the comparison that fails on a
-  regression (JSON only; no torch).
+  regression, the claims and issue 27's INT8 targets read from a result (JSON only; no torch).
 
 ``hydra-bench`` (:mod:`hydra_deploy.cli.bench`) is the command over both. Names resolve lazily so
 that ``import hydra_deploy.bench`` stays cheap.
@@ -32,6 +33,7 @@ _LAZY = {
     "load_baseline": "hydra_deploy.bench.check",
     "compare": "hydra_deploy.bench.check",
     "claims": "hydra_deploy.bench.check",
+    "int8_targets": "hydra_deploy.bench.check",
 }
 
 __all__ = sorted([*_LAZY, "BenchError"])

@@ -360,3 +360,94 @@ def _batch_claims(
             )
         )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 27's INT8 targets
+
+#: Batches the INT8 targets are stated at.
+INT8_TARGET_BATCHES = (1, 8, 16)
+
+
+def int8_backends(result: Mapping[str, Any]) -> list[str]:
+    """The result's INT8 backends (``ort-int8-dynamic``, ``ort-int8-static``), as measured."""
+    infos = result.get("backends", {})
+    return [
+        name
+        for name in result["results"]
+        if str(infos.get(name, {}).get("precision", "")).startswith("int8")
+    ]
+
+
+def int8_targets(
+    result: Mapping[str, Any],
+    *,
+    batches: Sequence[int] = INT8_TARGET_BATCHES,
+    hydra_max: float = 0.8,
+    ensemble_max: float = 1.0,
+    max_gap: float = 1.05,
+) -> list[dict[str, Any]]:
+    """Issue 27's latency targets, per INT8 backend and batch, from one result's ratios:
+
+    - ``hydra INT8 <= hydra_max x single FP32``: ``ratio_vs_fp32_single`` of the INT8 ``hydra``
+      row (the same runtime's single FP32 model, timed in the same rounds);
+    - ``fused_deep_ensemble INT8 <= ensemble_max x single FP32``: the same for the fused deep
+      ensemble (each member pruned to its heads, per-member MLPs);
+    - ``hydra INT8 / single INT8 <= max_gap x FLOPs ratio``: the INT8 ``hydra`` row's ``gap``.
+
+    Each entry: backend, batch, target, variant, value, limit, passed (None: the batch or the
+    variant was not measured), missed_by (value - limit where missed) and a one-line detail.
+    """
+    out: list[dict[str, Any]] = []
+    checks = (
+        ("hydra", f"hydra INT8 <= {hydra_max:g} x single FP32", "ratio_vs_fp32_single", hydra_max),
+        (
+            "fused_deep_ensemble",
+            f"fused_deep_ensemble INT8 <= {ensemble_max:g} x single FP32",
+            "ratio_vs_fp32_single",
+            ensemble_max,
+        ),
+        ("hydra", f"hydra INT8 / single INT8 <= {max_gap:g} x FLOPs ratio", "gap", max_gap),
+    )
+    for backend in int8_backends(result):
+        measured = result["results"][backend]
+        for batch in batches:
+            rows = measured.get(str(batch))
+            for variant, target, key, limit in checks:
+                entry: dict[str, Any] = {
+                    "backend": backend,
+                    "batch": int(batch),
+                    "target": target,
+                    "variant": variant,
+                    "limit": limit,
+                    "value": None,
+                    "passed": None,
+                    "missed_by": None,
+                }
+                row = None if rows is None else rows.get(variant)
+                if row is None or row.get(key) is None:
+                    what = f"batch {batch}" if rows is None else f"{variant} at batch {batch}"
+                    entry["detail"] = f"not measured ({what} is not in this run)"
+                    out.append(entry)
+                    continue
+                value = float(row[key])
+                entry.update(value=value, passed=value <= limit)
+                if key == "gap":
+                    detail = (
+                        f"ratio {row['ratio_vs_single']:.3f} / FLOPs ratio "
+                        f"{row['flops_ratio']:.3f} = {value:.3f}"
+                    )
+                else:
+                    detail = f"{value:.3f} x the single FP32 model"
+                if not entry["passed"]:
+                    entry["missed_by"] = value - limit
+                    detail += f"; missed by {value - limit:.3f} ({value / limit - 1:+.1%})"
+                entry["detail"] = detail
+                out.append(entry)
+    return out
+
+
+def target_line(entry: Mapping[str, Any]) -> str:
+    """``ort-int8-static batch 8: hydra INT8 <= 0.8 x single FP32: PASS (0.712 x ...)``."""
+    verdict = {True: "PASS", False: "FAIL", None: "NOT MEASURED"}[entry["passed"]]
+    return f"{entry['backend']} batch {entry['batch']}: {entry['target']}: {verdict} ({entry['detail']})"

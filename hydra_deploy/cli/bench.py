@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shlex
@@ -20,9 +21,18 @@ EXAMPLES = """\
   hydra-bench --backbone vit_b16 --batch 1 2 4 8 16 --backend torch ort --plot latency.png --out latency.json
   hydra-bench --backbone minilm --seq-len 128 --batch 1 8 --backend ort
   hydra-bench --backbone vit_b16 --batch 1 8 64 --backend torch-cuda-bf16      # GPU, CUDA graphs
+  hydra-bench --backbone vit_b16 --batch 1 8 16 --backend torch ort --precision fp32 int8-dynamic int8-static bf16
   hydra-bench --backbone vit_s16 ... --write-baseline benchmarks/baselines/mine.json --tolerance 0.3
   hydra-bench --backbone vit_s16 ... --check benchmarks/baselines/mine.json    # exit 1 on a regression
 """
+
+PRECISION_HELP = (
+    "precisions on the CPU, timed in the same rounds as the FP32 variants and reported against "
+    "the single FP32 model: fp32 (always), int8-dynamic and int8-static (ONNX Runtime; needs "
+    "--backend ort), bf16 (PyTorch under CPU autocast; needs --backend torch and a CPU with "
+    "BF16 instructions, else listed as skipped with the reason); int8 = both INT8 methods, all = "
+    "every one; space- or comma-separated (default fp32)"
+)
 
 BACKEND_HELP = (
     "backends to measure: torch (eager CPU), ort (ONNX Runtime CPU), torch-cuda-bf16, "
@@ -79,6 +89,21 @@ def build_parser(prog: str = "hydra-bench", **defaults: Any) -> argparse.Argumen
         "--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)"
     )
     timing.add_argument("--backend", nargs="+", metavar="NAME", help=BACKEND_HELP)
+    timing.add_argument(
+        "--precision", nargs="+", metavar="NAME", default=["fp32"], help=PRECISION_HELP
+    )
+    timing.add_argument(
+        "--int8-calibration-examples",
+        type=int,
+        help="int8-static: random inputs it is calibrated on (default and least 32; fine for "
+        "latency, not for accuracy)",
+    )
+    timing.add_argument(
+        "--int8-profile-runs",
+        type=int,
+        help="INT8: ONNX Runtime profiled runs of the single, hydra and fused_deep_ensemble "
+        "graphs, to show what stays in float (default 3; 0: no profile)",
+    )
     timing.add_argument(
         "--variants",
         nargs="+",
@@ -152,6 +177,10 @@ def config_from_args(args: argparse.Namespace):
     """The :class:`BenchConfig` of the arguments (BenchError for an impossible one)."""
     from hydra_deploy.bench.latency import VARIANTS, BenchConfig
 
+    int8 = {
+        "int8_calibration_examples": args.int8_calibration_examples,
+        "int8_profile_runs": args.int8_profile_runs,
+    }
     return BenchConfig(
         backbone=args.backbone,
         members=args.members,
@@ -171,6 +200,8 @@ def config_from_args(args: argparse.Namespace):
         ort_spinning=args.ort_spinning,
         seed=args.seed,
         lowering=args.lowering,
+        precisions=tuple(args.precision),
+        **{key: value for key, value in int8.items() if value is not None},  # else BenchConfig's
     )
 
 
@@ -215,6 +246,17 @@ def command_for(config, threads: int, backends: list[str], prog: str = "hydra-be
         argv.append("--ort-spinning")
     if config.lowering != DEFAULT_LOWERING:
         argv += ["--lowering", config.lowering]
+    if config.precisions != ("fp32",):
+        argv += ["--precision", *config.precisions]
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    if "int8-static" in config.precisions and (
+        config.int8_calibration_examples != defaults["int8_calibration_examples"]
+    ):
+        argv += ["--int8-calibration-examples", config.int8_calibration_examples]
+    if any(p.startswith("int8") for p in config.precisions) and (
+        config.int8_profile_runs != defaults["int8_profile_runs"]
+    ):
+        argv += ["--int8-profile-runs", config.int8_profile_runs]
     return f"{prog} {shlex.join(str(a) for a in argv)}"
 
 

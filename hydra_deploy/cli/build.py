@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         "hydra-build",
         "Build a TensorRT engine from a hydra-export folder through the TensorRT / Polygraphy API: "
         "a dynamic-batch optimization profile, strongly typed for exports that carry their "
-        "precision (hydra-export --precision fp16|bf16), weakly typed --fp16/--bf16 with "
+        "precision (hydra-export --precision fp16|bf16|int8), weakly typed --fp16/--bf16 with "
         "LayerNorm kept in FP32 for FP32 exports on TensorRT before 10.12. The engine is named "
         "by model hash, precision, GPU and TensorRT version; a JSON sidecar and the timing cache "
         "sit beside it. With --trtexec, print the equivalent trtexec command lines instead (no "
@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--precision",
         choices=("fp16", "bf16", "fp32", "best"),
         help="engine precision (default: the export's own precision, else fp16); best = bf16 "
-        "where the GPU (SM >= 80) and TensorRT (>= 10) support it, else fp16",
+        "where the GPU (SM >= 80) and TensorRT (>= 10) support it, else fp16. An INT8 export "
+        "(hydra-export --precision int8 --int8-method static: QuantizeLinear/DequantizeLinear "
+        "pairs) builds in INT8 by default",
     )
     p.add_argument(
         "--trtexec", action="store_true", help="print the trtexec command lines, build nothing"
@@ -87,12 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _trtexec(args: argparse.Namespace) -> int:
     from hydra_deploy.engines.build_source import load_source
-    from hydra_deploy.engines.precision_rules import GENERATION_NAMES
-    from hydra_deploy.engines.trtexec import trtexec_command
+    from hydra_deploy.engines.trtexec import command_lines, trtexec_commands
     from hydra_deploy.errors import EngineError
 
-    source = load_source(args.export_dir)
-    kwargs = dict(
+    results = trtexec_commands(
+        load_source(args.export_dir),
+        generations=[args.trt] if args.trt else None,
         precision=args.precision,
         out=args.out,
         gpu=args.gpu_tag,
@@ -102,43 +104,14 @@ def _trtexec(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         strongly_typed=args.strongly_typed,
     )
-    generations = [args.trt] if args.trt else list(GENERATION_NAMES)
-    results = []
-    for trt in generations:
-        try:
-            command = trtexec_command(source, trt=trt, **kwargs)
-        except EngineError as err:
-            if args.trt:  # the one generation asked for: its error is the answer
-                raise
-            results.append({"trt": trt, "error": str(err)})
-            continue
-        results.append(
-            {
-                "trt": trt,
-                "precision": command.precision,
-                "strongly_typed": command.strongly_typed,
-                "argv": list(command.argv),
-                "command": command.shell,
-                "engine": str(command.engine),
-                "timing_cache": str(command.timing_cache),
-                "layer_info": str(command.layer_info) if command.layer_info else None,
-                "notes": list(command.notes),
-            }
-        )
     if args.json:
-        print(json.dumps({"export": str(args.export_dir), "commands": results}, indent=2))
+        commands = [result.record() for result in results]
+        print(json.dumps({"export": str(args.export_dir), "commands": commands}, indent=2))
         return 0
-    if not any("command" in r for r in results):
-        raise EngineError("no TensorRT generation can build this export: " + results[0]["error"])
-    for index, result in enumerate(results):
-        if not args.trt:
-            print(("\n" if index else "") + f"# {GENERATION_NAMES[result['trt']]}")
-        if "error" in result:
-            print(f"# not available: {result['error']}")
-            continue
-        for note in result["notes"]:
-            print(f"# note: {note}")
-        print(result["command"])
+    if all(r.command is None for r in results):
+        raise EngineError("no TensorRT generation can build this export: " + str(results[0].error))
+    for line in command_lines(results, headers=not args.trt):
+        print(line)
     if not args.quiet:
         print(
             "# then check fused attention: the layer info (--exportLayerInfo file) should list "

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, command_spelling
+from hydra_deploy.options import PARAMETER_FLAGS
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -38,7 +39,8 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
         logging.ERROR if args.quiet else (logging.DEBUG if args.debug else logging.INFO)
     )
     try:
-        return int(main(args) or 0)
+        with command_spelling(PARAMETER_FLAGS):  # warnings and advice name the flags
+            return int(main(args) or 0)
     except HydraError as err:
         if args.debug:
             raise

@@ -22,7 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Run an export in PyTorch (float32 reference, rebuilt from the folder), ONNX Runtime and, "
         "with --engine, a TensorRT engine on the same inputs; report per member the member-logit "
         "max difference and argmax agreement, and per uncertainty score the max difference, "
-        "against tolerances that fit each precision (fp32, fp16, bf16). An export calibrated "
+        "against tolerances that fit each precision (fp32, fp16, bf16, int8: hydra_deploy."
+        "parity's table; an argmax is judged only where the reference's top-2 margin exceeds "
+        "twice the error bound, near-ties are counted). INT8 activations were calibrated on "
+        "data: compare on such data with --inputs. An export calibrated "
         "with hydra-calibrate also gets its decisions compared: calibrated_probs (max "
         "difference) and the share of examples whose prediction set, accept and ood_flag agree "
         "with the reference's (the graph's outputs with --in-graph, else the decisions applied "
@@ -75,27 +78,39 @@ def _table(report) -> str:
                     f"member {member}",
                     f"{logits.value:.3g}",
                     f"{logits.bound:.3g}",
-                    f"{100 * argmax.value:.1f}%",
+                    _agreement(argmax),
                     f">= {100 * argmax.bound:.0f}%",
                     "ok" if logits.passed and argmax.passed else "FAIL",
                 ]
             )
         lines.append(
             common.print_table(
-                rows, ["member", "logits max diff", "bound", "argmax agree", "needs", ""]
+                rows, ["member", "logits max diff", "bound", "argmax agree", "needs", "verdict"]
             )
         )
         rows = []
         for check in backend.scores:
             if check.kind == "agreement":
-                value, bound = f"{100 * check.value:.1f}%", f">= {100 * check.bound:.0f}%"
+                value, bound = _agreement(check), f">= {100 * check.bound:.0f}%"
             else:
-                value, bound = f"{check.value:.3g}", f"<= {check.bound:.3g}"
+                value = "n/a (ties)" if check.judged == 0 else f"{check.value:.3g}"
+                bound = f"<= {check.bound:.3g}"
             rows.append([check.name, check.kind, value, bound, "ok" if check.passed else "FAIL"])
-        lines.append(common.print_table(rows, ["score", "measure", "value", "bound", ""]))
+        lines.append(common.print_table(rows, ["score", "measure", "value", "bound", "verdict"]))
+        if backend.near_ties()[0]:  # the verdict, with the near-ties it leaves out (parity's rule)
+            lines.append(f"{backend.backend}: {backend.verdict()}")
     failures = report.failures()
     lines.append("\n" + ("PASSED" if not failures else "FAILED:\n  " + "\n  ".join(failures)))
     return "\n".join(lines)
+
+
+def _agreement(check) -> str:
+    """An agreement cell: the share, and how many examples were judged when near-ties were left
+    out (none judged: every reference example is a near-tie)."""
+    if check.judged == 0:
+        return "n/a (ties)"
+    cell = f"{100 * check.value:.1f}%"
+    return cell + (f" of {check.judged}" if check.near_ties else "")
 
 
 def main_body(args: argparse.Namespace) -> int:

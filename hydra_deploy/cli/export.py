@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hydra_deploy.cli import common, triton
 from hydra_deploy.cli import model_options as build
+from hydra_deploy.options import Int8Options, add_options, from_args
 
 EXAMPLES = """\
   hydra-export --backbone vit_b16                  # writes export/vit_b16-m3
@@ -18,6 +19,7 @@ EXAMPLES = """\
   hydra-export --backbone vit_s16 --spec spec.json --max-batch 64 --out export/vit_s16 --json
   hydra-export --from export/vit_b16-m3 --opset 18 --uq-outputs --out export/vit_b16-m3-uq
   hydra-export --backbone vit_b16 --out export/vit_b16-m3 --triton models/   # + Triton repository
+  hydra-export --backbone vit_b16 --precision int8 --int8-calib calib/ --out export/vit_b16-m3-int8
 """
 
 
@@ -57,11 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument(
         "--precision",
-        choices=("fp32", "fp16", "bf16"),
+        choices=("fp32", "fp16", "bf16", "int8"),
         default="fp32",
         help="fp16/bf16: a strongly typed graph (weights and matmuls in that precision, "
-        "LayerNorm and the ensemble head in float32, float32 inputs and outputs) that "
-        "TensorRT 10.12+/11 builds with --stronglyTyped (default fp32)",
+        "LayerNorm and the ensemble head in float32, float32 inputs and outputs); int8: matmuls "
+        "quantized, the rest float32 (--int8-method static: QuantizeLinear/DequantizeLinear "
+        "pairs, which TensorRT builds; dynamic: ONNX Runtime only). TensorRT builds fp16, bf16 "
+        "and int8 graphs with --stronglyTyped from 10.0 on (JetPack 6.1/6.2 included), 8.6 "
+        "weakly typed (--fp16, --int8); the export prints each version's trtexec line "
+        "(default fp32)",
     )
     out.add_argument(
         "--uq-outputs",
@@ -71,8 +77,52 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--no-validate", action="store_true", help="skip the ONNX Runtime check")
     out.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     out.add_argument("--json", action="store_true", help="print hydra.json's contents as JSON")
+    add_options(p, Int8Options)
     triton.add_arguments(p, engine=False)
     return p
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def int8_options(args: argparse.Namespace) -> Int8Options | None:
+    """``--precision int8``'s options from the INT8 flags (refused without it); ``--int8-calib``
+    becomes the reader of that data (:func:`hydra_deploy.evaluation.int8_data.int8_calibration`),
+    run on the staged FP32 export with the model's own preprocessing or tokenizer."""
+    import dataclasses
+    import logging
+
+    from hydra_deploy.errors import HydraError, ParameterError
+
+    flags = {f.metadata["flag"]: f.default for f in dataclasses.fields(Int8Options)}
+    given = [flag for flag, default in flags.items() if getattr(args, _dest(flag)) != default]
+    if args.precision != "int8":
+        if given:
+            raise HydraError(f"{given[0]} is for INT8 exports: add --precision int8, or drop it")
+        return None
+    try:
+        options = from_args(Int8Options, args)
+    except ParameterError as err:
+        err.args = (err.for_command(Int8Options.FLAGS),)
+        raise
+    if options.calib is None:
+        if args.int8_method is None:
+            logging.getLogger("hydra_deploy").info(
+                "--precision int8 without --int8-calib: dynamic quantization (int8 weights, "
+                "activations quantized at run time; ONNX Runtime on a CPU). For static QDQ "
+                "(TensorRT, and no run-time quantization) give --int8-calib DATA"
+            )
+        return options
+    if not Path(options.calib).exists():
+        raise HydraError(
+            f"--int8-calib {str(options.calib)!r} does not exist; give an image folder, a .npz of "
+            "the model's inputs, or a .txt/.tsv for a text model"
+        )
+    from hydra_deploy.evaluation.int8_data import int8_calibration
+
+    reader = int8_calibration(options.calib, max_examples=options.calib_size)
+    return dataclasses.replace(options, calib=reader)
 
 
 def default_name(backbone: str) -> str:
@@ -87,24 +137,21 @@ def default_name(backbone: str) -> str:
 
 
 def trtexec_lines(info: dict, out: Path) -> list[str]:
-    """The trtexec line(s) that build an engine from the export (``hydra-build --trtexec`` has all).
+    """The trtexec lines that build an engine from the export written to ``out``: per TensorRT
+    generation what ``hydra-build EXPORT_DIR --trtexec`` prints, without its blank lines (both
+    come from :func:`hydra_deploy.engines.trtexec.trtexec_commands`, which reads the folder, so
+    ``info`` is not needed). An export no TensorRT can build gets one line saying why."""
+    from hydra_deploy.engines.trtexec import command_lines, trtexec_commands
 
-    An FP16/BF16 graph carries its precision: ``--stronglyTyped`` (TensorRT 10.12+ and 11). An
-    FP32 graph builds weakly typed with ``--fp16`` on TensorRT before 10.12 (JetPack 6); TensorRT
-    10.12 deprecated and 11 removed that flag, so the line says to export ``--precision fp16``.
-    """
-    from hydra_deploy.engines.trtexec import trtexec_command
-
-    if info.get("precision", "fp32") != "fp32":
-        return [f"{trtexec_command(out, trt='10.12')}   # TensorRT 10.12+ / 11"]
-    return [
-        f"{trtexec_command(out, precision='fp16', trt='10')}   # TensorRT 10.0-10.11 (JetPack 6.1/6.2)",
-        "# TensorRT 10.12+ / 11: export with --precision fp16 and build --stronglyTyped",
-    ]
+    results = trtexec_commands(out)
+    if all(result.command is None for result in results):
+        return [f"# no TensorRT can build this export: {results[0].error}"]
+    return [line for line in command_lines(results) if line]
 
 
 def validation_line(validation: dict) -> str:
-    """One line on what validation compared and found (and, for FP16/BF16, the drift from FP32)."""
+    """What validation compared and the largest differences it found; for FP16/BF16/INT8 also
+    the drift from FP32 (its verdict the export says once, as it ends: parity's rule)."""
     batches = validation["batches"]
     worst = max(b["member_logits"]["max_abs_diff"] for b in batches.values())
     limit = max(b["member_logits"]["atol"] for b in batches.values())
@@ -115,22 +162,25 @@ def validation_line(validation: dict) -> str:
     )
     if precision == "fp32":
         return line
-    line = line.replace(
-        "in ONNX Runtime", f"the {precision} file's float32 widening in ONNX Runtime"
-    )
-    drift = [b["drift_vs_fp32"] for b in batches.values()]
+    if precision == "int8":
+        line = line.replace("in ONNX Runtime", "the fp32 graph in ONNX Runtime")
+        line += " against PyTorch, before quantization"
+    else:
+        line = line.replace(
+            "in ONNX Runtime", f"the {precision} file's float32 widening in ONNX Runtime"
+        )
+        line += f" against PyTorch with {precision} weights"
+    drift = validation.get("drift") or {}
     moved = ", ".join(
-        f"{name} {max(d[name] for d in drift):.2g}"
+        f"{name} {drift['worst'][name]:.2g}"
         for name in ("member_logits", "probs", "predictive_entropy", "mutual_information")
-        if name in drift[0]
+        if name in drift.get("worst", {})
     )
-    agreement = min(d["argmax_agreement"] for d in drift)  # printed to 0.01%: 98.96% is not 99%
-    state = "within" if validation.get("drift_within_tolerance") else "BEYOND"
-    return (
-        f"{line} against PyTorch with {precision} weights\n{precision} vs fp32 (measured in "
-        f"{validation['drift_measured_in']}): max {moved}; argmax agreement {agreement:.2%} "
-        f"({state} the {precision} tolerances)"
-    )
+    where = validation.get("drift_measured_in", "")
+    if drift.get("inputs"):
+        where += f" on {drift['inputs']}"
+    examples = drift.get("examples")
+    return f"{line}\n{precision} vs fp32 (measured in {where}): max {moved} ({examples} examples)"
 
 
 def main_body(args: argparse.Namespace) -> int:
@@ -151,6 +201,7 @@ def main_body(args: argparse.Namespace) -> int:
             raise HydraError("--from needs --out (a new folder for the re-export)")
         args.out = Path("export") / f"{default_name(args.backbone)}-m{build.resolve_members(args)}"
     common.refuse_existing(args.out, args.overwrite)
+    int8 = int8_options(args)  # before the build: a wrong flag costs nothing
     triton.check_unused(args)
     if args.triton is not None:
         triton.preflight(args, args.out, with_engine=False)
@@ -164,16 +215,17 @@ def main_body(args: argparse.Namespace) -> int:
     batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
     started = time.perf_counter()
     if args.from_dir is not None:
-        from hydra_deploy.export import load_export
+        from hydra_deploy.export.load import load_export, warn_default_preprocessing
 
         if args.model_arg:
             raise HydraError("--model-arg builds a backbone; --from re-exports a built model as is")
-        hydra = load_export(args.from_dir)
+        hydra = load_export(args.from_dir, warn_preprocessing=False)  # warned once, below
         spec = hydra.spec
         log.info("rebuilt the model saved in %s", args.from_dir)
         preprocessing = build.preprocessing_from_args(args)
         if preprocessing:  # correct the recorded preprocessing of an image export
             hydra.preprocessing = build.override_preprocessing(hydra, preprocessing)
+        warn_default_preprocessing(hydra, args.from_dir)
     else:
         _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
     macs = hydra.macs
@@ -198,6 +250,7 @@ def main_body(args: argparse.Namespace) -> int:
         validate=not args.no_validate,
         uq_outputs=args.uq_outputs,
         precision=args.precision,
+        int8=int8,
         overwrite=args.overwrite,
     )
     if args.from_dir is not None:
@@ -229,7 +282,7 @@ def _carry_decisions(source: Path, out: Path, hydra, log) -> None:
         return
     example = hydra.example_inputs(4, 0)
     example = example if isinstance(example, tuple) else (example,)
-    names = [entry["name"] for entry in read_info(out).record["inputs"]]
+    names = [entry["name"] for entry in read_info(out).inputs]
     inputs = {name: t.numpy() for name, t in zip(names, example, strict=False)}
     if carry_decisions(source, out, inputs) is not None:
         log.info("kept the decisions of %s: the re-export computes the same member logits", source)

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from hydra_deploy.errors import HydraError, ParameterError
-from hydra_deploy.export_folder import INTERPOLATIONS
+from hydra_deploy.export_folder import DEFAULTED, INTERPOLATIONS
 from hydra_deploy.families import get_family
 from hydra_deploy.options import (
     CROP_MODES,
@@ -85,7 +85,10 @@ def override_preprocessing(hydra: Any, preprocessing: dict[str, Any]) -> dict[st
     for key in ("mean", "std"):
         if key in values and len(values[key]) == 1:
             values[key] = values[key] * channels
-    return {**recorded, **values}
+    merged = {**recorded, **values}
+    defaulted = [k for k in recorded.get(DEFAULTED) or () if k not in values]
+    merged.pop(DEFAULTED, None)
+    return {**merged, DEFAULTED: defaulted} if defaulted else merged
 
 
 #: how the commands spell the library's parameters in its messages (others: ``--name-with-dashes``)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.engines.onnx_summary import OnnxSummary, read_onnx
+from hydra_deploy.engines.onnx_summary import OnnxSummary, explicit_quantization, read_onnx
 from hydra_deploy.errors import EngineError
 from hydra_deploy.export_folder import (
     GRAPH_PRECISIONS,
@@ -47,9 +47,12 @@ class ExportSource:
 
     @property
     def graph_precision(self) -> str:
-        """fp32, or fp16/bf16 for a strongly typed graph that carries its own precision.
+        """fp32; fp16/bf16 for a strongly typed graph that carries its own precision; int8 for an
+        explicitly quantized graph (QuantizeLinear/DequantizeLinear pairs).
 
-        From hydra.json, else the ONNX metadata (``hydra_precision``), else fp32.
+        INT8 is read from the graph's operators (:func:`explicit_quantization`, which refuses what
+        TensorRT cannot build: ONNX Runtime's dynamic quantization, uint8 or asymmetric zero
+        points); the rest from hydra.json, else the ONNX metadata (``hydra_precision``), else fp32.
         """
         if self.export is not None:
             precision = self.export.precision
@@ -60,7 +63,19 @@ class ExportSource:
                 f"hydra.json gives precision {precision!r}; expected one of {GRAPH_PRECISIONS}. "
                 "Re-export the folder with hydra-export"
             )
-        return precision
+        quantized = explicit_quantization(self.onnx, self.onnx_path)
+        if quantized and precision not in ("int8", "fp32"):
+            raise EngineError(
+                f"{str(self.onnx_path)!r} holds QuantizeLinear/DequantizeLinear pairs (INT8) but "
+                f"its record gives precision {precision}; re-export the folder with hydra-export"
+            )
+        if precision == "int8" and not quantized:
+            raise EngineError(
+                f"hydra.json gives precision int8 but {str(self.onnx_path)!r} holds no "
+                "QuantizeLinear/DequantizeLinear pairs; re-export the folder with hydra-export "
+                "--precision int8 --int8-method static"
+            )
+        return "int8" if quantized else precision
 
     @property
     def spec(self) -> dict[str, Any] | None:

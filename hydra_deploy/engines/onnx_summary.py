@@ -1,12 +1,13 @@
 """What the engine code reads of ``model.onnx``: a minimal ONNX reader (protobuf wire format, standard
-library only, so a Jetson without the onnx package can build) and the layers a weakly typed
-reduced-precision build keeps in FP32.
+library only, so a Jetson without the onnx package can build), the layers a weakly typed
+reduced-precision build keeps in FP32, and whether the graph is quantized in a form TensorRT takes
+(:func:`explicit_quantization`: QuantizeLinear/DequantizeLinear pairs, decided from the operators).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,30 @@ HEAD_FLOAT_OPS = frozenset(
 )
 MEMBER_LOGITS = "member_logits"
 
+#: An explicitly quantized graph: TensorRT's explicit quantization builds INT8 kernels from these
+#: pairs (onnx-tensorrt docs/operators.md, 8.6-GA lines 50 and 127, 10.0-GA lines 58 and 138).
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+#: ONNX Runtime's integer operators (``quantize_dynamic``; ``quantize_static`` in the QOperator
+#: format; every ``QLinear*``), which TensorRT's ONNX parser cannot import: onnx-tensorrt
+#: docs/operators.md marks ConvInteger, DynamicQuantizeLinear, MatMulInteger, QLinearConv and
+#: QLinearMatMul "N" (8.6-GA lines 43, 54, 99, 125, 126; 10.0-GA lines 51, 62, 109, 136, 137); the
+#: others are com.microsoft operators, outside ONNX, for which it has no importer at all.
+INTEGER_OPS = frozenset(
+    {
+        "ConvInteger",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "QGemm",
+        "QAttention",
+        "QEmbedLayerNormalization",
+        "DynamicQuantizeLSTM",
+    }
+)
+#: ONNX TensorProto.DataType codes of the zero points TensorRT sees (onnx.proto).
+ONNX_UINT8, ONNX_INT8 = 2, 3
+
 
 @dataclass(frozen=True)
 class OnnxNode:
@@ -62,6 +87,9 @@ class OnnxSummary:
     inputs: tuple[dict[str, Any], ...]  # {"name", "shape"} with str for symbolic dims
     outputs: tuple[str, ...]
     metadata: dict[str, str]
+    # the zero points of QuantizeLinear/DequantizeLinear nodes that are initializers:
+    # {name: (ONNX data type, all zeros? None when the values are in an external file)}
+    zero_points: dict[str, tuple[int, bool | None]] = field(default_factory=dict)
 
 
 def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -125,6 +153,19 @@ def _value_info(buf: memoryview) -> dict[str, Any]:
     return {"name": name, "shape": shape}
 
 
+def _zero_point(buf: memoryview) -> tuple[int, bool | None]:
+    """A TensorProto -> (data type, whether every value is zero; None for external data)."""
+    data_type, zeros, external = 0, True, False
+    for number, value in _fields(buf):
+        if number == 2:  # data_type
+            data_type = int(value)  # type: ignore[arg-type]
+        elif number in (5, 9):  # int32_data (packed or one varint) / raw_data: zero bytes only
+            zeros = zeros and (value == 0 if isinstance(value, int) else not any(bytes(value)))
+        elif number == 14 and value == 1:  # data_location: EXTERNAL
+            external = True
+    return data_type, None if external else zeros
+
+
 def read_onnx(path: str | Path) -> OnnxSummary:
     """Read node names, op types, graph inputs/outputs and metadata from an ONNX file.
 
@@ -139,7 +180,7 @@ def read_onnx(path: str | Path) -> OnnxSummary:
     nodes: list[OnnxNode] = []
     inputs: list[dict[str, Any]] = []
     outputs: list[str] = []
-    initializers: set[str] = set()
+    initializers: dict[str, memoryview] = {}  # name -> the TensorProto, not copied
     metadata: dict[str, str] = {}
     try:
         for number, value in _fields(data):
@@ -161,14 +202,19 @@ def read_onnx(path: str | Path) -> OnnxSummary:
                                 outputs=tuple(parts[2]),
                             )
                         )
-                    elif gnum == 5:  # TensorProto initializer: only its name (field 8)
+                    elif gnum == 5:  # TensorProto initializer: its name (field 8), kept unread
                         for tnum, tval in _fields(gval):  # type: ignore[arg-type]
                             if tnum == 8:
-                                initializers.add(_text(tval))
+                                initializers[_text(tval)] = gval  # type: ignore[assignment]
                     elif gnum == 11:
                         inputs.append(_value_info(gval))  # type: ignore[arg-type]
                     elif gnum == 12:
                         outputs.append(_value_info(gval)["name"])  # type: ignore[arg-type]
+        zero_points = {
+            node.inputs[2]: _zero_point(initializers[node.inputs[2]])
+            for node in nodes
+            if node.op_type in QDQ_OPS and len(node.inputs) > 2 and node.inputs[2] in initializers
+        }
     except (ValueError, IndexError, UnicodeDecodeError) as err:
         raise EngineError(
             f"{str(path)!r} is not a readable ONNX file ({err}); re-export it with hydra-export"
@@ -180,6 +226,7 @@ def read_onnx(path: str | Path) -> OnnxSummary:
         inputs=tuple(i for i in inputs if i["name"] not in initializers),
         outputs=tuple(outputs),
         metadata=metadata,
+        zero_points=zero_points,
     )
 
 
@@ -210,3 +257,62 @@ def fp32_layer_names(onnx: OnnxSummary) -> list[str]:
                 )
             names.append(node.name)
     return names
+
+
+_STATIC = "hydra-export --from EXPORT_DIR --precision int8 --int8-method static --int8-calib DATA --out NEW_DIR"
+
+
+def explicit_quantization(onnx: OnnxSummary, path: str | Path) -> bool:
+    """Whether ``model.onnx`` is explicitly quantized: QuantizeLinear/DequantizeLinear pairs, which
+    TensorRT turns into INT8 kernels with the graph's own scales (no calibration in TensorRT).
+
+    Decided from the graph's operators alone, as the standard-library scripts in ``engines/``
+    decide it, so hydra.json's word is not needed (a bare ``.onnx`` file is read the same way).
+
+    Raises:
+        EngineError: the graph holds ONNX Runtime's integer operators (``--int8-method dynamic``),
+            which TensorRT cannot import; or a Q/DQ zero point TensorRT refuses: onnx-tensorrt
+            takes only signed INT8 with all-zero zero points (8.6-GA builtin_op_importers.cpp
+            lines 1160-1166 refuse UINT8 as a DequantizeLinear input and a QuantizeLinear zero
+            point, 1216-1221 non-zero values; 10.1-GA onnxOpImporters.cpp lines 1348-1354 and
+            1491-1494 the same).
+    """
+    found = sorted(
+        {
+            n.op_type
+            for n in onnx.nodes
+            if n.op_type in INTEGER_OPS or n.op_type.startswith("QLinear")
+        }
+    )
+    if found:
+        raise EngineError(
+            f"{str(path)!r} is quantized with ONNX Runtime's integer operators ({', '.join(found)}; "
+            "hydra-export --int8-method dynamic), which TensorRT's ONNX parser cannot import; "
+            "re-export with --int8-method static, whose QuantizeLinear/DequantizeLinear pairs "
+            f"TensorRT builds in INT8: {_STATIC}"
+        )
+    qdq = [n for n in onnx.nodes if n.op_type in QDQ_OPS]
+    refused = []
+    for node in qdq:
+        if len(node.inputs) < 3 and node.op_type == "QuantizeLinear":
+            refused.append(
+                f"{node.name or node.op_type}: no zero point, so ONNX quantizes to uint8"
+            )
+            continue
+        # a zero point made by a Constant node is left to TensorRT's parser (it reads those too)
+        zero_point = node.inputs[2] if len(node.inputs) > 2 else ""
+        data_type, zeros = onnx.zero_points.get(zero_point, (ONNX_INT8, True))
+        if data_type == ONNX_UINT8:
+            refused.append(f"{node.name or node.op_type}: a uint8 zero point")
+        elif data_type != ONNX_INT8:
+            refused.append(f"{node.name or node.op_type}: a zero point of ONNX type {data_type}")
+        elif zeros is False:
+            refused.append(f"{node.name or node.op_type}: a zero point that is not 0")
+    if refused:
+        raise EngineError(
+            f"{str(path)!r} quantizes in a form TensorRT refuses ({len(refused)} "
+            f"QuantizeLinear/DequantizeLinear nodes, e.g. {refused[0]}): TensorRT takes only "
+            "symmetric signed INT8 (int8 zero points, all 0); re-export with symmetric int8 "
+            f"activations and weights: {_STATIC}"
+        )
+    return bool(qdq)

@@ -1,7 +1,32 @@
 """How an engine gets its precision on each TensorRT generation (:func:`choose_precision`): weak typing
 with ``--fp16``/``--bf16`` and FP32 constraints (8.6, 10.0-10.11), or a strongly typed graph that
-carries its precision (10.12 and 11, and FP16/BF16 exports from 10.0 on). Shared by the Python
-build and the trtexec recipes.
+carries its precision (10.12 and 11, and FP16/BF16/INT8 exports from 10.0 on). Shared by the Python
+build, the trtexec recipes and the hints the commands print.
+
+INT8 is explicit quantization only: the graph's QuantizeLinear/DequantizeLinear pairs carry the
+scales (``hydra-export --precision int8 --int8-method static``); TensorRT's own calibration of an
+FP32 graph is not offered. What each generation needs, read in NVIDIA's sources:
+
+- **8.6** (JetPack 6.0's 8.6.2) has no strongly typed networks; a Q/DQ network is built with the INT8
+  builder flag, ``--int8`` (NvInfer.h v8.6.1 line 8773, ``BuilderFlag::kINT8``: "Enable Int8 layer
+  selection, with FP32 fallback with FP16 fallback if kFP16 also specified"; trtexec sets it for
+  ``--int8``, sampleEngines.cpp v8.6.1 lines 970-973, and lines 995-1009 skip calibration ranges
+  when the network has Q/DQ layers; developer guide 8.6, "Working with INT8": the INT8 flag must be
+  set for any quantized operation; NVIDIA's own QDQ example, tools/tensorflow-quantization/
+  examples/README.md v8.6.1 line 55: ``trtexec --onnx=model_qat.onnx --int8``). No ``--fp16``:
+  every layer outside the Q/DQ pairs (LayerNorm, softmax, the ensemble head) then stays FP32 as the
+  export keeps it, so no precision constraints are needed (8.6 could not pin LayerNorm by name).
+- **10.0-10.11** (JetPack 6.1/6.2's 10.3): strongly typed, ``--stronglyTyped`` and no precision
+  flag. A strongly typed network takes its types from the graph: a DequantizeLayer's output type is
+  its scale's (NvInfer.h v10.3.0 lines 5475-5476), so the float parts stay FP32; trtexec turns
+  ``--int8``/``--fp16`` off with a warning under ``--stronglyTyped`` (sampleOptions.cpp v10.3.0
+  lines 1231-1248; ``--best`` with it is an error from 10.11, v10.11 lines 1249-1253). Weak
+  ``--int8`` stays possible when asked for (``strongly_typed=False``).
+- **10.12+**: ``BuilderFlag::kINT8`` deprecated, "Superseded by strong typing" (NvInfer.h v10.12.0
+  lines 8852-8854): strongly typed, as 10.0.
+- **11**: no ``kINT8`` (NvInfer.h v11.0 ``enum class BuilderFlag``, line 9974 on); trtexec's build
+  options parse no ``--int8`` (sampleOptions.cpp v11.0: only ``SafeBuilderOptions::parse``, lines
+  1723-1742, reads it) and ``--stronglyTyped`` is an accepted no-op (line 2396): strongly typed.
 """
 
 from __future__ import annotations
@@ -14,7 +39,7 @@ from hydra_deploy.export_folder import (
     GRAPH_PRECISIONS,
 )
 
-PRECISIONS = ("fp16", "bf16", "fp32", "best")
+PRECISIONS = ("fp16", "bf16", "fp32", "int8", "best")
 # trtexec generations: the key names the oldest release each recipe is written for.
 GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 GENERATION_NAMES = {
@@ -29,9 +54,9 @@ GENERATION_NAMES = {
 class PrecisionChoice:
     """How an engine gets its precision on one TensorRT version (see :func:`choose_precision`)."""
 
-    precision: str  # what the engine computes in: fp16, bf16 or fp32
+    precision: str  # what the engine computes in: fp16, bf16, fp32 or int8 (explicit quantization)
     strongly_typed: bool
-    builder_flags: tuple[str, ...]  # weak typing: "fp16" / "bf16" (trtexec --fp16 / --bf16)
+    builder_flags: tuple[str, ...]  # weak typing: "fp16" / "bf16" / "int8" (trtexec --fp16 ...)
     constrain_fp32: bool  # pin LayerNormalization and the ensemble head to FP32 (obey)
     notes: tuple[str, ...] = ()  # warnings for the user (fallbacks, deprecations)
 
@@ -81,10 +106,12 @@ def choose_precision(
     """Decide typing, builder flags and FP32 constraints for one build.
 
     Args:
-        requested: fp16, bf16, fp32 or best (None: the graph's own precision if it carries one,
-            else fp16). ``best`` is BF16 where the GPU (SM >= 80) and TensorRT (>= 10) support it,
-            else FP16 with a note.
-        graph_precision: the exported graph's precision (hydra.json ``precision``).
+        requested: fp16, bf16, fp32, int8 or best (None: the graph's own precision if it carries
+            one, else fp16). ``best`` is BF16 where the GPU (SM >= 80) and TensorRT (>= 10)
+            support it, else FP16 with a note; for a graph that carries its precision it is that
+            precision. ``int8`` needs an explicitly quantized graph.
+        graph_precision: the exported graph's precision (:attr:`ExportSource.graph_precision`:
+            hydra.json's, int8 when the graph holds Q/DQ pairs).
         trt: the TensorRT version (``"10.3"``, ``(10, 13)``) or a trtexec generation key.
         sm: the GPU's compute capability as ``10 * major + minor`` (None: unknown; the BF16 GPU
             check is then left to TensorRT).
@@ -103,6 +130,16 @@ def choose_precision(
         )
     if requested is None:
         requested = graph_precision if graph_precision != "fp32" else "fp16"
+    if requested == "int8" and graph_precision != "int8":
+        # IInt8Calibrator: "Deprecated in TensorRT 10.1. Superseded by explicit quantization."
+        # (NvInfer.h v10.1.0 line 7583); NvInfer.h v11.0 has no IInt8Calibrator at all
+        raise EngineError(
+            f"unknown precision 'int8' for this {graph_precision} graph: TensorRT builds INT8 here "
+            "only from the graph's own QuantizeLinear/DequantizeLinear pairs (explicit "
+            "quantization; TensorRT's calibration is deprecated since 10.1 and gone in 11); "
+            "quantize the export: hydra-export --from EXPORT_DIR --precision int8 "
+            "--int8-method static --int8-calib DATA --out NEW_DIR"
+        )
     if requested not in PRECISIONS:
         raise EngineError(f"unknown precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
     has_strong, weak_deprecated, weak_removed = trt >= (10, 0), trt >= (10, 12), trt >= (11, 0)
@@ -137,7 +174,9 @@ def choose_precision(
             return PrecisionChoice(graph_precision, True, (), False, tuple(notes))
         if weak_deprecated:
             notes.append(f"weak typing is deprecated since TensorRT 10.12 (this is {version})")
-        return PrecisionChoice(graph_precision, False, (graph_precision,), True, tuple(notes))
+        # INT8 without FP16: the layers outside the Q/DQ pairs compute in FP32, nothing to pin
+        pin = graph_precision != "int8"
+        return PrecisionChoice(graph_precision, False, (graph_precision,), pin, tuple(notes))
 
     if requested == "best":
         problem = _bf16_problem(trt, sm)

@@ -434,21 +434,7 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
             f"input {name!r} is not an array numpy can hold ({err}); pass a numpy array of shape "
             f"{list(spec.shape)}"
         ) from None
-    if array.ndim != spec.rank:
-        raise RunnerError(
-            f"input {name!r} must have {spec.rank} dimensions {list(spec.shape)}, got shape "
-            f"{array.shape}{_rank_hint(spec, array.shape)}"
-        )
-    if array.shape[0] == 0:
-        raise RunnerError(
-            f"input {name!r} is an empty batch (shape {array.shape}); give 1 or more examples"
-        )
-    for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
-        if axis > 0 and _is_fixed(want) and want != got:
-            raise RunnerError(
-                f"input {name!r} must have size {want} on axis {axis} (shape {list(spec.shape)}), "
-                f"got shape {array.shape}{_image_hint(spec, array.shape)}"
-            )
+    check_shape(spec, array.shape)
     given, array = array, _cast(spec, array)
     if array.dtype.kind == "f" and not allow_nonfinite and not np.isfinite(array).all():
         if given.dtype.kind == "f" and np.isfinite(given).all():
@@ -463,6 +449,27 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
             "fix the data, or pass allow_nonfinite=True (hydra-run --allow-nonfinite) to run it anyway"
         )
     return np.ascontiguousarray(array)
+
+
+def check_shape(spec: TensorSpec, shape: tuple[int, ...], where: str = "") -> None:
+    """Refuse an input whose shape ``spec`` cannot take, saying how to fix it; ``where``
+    (``"ID data (x.npz, 797 examples): "``) names a whole file checked before it is batched."""
+    name = spec.name
+    if len(shape) != spec.rank:
+        raise RunnerError(
+            f"{where}input {name!r} must have {spec.rank} dimensions {list(spec.shape)}, got "
+            f"shape {shape}{_rank_hint(spec, shape)}"
+        )
+    if shape[0] == 0:
+        raise RunnerError(
+            f"{where}input {name!r} is an empty batch (shape {shape}); give 1 or more examples"
+        )
+    for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+        if axis > 0 and _is_fixed(want) and want != got:
+            raise RunnerError(
+                f"{where}input {name!r} must have size {want} on axis {axis} (shape "
+                f"{list(spec.shape)}), got shape {shape}{_image_hint(spec, shape)}"
+            )
 
 
 def is_one_example(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
@@ -518,7 +525,17 @@ def _image_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
     if shape[3] == channels and shape[1] != channels:
         return f"{expects}; this looks channels-last [N, H, W, C]: transpose it, x.transpose(0, 3, 1, 2)"
     if shape[1] != channels:
-        return f"{expects}; the images have {shape[1]} channel(s), the model takes {channels}"
+        fix = (
+            "repeat the one channel: np.repeat(x, 3, axis=1)"
+            if shape[1] == 1 and channels == 3
+            else "average them to one: x.mean(axis=1, keepdims=True)"
+            if channels == 1
+            else f"give images with {channels} channels"
+        )
+        return (
+            f"{expects}; the images have {shape[1]} channel(s), the model takes {channels}: "
+            f"{fix} (or give the image files, which are converted to the model's channels)"
+        )
     return expects + _resize_advice(spec, shape[2], shape[3])
 
 

@@ -32,7 +32,7 @@ MEMBER_LOGITS = "member_logits"
 DECISION_FIELDS = ("calibrated_probs", "confidence", "prediction_set", "accept", "ood_flag")
 
 
-def check_member_logits(runner: Any, output_names: Any) -> None:
+def check_member_logits(runner: Runner, output_names: Any) -> None:
     """A RunnerError unless the model has the ``member_logits`` output a Hydra export has."""
     names = list(output_names)
     if MEMBER_LOGITS not in names:

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from hydra_deploy.engines.scoring import score_batch
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.families import Family, get_family
 from hydra_deploy.userdata import IMAGE_SUFFIXES, TEXT_FILE_SUFFIXES, find_images, read_text_file
+
+if TYPE_CHECKING:
+    from hydra_deploy.engines.runner_base import Runner
 
 __all__ = [
     "ARRAY",
@@ -74,12 +77,12 @@ class Source:
         return len(self.names)
 
 
-def model_family(runner: Any) -> Family:
+def model_family(runner: Runner) -> Family:
     """The family of a runner's model (an ONNX file without its hydra.json: an image model)."""
     return get_family(getattr(runner, "family", None) or "vit")
 
 
-def with_batch_axis(array: np.ndarray, runner: Any) -> np.ndarray:
+def with_batch_axis(array: np.ndarray, runner: Runner) -> np.ndarray:
     """``array``, with a batch axis added when it is one example of the model's first input."""
     from hydra_deploy.engines.runner import is_one_example
 
@@ -90,7 +93,7 @@ def with_batch_axis(array: np.ndarray, runner: Any) -> np.ndarray:
 
 
 def read_arrays(
-    path: Path, runner: Any, *, error: type[Exception] = RunnerError, prefix: str = ""
+    path: Path, runner: Runner, *, error: type[Exception] = RunnerError, prefix: str = ""
 ) -> np.ndarray | dict[str, np.ndarray]:
     """The model's inputs in a ``.npy``/``.npz`` file (a ``.npz``'s arrays picked by
     :func:`~hydra_deploy.engines.inputs.pick_inputs`)."""
@@ -117,7 +120,7 @@ def read_source(
     family: Family,
     *,
     model: str = "MODEL",
-    runner: Any = None,
+    runner: Runner | None = None,
     arrays_elsewhere: str | None = None,
 ) -> Source:
     """One INPUT argument as a :class:`Source`; a :class:`RunnerError` for what the model cannot
@@ -186,7 +189,7 @@ def read_sources(
     family: Family,
     *,
     model: str = "MODEL",
-    runner: Any = None,
+    runner: Runner | None = None,
     arrays_elsewhere: str | None = None,
 ) -> list[Source]:
     """:func:`read_source` of each INPUT argument, in order."""
@@ -196,7 +199,7 @@ def read_sources(
     ]
 
 
-def prepare(runner: Any, kind: str, items: Any, encoder: Any = None) -> Any:
+def prepare(runner: Runner, kind: str, items: Any, encoder: Any = None) -> Any:
     """The model's inputs for a batch of examples of one kind: image paths preprocessed from the
     export's config, texts tokenized (``encoder``: the runner's, made once by the caller), arrays
     as they are."""
@@ -209,7 +212,7 @@ def prepare(runner: Any, kind: str, items: Any, encoder: Any = None) -> Any:
     return items
 
 
-def iter_batches(runner: Any, kind: str, items: Any, size: int) -> Iterator[tuple[slice, Any]]:
+def iter_batches(runner: Runner, kind: str, items: Any, size: int) -> Iterator[tuple[slice, Any]]:
     """``(rows, model inputs)`` for consecutive batches of at most ``size`` examples."""
     encoder = runner.text_encoder() if kind == TEXT else None  # one tokenizer for every batch
     count = len(next(iter(items.values()))) if isinstance(items, Mapping) else len(items)
@@ -245,7 +248,7 @@ def _decision_fields(
 
 
 def score_inputs(
-    runner: Any,
+    runner: Runner,
     paths: Sequence[str | os.PathLike],
     batch_size: int | None = None,
     top_k: int = 1,
@@ -268,7 +271,10 @@ def score_inputs(
     sources = read_sources(paths, family, runner=runner)
     if texts:
         if not family.text:
-            raise RunnerError(f"--text needs a text model; MODEL is a {runner.family} model")
+            raise RunnerError(
+                f"--text needs a text model; MODEL is a {runner.family} model, which takes "
+                "images: give image files or folders as INPUT instead"
+            )
         sources.append(Source(TEXT, [f"text[{i}]" for i in range(len(texts))], list(texts)))
     if not sources:
         raise RunnerError("nothing to run: give INPUT files or --text")

@@ -8,10 +8,17 @@ Two steps, so that everything but the build itself is testable without a GPU:
    file names and the sidecar's contents.
 2. :func:`execute_plan`: ``NetworkFromOnnxPath(strongly_typed=...)`` (parsed here, so that the
    network's I/O dtypes go into the sidecar) -> FP32 pins on the parsed network (weak typing only:
-   every normalization layer by layer type, the ensemble head by name) -> ``CreateConfig(fp16/bf16,
-   profiles, precision_constraints, load_timing_cache)`` -> ``EngineBytesFromNetwork(
+   every normalization layer by layer type, the ensemble head by name) -> ``CreateConfig(fp16/bf16/
+   int8, profiles, precision_constraints, load_timing_cache)`` -> ``EngineBytesFromNetwork(
    save_timing_cache=...)``; the engine (a ``tensorrt.IHostMemory``: a buffer, without ``len()``)
    and its JSON sidecar are written atomically, the timing cache is kept beside them.
+
+An INT8 export (QuantizeLinear/DequantizeLinear pairs) is explicit quantization: strongly typed
+from TensorRT 10.0 on (no precision flag: ``kINT8`` is deprecated in 10.12 and gone in 11), and on
+8.6 weakly typed with ``int8=True`` alone (``BuilderFlag::kINT8``; Polygraphy sets no calibrator
+for a network with Q/DQ layers: ``backend/trt/config.py`` v8.6.1 lines 302-316, v10.3.0 lines
+336-364), so the layers outside the pairs stay FP32 and nothing is pinned. The rules and their
+sources: :mod:`hydra_deploy.engines.precision_rules`.
 
 :func:`build_engine` does both. Importing this module needs neither TensorRT nor Polygraphy; they
 are imported when a build runs (``pip install 'hydra-deploy[trt]'``).
@@ -138,7 +145,7 @@ class BuildPlan:
     graph_precision: str
     precision: str  # what the engine computes in
     strongly_typed: bool
-    builder_flags: tuple[str, ...]  # weak typing: "fp16" / "bf16"
+    builder_flags: tuple[str, ...]  # weak typing: "fp16" / "bf16" / "int8"
     fp32_layers: tuple[str, ...]  # pinned to FP32 with precision constraints "obey"
     batch: tuple[int, int, int]
     profile: dict[str, dict[str, list[int]]]  # input -> {"min", "opt", "max"} shapes
@@ -423,6 +430,7 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     config = poly.CreateConfig(
         fp16="fp16" in plan.builder_flags,
         bf16="bf16" in plan.builder_flags,
+        int8="int8" in plan.builder_flags,  # never on TensorRT 11, which has no kINT8
         profiles=[profile],
         precision_constraints=plan.precision_constraints,
         load_timing_cache=str(plan.load_timing_cache) if plan.load_timing_cache else None,
@@ -536,9 +544,11 @@ def build_engine(
 
     Args:
         onnx_path: an export folder from hydra-export, its model.onnx, or any .onnx file.
-        precision: fp16, bf16, fp32 or best (None: the graph's own precision when it carries one,
-            else fp16). A graph exported in FP16/BF16 carries its precision
-            and builds strongly typed (ask for its precision, ``best`` or None). An FP32 graph
+        precision: fp16, bf16, fp32, int8 or best (None: the graph's own precision when it
+            carries one, else fp16). A graph exported in FP16/BF16/INT8 carries its precision
+            and builds strongly typed from TensorRT 10.0 on (ask for its precision, ``best`` or
+            None); INT8 is read from the graph's Q/DQ pairs, and ONNX Runtime's dynamic
+            quantization is refused (re-export with ``--int8-method static``). An FP32 graph
             builds weakly typed with FP16/BF16 builder flags on TensorRT before 10.12, with
             LayerNormalization and the ensemble head pinned to FP32; TensorRT >= 10.12 needs an
             FP16/BF16 export instead. BF16 needs SM >= 80 and TensorRT >= 10: ``best`` falls back
@@ -561,6 +571,7 @@ def build_engine(
             trtexec line for this export), no GPU, an impossible precision, a failed build.
     """
     source = load_source(onnx_path)
+    source.graph_precision  # noqa: B018 (refuses a graph no TensorRT builds before asking for one)
     try:
         version = tensorrt_version()
     except EngineError as err:

@@ -16,6 +16,16 @@ the same commands. Three TensorRT generations differ in how precision is chosen:
   ``--stronglyTyped`` (a no-op that 11 still accepts).
 - A graph exported in FP16/BF16 is built ``--stronglyTyped`` from 10.0 on; TensorRT 8.6 has no strongly
   typed networks and builds it weakly typed with the same constraints.
+- An INT8 graph (QuantizeLinear/DequantizeLinear pairs, ``hydra-export --precision int8
+  --int8-method static``; read from the graph's operators) is built ``--stronglyTyped`` from 10.0
+  on and with ``--int8`` alone on 8.6 (no ``--fp16``: what is outside the pairs stays FP32, as
+  exported), both with ``--noTF32`` like FP32 builds; ONNX Runtime's dynamic quantization
+  (MatMulInteger, DynamicQuantizeLinear) is refused with the way out. The sources behind each rule
+  are in :mod:`~hydra_deploy.engines.precision_rules`.
+
+:func:`trtexec_commands` gives every generation's command (or why it cannot build the export) and
+:func:`command_lines` the lines ``hydra-build --trtexec`` prints; ``hydra-export``'s hint prints the
+same lines, so the two never disagree about a generation.
 
 What the Python build (:mod:`hydra_deploy.engines.tensorrt`) shares with the recipes lives beside
 this module: reading an export folder (:mod:`~hydra_deploy.engines.build_source`), the precision
@@ -39,7 +49,11 @@ from hydra_deploy.engines.build_source import (
     timing_cache_name,
 )
 from hydra_deploy.engines.onnx_summary import OnnxSummary, fp32_layer_names
-from hydra_deploy.engines.precision_rules import GENERATIONS, choose_precision
+from hydra_deploy.engines.precision_rules import (
+    GENERATION_NAMES,
+    GENERATIONS,
+    choose_precision,
+)
 from hydra_deploy.errors import EngineError
 
 
@@ -113,8 +127,8 @@ def trtexec_command(
     Args:
         export_dir_or_info: an export folder (or its model.onnx / hydra.json), or an
             :class:`ExportSource` from :func:`load_source`.
-        precision: fp16, bf16, fp32 or best (None: the graph's own precision, else fp16). Without
-            ``sm`` the GPU is unknown, so ``best`` means FP16 here.
+        precision: fp16, bf16, fp32, int8 or best (None: the graph's own precision, else fp16).
+            Without ``sm`` the GPU is unknown, so ``best`` means FP16 here for an FP32 graph.
         trt: the TensorRT generation the command is for: ``"8.6"`` (e.g. JetPack 6.0's 8.6.2),
             ``"10"`` (10.0-10.11, e.g. JetPack 6.1/6.2's 10.3), ``"10.12"`` or ``"11"``.
         engine, timing_cache: paths to write (default: in ``out``, named by model hash, precision,
@@ -177,10 +191,18 @@ def trtexec_command(
                 "--precisionConstraints=obey",
                 "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names),
             ]
-    if choice.precision == "fp32":
+    if choice.precision in ("fp32", "int8"):
         # trtexec enables TF32 unless --noTF32 (sampleOptions.cpp, strongly typed too); the Python
-        # build (Polygraphy CreateConfig, tf32=False) does not: an FP32 engine means FP32
+        # build (Polygraphy CreateConfig, tf32=False) does not: an FP32 engine means FP32, and so
+        # do the float layers of an INT8 one (LayerNorm, softmax, head: FP32 in the graph)
         argv.append("--noTF32")
+    if "int8" in choice.builder_flags:
+        notes += (
+            "--int8 turns on TensorRT's explicit quantization of the graph's Q/DQ pairs (their "
+            "scales are in model.onnx: no calibration); leave out the --fp16 or --best that "
+            "trtexec suggests: they would let TensorRT run LayerNorm, softmax and the ensemble "
+            "head in FP16, which this export keeps in FP32",
+        )
     argv += [f"--saveEngine={engine_path}", f"--timingCacheFile={cache_path}"]
     if layer_info:
         argv += [
@@ -204,3 +226,85 @@ def trtexec_command(
         layer_info=layers_path if layer_info else None,
         notes=best_note + choice.notes + notes,
     )
+
+
+@dataclass(frozen=True)
+class GenerationCommand:
+    """One TensorRT generation's way to build an export: its trtexec command, or why it has none."""
+
+    trt: str
+    command: TrtexecCommand | None
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The generation in words (:data:`GENERATION_NAMES`), e.g. with its JetPack release."""
+        return GENERATION_NAMES[self.trt]
+
+    def record(self) -> dict[str, object]:
+        """As JSON (``hydra-build --trtexec --json``): the command's parts, or the error."""
+        command = self.command
+        if command is None:
+            return {"trt": self.trt, "error": self.error}
+        return {
+            "trt": self.trt,
+            "precision": command.precision,
+            "strongly_typed": command.strongly_typed,
+            "argv": list(command.argv),
+            "command": command.shell,
+            "engine": str(command.engine),
+            "timing_cache": str(command.timing_cache),
+            "layer_info": str(command.layer_info) if command.layer_info else None,
+            "notes": list(command.notes),
+        }
+
+
+def trtexec_commands(
+    export_dir_or_info: str | Path | ExportSource,
+    *,
+    generations: Sequence[str] | None = None,
+    **options: object,
+) -> tuple[GenerationCommand, ...]:
+    """The trtexec command of every TensorRT generation (or of those given) for one export.
+
+    What ``hydra-build --trtexec`` and ``hydra-export``'s hint both print (:func:`command_lines`).
+    ``options`` are :func:`trtexec_command`'s. A generation that cannot build the export gets its
+    reason instead of a command; with one generation asked for, that reason is raised.
+
+    Raises:
+        EngineError: an unknown generation; the one generation asked for cannot build it; the
+            export cannot be read.
+    """
+    source = (
+        export_dir_or_info
+        if isinstance(export_dir_or_info, ExportSource)
+        else load_source(export_dir_or_info)
+    )
+    wanted = tuple(generations) if generations else tuple(GENERATIONS)
+    results = []
+    for trt in wanted:
+        try:
+            command = trtexec_command(source, trt=trt, **options)  # type: ignore[arg-type]
+        except EngineError as err:
+            if len(wanted) == 1 or trt not in GENERATIONS:
+                raise
+            results.append(GenerationCommand(trt, None, str(err)))
+            continue
+        results.append(GenerationCommand(trt, command))
+    return tuple(results)
+
+
+def command_lines(results: Sequence[GenerationCommand], *, headers: bool = True) -> list[str]:
+    """The lines that show ``results``: per generation a ``# <generation>`` header (``headers``),
+    ``# note:`` lines, then the command or ``# not available: <why>``; a blank line between
+    generations."""
+    lines: list[str] = []
+    for index, result in enumerate(results):
+        if headers:
+            lines += ([""] if index else []) + [f"# {result.name}"]
+        if result.command is None:
+            lines.append(f"# not available: {result.error}")
+            continue
+        lines += [f"# note: {note}" for note in result.command.notes]
+        lines.append(result.command.shell)
+    return lines

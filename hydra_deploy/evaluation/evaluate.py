@@ -47,12 +47,13 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hydra_deploy.decisions import apply_decisions, decision_metrics
 from hydra_deploy.engines.inputs import pick_inputs
+from hydra_deploy.engines.runner_base import check_shape
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
 from hydra_deploy.errors import DataError, HydraError
@@ -73,6 +74,9 @@ from hydra_deploy.userdata import (
     read_text_file,
     text_items,
 )
+
+if TYPE_CHECKING:
+    from hydra_deploy.engines.runner_base import Runner
 
 DEFAULT_SCORES = ("msp", "predictive_entropy", "mutual_information")
 #: Scores that measure how members differ: identically 0 for one member, so not applicable there.
@@ -97,7 +101,7 @@ class EvalData:
     #: the second text of each example of a sentence-pair ``.tsv`` (None: single texts)
     pairs: list[str] | None = None
 
-    def batches(self, runner: Any, size: int) -> Iterator[Any]:
+    def batches(self, runner: Runner, size: int) -> Iterator[Any]:
         """The model's inputs, ``size`` examples at a time (hydra-run's batching)."""
         texts = None if self.texts is None else text_items(self.texts, self.pairs)
         items = {"images": self.images, "text": texts}.get(self.kind, self.array)
@@ -110,7 +114,7 @@ class EvalData:
 # ---------------------------------------------------------------------------------------------
 
 
-def _input_names(runner: Any) -> tuple[str, ...]:
+def _input_names(runner: Runner) -> tuple[str, ...]:
     return tuple(getattr(runner, "input_names", ()) or ())
 
 
@@ -140,7 +144,7 @@ def _labels(y: Any, count: int, name: str) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalData:
+def _from_arrays(x: Any, y: Any, runner: Runner, name: str, source: str) -> EvalData:
     if isinstance(x, Mapping):
         x = pick_inputs(x, _input_names(runner), f"{name}: {source}")
     else:
@@ -148,11 +152,23 @@ def _from_arrays(x: Any, y: Any, runner: Any, name: str, source: str) -> EvalDat
     count = _rows(x, name)
     if count == 0:
         raise HydraError(f"{name} ({source}) is empty: it holds no examples")
+    _check_shapes(x, runner, f"{name} ({source}, {count} examples): ")
     labels = None if y is None else _labels(y, count, name)
     return EvalData(name, source, "array", count, array=x, labels=labels)
 
 
-def _num_classes(runner: Any) -> int | None:
+def _check_shapes(x: Any, runner: Runner, where: str) -> None:
+    """The whole file's shapes against the model's inputs, before it is cut into batches (whose
+    errors would name a batch of 32, not the file)."""
+    specs = {spec.name: spec for spec in getattr(runner, "inputs", None) or ()}
+    if not isinstance(x, Mapping):
+        x = {next(iter(specs)): x} if len(specs) == 1 else {}
+    for key, array in x.items():
+        if key in specs:
+            check_shape(specs[key], np.shape(array), where)
+
+
+def _num_classes(runner: Runner) -> int | None:
     """The model's class count: its class names', a PyTorch model's, or its output's last axis."""
     names = getattr(runner, "class_names", None)
     if names:
@@ -167,7 +183,7 @@ def _num_classes(runner: Any) -> int | None:
     return None
 
 
-def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
+def _image_folder(path: Path, runner: Runner, name: str, labelled: bool) -> EvalData:
     if not labelled:
         try:
             images = find_images([path])
@@ -196,7 +212,7 @@ def _image_folder(path: Path, runner: Any, name: str, labelled: bool) -> EvalDat
     )
 
 
-def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
+def _text_file(path: Path, runner: Runner, name: str, labelled: bool) -> EvalData:
     """A ``.txt`` (OOD) or ``.tsv`` (label<TAB>text[<TAB>second text]), read by
     :func:`hydra_deploy.userdata.read_text_file`; an OOD ``.tsv``'s labels may be anything."""
     table = read_text_file(path, name=name, error=HydraError)
@@ -217,7 +233,7 @@ def _text_file(path: Path, runner: Any, name: str, labelled: bool) -> EvalData:
     )
 
 
-def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> EvalData:
+def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> EvalData:
     """Read one data set (a path or in-memory arrays); ID data (``labelled``) must carry labels."""
     if isinstance(data, EvalData):
         return data
@@ -240,16 +256,25 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
         raise HydraError(f"{name}: cannot read data of type {type(data).__name__}")
     path = Path(data)
     if not path.exists():
-        raise HydraError(f"{name}: {str(path)!r} does not exist")
+        raise HydraError(
+            f"{name}: {str(path)!r} does not exist; check the path: give an image folder, a .npz"
+            + (" or a .tsv/.txt text file" if model_family(runner).text else "")
+        )
     suffix = path.suffix.lower()
     family = model_family(runner)
     if path.is_dir():
         if family.text:
-            raise HydraError(f"{name}: {path} is an image folder, but MODEL is a text model")
+            raise HydraError(
+                f"{name}: {path} is an image folder, but MODEL is a text model; give a .tsv/.txt "
+                "text file (label<TAB>text) or a .npz of token ids"
+            )
         return _image_folder(path, runner, name, labelled)
     if suffix in (".txt", ".tsv"):
         if not family.text:
-            raise HydraError(f"{name}: {path} is text, but MODEL is a {family.name} model")
+            raise HydraError(
+                f"{name}: {path} is text, but MODEL is a {family.name} model, which takes images; "
+                "give an image folder (one subfolder per class) or a .npz of image arrays"
+            )
         return _text_file(path, runner, name, labelled)
     if suffix not in (".npz", ".npy"):
         raise HydraError(
@@ -271,7 +296,11 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
     arrays = loaded
     y = arrays.pop("y", None)
     if labelled and y is None:
-        raise HydraError(f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)})")
+        raise HydraError(
+            f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)}); save them beside the "
+            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set (--ood "
+            "NAME=FILE), which needs no labels"
+        )
     if not arrays:
         raise HydraError(f"{name}: {path} holds no input arrays")
     return _from_arrays(arrays, y if labelled else None, runner, name, str(path))
@@ -282,7 +311,7 @@ def load_eval_data(data: Any, runner: Any, *, name: str, labelled: bool) -> Eval
 # ---------------------------------------------------------------------------------------------
 
 
-def member_logits(runner: Any, data: EvalData, batch_size: int | None = None) -> np.ndarray:
+def member_logits(runner: Runner, data: EvalData, batch_size: int | None = None) -> np.ndarray:
     """The runner's ``member_logits`` [N, M, C] over ``data``, batch by batch."""
     if data.kind == "images" and not getattr(runner, "preprocessing", None):
         raise HydraError(

@@ -7,20 +7,30 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hydra_deploy.atomic import staging_dir
-from hydra_deploy.errors import ExportError
+from hydra_deploy.errors import ExportError, spelled
 from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
+from hydra_deploy.export.int8 import calibration_rows, quantize_export
 from hydra_deploy.export.precision import check_precision, compute_types
 from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
-from hydra_deploy.export.validate import validate_onnx, validation_batches
-from hydra_deploy.export_folder import FORMAT, MODEL_FILE, WEIGHTS_FILE, file_sha256, write_info
+from hydra_deploy.export.validate import validate_int8, validate_onnx, validation_batches
+from hydra_deploy.export_folder import (
+    FORMAT,
+    GRAPH_PRECISIONS,
+    MODEL_FILE,
+    WEIGHTS_FILE,
+    file_sha256,
+    write_info,
+)
+from hydra_deploy.options import Int8Options
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -42,6 +52,7 @@ def export_onnx(
     passes: Sequence[str] = DEFAULT_PASSES,
     uq_outputs: bool = False,
     precision: str = "fp32",
+    int8: Int8Options | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Export ``hydra`` to ``out_dir`` and return the contents of its ``hydra.json``.
@@ -57,7 +68,15 @@ def export_onnx(
     ``"fp16"``/``"bf16"`` writes a strongly typed graph (see :mod:`hydra_deploy.export.precision`:
     weights and matmuls in that precision, LayerNorm and the ensemble head in float32, explicit
     casts, float32 inputs and outputs); validation then compares it with PyTorch under the same
-    policy and records its drift from FP32.
+    policy and records its drift from FP32, judged by :mod:`hydra_deploy.parity` (said once: a
+    warning beyond the tolerances). ``precision="int8"`` exports FP32, validates it, then
+    quantizes its matrix products as ``int8`` says (:class:`~hydra_deploy.options.Int8Options`:
+    ``dynamic`` weights only, the default without data; ``static`` QDQ calibrated on
+    ``int8.calib``: arrays by input name, or a reader of the staged FP32 folder such as
+    :func:`hydra_deploy.evaluation.int8_data.int8_calibration`) with
+    :func:`hydra_deploy.export.int8.quantize_export`, records how in ``hydra.json``'s ``int8``,
+    and refuses a file that moves the outputs beyond parity's INT8 tolerances from FP32 (on the
+    calibration data, or the example inputs of a dynamic file).
     """
     import onnx
     from safetensors.torch import save_file
@@ -66,7 +85,8 @@ def export_onnx(
 
     out = Path(out_dir)
     batch = _check_arguments(hydra, out, opset, batch, overwrite)
-    check_precision(precision)
+    int8 = _check_int8(precision, int8)
+    graph_precision = "fp32" if precision == "int8" else check_precision(precision)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_dir(out.parent, out.name)
     try:
@@ -88,12 +108,12 @@ def export_onnx(
         )
         logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
 
-        surgery = run_passes(model_path, passes, precision=precision)
+        surgery = run_passes(model_path, passes, precision=graph_precision)
         logger.info(
             "graph passes: %s",
             ", ".join(f"{k} {v}" for k, v in surgery.items() if k != "precision"),
         )
-        if precision != "fp32":
+        if graph_precision != "fp32":
             converted = surgery["precision"]
             logger.info(
                 "%s graph: %d nodes in %s, %d kept in float32 (LayerNorm, ensemble head%s), "
@@ -106,7 +126,7 @@ def export_onnx(
                 converted["casts"],
             )
         model = onnx.load(str(model_path))
-        _set_metadata(model, hydra.spec.to_json(indent=None), __version__, precision)
+        _set_metadata(model, hydra.spec.to_json(indent=None), __version__, graph_precision)
         onnx.save(model, str(model_path))
         onnx.checker.check_model(str(model_path), full_check=True)
         einsums = [n.name for n in model.graph.node if n.op_type == "Einsum"]
@@ -126,7 +146,7 @@ def export_onnx(
                 hydra.example_inputs,
                 validation_batches(batch),
                 atol=atol,
-                precision=precision,
+                precision=graph_precision,
                 sequence_lengths=_sequence_lengths(hydra),
             )
             validation["seconds"] = round(time.perf_counter() - started, 2)
@@ -145,16 +165,23 @@ def export_onnx(
         tokenizer = _copy_tokenizer(hydra, staging)
         if tokenizer is not None:
             info["tokenizer"] = tokenizer
-        info["precision"] = precision
-        info["strongly_typed"] = precision != "fp32"
+        info["precision"] = graph_precision
+        info["strongly_typed"] = graph_precision != "fp32"
         info["graph_passes"] = {k: v for k, v in surgery.items() if k != "precision"}
-        if precision != "fp32":
+        if graph_precision != "fp32":
             info["precision_report"] = {
                 **surgery["precision"],
                 "compute_types": compute_types(model),
             }
         info["uq_outputs"] = bool(uq_outputs)
         info["package_version"] = __version__
+        if int8 is not None:
+            write_info(staging, info)  # the staged FP32 export: what a calibration reader runs
+            info = _to_int8(staging, hydra, info, int8, batch, validate, __version__)
+        drift = (info["validation"] or {}).get("drift")
+        if drift:  # the precision's verdict, said once
+            say = logger.info if drift["passed"] else logger.warning
+            say("%s vs fp32 on %d examples: %s", precision, drift["examples"], drift["verdict"])
         write_info(staging, info)
         folder_mode = staging.stat().st_mode & 0o777  # the umask's, set by staging_dir
         for path in staging.rglob("*"):  # ordinary file modes (safetensors writes 0600)
@@ -164,6 +191,130 @@ def export_onnx(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return info
+
+
+def _check_int8(precision: str, int8: Int8Options | None) -> Int8Options | None:
+    if precision not in GRAPH_PRECISIONS:
+        raise ExportError(f"unknown precision {precision!r}; choose one of {GRAPH_PRECISIONS}")
+    if precision != "int8":
+        if int8 is not None:
+            raise ExportError(
+                "INT8 options are for an INT8 export: "
+                + spelled("pass precision='int8'", "add --precision int8")
+            )
+        return None
+    if int8 is not None and not isinstance(int8, Int8Options):
+        raise ExportError(f"int8 must be an Int8Options, got {type(int8).__name__}")
+    return int8 or Int8Options()
+
+
+def _calibration_inputs(
+    calib: Any, staging: Path, dtypes: Mapping[str, str], size: int
+) -> dict[str, np.ndarray] | None:
+    """The calibration inputs by name (at most ``size`` rows, each as its graph input's dtype):
+    arrays as given, or what a reader of the staged FP32 folder returns."""
+    if calib is None:
+        return None
+    if isinstance(calib, (str, os.PathLike)):
+        raise ExportError(
+            f"export_onnx does not read data files: give the calibration inputs as arrays, or "
+            f"read {str(calib)!r} with int8_calibration({str(calib)!r}) from "
+            "hydra_deploy.evaluation.int8_data (what hydra-export --int8-calib does)"
+        )
+    arrays = calib(staging) if callable(calib) else calib
+    if not isinstance(arrays, Mapping):
+        arrays = {next(iter(dtypes)): arrays}
+    arrays = {name: np.asarray(value, dtype=dtypes.get(name)) for name, value in arrays.items()}
+    count = len(next(iter(arrays.values()))) if arrays else 0
+    rows = calibration_rows(count, size)
+    return {name: value[rows] for name, value in arrays.items()}
+
+
+def _to_int8(
+    staging: Path,
+    hydra,
+    info: dict[str, Any],
+    int8: Int8Options,
+    batch: Sequence[int],
+    validate: bool,
+    version: str,
+) -> dict[str, Any]:
+    """Quantize the staged, validated FP32 ``model.onnx`` in place, validate it against the FP32
+    file on the calibration data (static) or the example inputs (dynamic), and return hydra.json's
+    record of the INT8 export."""
+    import onnx
+
+    model_path = staging / MODEL_FILE
+    dtypes = {entry["name"]: entry["dtype"] for entry in info["inputs"]}
+    calibration = _calibration_inputs(int8.calib, staging, dtypes, int8.calib_size)
+    fp32_path = staging / f".{MODEL_FILE}.fp32"
+    os.replace(model_path, fp32_path)
+    started = time.perf_counter()
+    record = quantize_export(
+        fp32_path,
+        model_path,
+        method=int8.method,
+        calibration=calibration,
+        calibrate_method=int8.calib_method or "minmax",
+    )
+    logger.info(
+        "int8 (%s): quantized %s in %.1f s; kept in float: %s",
+        int8.method,
+        ", ".join(f"{n} {op}" for op, n in record["quantized_ops"].items()),
+        time.perf_counter() - started,
+        ", ".join(f"{v['nodes']} {op}" for op, v in record["kept_float"].items()),
+    )
+    validation = info.get("validation")
+    if validate:
+        if calibration is not None:
+            feeds = _chunks(calibration, batch[2])
+            inputs = "the calibration data"
+        else:
+            feeds = _example_feeds(hydra, batch)
+            inputs = "the model's example inputs (random)"
+        validation = {
+            **(validation or {}),
+            "precision": "int8",
+            "checked": "onnxruntime (the fp32 graph, before quantization)",
+            "drift_measured_in": "onnxruntime (int8 file)",
+            "drift": validate_int8(model_path, fp32_path, feeds, inputs=inputs),
+            "drift_within_tolerance": True,
+        }
+    fp32_path.unlink()
+    model = onnx.load(str(model_path))
+    _set_metadata(model, hydra.spec.to_json(indent=None), version, "int8")
+    onnx.save(model, str(model_path))
+    onnx.checker.check_model(str(model_path), full_check=True)
+    return {
+        **info,
+        "inputs": [tensor_info(v) for v in model.graph.input],
+        "outputs": [tensor_info(v) for v in model.graph.output],
+        "onnx_sha256": file_sha256(model_path),
+        "validation": validation,
+        "precision": "int8",
+        "strongly_typed": False,
+        "int8": record,
+    }
+
+
+def _chunks(arrays: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+    count = len(next(iter(arrays.values())))
+    return [
+        {name: np.ascontiguousarray(a[start : start + size]) for name, a in arrays.items()}
+        for start in range(0, count, size)
+    ]
+
+
+def _example_feeds(hydra, batch: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The model's seeded example inputs at the validation batches (and lengths, for text)."""
+    cases = [hydra.example_inputs(b, b) for b in validation_batches(batch)]
+    middle = validation_batches(batch)[len(validation_batches(batch)) // 2]
+    cases += [hydra.example_inputs(middle, middle, seq_len=n) for n in _sequence_lengths(hydra)]
+    feeds = []
+    for made in cases:
+        made = made if isinstance(made, tuple) else (made,)
+        feeds.append({n: t.numpy() for n, t in zip(hydra.input_names, made, strict=True)})
+    return feeds
 
 
 TOKENIZER_FILES = (

@@ -11,29 +11,43 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from hydra_deploy.errors import ExportError, HydraError
-from hydra_deploy.export_folder import DECISION_OUTPUTS, WEIGHTS_FILE, read_info
+from hydra_deploy.export_folder import (
+    DECISION_OUTPUTS,
+    WEIGHTS_FILE,
+    ExportInfo,
+    default_preprocessing_warning,
+    read_info,
+)
 from hydra_deploy.families import get_family
 
+logger = logging.getLogger("hydra_deploy")
 
-def _rebuild_base(info: dict[str, Any]):
+
+def _rebuild_base(info: ExportInfo):
     """One member of the recorded architecture (weights to be replaced), as a module."""
     from hydra_deploy.backbones import BackboneAdapter
 
-    built = get_family(info.get("family")).resolve("rebuild")(info["backbone_kwargs"])
+    built = get_family(info.family).resolve("rebuild")(info.backbone_kwargs)
     return built.module if isinstance(built, BackboneAdapter) else built
 
 
-def load_export(export_dir: str | os.PathLike, *, check: bool = True):
-    """The HydraModel saved in ``export_dir``; with ``check`` it must match ``model.onnx``."""
+def load_export(
+    export_dir: str | os.PathLike, *, check: bool = True, warn_preprocessing: bool = True
+):
+    """The HydraModel saved in ``export_dir``; with ``check`` it must match ``model.onnx``.
+
+    An image export whose preprocessing came from timm's default (the checkpoint recorded none)
+    is warned about, as when the checkpoint was loaded (``warn_preprocessing=False``: the caller
+    corrects the record first, then calls :func:`warn_default_preprocessing`)."""
     from safetensors.torch import load_file
 
     from hydra_deploy.backbones import load_backbone
@@ -46,7 +60,7 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
             f"{str(folder)!r} does not exist; give the folder hydra-export wrote (--out DIR)"
         )
     checked = read_info(folder)
-    info, info_path = dict(checked.record), checked.path
+    info_path = checked.path
     if not checked.weights_path.is_file():
         raise ExportError(
             f"{str(folder)!r} is not an export folder: {WEIGHTS_FILE} is missing; give the "
@@ -60,16 +74,16 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
             "model again with hydra-export"
         ) from err
     family = get_family(checked.family)  # known: read_info checks it against the registry
-    if not isinstance(info.get("backbone_kwargs"), dict) or not info["backbone_kwargs"]:
+    if not isinstance(checked.backbone_kwargs, dict) or not checked.backbone_kwargs:
         raise ExportError(f"{info_path} does not record the backbone's constructor arguments")
-    if not isinstance(info.get("merge"), dict):
+    if not isinstance(checked.merge, dict):
         raise ExportError(f"{info_path} has no 'merge' record; restore it or re-export the model")
-    tokenizer = info.get("tokenizer")
+    tokenizer = checked.tokenizer
     if tokenizer and not (isinstance(tokenizer, dict) and isinstance(tokenizer.get("dir"), str)):
         raise ExportError(f"{info_path} has a malformed 'tokenizer' entry (no 'dir'); re-export")
-    spec = HydraSpec.from_dict(info.get("spec"))
+    spec = HydraSpec.from_dict(checked.spec)
     try:
-        base = _rebuild_base(info)
+        base = _rebuild_base(checked)
     except HydraError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -84,16 +98,28 @@ def load_export(export_dir: str | os.PathLike, *, check: bool = True):
         hydra.load_state_dict(weights, strict=True)
     except RuntimeError as err:
         raise ExportError(f"the saved weights do not fit the rebuilt model: {err}") from err
-    hydra.merge = info["merge"]
-    if isinstance(info.get("preprocessing"), dict):  # the export's, not the rebuilt ViT's default
-        hydra.preprocessing = info["preprocessing"]
+    hydra.merge = checked.merge
+    if isinstance(checked.preprocessing, dict):  # the export's, not the rebuilt ViT's default
+        hydra.preprocessing = checked.preprocessing
     if checked.class_names is not None:  # a re-export keeps them (hydra.json's, checked)
         hydra.class_names = list(checked.class_names)
-    if info.get("tokenizer"):  # a re-export copies the folder's own tokenizer
-        hydra.tokenizer_dir = str(folder / info["tokenizer"]["dir"])
-    if check and (folder / "model.onnx").is_file():
-        _check_against_onnx(hydra, folder / "model.onnx", info)
+    if tokenizer:  # a re-export copies the folder's own tokenizer
+        hydra.tokenizer_dir = str(folder / tokenizer["dir"])
+    if check and checked.onnx_path.is_file():
+        _check_against_onnx(hydra, checked.onnx_path, checked)
+    if warn_preprocessing:
+        warn_default_preprocessing(hydra, folder)
     return hydra
+
+
+def warn_default_preprocessing(hydra, export_dir: str | os.PathLike) -> None:
+    """The default-preprocessing warning of a re-exported model, once (the words of a load)."""
+    preprocessing = getattr(hydra, "preprocessing", None)
+    message = isinstance(preprocessing, dict) and default_preprocessing_warning(
+        f"the export {export_dir}", preprocessing
+    )
+    if message:
+        logger.warning("%s", message)
 
 
 def _make_members_differ(members: list, weights: dict[str, torch.Tensor], layout: dict) -> None:
@@ -145,12 +171,12 @@ def _parameters(module: torch.nn.Module, name: str) -> list[torch.Tensor]:
         return [module.get_parameter(name)]
 
 
-def _check_against_onnx(hydra, path: Path, info: dict) -> None:
+def _check_against_onnx(hydra, path: Path, info: ExportInfo) -> None:
     """The rebuilt model must compute what the folder's file computes (in the file's precision)."""
     from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
     from hydra_deploy.export.validate import validate_onnx
 
-    module = WithEnsembleHead(hydra) if info.get("uq_outputs") else hydra
+    module = WithEnsembleHead(hydra) if info.uq_outputs else hydra
     try:  # ONNX Runtime reports an unreadable file as "system error number 13"
         path.open("rb").close()
     except OSError as err:
@@ -158,23 +184,24 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
             f"cannot read {path}: {err.strerror or err}; check the file's permissions"
         ) from err
     outputs = _onnx_output_names(path)
-    expected = ["member_logits", *(UQ_OUTPUTS if info.get("uq_outputs") else ())]
-    if outputs is not None and (info.get("decisions") or {}).get("in_graph"):
+    in_graph = info.decisions is not None and info.decisions.in_graph
+    expected = ["member_logits", *(UQ_OUTPUTS if info.uq_outputs else ())]
+    if outputs is not None and in_graph:
         # hydra-calibrate --in-graph outputs come after the model's own: checked without them
         expected += [name for name in outputs if name in DECISION_OUTPUTS]
     if outputs is not None and outputs != expected:
         raise ExportError(
             f"hydra.json and model.onnx in {path.parent} disagree about the uncertainty outputs: "
-            f"hydra.json has uq_outputs={info.get('uq_outputs')!r} (outputs {expected}), model.onnx "
+            f"hydra.json has uq_outputs={info.uq_outputs!r} (outputs {expected}), model.onnx "
             f"has outputs {outputs}; the folder's files do not belong together: restore them or "
             "export the model again with hydra-export"
         )
-    in_graph = bool((info.get("decisions") or {}).get("in_graph"))
     try:
         with _without_decisions(path, in_graph) as checked:
-            validate_onnx(
-                checked, module, hydra.example_inputs, [2], precision=info.get("precision", "fp32")
-            )
+            if info.precision == "int8":  # approximate by design: within the INT8 tolerances
+                _check_int8(checked, module, hydra.example_inputs)
+            else:
+                validate_onnx(checked, module, hydra.example_inputs, [2], precision=info.precision)
     except ExportError as err:
         raise ExportError(
             f"the model rebuilt from {path.parent} differs from its model.onnx ({err}); "
@@ -185,6 +212,19 @@ def _check_against_onnx(hydra, path: Path, info: dict) -> None:
             f"ONNX Runtime cannot load {path} ({type(err).__name__}: {str(err).strip()}); is the "
             "file complete? restore it or export the model again with hydra-export"
         ) from err
+
+
+def _check_int8(path: Path, module, example_inputs) -> None:
+    """An INT8 file has no exact float twin: it must stay within parity's INT8 tolerances of the
+    rebuilt FP32 model on its example inputs (weights from another model are far outside)."""
+    from hydra_deploy.export.validate import check_int8_against_model
+
+    report = check_int8_against_model(path, module, example_inputs)
+    if not report.passed:
+        raise ExportError(
+            "the int8 file is beyond the int8 tolerances of the saved weights: "
+            + "; ".join(report.failures()[:3])
+        )
 
 
 @contextlib.contextmanager

@@ -7,10 +7,18 @@ FP32 files are compared with the model itself. A FP16/BF16 file is checked in tw
   Runtime against the model computing in float32 with the same rounded weights
   (:func:`~hydra_deploy.export.precision.reference_model` with ``compute="fp32"``), to a tight
   tolerance; a wrong cast, a weight converted twice or a lost node fails here;
-- *what the precision costs* (``drift_vs_fp32``): the file itself in ONNX Runtime (FP16) or, where
-  ORT's CPU kernels cannot run it (BF16 MatMul/Expand/Softmax: NOT_IMPLEMENTED), PyTorch computing
-  in BF16 under the same policy, against the FP32 model; beyond the precision's expected
-  tolerances it warns (the export is what was asked for; the drift is the model's).
+- *what the precision costs* (``drift_vs_fp32`` per batch, and one verdict over all of them in
+  ``drift``): the file itself in ONNX Runtime (FP16) or, where ORT's CPU kernels cannot run it
+  (BF16 MatMul/Expand/Softmax: NOT_IMPLEMENTED), PyTorch computing in BF16 under the same policy,
+  against the FP32 model, judged by :mod:`hydra_deploy.parity`'s rule (the one ``hydra-compare``
+  uses: argmax agreement on the examples without a near-tie), recorded with its verdict
+  (``drift.verdict``; the exporter says it once, a warning beyond the tolerances: the export is
+  what was asked for, the drift is the model's).
+
+An INT8 file (:mod:`hydra_deploy.export.int8`) computes approximately by design, so it has no
+exact twin: :func:`validate_int8` runs it and the FP32 file it was quantized from in ONNX Runtime
+on the same inputs (the calibration data of a static file, the model's example inputs of a dynamic
+one) and refuses what falls outside parity's INT8 tolerances.
 
 (PyTorch's FP16 kernels on a CPU are ~10x slower than FP32 ones, so FP16 is never the reference.)
 """
@@ -18,7 +26,7 @@ FP32 files are compared with the model itself. A FP16/BF16 file is checked in tw
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +34,12 @@ import numpy as np
 import torch
 
 from hydra_deploy.errors import ExportError
-from hydra_deploy.parity import PRECISION_TOLERANCES
+from hydra_deploy.parity import (
+    PRECISION_TOLERANCES,
+    BackendReport,
+    compare_outputs,
+    tolerance_for,
+)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -51,7 +64,8 @@ WIDENED_TOLERANCE = {
     "mutual_information": (5e-4, 0),
 }
 
-# how far a precision may move the scores from FP32 (hydra_deploy.parity; member logits are reported)
+# how far a precision may move the scores from FP32, as benchmarks/precision_drift.py reads it
+# (hydra_deploy.parity's table; the export's verdict is parity's compare_outputs)
 DRIFT_TOLERANCE = {
     precision: {
         "probs": row["probs"],
@@ -149,6 +163,11 @@ def validate_onnx(
     from hydra_deploy.export.precision import check_precision
 
     path = Path(path)
+    if precision == "int8":
+        raise ExportError(
+            "an INT8 file has no exact float twin: check it with validate_int8 (against the FP32 "
+            "file it was quantized from) or check_int8_against_model"
+        )
     check_precision(precision)
     drift_session = drift_model = None
     if precision == "fp32":
@@ -171,6 +190,7 @@ def validate_onnx(
         )
     cases = [(batch, None) for batch in batches]
     cases += [(batches[len(batches) // 2], n) for n in sequence_lengths]
+    drifted: list[tuple[dict, dict]] = []  # (low-precision outputs, fp32 outputs) per case
     for batch, length in cases:
         made = (
             example_inputs(batch, seed + batch)
@@ -196,25 +216,43 @@ def validate_onnx(
                         k: v.numpy()
                         for k, v in zip(output_names, _as_tuple(drift_model(*x)), strict=True)
                     }
-            entry["drift_vs_fp32"] = _drift(low, fp32, precision)
+            fp32 = {k: v.float().numpy() for k, v in fp32.items()}
+            entry["drift_vs_fp32"] = _drift(low, fp32)
+            drifted.append((low, fp32))
         report["batches"][str(batch) if length is None else f"{batch}x{length}"] = entry
     report["passed"] = True
     if precision != "fp32":
-        exceeded = sorted(
-            {
-                name
-                for b in report["batches"].values()
-                for name in b["drift_vs_fp32"].get("exceeds", [])
-            }
+        judged = judge_drift(
+            [low for low, _ in drifted],
+            [fp32 for _, fp32 in drifted],
+            precision,
+            where=report["drift_measured_in"],
         )
-        report["drift_within_tolerance"] = not exceeded
-        if exceeded:
-            logger.warning(
-                "%s moves %s beyond the expected tolerance from FP32 (see hydra.json's "
-                "validation.batches.*.drift_vs_fp32)",
-                precision,
-                ", ".join(exceeded),
-            )
+        report["drift"] = {"examples": _rows(drifted), **judged.summary()}
+        report["drift_within_tolerance"] = judged.passed
+    return report
+
+
+def _rows(drifted: Sequence[tuple[dict, dict]]) -> int:
+    return sum(len(fp32["member_logits"]) for _, fp32 in drifted)
+
+
+def judge_drift(
+    low: Sequence[Mapping[str, np.ndarray]],
+    fp32: Sequence[Mapping[str, np.ndarray]],
+    precision: str,
+    *,
+    where: str,
+) -> BackendReport:
+    """One verdict on a precision's outputs (``low``, one mapping per batch) against the FP32
+    model's (``fp32``), by :func:`hydra_deploy.parity.compare_outputs` with the precision's
+    tolerances: the rule ``hydra-compare`` applies."""
+    reference = np.concatenate([np.asarray(f["member_logits"]) for f in fp32])
+    names = set.intersection(*(set(o) for o in low))
+    outputs = {name: np.concatenate([np.asarray(o[name]) for o in low]) for name in names}
+    tolerance = tolerance_for(precision)
+    report = BackendReport(where, where, precision, "compared", tolerance=tolerance)
+    report.members, report.scores = compare_outputs(reference, outputs, tolerance)
     return report
 
 
@@ -255,21 +293,81 @@ def _compare(name, got, reference, batch, precision, atol) -> dict[str, Any]:
     return entry
 
 
-def _drift(low: dict[str, np.ndarray], fp32: dict[str, torch.Tensor], precision: str) -> dict:
-    limits = DRIFT_TOLERANCE[precision]
-    drift: dict[str, Any] = {}
-    exceeds = []
+def _drift(low: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """One batch's measurements: each output's max abs difference and the raw member argmax
+    agreement (the verdict, over every batch, is :func:`judge_drift`'s)."""
+    drift: dict[str, float] = {}
     for name, value in low.items():
-        reference = fp32[name].float().numpy()
+        reference = np.asarray(fp32[name], dtype=np.float64)
         worst = float(np.abs(value.astype(np.float64) - reference).max()) if value.size else 0.0
         drift[name] = worst
-        if name in limits and worst > limits[name]:
-            exceeds.append(name)
     logits = low.get("member_logits")
     if logits is not None:
-        agreement = float((logits.argmax(-1) == fp32["member_logits"].numpy().argmax(-1)).mean())
+        agreement = float((logits.argmax(-1) == fp32["member_logits"].argmax(-1)).mean())
         drift["argmax_agreement"] = agreement
-        if agreement < limits["argmax_agreement"]:
-            exceeds.append("argmax_agreement")
-    drift["exceeds"] = exceeds
     return drift
+
+
+# --- INT8 ------------------------------------------------------------------------------------------
+def _chunks(feeds: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+    count = len(next(iter(feeds.values())))
+    return [
+        {name: np.ascontiguousarray(a[start : start + size]) for name, a in feeds.items()}
+        for start in range(0, count, size)
+    ]
+
+
+def validate_int8(
+    int8_path: str | Path,
+    fp32_path: str | Path,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    *,
+    inputs: str,
+) -> dict[str, Any]:
+    """Run the INT8 file and the FP32 file it was quantized from in ONNX Runtime (CPU) on
+    ``feeds`` (batches of named inputs; ``inputs`` says what they are) and judge the INT8 outputs
+    by parity's INT8 tolerances. Returns ``{"measured_in", "inputs", "examples", ...summary}``;
+    raises ExportError with the failures when a tolerance is missed."""
+    fp32_session = _session(Path(fp32_path))
+    try:
+        int8_session = _session(Path(int8_path))
+        names = [o.name for o in int8_session.get_outputs()]
+        low = [dict(zip(names, int8_session.run(None, dict(f)), strict=True)) for f in feeds]
+    except Exception as err:  # onnxruntime's own error types; the message names the node
+        raise ExportError(
+            f"ONNX Runtime cannot run the INT8 file ({str(err).strip()[:400]}); export fp32 or "
+            "fp16 instead, or with the default loop lowering"
+        ) from err
+    fp32 = [dict(zip(names, fp32_session.run(None, dict(f)), strict=True)) for f in feeds]
+    judged = judge_drift(low, fp32, "int8", where="onnxruntime (int8 file)")
+    examples = _rows(list(zip(low, fp32, strict=True)))
+    summary = {
+        "measured_in": "onnxruntime, the int8 file against the fp32 file it was quantized from",
+        "inputs": inputs,
+        "examples": examples,
+        **judged.summary(),
+    }
+    if not judged.passed:
+        raise ExportError(
+            f"the INT8 file moves the outputs beyond the int8 tolerances from FP32 on {inputs} "
+            f"({examples} examples): {'; '.join(judged.failures()[:3])}; try another "
+            "calibration method or more representative calibration data, or export fp16"
+        )
+    return summary
+
+
+def check_int8_against_model(
+    path: str | Path, model: torch.nn.Module, example_inputs: Callable[..., Any], batch: int = 16
+) -> BackendReport:
+    """The INT8 file against the FP32 PyTorch model on ``batch`` example inputs, judged by parity's
+    INT8 tolerances (reload's check that an INT8 folder's weights and file belong together)."""
+    session = _session(Path(path))
+    input_names = [i.name for i in session.get_inputs()]
+    output_names = [o.name for o in session.get_outputs()]
+    x = _as_tuple(example_inputs(batch, 0))
+    feed = {name: t.numpy() for name, t in zip(input_names, x, strict=True)}
+    with torch.inference_mode():
+        expected = dict(zip(output_names, _as_tuple(model(*x)), strict=True))
+    low = dict(zip(output_names, session.run(None, feed), strict=True))
+    fp32 = {k: v.float().numpy() for k, v in expected.items()}
+    return judge_drift([low], [fp32], "int8", where="onnxruntime (int8 file)")

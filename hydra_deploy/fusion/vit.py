@@ -10,6 +10,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.errors import FusionError
+from hydra_deploy.export_folder import DEFAULTED
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import all_equal, stream_norm, token_mean
 from hydra_deploy.fusion.model import HydraModel
@@ -102,6 +103,8 @@ class HydraViT(HydraModel):
         self.input_size = (members[0].in_chans, *members[0].img_size)
         self.input_names = ("pixel_values",)
         self.preprocessing = members[0].data_config()
+        if members[0].preprocessing_defaulted:  # hydra.json says so; a re-export warns again
+            self.preprocessing[DEFAULTED] = list(members[0].preprocessing_defaulted)
         self.backbone_kwargs = members[0].constructor_kwargs()
 
         # embeddings shared when every member has the same weights; a shared trunk while all

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from hydra_deploy.errors import DataError
+from hydra_deploy.errors import DataError, spelled
 from hydra_deploy.labels import label_indices
 from hydra_deploy.userdata import class_folders, read_text_file
 
@@ -293,10 +293,11 @@ def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledDat
     _refuse_non_numeric(x, "inputs", name)
     _refuse_non_numeric(y, "labels", name)
     if isinstance(x, Mapping) and backbone is not None and not text:
+        given_as = spelled("load_backbone('hf:<folder>')", "--backbone hf:<folder>")
         raise DataError(
             f"{name}: text inputs (a dict with keys {sorted(x)}) were given to a "
             f"{getattr(backbone, 'family', '?')} backbone, which takes images; use a bert backbone "
-            "(load_backbone('hf:<folder>'))"
+            f"({given_as})"
         )
     if isinstance(x, Mapping):
         return LabelledData(

@@ -286,12 +286,9 @@ def _train_member(
     kept_heads: Sequence[Sequence[int]],
     mask: torch.Tensor,
     data: LabelledData,
+    options: FinetuneOptions,
     *,
     total_steps: int,
-    lr: float,
-    batch_size: int,
-    weight_decay: float,
-    warmup_steps: int,
     seed: int,
     desc: str,
     progress: bool,
@@ -301,9 +298,13 @@ def _train_member(
 
     module = adapter.module
     device = _device_of(module)
-    optimizer = torch.optim.AdamW(_param_groups(module, weight_decay), lr=lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(warmup_steps, total_steps))
-    loader = data.loader(batch_size=batch_size, shuffle=True, seed=seed)
+    optimizer = torch.optim.AdamW(
+        _param_groups(module, float(options.weight_decay)), lr=float(options.lr)
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_lambda(options.warmup_steps, total_steps)
+    )
+    loader = data.loader(batch_size=options.batch_size, shuffle=True, seed=seed)
     module.train()
     step = 0
     torch.manual_seed(seed)  # dropout (the caller's RNG state is restored by finetune_members)
@@ -644,11 +645,8 @@ def _member(
             kept_heads,
             mask,
             plan.data,
+            options,
             total_steps=plan.total_steps,
-            lr=float(options.lr),
-            batch_size=options.batch_size,
-            weight_decay=float(options.weight_decay),
-            warmup_steps=options.warmup_steps,
             seed=options.seed + m,
             desc=f"member {m}",
             progress=progress,

@@ -55,7 +55,7 @@ import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,6 +64,9 @@ from hydra_deploy.export_folder import INFO_FILE
 from hydra_deploy.optional import require
 from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
+
+if TYPE_CHECKING:
+    from hydra_deploy.engines.runner_base import Runner
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -269,7 +272,7 @@ def decision_outputs(record: Any) -> list[str]:
     return [] if record is None else [n for n in record.fields if n in DECISION_OUTPUTS]
 
 
-def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
+def model_tensors(runner: Runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
     """The served inputs (the runner's) and outputs (``OUTPUT_NAMES``, and the
     :data:`DECISION_OUTPUTS` of ``runner.decisions``) of a Hydra runner."""
     logits = next((t for t in runner.outputs if t.name == "member_logits"), None)
@@ -300,7 +303,7 @@ def model_tensors(runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
     return inputs, outputs
 
 
-def score_batch(runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def score_batch(runner: Runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the server answers for a batch: member logits, probs and scores, and the decisions
     when the runner holds them, shaped as served."""
     from hydra_deploy.engines.scoring import score_batch as scored
@@ -320,7 +323,7 @@ def score_batch(runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return answer
 
 
-def _bad_requests(runner, requests: Sequence[Any]) -> list[tuple[int, str]]:
+def _bad_requests(runner: Runner, requests: Sequence[Any]) -> list[tuple[int, str]]:
     """(index, message) of the requests whose inputs the runner refuses on their own."""
     bad = []
     for index, request in enumerate(requests):
@@ -331,7 +334,7 @@ def _bad_requests(runner, requests: Sequence[Any]) -> list[tuple[int, str]]:
     return bad
 
 
-def make_infer_func(runner) -> Callable[[list], list]:
+def make_infer_func(runner: Runner) -> Callable[[list], list]:
     """The inference callable of one model instance: Triton requests in, responses out."""
     from pytriton.decorators import batch
 
@@ -389,7 +392,7 @@ class Batching:
     profile_max: int | None
 
 
-def resolve_batching(config: ServeConfig, runner) -> Batching:
+def resolve_batching(config: ServeConfig, runner: Runner) -> Batching:
     """Max and preferred batch sizes: the config's, checked against the export's profile."""
     export = getattr(runner, "export_info", None)  # the checked hydra.json, if loaded from one
     profile_opt = export.batch_profile[1] if export and export.batch_profile else None

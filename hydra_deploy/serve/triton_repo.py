@@ -59,11 +59,10 @@ from hydra_deploy.export_folder import (
     ENGINE_INFO_FILE,
     INFO_FILE,
     MODEL_FILE,
-    DecisionRecord,
     EngineInfo,
+    ExportInfo,
     engine_info_path,
     file_sha256,
-    parse_batch_profile,
     read_engine_info,
     read_info,
 )
@@ -233,14 +232,13 @@ def _check_parses(model: TritonModel, text: str) -> None:
 
 
 # --- reading what the export and the engine declare ------------------------------------------------------
-def _read_export(export_dir: Path) -> dict[str, Any]:
+def _read_export(export_dir: Path) -> ExportInfo:
     if not export_dir.is_dir() or not (export_dir / MODEL_FILE).is_file():
         raise ServeError(
             f"{str(export_dir)!r} is not an export folder (model.onnx and hydra.json); make one "
             "with hydra-export --out DIR"
         )
     export = read_info(export_dir)  # Triton's config is written from its inputs and outputs
-    info = dict(export.record)
     for key in ("inputs", "outputs"):
         specs = export.inputs if key == "inputs" else export.outputs  # checked by their owner
         if not specs or not all(_is_tensor(s) for s in specs):  # and what Triton needs
@@ -251,20 +249,19 @@ def _read_export(export_dir: Path) -> dict[str, Any]:
             f"computes, so re-export with them: hydra-export --from {export_dir} --uq-outputs "
             "--out NEW_DIR (or pass --triton to hydra-export, which adds them)"
         )
-    return info
+    return export
 
 
-def served_decisions(export_dir: Path, info: dict[str, Any]) -> tuple[list[str], bool]:
+def served_decisions(export_dir: Path, info: ExportInfo) -> tuple[list[str], bool]:
     """(the decision outputs the graph computes, whether hydra.json holds decisions it does not).
 
     A record ``in_graph`` must be matched by hydra.json's outputs (one per rule it holds) and
     fitted on this ``model.onnx``; a ServeError (an ExportFolderError for a stale record) says to
     calibrate again otherwise."""
-    outputs = [s["name"] for s in info["outputs"] if s["name"] in DECISION_OUTPUTS]
-    entry = info.get("decisions")
-    if entry is None:
+    outputs = [s["name"] for s in info.outputs if s["name"] in DECISION_OUTPUTS]
+    record = info.decisions  # checked by read_info
+    if record is None:
         return outputs, False
-    record = DecisionRecord.from_dict(entry, f"the decisions entry of {export_dir / INFO_FILE}")
     if not record.in_graph:
         return outputs, True
     wanted = [n for n in record.fields if n in DECISION_OUTPUTS]
@@ -289,36 +286,37 @@ def _is_tensor(spec: Any) -> bool:
     )
 
 
-def _profile(where: str, profile: Any) -> tuple[int, int, int]:
-    """A batch profile Triton needs (an absent one is refused too), through the one parser."""
-    fix = "re-export the model with hydra-export, or rebuild the engine with hydra-build"
-    parsed = parse_batch_profile(profile, where, fix)
+def _profile(where: str, parsed: tuple[int, int, int] | None) -> tuple[int, int, int]:
+    """A batch profile Triton needs (parsed by its record's reader): an absent one is refused."""
     if parsed is None:
-        raise ServeError(f"{where} has no batch_profile; {fix}")
+        raise ServeError(
+            f"{where} has no batch_profile; re-export the model with hydra-export, or rebuild "
+            "the engine with hydra-build"
+        )
     return parsed
 
 
 def _engine_profile(
-    engine: Path, info: dict[str, Any]
+    engine: Path, info: ExportInfo
 ) -> tuple[tuple[int, int, int], EngineInfo | None]:
     """The engine's batch range from its JSON sidecar (hydra-build), else the export's profile
     (what the trtexec recipes build by default)."""
     engine_info = read_engine_info(engine)  # checked there (its format included)
     if engine_info is None:
         logger.info("%s has no JSON sidecar: using the export's batch profile", engine.name)
-        return _profile(INFO_FILE, info.get("batch_profile")), None
-    export_sha = info.get("onnx_sha256")
+        return _profile(INFO_FILE, info.batch_profile), None
+    export_sha = info.onnx_sha256
     if engine_info.onnx_sha256 and engine_info.onnx_sha256 != export_sha:
         raise ServeError(
             f"{engine} was built from another ONNX file (sidecar onnx_sha256 "
             f"{engine_info.onnx_sha256[:12]}, export {str(export_sha)[:12]}); "
             "rebuild it from this export with hydra-build"
         )
-    return _profile(str(engine_info.path), engine_info.record.get("batch_profile")), engine_info
+    return _profile(str(engine_info.path), engine_info.batch_profile), engine_info
 
 
 # --- planning ------------------------------------------------------------------------------------------------
-def _engine_io(engine: Path, info: dict[str, Any], sidecar: EngineInfo | None) -> tuple[list, list]:
+def _engine_io(engine: Path, info: ExportInfo, sidecar: EngineInfo | None) -> tuple[list, list]:
     """The export's inputs and outputs with the engine's dtypes: Triton's TensorRT backend refuses
     a config whose data_type differs from the engine's, and TensorRT 8.6's ONNX parser turns INT64
     tensors (token ids, predicted classes) into INT32 (onnx-tensorrt 8.6-GA ``convertDtype``).
@@ -348,8 +346,8 @@ def _engine_io(engine: Path, info: dict[str, Any], sidecar: EngineInfo | None) -
         def retype(spec: dict[str, Any]) -> dict[str, Any]:
             return {**spec, "dtype": "int32" if spec["dtype"] == "int64" else spec["dtype"]}
     else:
-        return info["inputs"], info["outputs"]
-    return [retype(s) for s in info["inputs"]], [retype(s) for s in info["outputs"]]
+        return list(info.inputs), list(info.outputs)
+    return [retype(s) for s in info.inputs], [retype(s) for s in info.outputs]
 
 
 def sanitize_model_name(name: str) -> str:
@@ -421,13 +419,13 @@ def plan_repository(
         raise ServeError(f"unknown instance kind {kind!r}; use one of {', '.join(KINDS)}")
     _check_count("instances", instances)
     _check_count("queue delay (microseconds)", queue_delay_us, low=0)
-    dynamic = all(not isinstance(s["shape"][0], int) for s in info["inputs"] + info["outputs"])
+    dynamic = all(not isinstance(s["shape"][0], int) for s in info.inputs + info.outputs)
     if not dynamic:
         raise ServeError(
             f"{export_dir}'s model has a fixed batch axis; Triton's dynamic batcher needs a "
             "dynamic one: re-export it with hydra-export (batch is dynamic by default)"
         )
-    labels = info.get("class_names") if isinstance(info.get("class_names"), list) else None
+    labels = None if info.class_names is None else list(info.class_names)
     if labels is not None:
         labels = [" ".join(str(c).split()) for c in labels]  # one line each
     _, decisions_elsewhere = served_decisions(export_dir, info)
@@ -455,7 +453,7 @@ def plan_repository(
                 f"the {what} takes batches of {profile[0]} or more; Triton sends "
                 "smaller ones as they come, which this model refuses"
             )
-        inputs, outputs = io if io is not None else (info["inputs"], info["outputs"])
+        inputs, outputs = io if io is not None else (list(info.inputs), list(info.outputs))
         return TritonModel(
             name=model_name,
             platform=platform,
@@ -475,7 +473,7 @@ def plan_repository(
         model(
             name,
             PLATFORMS["onnx"],
-            _profile(INFO_FILE, info.get("batch_profile")),
+            _profile(INFO_FILE, info.batch_profile),
             "export",
             kind,
         )
@@ -611,30 +609,25 @@ def write_triton_repository(
     }
 
 
-def _models_in(repo: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+def _models_in(repo: Path) -> list[tuple[str, ExportInfo, EngineInfo | None]]:
     """(name, hydra.json, engine sidecar) of each hydra model folder in ``repo``."""
     found = []
     for folder in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
         with contextlib.suppress(OSError, ValueError, HydraError):
-            info = dict(read_info(folder).record)
-            engine_info = read_engine_info(folder / ENGINE_INFO_FILE)
-            sidecar = None if engine_info is None else dict(engine_info.record)
-            if (folder / "config.pbtxt").is_file() and isinstance(info, dict):
+            info = read_info(folder)
+            sidecar = read_engine_info(folder / ENGINE_INFO_FILE)
+            served = info.inputs and info.outputs  # checked: a malformed model is left out
+            if served and (folder / "config.pbtxt").is_file():
                 found.append((folder.name, info, sidecar))
     return found
 
 
-def _decisions_cell(info: dict[str, Any]) -> str:
+def _decisions_cell(info: ExportInfo) -> str:
     """The README's decisions column of a model: what its graph answers, or why nothing."""
-    entry = info.get("decisions")
-    names = [
-        s.get("name")
-        for s in info.get("outputs") or []
-        if isinstance(s, dict) and s.get("name") in DECISION_OUTPUTS
-    ]
-    if isinstance(entry, dict) and entry.get("in_graph") and names:
+    names = [s["name"] for s in info.outputs if s["name"] in DECISION_OUTPUTS]
+    if info.decisions is not None and info.decisions.in_graph and names:
         return ", ".join(f"`{n}`" for n in names)
-    if isinstance(entry, dict):
+    if info.decisions is not None:
         return "in hydra.json only: not served (see Decisions)"
     return "none"
 
@@ -649,15 +642,13 @@ def repository_readme(repo: Path) -> str:
             if sidecar is not None or (repo / name / "1" / "model.plan").exists()
             else "ONNX"
         )
-        shape = ", ".join(
-            f"`{s['name']}` {s['shape']} {s['dtype']}" for s in info.get("inputs", [])
-        )
+        shape = ", ".join(f"`{s['name']}` {s['shape']} {s.get('dtype')}" for s in info.inputs)
         target = ""
         if sidecar is not None:
-            gpu = (sidecar.get("gpu") or {}).get("name", "?")
-            target = f"; built for {gpu} with TensorRT {sidecar.get('tensorrt_version', '?')}"
+            gpu, version = sidecar.gpu_name or "?", sidecar.tensorrt_version or "?"
+            target = f"; built for {gpu} with TensorRT {version}"
         rows.append(f"| `{name}` | {kind}{target} | {shape} | {_decisions_cell(info)} |")
-        first = (info.get("inputs") or [{}])[0]
+        first = (info.inputs or ({},))[0]
         dims = ",".join(str(d) if isinstance(d, int) else "16" for d in first.get("shape", [])[1:])
         checks.append(
             f"perf_analyzer -m {name} --concurrency-range 1:8 --shape {first.get('name')}:{dims}"

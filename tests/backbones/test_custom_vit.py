@@ -193,6 +193,61 @@ def test_mismatch_names_the_files_shapes_and_the_arguments(trained):
         load_backbone("vit_tiny_patch16_224", checkpoint=wide, **ARGS)
 
 
+def test_default_preprocessing_is_warned_on_every_path_in_the_same_words(trained, caplog, tmp_path):
+    """A checkpoint loaded into a module, a fused export and its re-export (--from): one warning
+    each, the same words; the CLI spells the advice as its flags (issue 26, item 6)."""
+    from hydra_deploy.errors import command_spelling
+    from hydra_deploy.export import export_onnx, load_export
+    from hydra_deploy.fusion import fuse
+    from hydra_deploy.specs import HydraSpec
+
+    _, _, bare = trained
+
+    def warnings_of(call):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
+            result = call()
+        return result, [r.getMessage() for r in caplog.records if "records no" in r.getMessage()]
+
+    module = timm.create_model("vit_tiny_patch16_224", num_classes=3, **ARGS)
+    adapter, warned = warnings_of(lambda: load_backbone(module, checkpoint=bare))
+    words = "records no mean/std/interpolation/crop_pct; using timm's default for the architecture"
+    assert len(warned) == 1 and words in warned[0] and "preprocessing={...}" in warned[0]
+    assert adapter.preprocessing_defaulted == ("mean", "std", "interpolation", "crop_pct")
+    spec = HydraSpec.random(adapter.name, 2, 4, 8, members=2, heads_per_member=2, seed=0)
+    export_onnx(fuse(adapter, spec), tmp_path / "export", validate=False)
+    _, warned_again = warnings_of(lambda: load_export(tmp_path / "export", check=False))
+    assert (
+        len(warned_again) == 1
+        and warned_again[0].split("records no")[1] == warned[0].split("records no")[1]
+    )
+    with command_spelling({}):  # inside a command: its flags, no Python spelling
+        _, warned = warnings_of(lambda: load_export(tmp_path / "export", check=False))
+    assert "pass --mean, --std" in warned[0] and "preprocessing={" not in warned[0]
+    given = {"mean": 0.5, "std": 0.5, "interpolation": "bilinear", "crop_pct": 1.0}
+    module = timm.create_model("vit_tiny_patch16_224", num_classes=3, **ARGS)
+    adapter, warned = warnings_of(
+        lambda: load_backbone(module, checkpoint=bare, preprocessing=given)
+    )
+    assert warned == [] and adapter.preprocessing_defaulted == ()
+
+
+def test_advice_is_spelled_for_whoever_listens(caplog):
+    """Python callers read keyword arguments, command users read flags."""
+    from hydra_deploy.errors import command_spelling, said
+
+    with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
+        load_backbone("vit_tiny_patch16_224", **ARGS)
+        with command_spelling({}):
+            load_backbone("vit_tiny_patch16_224", **ARGS)
+    python, command = (r.getMessage() for r in caplog.records)
+    assert "pass checkpoint=<file> for trained weights" in python
+    assert "pass --checkpoint=<file> for trained weights" in command
+    assert said("no `calib` data") == "no calib data"
+    with command_spelling({"calib": "--calib-data"}):
+        assert said("no `calib` data") == "no --calib-data data"
+
+
 def test_preprocessing_given_wins_and_a_missing_one_is_warned(trained, caplog):
     _, folder, bare = trained
     with caplog.at_level(logging.WARNING, logger="hydra_deploy"):

@@ -38,6 +38,14 @@ def typed_export_dir(export_dir, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def int8_export_dir(export_dir, tmp_path_factory):
+    """The same export quantized to Q/DQ pairs by ONNX Runtime (tests/helpers/int8.py)."""
+    from helpers.int8 import quantized_folder
+
+    return quantized_folder(export_dir, tmp_path_factory.mktemp("cli-build-int8") / "export")
+
+
 def run(capsys, *argv):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()
@@ -224,3 +232,58 @@ def test_build_json_and_overwrite(capsys, export_dir, tmp_path, fake_tensorrt):
         and out == ""
         and any(p.name.endswith(".bf16.orin-nvgpu-sm87.trt10.3.engine") for p in tmp_path.iterdir())
     )
+
+
+def commands_by_generation(lines: list[str]) -> dict[str, str]:
+    """``# <generation>`` header -> the command (or ``# not available`` line) under it."""
+    found, header = {}, None
+    for line in lines:
+        if line.startswith("# TensorRT"):
+            header = line[2:]
+        elif header and not line.startswith("# note:") and line:
+            found[header] = line
+    return found
+
+
+@pytest.mark.parametrize("which", ["fp32", "fp16", "int8"])
+def test_the_export_hint_is_what_hydra_build_prints(
+    capsys, export_dir, typed_export_dir, int8_export_dir, which
+):
+    """Issue 26: hydra-export's hint and hydra-build --trtexec come from one source
+    (trtexec_commands), so they agree on every generation: a typed graph builds --stronglyTyped
+    from TensorRT 10.0 on (JetPack 6.1/6.2 included), not only on 10.12+/11."""
+    from hydra_deploy.cli.export import trtexec_lines
+    from hydra_deploy.engines.precision_rules import GENERATION_NAMES
+
+    folder = {"fp32": export_dir, "fp16": typed_export_dir, "int8": int8_export_dir}[which]
+    code, out, _ = run(capsys, folder, "--trtexec")
+    assert code == 0
+    hint = trtexec_lines({}, folder)
+    assert hint == [line for line in out.splitlines() if line]
+    commands = commands_by_generation(hint)
+    assert set(commands) == set(GENERATION_NAMES.values())
+    for trt, name in GENERATION_NAMES.items():
+        typed = which != "fp32" and trt != "8.6"
+        assert ("--stronglyTyped" in commands[name].split()) == typed
+        if which == "fp32" and trt in ("10.12", "11"):
+            assert (
+                commands[name].startswith("# not available")
+                and "--precision fp16" in commands[name]
+            )
+        else:
+            assert commands[name] == str(trtexec_command(folder, trt=trt))
+
+
+def test_the_export_precision_help_says_what_the_rules_do():
+    """The --precision help of hydra-export states the typing rule that choose_precision applies."""
+    from hydra_deploy.cli.export import build_parser as export_parser
+    from hydra_deploy.engines.precision_rules import GENERATIONS, choose_precision
+
+    (action,) = [a for a in export_parser()._actions if "--precision" in a.option_strings]
+    assert "--stronglyTyped from 10.0 on" in action.help and "8.6 weakly typed" in action.help
+    assert "10.12+/11" not in action.help
+    for graph in ("fp16", "bf16", "int8"):
+        for trt in GENERATIONS:
+            if graph == "bf16" and trt == "8.6":  # no BF16 before TensorRT 10
+                continue
+            assert choose_precision(None, graph, trt).strongly_typed == (trt != "8.6")

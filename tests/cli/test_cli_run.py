@@ -249,6 +249,8 @@ def test_input_errors_are_one_line(export_dir, images, tmp_path):
     assert code == 1 and "--top-k must be at least 1" in err
     code, _, err = invoke(str(export_dir), str(images), "--batch-size", "5")
     assert code == 1 and "exceeds the model's maximum batch 4" in err
+    code, _, err = invoke(str(export_dir), "--text", "a sentence")
+    assert code == 1 and "give image files or folders as INPUT instead" in err, err
 
 
 def test_nonfinite_inputs_are_refused_unless_allowed(export_dir, tmp_path):

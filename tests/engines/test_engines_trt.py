@@ -136,6 +136,14 @@ def info_of(folder: Path) -> dict:
         (None, "bf16", "10.13", 90, ("bf16", True, (), False)),
         # ... but TensorRT 8.6 has no strongly typed networks: weak with the graph's precision
         ("fp16", "fp16", "8.6", 75, ("fp16", False, ("fp16",), True)),
+        # INT8 (Q/DQ pairs): --int8 alone on 8.6 (the rest stays FP32: nothing to pin), strongly
+        # typed from 10.0 on
+        ("int8", "int8", "8.6", 87, ("int8", False, ("int8",), False)),
+        (None, "int8", "8.6", None, ("int8", False, ("int8",), False)),
+        (None, "int8", "10.3", 87, ("int8", True, (), False)),
+        ("best", "int8", "10.11", 87, ("int8", True, (), False)),
+        ("int8", "int8", "10.13", 90, ("int8", True, (), False)),
+        ("int8", "int8", "11.0", 90, ("int8", True, (), False)),
     ],
 )
 def test_precision_choice(requested, graph, trt, sm, expected):
@@ -160,6 +168,12 @@ def test_precision_choice(requested, graph, trt, sm, expected):
         ("fp16", "fp16", "11.0", 90, False, "builds every network strongly typed"),
         ("int8", "fp32", "10.3", 87, None, "unknown precision"),
         ("fp16", "fp32", "8.5", 87, None, "too old"),
+        ("int8", "fp32", "10.3", 87, None, "--int8-method static"),
+        ("int8", "fp16", "11.0", 90, None, "QuantizeLinear/DequantizeLinear"),
+        ("fp16", "int8", "10.3", 87, None, "exported in int8"),
+        ("fp32", "int8", "8.6", 87, None, "build it with precision int8"),
+        ("int8", "int8", "8.6", 87, True, "no strongly typed networks"),
+        ("int8", "int8", "11.0", 90, False, "builds every network strongly typed"),
     ],
 )
 def test_precision_choice_refuses(requested, graph, trt, sm, strongly_typed, message):
@@ -177,6 +191,11 @@ def test_best_falls_back_to_fp16_with_a_note():
     # the deprecated weak path on 10.12+ only when asked for, with a note
     weak = choose_precision("fp16", "fp32", "10.13", sm=90, strongly_typed=False)
     assert weak.builder_flags == ("fp16",) and any("deprecated" in n for n in weak.notes)
+    # INT8: the weak --int8 path on 10.x only when asked for (deprecated from 10.12), unpinned
+    for version, deprecated in (("10.3", False), ("10.13", True)):
+        weak = choose_precision("int8", "int8", version, strongly_typed=False)
+        assert (weak.builder_flags, weak.constrain_fp32) == (("int8",), False)
+        assert any("deprecated" in n for n in weak.notes) == deprecated
 
 
 @pytest.mark.parametrize(
@@ -1199,3 +1218,247 @@ def test_decision_layers_stay_in_fp32_under_weak_typing(exports):
     command = trtexec_command(exports["decisions"], precision="fp16", trt="10")
     layers = next(a for a in command.argv if a.startswith("--layerPrecisions="))
     assert all(f"{name}:fp32" in layers for name in pinned)
+
+
+# --- INT8: explicit quantization from the export's Q/DQ pairs (issue 27, item 2) --------------------------
+@pytest.fixture(scope="module")
+def int8_exports(exports, tmp_path_factory):
+    """{"static", "dynamic", "asymmetric", "uint8"}: the uq export quantized by ONNX Runtime
+    (tests/helpers/int8.py); only "static" is a graph TensorRT builds."""
+    from helpers.int8 import KINDS, quantized_folder
+
+    root = tmp_path_factory.mktemp("int8")
+    return {kind: quantized_folder(exports["uq"], root / kind, kind) for kind in KINDS}
+
+
+# per generation: 8.6 has no strong typing and needs the INT8 flag; 10.0 on: strongly typed, no
+# flag (11 has none); every INT8 line keeps TF32 off for the FP32 layers, as the Python build does
+INT8_TAILS = {
+    "8.6": ["--int8", "--noTF32"],
+    "10": ["--stronglyTyped", "--noTF32"],
+    "10.12": ["--stronglyTyped", "--noTF32"],
+    "11": ["--stronglyTyped", "--noTF32"],
+}
+
+
+def test_an_int8_export_is_read_from_its_graph(int8_exports, exports, tmp_path):
+    from helpers.int8 import int8_record
+
+    static = int8_exports["static"]
+    summary = read_onnx(static / "model.onnx")
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in summary.nodes}
+    assert load_source(static).graph_precision == "int8"
+    # the zero points as the onnx package reads them: int8, all 0 (static); not 0 (asymmetric)
+    for kind, symmetric in (("static", True), ("asymmetric", False)):
+        model = onnx.load(str(int8_exports[kind] / "model.onnx"))
+        values = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+        points = read_onnx(int8_exports[kind] / "model.onnx").zero_points
+        assert points and all(
+            (dtype, zeros) == (onnx.TensorProto.INT8, not values[name].any())
+            for name, (dtype, zeros) in points.items()
+        )
+        assert all(zeros for _, zeros in points.values()) == symmetric
+    # the graph decides, not hydra.json: a record saying fp32, a bare .onnx file without one
+    relabelled = tmp_path / "relabelled"
+    shutil.copytree(static, relabelled)
+    record = {k: v for k, v in info_of(static).items() if k != "int8"}  # read_info: int8 only
+    (relabelled / "hydra.json").write_text(json.dumps({**record, "precision": "fp32"}))
+    assert load_source(relabelled).graph_precision == "int8"
+    shutil.copy(static / "model.onnx", tmp_path / "bare.onnx")
+    assert load_source(tmp_path / "bare.onnx").graph_precision == "int8"
+    # records that contradict the graph are refused
+    (relabelled / "hydra.json").write_text(json.dumps({**record, "precision": "fp16"}))
+    with pytest.raises(EngineError, match="holds QuantizeLinear/DequantizeLinear pairs"):
+        load_source(relabelled).graph_precision  # noqa: B018
+    claimed = tmp_path / "claimed"
+    shutil.copytree(exports["uq"], claimed)
+    claim = {"precision": "int8", "int8": int8_record(claimed / "model.onnx", "static")}
+    (claimed / "hydra.json").write_text(json.dumps({**info_of(exports["uq"]), **claim}))
+    with pytest.raises(EngineError, match="holds no QuantizeLinear/DequantizeLinear pairs"):
+        trtexec_command(claimed, trt="10")
+    # an FP32 graph has no INT8 build here: TensorRT's calibration is not offered
+    with pytest.raises(EngineError, match=r"unknown precision 'int8'.*--int8-method static"):
+        trtexec_command(exports["uq"], precision="int8", trt="10")
+
+
+@pytest.mark.parametrize("trt", ["8.6", "10", "10.12", "11"])
+def test_trtexec_command_for_an_int8_export(int8_exports, trt):
+    folder = int8_exports["static"]
+    stem = f"model.{info_of(folder)['onnx_sha256'][:12]}.int8.trt{trt}"
+    for precision in (None, "int8", "best"):
+        command = trtexec_command(folder, precision=precision, trt=trt)
+        tail = INT8_TAILS[trt]
+        assert list(command.argv) == expected_argv(folder, tail, stem, f"timing.trt{trt}.cache")
+        assert command.precision == "int8" and command.strongly_typed == (trt != "8.6")
+        # the weak path says why it has no --fp16 (trtexec itself suggests one)
+        assert any("--int8 turns on" in n for n in command.notes) == (trt == "8.6")
+    with pytest.raises(EngineError, match="exported in int8"):
+        trtexec_command(folder, precision="fp16", trt=trt)
+
+
+def test_int8_lines_pass_their_generations_trtexec_and_no_other(trtexec_of, int8_exports):
+    folder = int8_exports["static"]
+    for trt in trt_standins.RELEASES:
+        command = trtexec_command(folder, trt=trt)
+        result = run_trtexec(trtexec_of[trt], command.argv)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == list(command.argv[1:])
+        assert not {"--fp16", "--bf16", "--best", "--precisionConstraints"} & {
+            a.split("=", 1)[0] for a in command.argv
+        }
+    # 11's trtexec parses no --int8 (only its safety builder does); 8.6's no --stronglyTyped
+    weak = run_trtexec(trtexec_of["11"], trtexec_command(folder, trt="8.6").argv)
+    assert weak.returncode == 1 and "Unknown option: --int8" in weak.stderr
+    strong = run_trtexec(trtexec_of["8.6"], trtexec_command(folder, trt="10").argv)
+    assert strong.returncode == 1 and "Unknown option: --stronglyTyped" in strong.stderr
+
+
+@pytest.mark.parametrize(
+    "script, args, trt",
+    [
+        ("build_trt86_int8.sh", [], "8.6"),  # JetPack 6.0
+        ("build_jetpack6_int8.sh", [], "10"),  # JetPack 6.1 / 6.2
+        ("build_strongly_typed.sh", [], "10.12"),
+        ("build_strongly_typed.sh", ["11"], "11"),
+        ("trtexec_build.sh", ["10", "int8"], "10"),
+        ("trtexec_build.sh", ["8.6"], "8.6"),
+        ("trtexec_build.sh", ["11", "best"], "11"),
+    ],
+)
+def test_int8_scripts_run_the_command_trtexec_command_gives(
+    trtexec_of, int8_exports, script, args, trt
+):
+    folder = int8_exports["static"]
+    result = run_script(trtexec_of[trt], script, str(folder), *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == list(trtexec_command(folder, trt=trt).argv[1:])
+    assert ("--int8 turns on" in result.stderr) == (trt == "8.6")
+
+
+def test_int8_script_environment_and_dry_run(trtexec_of, int8_exports, tmp_path):
+    folder = int8_exports["static"]
+    env = dict(OUT_DIR=str(tmp_path), GPU_TAG="orin-sm87", MIN_BATCH="2", MAX_BATCH="5")
+    result = run_script(
+        trtexec_of["10"], "build_jetpack6_int8.sh", str(folder), "--", "--useCudaGraph", **env
+    )
+    assert result.returncode == 0, result.stderr
+    expected = trtexec_command(
+        folder,
+        trt="10",
+        out=tmp_path,
+        gpu="orin-sm87",
+        min_batch=2,
+        max_batch=5,
+        extra=["--useCudaGraph"],
+    )
+    assert result.stdout.splitlines() == list(expected.argv[1:])
+    dry = run_script(tmp_path, "build_trt86_int8.sh", str(folder), DRY_RUN="1", TRT_VERSION="8.6.2")
+    assert dry.returncode == 0, dry.stderr
+    assert shlex.split(dry.stdout)[1:] == list(trtexec_command(folder, trt="8.6").argv[1:])
+
+
+@pytest.mark.parametrize(
+    "script, installed, release, hint",
+    [
+        ("build_jetpack6_int8.sh", "8.6", "8.6", "build_trt86_int8.sh"),  # JetPack 6.0
+        ("build_trt86_int8.sh", "10", "10.3", "build_jetpack6_int8.sh"),  # JetPack 6.1 / 6.2
+        ("build_jetpack6_int8.sh", "11", "11.0", "build_strongly_typed.sh EXPORT_DIR 11"),
+    ],
+)
+def test_int8_scripts_refuse_a_recipe_for_another_tensorrt(
+    trtexec_of, int8_exports, script, installed, release, hint
+):
+    result = run_script(trtexec_of[installed], script, str(int8_exports["static"]))
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"this machine has TensorRT {release}" in result.stderr and hint in result.stderr
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("dynamic", "re-export with --int8-method static"),  # MatMulInteger, DynamicQuantizeLinear
+        ("asymmetric", "a zero point that is not 0"),
+        ("uint8", "a uint8 zero point"),
+    ],
+)
+def test_int8_graphs_tensorrt_cannot_build_are_refused_everywhere(
+    trtexec_of, int8_exports, capsys, kind, message
+):
+    """The library, hydra-build, hydra-export's hint and the scripts refuse them alike, in the same
+    words, before any trtexec runs."""
+    from hydra_deploy.cli.build import main as build_main
+    from hydra_deploy.cli.export import trtexec_lines
+
+    folder = int8_exports[kind]
+    if kind == "dynamic":
+        ops = {n.op_type for n in read_onnx(folder / "model.onnx").nodes}
+        assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
+    for trt in ("8.6", "10", "10.12", "11"):
+        with pytest.raises(EngineError, match=message) as err:
+            trtexec_command(folder, trt=trt)
+    with pytest.raises(EngineError, match=message):
+        plan_build(folder, trt_version="10.3.0", gpu=ORIN)
+    with pytest.raises(EngineError, match=message):  # before TensorRT is asked for
+        build_engine(folder)
+    assert trtexec_lines({}, folder) == [f"# no TensorRT can build this export: {err.value}"]
+    assert build_main([str(folder), "--trtexec"]) == 1
+    assert message in capsys.readouterr().err
+    for script, args, trt in (
+        ("build_trt86_int8.sh", [], "8.6"),
+        ("build_jetpack6_int8.sh", [], "10"),
+        ("trtexec_build.sh", ["11"], "11"),
+    ):
+        result = run_script(trtexec_of[trt], script, str(folder), *args)
+        assert result.returncode == 1 and result.stdout == "", result.stderr
+        assert result.stderr.strip() == f"error: {err.value}"
+
+
+@pytest.mark.parametrize(
+    "version, strongly_typed",
+    [("8.6.1.6", False), ("10.3.0.30", True), ("10.13.0.35", True), ("11.0.0.1", True)],
+)
+def test_the_python_build_of_an_int8_export(
+    int8_exports, tmp_path, monkeypatch, version, strongly_typed
+):
+    """The builder config the stand-ins receive: INT8 flag on 8.6 only, a strongly typed network
+    from 10.0 on, no FP16/BF16 flag and no precision constraints anywhere (the stand-ins refuse a
+    Q/DQ network without the flag on 8.6, any precision flag on a strongly typed network, and the
+    flag on 11, which has none)."""
+    folder = int8_exports["static"]
+    calls = use_standins(monkeypatch, version)
+    plan = plan_build(folder, trt_version=version, gpu=ORIN, out=tmp_path)
+    flags = () if strongly_typed else ("int8",)
+    assert (plan.precision, plan.strongly_typed, plan.builder_flags) == (
+        "int8",
+        strongly_typed,
+        flags,
+    )
+    assert plan.fp32_layers == () and plan.precision_constraints is None
+    sidecar = execute_plan(plan)
+    assert calls["network"] == (str(plan.onnx_path), strongly_typed)
+    config = calls["config"]
+    assert (config["int8"], config["fp16"], config["bf16"]) == (not strongly_typed, False, False)
+    assert config["precision_constraints"] is None and calls["pinned"] == {}
+    assert sidecar["precision"] == "int8" and sidecar["builder_flags"] == list(flags)
+    assert plan.engine_path.name.startswith(f"model.{info_of(folder)['onnx_sha256'][:12]}.int8.")
+    logged = plan.trtexec_equivalent()
+    assert ("--int8" in logged.split()) == (not strongly_typed)
+    assert ("--stronglyTyped" in logged.split()) == strongly_typed
+
+
+def test_the_standins_refuse_what_an_int8_build_must_not_ask(int8_exports, monkeypatch):
+    path = str(int8_exports["static"] / "model.onnx")
+    use_standins(monkeypatch, "8.6.1.6")
+    module = sys.modules["polygraphy.backend.trt"]
+    with pytest.raises(RuntimeError, match="kINT8 is not set"):
+        module.EngineBytesFromNetwork(module.NetworkFromOnnxPath(path)(), config={})()
+    use_standins(monkeypatch, "10.3.0.30")
+    module = sys.modules["polygraphy.backend.trt"]
+    typed = module.NetworkFromOnnxPath(path, strongly_typed=True)()
+    with pytest.raises(RuntimeError, match="not allowed if graph is strongly typed"):
+        module.EngineBytesFromNetwork(typed, config=module.CreateConfig(int8=True))()
+    with pytest.raises(RuntimeError, match="reject calls to method setPrecision"):
+        typed[1].layers[0].precision = trt_standins.DataType.FLOAT
+    use_standins(monkeypatch, "11.0.0.1")
+    with pytest.raises(trt_standins.Unavailable, match="'int8'"):
+        sys.modules["polygraphy.backend.trt"].CreateConfig(int8=True)

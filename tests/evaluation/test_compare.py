@@ -80,6 +80,9 @@ def test_cli_passes_and_prints_a_table(export_dir, tmp_path):
     assert code == 0, err
     assert "onnxruntime" in out and "fp32 tolerances: PASS" in out and "member 2" in out
     assert out.rstrip().endswith("PASSED") and "3 inputs" in out
+    headers = [line.split() for line in out.splitlines() if line.startswith(("member ", "score "))]
+    named = [h for h in headers if "needs" in h or "measure" in h]  # both tables name every column
+    assert len(named) == 2 and all(h[-1] == "verdict" for h in named)
 
 
 def test_tampered_export_fails_and_names_the_member(tampered):

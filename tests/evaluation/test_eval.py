@@ -193,6 +193,28 @@ def test_errors_are_one_line(export_dir, data, tmp_path, change, message):
     assert not (tmp_path / "rep").exists()
 
 
+def test_data_errors_say_what_to_do(export_dir, data, tmp_path):
+    """Each names the file (not a batch of it) and says how to fix it, in one line."""
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "gray.npz", x=rng.random((40, 1, 16, 16), np.float32), y=np.zeros(40, int))
+    (tmp_path / "notes.txt").write_text("a line of text\n")
+    cases = [
+        (["--ood", f"gone={tmp_path / 'missing.npz'}"], "does not exist; check the path: give"),
+        (["--id", str(data / "noise.npz")], "np.savez(path, x=x, y=labels)"),
+        (["--ood", f"txt={tmp_path / 'notes.txt'}"], "which takes images; give an image folder"),
+        (["--id", str(tmp_path / "gray.npz")], "gray.npz, 40 examples): input"),
+        (["--id", str(tmp_path / "gray.npz")], "np.repeat(x, 3, axis=1)"),
+    ]
+    for change, message in cases:
+        argv = {"--id": str(data / "id.npz"), "--ood": f"noise={data / 'noise.npz'}"}
+        argv[change[0]] = change[1]
+        code, _, err = invoke(
+            str(export_dir), *(x for kv in argv.items() for x in kv), "--out", str(tmp_path / "rep")
+        )
+        assert code == 1 and message in err, (message, err)
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
 def test_parser_help_lists_the_options():
     text = build_parser().format_help()
     for option in ("--id", "--ood", "--out", "--batch-size", "--bins", "--overwrite", "--json"):

@@ -234,7 +234,9 @@ def test_cli_exports_and_prints_the_trtexec_line(tmp_path, caplog):
     assert "validated in ONNX Runtime at batch 1, 3" in stdout
     assert f"trtexec --onnx={out / 'model.onnx'} --minShapes=pixel_values:1x3x224x224" in stdout
     assert "--maxShapes=pixel_values:3x3x224x224 --fp16" in stdout
-    assert "export with --precision fp16" in stdout  # TensorRT 10.12+ has no --fp16
+    # TensorRT 10.12+ has no --fp16 for an FP32 graph: the hint (hydra-build --trtexec's lines)
+    # says to export one that carries its precision
+    assert "hydra-export --from EXPORT_DIR --precision fp16" in stdout
     assert "heads are drawn at random" in caplog.text  # no --calib: says so
     info = json.loads((out / "hydra.json").read_text())
     assert info["spec"]["num_layers"] == 12 and info["outputs"][0]["shape"] == ["batch", 2, 1000]
@@ -476,7 +478,9 @@ def test_exports_are_reproducible_across_processes(exporter, tmp_path):
 
 
 INTERRUPT_SCRIPT = """
-import sys, time
+import signal, sys, time
+# Ctrl-C's handler even when pytest runs as a background job (its children then ignore SIGINT)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 import torch
 torch.set_num_threads(1)  # as conftest.py sets it for the tests

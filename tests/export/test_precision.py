@@ -187,6 +187,35 @@ def test_load_export_rebuilds_a_low_precision_folder(low_export, hydra):
         torch.testing.assert_close(rebuilt(x), hydra(x), atol=1e-5, rtol=0)
 
 
+def test_an_untrained_fp16_export_gets_one_verdict_with_the_reason(tmp_path, caplog):
+    """Random weights: nearly tied classes, whose argmax FP16 may flip within tolerance. The
+    export says its verdict once, that the model looks untrained, and hydra-compare agrees."""
+    import logging
+
+    import timm
+    from helpers.vit import TINY_VIT
+
+    from hydra_deploy.backbones import load_backbone
+    from hydra_deploy.evaluation.compare import compare_export
+
+    torch.manual_seed(0)
+    config = {**TINY_VIT["token"], "num_classes": 1000}  # as ViT-B's head
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, **config)
+    backbone = load_backbone(model.eval())  # timm's init, not scrambled: logits nearly tied
+    hydra = fuse(backbone, HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2))
+    caplog.set_level(logging.INFO, logger="hydra_deploy")
+    info = export_onnx(hydra, tmp_path / "fp16", batch=(1, 4, 32), precision="fp16")
+    verdicts = [r for r in caplog.records if "fp16 tolerances" in r.getMessage()]
+    assert len(verdicts) == 1, [r.getMessage() for r in verdicts]  # said once
+    drift = info["validation"]["drift"]
+    assert drift["passed"] and drift["looks_untrained"] and drift["examples"] == 36
+    assert "within the fp16 tolerances" in verdicts[0].getMessage()
+    assert "the model looks untrained (random weights?)" in verdicts[0].getMessage()
+    assert verdicts[0].levelno == logging.INFO
+    (ort,) = compare_export(tmp_path / "fp16", batch=32).backends
+    assert ort.passed and ort.looks_untrained()  # the same rule, the same verdict
+
+
 # --- the pass on hand-made graphs ----------------------------------------------------------------
 def small_graph(opset: int = 17):
     """input -> Conv -> LayerNorm -> MatMul -> Softmax -> MatMul -> member_logits -> Softmax(head)."""
@@ -276,8 +305,8 @@ def test_pass_at_fp32_changes_nothing_and_refuses_unknown_precisions(tmp_path, h
     before = [n.op for n in graph.nodes]
     assert to_low_precision(graph, "fp32")["low_precision_nodes"] == 0
     assert [n.op for n in graph.nodes] == before
-    with pytest.raises(ExportError, match="unknown precision 'int8'"):
-        export_onnx(hydra, tmp_path / "x", exporter="torchscript", precision="int8")
+    with pytest.raises(ExportError, match="unknown precision 'int4'"):
+        export_onnx(hydra, tmp_path / "x", exporter="torchscript", precision="int4")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -130,6 +130,18 @@ def test_average_differs_from_grouped_for_finetuned_members(tiny_vits):
     assert gap > 1e-3
 
 
+def test_the_summaries_say_the_mlp_merge_fuse_was_given(tiny_vits):
+    """fuse(..., mlp_merge=) wins over the spec's, and every summary says what was built."""
+    backbone = tiny_vits["token"]
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    assert spec.mlp_merge == "average"
+    members = perturbed_members(backbone, 2, seed=0, scale=0.1)
+    for merge in ("grouped", "average"):
+        hydra = fuse(members, spec, mlp_merge=merge)
+        assert hydra.spec.mlp_merge == merge and hydra.merge["mlp"] == merge
+        assert f"mlp_merge={merge}" in hydra.spec.summary() and f"mlp={merge}" in hydra.summary()
+
+
 # --- the shared trunk ----------------------------------------------------------------------------
 @pytest.mark.parametrize("shared", [0, 1, 2])
 def test_shared_trunk_is_detected_exact_and_cheaper(tiny_vits, shared):

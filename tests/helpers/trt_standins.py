@@ -13,7 +13,14 @@ where hydra-deploy meets them. What each one copies, and from where:
 - ``polygraphy_module``: ``NetworkFromOnnxPath()`` returns (builder, network, parser);
   ``EngineBytesFromNetwork`` takes that tuple (or a loader), returns the IHostMemory and writes the
   timing cache to ``save_timing_cache`` (Polygraphy 0.53.6 ``backend/trt/loader.py``); a
-  strongly typed network or BF16 on TensorRT 8.6 fails as Polygraphy's ``fail_unavailable`` does.
+  strongly typed network or BF16 on TensorRT 8.6 fails as Polygraphy's ``fail_unavailable`` does,
+  and so does ``CreateConfig(int8=True)`` on TensorRT 11, which has no ``BuilderFlag::kINT8``
+  (NvInfer.h v11.0; Polygraphy's ``try_set_flag``, ``backend/trt/config.py`` v11.0 lines 537-541).
+  On 8.6 a network with Q/DQ layers needs ``int8=True`` (developer guide 8.6, "Working with
+  INT8": the INT8 flag must be set for any quantized operation; 8.6 has no strong typing).
+  A strongly typed network refuses layer precisions ("Strongly-typed networks reject calls to
+  method setPrecision", NvInfer.h v10.3.0 line 661) and precision builder flags (trtexec: "setting
+  ... mode is not allowed if graph is strongly typed", sampleOptions.cpp v10.3.0 lines 1233-1247).
 - ``engine_file`` / ``Runtime`` / ``TrtRunner``: a deserialized engine whose I/O dtypes are the
   release's parser's (INT32 token ids on 8.6), and Polygraphy's ``TrtRunner``, which with
   ``check_inputs=False`` copies the host arrays' bytes to the device as they are (Polygraphy 0.53.6
@@ -23,7 +30,9 @@ where hydra-deploy meets them. What each one copies, and from where:
   version (``samples/common/logging.h``: ``[TensorRT v8602]``, 10+: ``v100300``), an option its
   ``sampleOptions.cpp`` does not parse fails with ``Unknown option`` (the option names per tag are
   in ``tests/data/trtexec_options.json``), and ``--layerPrecisions`` names that match no layer of
-  that release's parser are reported (trtexec ignores them silently, ``sampleEngines.cpp``).
+  that release's parser are reported (trtexec ignores them silently, ``sampleEngines.cpp``). On 11,
+  ``--int8`` is refused too: the file still spells it, but only ``SafeBuilderOptions::parse``
+  (sampleOptions.cpp v11.0 lines 1723-1742), not trtexec's ``BuildOptions::parse``, reads it.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ RELEASES = {
     "10.12": ("10.13.0", "10.13"),
     "11": ("11.0.0", "11"),
 }
+# options the file spells that trtexec does not parse, per option-list key (see the docstring)
+NOT_TRTEXEC = {"11": {"--int8"}, "11.1": {"--int8"}}
 
 
 class DataType(enum.Enum):
@@ -64,6 +75,8 @@ class LayerType(enum.Enum):
     MATRIX_MULTIPLY = 2
     SOFTMAX = 3
     OTHER = 4
+    QUANTIZE = 5
+    DEQUANTIZE = 6
 
 
 def parse_version(version: str) -> tuple[int, int]:
@@ -96,11 +109,14 @@ class Tensor:
 
 class Layer:
     """An ILayer: ``precision`` reads FLOAT until set; ``precision_is_set`` says whether it was.
-    TensorRT 11 has no ``ILayer.precision`` (pyGraph.cpp v11.0: weak typing is gone)."""
+    TensorRT 11 has no ``ILayer.precision`` (pyGraph.cpp v11.0: weak typing is gone); a layer of
+    a strongly typed network refuses it (``strongly_typed``)."""
 
-    def __init__(self, name: str, type: LayerType, has_precision: bool = True):
+    def __init__(
+        self, name: str, type: LayerType, has_precision: bool = True, strongly_typed: bool = False
+    ):
         self.name, self.type, self._precision = name, type, None
-        self._has_precision = has_precision
+        self._has_precision, self._strongly_typed = has_precision, strongly_typed
 
     @property
     def precision(self) -> DataType:
@@ -112,6 +128,8 @@ class Layer:
     def precision(self, value: DataType) -> None:
         if not self._has_precision:
             raise AttributeError("'tensorrt.ILayer' object has no attribute 'precision'")
+        if self._strongly_typed:
+            raise RuntimeError("Strongly-typed networks reject calls to method setPrecision")
         self._precision = value
 
     @property
@@ -120,8 +138,15 @@ class Layer:
 
 
 class Network:
-    def __init__(self, layers: list[Layer], inputs: list[Tensor], outputs: list[Tensor]):
+    def __init__(
+        self,
+        layers: list[Layer],
+        inputs: list[Tensor],
+        outputs: list[Tensor],
+        strongly_typed: bool = False,
+    ):
         self.layers, self.inputs, self.outputs = layers, inputs, outputs
+        self.strongly_typed = strongly_typed
 
     num_layers = property(lambda self: len(self.layers))
     num_inputs = property(lambda self: len(self.inputs))
@@ -153,10 +178,12 @@ LAYER_TYPES = {
     "Softmax": LayerType.SOFTMAX,
     "Add": LayerType.ELEMENTWISE,
     "Mul": LayerType.ELEMENTWISE,
+    "QuantizeLinear": LayerType.QUANTIZE,
+    "DequantizeLinear": LayerType.DEQUANTIZE,
 }
 
 
-def parse_onnx(path: str | Path, version: str) -> Network:
+def parse_onnx(path: str | Path, version: str, strongly_typed: bool = False) -> Network:
     """The layers and I/O tensors TensorRT ``version``'s ONNX parser makes from ``path``."""
     import onnx
 
@@ -173,10 +200,11 @@ def parse_onnx(path: str | Path, version: str) -> Network:
         kind = LAYER_TYPES.get(node.op_type, LayerType.OTHER)
         unnamed = old and node.op_type == "LayerNormalization"  # no registerLayer on 8.6
         name = f"(Unnamed Layer* {index}) [Normalization]" if unnamed else node.name
-        layers.append(Layer(name, kind, has_precision=parse_version(version) < (11, 0)))
+        has_precision = parse_version(version) < (11, 0)
+        layers.append(Layer(name, kind, has_precision, strongly_typed=strongly_typed))
     inputs = [Tensor(i.name, dtype(i)) for i in model.graph.input if i.name not in initializers]
     outputs = [Tensor(o.name, dtype(o)) for o in model.graph.output]
-    return Network(layers, inputs, outputs)
+    return Network(layers, inputs, outputs, strongly_typed=strongly_typed)
 
 
 # --- tensorrt and polygraphy.backend.trt ---------------------------------------------------------------
@@ -335,7 +363,7 @@ def polygraphy_module(
         def __call__(self):
             if self.strongly_typed and old:  # NetworkDefinitionCreationFlag.STRONGLY_TYPED
                 raise Unavailable("'strongly_typed' is not available on this version of TensorRT")
-            network = parse_onnx(self.path, version)
+            network = parse_onnx(self.path, version, strongly_typed=bool(self.strongly_typed))
             calls["parsed"] = network
             return ("builder", network, "parser")
 
@@ -359,17 +387,29 @@ def polygraphy_module(
     def CreateConfig(**kwargs):  # Polygraphy's name
         if kwargs.get("bf16") and old:  # BuilderFlag.BF16 came with TensorRT 9
             raise Unavailable("'bf16' is not available on this version of TensorRT")
+        if kwargs.get("int8") and parse_version(version) >= (11, 0):  # no BuilderFlag.INT8
+            raise Unavailable("'int8' is not available on this version of TensorRT")
         calls["config"] = kwargs
         return kwargs
 
     class EngineBytesFromNetwork:
         def __init__(self, network, config=None, save_timing_cache=None):
-            self.network, self.timing_cache = network, save_timing_cache
+            self.network, self.config, self.timing_cache = network, config, save_timing_cache
             calls["save_timing_cache"] = save_timing_cache
 
         def __call__(self):
             built = self.network() if callable(self.network) else self.network
             _, network, _ = built
+            flags = [f for f in ("fp16", "bf16", "int8") if (self.config or {}).get(f)]
+            if network.strongly_typed and flags:
+                raise RuntimeError(
+                    f"setting {flags[0]} mode is not allowed if graph is strongly typed"
+                )
+            qdq = {LayerType.QUANTIZE, LayerType.DEQUANTIZE}
+            if old and "int8" not in flags and any(layer.type in qdq for layer in network.layers):
+                # developer guide 8.6, "Working with INT8": the INT8 flag must be set in the
+                # builder configuration for any quantized operation
+                raise RuntimeError("Q/DQ layers in the network but BuilderFlag::kINT8 is not set")
             calls["pinned"] = {
                 layer.name: layer.precision for layer in network.layers if layer.precision_is_set
             }
@@ -407,7 +447,8 @@ def write_trtexec(folder: Path, generation: str) -> Path:
         f"#!{sys.executable}\n"
         "import json, os, sys\n"
         f"sys.path.insert(0, {str(TESTS)!r})\n"
-        f"VERSION, OPTIONS = {version!r}, set({OPTIONS[key]['options']!r})\n"
+        f"VERSION = {version!r}\n"
+        f"OPTIONS = set({OPTIONS[key]['options']!r}) - {NOT_TRTEXEC.get(key, set())!r}\n"
         f"BANNER = '&&&& RUNNING TensorRT.trtexec [TensorRT v{version_code(version)}]{build} "
         "# trtexec'\n"
         "args = sys.argv[1:]\n"

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from hydra_deploy.backbones.base import RANDOM_WEIGHTS
 from hydra_deploy.backbones.openclip.adapter import OpenClipAdapter, check_supported
 from hydra_deploy.backbones.openclip.zero_shot import (
     DEFAULT_TEMPLATES,
@@ -25,7 +26,7 @@ from hydra_deploy.backbones.openclip.zero_shot import (
     class_weights_from_text,
     read_names,
 )
-from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError
+from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError, said
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -247,11 +248,7 @@ def load_openclip(
         ) from err
     if checkpoint is None and pretrained is None and not model_name.startswith("local-dir:"):
         weights = "random"
-        logger.warning(
-            "openclip:%s: random weights (no checkpoint given); pass checkpoint=<file> for "
-            "trained weights",
-            model_name,
-        )
+        logger.warning(RANDOM_WEIGHTS, f"openclip:{model_name}", said("`checkpoint`=<file>"))
     else:
         weights = str(checkpoint or pretrained or model_name)
     return wrap_openclip(

@@ -1,4 +1,5 @@
-"""Which backends can run here (for the others: what to install), and making one by name."""
+"""Which backends and precisions can run here (for the others: what to install, or what stands
+in for them), and making a backend by name."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ from pathlib import Path
 import torch
 
 from hydra_deploy.bench import BenchError
-from hydra_deploy.bench.latency.config import BACKENDS, BenchConfig, normalize_backends
-from hydra_deploy.bench.latency.onnx_backends import OrtBackend, TensorRTBackend
+from hydra_deploy.bench.latency.config import (
+    BACKENDS,
+    LOW_PRECISIONS,
+    BenchConfig,
+    LowPrecision,
+    normalize_backends,
+)
+from hydra_deploy.bench.latency.machine import cpu_bf16_reason
+from hydra_deploy.bench.latency.onnx_backends import OrtBackend, TensorRTBackend, int8_unavailable
 from hydra_deploy.bench.latency.timing import Backend
 from hydra_deploy.bench.latency.torch_backends import CudaGraphBackend, TorchBackend
 from hydra_deploy.optional import install_hint, missing
@@ -80,11 +88,71 @@ def resolve_backends(requested: Sequence[str] | None) -> tuple[list[str], dict[s
     return chosen, {}
 
 
-def make_backend(name: str, config: BenchConfig, threads: int, workdir: Path) -> Backend:
+def precision_reason(low: LowPrecision, backends: Sequence[str]) -> str | None:
+    """None when ``low`` can be measured beside ``backends``, else one line: why not, and what
+    stands in for it."""
+    if low.runtime not in backends:
+        return (
+            f"{low.precision} runs on {low.runtime}, which this run does not measure; add "
+            f"--backend {low.runtime}"
+        )
+    if low.precision == "bf16":
+        return cpu_bf16_reason()
+    if low.precision.startswith("int8-"):
+        reason = int8_unavailable()
+        return None if reason is None else f"{reason}; only the FP32 ort rows are measured"
+    return None
+
+
+def resolve_precisions(
+    config: BenchConfig, backends: Sequence[str]
+) -> tuple[list[LowPrecision], dict[str, str]]:
+    """(precisions below FP32 to measure, {their backend name: why not measured}).
+
+    Never raises: a precision that cannot run here (no BF16 instructions, its runtime not
+    measured) is reported with the reason and what stands in for it.
+    """
+    chosen: list[LowPrecision] = []
+    skipped: dict[str, str] = {}
+    for low in config.low_precisions:
+        reason = precision_reason(low, backends)
+        if reason is None:
+            chosen.append(low)
+        else:
+            skipped[low.backend] = reason
+    return chosen, skipped
+
+
+def make_backend(
+    name: str,
+    config: BenchConfig,
+    threads: int,
+    workdir: Path,
+    *,
+    fp32: Backend | None = None,
+) -> Backend:
+    """The backend ``name`` (one of BACKENDS, or a low-precision backend of LOW_PRECISIONS).
+
+    ``fp32``: for an INT8 ONNX Runtime backend, the ``ort`` backend whose FP32 exports it
+    quantizes (loaded first).
+    """
     if name == "torch":
         return TorchBackend(threads)
     if name == "ort":
         return OrtBackend(workdir, config.exporter, threads, config.ort_spinning)
+    low = next((p for p in LOW_PRECISIONS.values() if p.backend == name), None)
+    if low is not None and low.runtime == "torch":
+        return TorchBackend(threads, low.precision)
+    if low is not None and low.runtime == "ort":
+        return OrtBackend(
+            workdir,
+            config.exporter,
+            threads,
+            config.ort_spinning,
+            low.precision,
+            fp32=fp32 if isinstance(fp32, OrtBackend) else None,
+            calibration_examples=config.int8_calibration_examples,
+        )
     if name in ("torch-cuda-bf16", "torch-cuda-fp16"):
         return CudaGraphBackend(name.rsplit("-", 1)[1], config.cuda_replays)
     if name == "tensorrt":

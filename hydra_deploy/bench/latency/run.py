@@ -1,15 +1,18 @@
-"""The run: build the variants, time them on every chosen backend, compare their outputs with
-PyTorch eager FP32, and return the result (JSON-able).
+"""The run: build the variants, time them on every chosen backend (a CPU runtime's lower
+precisions in the same rounds as its FP32 variants), compare their outputs with PyTorch eager
+FP32, and return the result (JSON-able).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,11 +22,14 @@ import numpy as np
 import torch
 
 from hydra_deploy.backbones import BackboneAdapter
-from hydra_deploy.bench.latency.backends import make_backend, resolve_backends
+from hydra_deploy.bench.latency.backends import make_backend, resolve_backends, resolve_precisions
 from hydra_deploy.bench.latency.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.machine import environment, load_average, torch_threads
 from hydra_deploy.bench.latency.timing import Backend, summarize, time_rounds
 from hydra_deploy.bench.latency.variants import VariantSet, build_variants
+from hydra_deploy.errors import HydraError
+
+log = logging.getLogger("hydra_deploy.bench")
 
 
 @dataclass
@@ -50,9 +56,9 @@ class Progress:
         if self.bar is not None:
             self.bar.set_description(text)
 
-    def tick(self) -> None:
+    def tick(self, runs: int = 1) -> None:
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(runs)
 
 
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -67,29 +73,99 @@ def measure_backend(
     progress: Progress,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(results per batch, backend info with output differences from PyTorch eager FP32)."""
-    started = time.perf_counter()
-    progress.describe(f"{backend.name}: preparing")
-    backend.load(variants, config.batches)
-    prepared_s = time.perf_counter() - started
-    results: dict[str, Any] = {}
-    diffs: dict[str, float] = {}
+    return measure_backends([backend], variants, config, reference, progress)[backend.name]
+
+
+def _runs(config: BenchConfig) -> int:
+    return config.warmup + config.rounds
+
+
+def profile_batch(batches: Sequence[int]) -> int:
+    """The batch the INT8 graphs are profiled at: 8 when measured, else the largest."""
+    return 8 if 8 in batches else max(batches)
+
+
+def measure_backends(
+    backends: Sequence[Backend],
+    variants: VariantSet,
+    config: BenchConfig,
+    reference: Mapping[str, np.ndarray],
+    progress: Progress,
+    skipped: dict[str, str] | None = None,
+) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Time the backends of one runtime together: per batch, every round times every (backend,
+    variant) once in a rotating order. Returns {backend: (results per batch, info)}.
+
+    When the first backend is FP32 (``torch``, ``ort``), every row also gets
+    ``ratio_vs_fp32_single``: the median over rounds of (its time / that backend's single-model
+    time in the same round); the FP32 rows' equals their ``ratio_vs_single``. ``skipped``: where
+    a backend after the first that cannot be prepared (an INT8 quantization refused) is named
+    with the reason, instead of ending the run.
+    """
+    prepared: dict[str, float] = {}
+    loaded: list[Backend] = []
+    for index, backend in enumerate(backends):
+        started = time.perf_counter()
+        progress.describe(f"{backend.name}: preparing")
+        try:
+            backend.load(variants, config.batches)
+        except HydraError as err:
+            if index == 0 or skipped is None:
+                raise
+            skipped[backend.name] = f"could not be prepared: {err}"
+            log.warning("%s skipped: %s", backend.name, err)
+            progress.tick(len(config.batches) * len(variants.variants) * _runs(config))
+            continue
+        prepared[backend.name] = time.perf_counter() - started
+        loaded.append(backend)
+    backends = loaded
+    fp32 = backends[0].name if backends[0].precision == "fp32" else None
+    results: dict[str, dict[str, Any]] = {b.name: {} for b in backends}
+    diffs: dict[str, dict[str, float]] = {b.name: {} for b in backends}
     for batch in config.batches:
-        progress.describe(f"{backend.name} batch {batch}")
+        progress.describe(" + ".join(b.name for b in backends) + f" batch {batch}")
         inputs = variants.example_inputs(batch)
-        timers = {v.name: backend.timer(v, inputs) for v in variants.variants}
-        if batch == config.batches[0] and backend.name != "torch":
-            diffs = {name: max_abs_diff(t.output(), reference[name]) for name, t in timers.items()}
+        timers = {
+            f"{b.name}/{v.name}": b.timer(v, inputs) for b in backends for v in variants.variants
+        }
+        if batch == config.batches[0]:
+            for b in backends:
+                if b.name != "torch":
+                    diffs[b.name] = {
+                        v.name: max_abs_diff(
+                            timers[f"{b.name}/{v.name}"].output(), reference[v.name]
+                        )
+                        for v in variants.variants
+                    }
         times = time_rounds(timers, config.rounds, config.warmup, progress.tick)
-        results[str(batch)] = summarize(times, variants.variants, batch)
+        for b in backends:
+            own = {v.name: times[f"{b.name}/{v.name}"] for v in variants.variants}
+            rows = summarize(own, variants.variants, batch)
+            if fp32 is not None:
+                single = times[f"{fp32}/single"]
+                for name, row in rows.items():
+                    row["ratio_vs_fp32_single"] = statistics.median(
+                        t / s for t, s in zip(own[name], single, strict=True)
+                    )
+            results[b.name][str(batch)] = rows
         del timers
-        backend.release(batch)
-    info = {
-        **backend.info(),
-        "prepare_s": round(prepared_s, 2),
-        "max_abs_diff_vs_torch_fp32": diffs,
-        "diff_batch": config.batches[0],
-    }
-    return results, info
+        for b in backends:
+            b.release(batch)
+    out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for b in backends:
+        if config.int8_profile_runs:
+            progress.describe(f"{b.name}: profiling")
+            b.profile(variants, profile_batch(config.batches), config.int8_profile_runs)
+        info = {
+            **b.info(),
+            "prepare_s": round(prepared[b.name], 2),
+            "max_abs_diff_vs_torch_fp32": diffs[b.name],
+            "diff_batch": config.batches[0],
+        }
+        if fp32 is not None and b.name != fp32:
+            info["timed_with"] = fp32
+        out[b.name] = (results[b.name], info)
+    return out
 
 
 def reference_outputs(variants: VariantSet, batch: int) -> dict[str, np.ndarray]:
@@ -114,13 +190,15 @@ def run_benchmark(
     """
     started = time.perf_counter()
     backends, skipped = resolve_backends(config.backends)
+    lower, not_measured = resolve_precisions(config, backends)
+    skipped = {**skipped, **not_measured}
     threads = config.threads or torch.get_num_threads()
     with torch_threads(threads):
         env = environment(threads)
         variants = variants or build_variants(config, factory)
         reference = reference_outputs(variants, config.batches[0])
         total = (
-            len(backends)
+            (len(backends) + len(lower))
             * len(config.batches)
             * len(variants.variants)
             * (config.warmup + config.rounds)
@@ -132,13 +210,22 @@ def run_benchmark(
             tempfile.TemporaryDirectory(prefix="hydra-bench-") as workdir,
         ):
             for name in backends:
-                backend = make_backend(name, config, threads, Path(workdir))
+                group = [make_backend(name, config, threads, Path(workdir))]
+                group += [
+                    make_backend(low.backend, config, threads, Path(workdir), fp32=group[0])
+                    for low in lower
+                    if low.runtime == name
+                ]
                 try:
-                    results[name], infos[name] = measure_backend(
-                        backend, variants, config, reference, progress
+                    measured = measure_backends(
+                        group, variants, config, reference, progress, skipped
                     )
                 finally:
-                    backend.close()
+                    for backend in group:
+                        backend.close()
+                for backend_name, (rows, info) in measured.items():
+                    results[backend_name], infos[backend_name] = rows, info
+                del group
                 gc.collect()
     env["load_average_end"] = load_average()
     return {

@@ -109,6 +109,7 @@ class Backend:
     variant and batch. ``info()`` says how it ran (threads, precision, timing method)."""
 
     name = ""
+    precision = "fp32"
 
     def load(self, variants: VariantSet, batches: Sequence[int]) -> None:
         self.variants = variants
@@ -118,6 +119,10 @@ class Backend:
 
     def release(self, batch: int) -> None:
         """Free what the timers of ``batch`` held (CUDA graphs)."""
+
+    def profile(self, variants: VariantSet, batch: int, runs: int) -> dict[str, Any] | None:
+        """A profile of where the time goes, kept for ``info()`` (INT8 ONNX Runtime); None."""
+        return None
 
     def info(self) -> dict[str, Any]:
         return {}

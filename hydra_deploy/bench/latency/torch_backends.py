@@ -1,11 +1,12 @@
 """The backends that run the PyTorch modules themselves.
 
-Eager on the CPU (``torch``), and BF16/FP16 on CUDA captured in CUDA graphs (``torch-cuda-bf16``,
-``torch-cuda-fp16``).
+Eager on the CPU in FP32 (``torch``) and under BF16 autocast (``torch-cpu-bf16``), and BF16/FP16
+on CUDA captured in CUDA graphs (``torch-cuda-bf16``, ``torch-cuda-fp16``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import logging
@@ -16,46 +17,73 @@ from typing import Any
 import numpy as np
 import torch
 
+from hydra_deploy.bench import BenchError
+from hydra_deploy.bench.latency.config import LOW_PRECISIONS
+from hydra_deploy.bench.latency.machine import cpu_features
 from hydra_deploy.bench.latency.timing import Backend, Timer
 from hydra_deploy.bench.latency.variants import Variant, VariantSet
 
 log = logging.getLogger("hydra_deploy.bench")
 
+#: How ``torch-cpu-bf16`` runs every forward.
+CPU_AUTOCAST = 'torch.autocast("cpu", dtype=torch.bfloat16)'
+
 
 class TorchTimer(Timer):
-    def __init__(self, variant: Variant, inputs: tuple[torch.Tensor, ...]) -> None:
-        self.variant, self.inputs = variant, inputs
+    """One forward under ``torch.inference_mode()``; ``autocast``: under BF16 autocast too."""
+
+    def __init__(
+        self, variant: Variant, inputs: tuple[torch.Tensor, ...], autocast: bool = False
+    ) -> None:
+        self.variant, self.inputs, self.autocast = variant, inputs, autocast
+
+    def _context(self) -> contextlib.AbstractContextManager:
+        if self.autocast:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def __call__(self) -> float:
-        with torch.inference_mode():
+        with torch.inference_mode(), self._context():
             start = time.perf_counter()
             self.variant(*self.inputs)
             return time.perf_counter() - start
 
     def output(self) -> np.ndarray:
-        with torch.inference_mode():
+        with torch.inference_mode(), self._context():
             return self.variant(*self.inputs).float().numpy()
 
 
 class TorchBackend(Backend):
-    """PyTorch eager on the CPU, under ``torch.inference_mode()``."""
+    """PyTorch eager on the CPU, under ``torch.inference_mode()``: ``precision`` ``fp32``
+    (``torch``) or ``bf16`` (``torch-cpu-bf16``: every forward under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)``, the FP32 weights cast on each call, AMX or
+    AVX-512 BF16 where the CPU has them)."""
 
-    name = "torch"
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
+    def __init__(self, threads: int, precision: str = "fp32") -> None:
+        if precision not in ("fp32", "bf16"):
+            raise BenchError(f"PyTorch on the CPU measures fp32 and bf16, not {precision!r}")
+        self.threads, self.precision = threads, precision
+        self.name = "torch" if precision == "fp32" else LOW_PRECISIONS[precision].backend
 
     def timer(self, variant: Variant, inputs: tuple[torch.Tensor, ...]) -> Timer:
-        return TorchTimer(variant, inputs)
+        return TorchTimer(variant, inputs, autocast=self.precision == "bf16")
 
     def info(self) -> dict[str, Any]:
-        return {
+        info: dict[str, Any] = {
             "device": "cpu",
-            "precision": "fp32",
+            "precision": self.precision,
             "threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
             "timing": "time.perf_counter around one forward",
         }
+        if self.precision == "bf16":
+            features = cpu_features() or {}
+            info["autocast"] = CPU_AUTOCAST
+            info["cpu_bf16_instructions"] = [
+                name for name in ("amx_bf16", "avx512_bf16", "bf16") if features.get(name)
+            ]
+            info["reference"] = "torch (FP32, timed in the same rounds)"
+        return info
 
 
 class CudaGraphTimer(Timer):

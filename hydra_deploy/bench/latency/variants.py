@@ -1,6 +1,7 @@
 """Backbones with random weights and the variants built from them, with their analytic cost.
 
-``single``, ``hydra``, ``hydra_trunk``, ``deep_ensemble_seq`` and ``deep_ensemble_batched``.
+``single``, ``hydra``, ``hydra_trunk``, ``fused_deep_ensemble``, ``deep_ensemble_seq`` and
+``deep_ensemble_batched``.
 """
 
 from __future__ import annotations
@@ -294,8 +295,10 @@ def build_variants(
             hydra_trunk_merge=trunk.merge,
             hydra_trunk_layers=trunk.trunk_layers,
         )
-    if {"deep_ensemble_seq", "deep_ensemble_batched"} & set(wanted):
+    if {"fused_deep_ensemble", "deep_ensemble_seq", "deep_ensemble_batched"} & set(wanted):
         variants += ensemble_variants(adapter, factory, config, single_macs)
+        if "fused_deep_ensemble" in wanted:
+            info["fused_deep_ensemble_spec"] = random_spec(adapter, config, 0).to_dict()
     order = {name: index for index, name in enumerate(VARIANTS)}
     variants.sort(key=lambda v: order[v.name])
     return VariantSet(adapter, variants, info, seed=config.seed)
@@ -307,10 +310,21 @@ def ensemble_variants(
     config: BenchConfig,
     single_macs: int,
 ) -> list[Variant]:
-    """``deep_ensemble_seq`` and/or ``deep_ensemble_batched`` over the same M members."""
+    """``fused_deep_ensemble``, ``deep_ensemble_seq`` and/or ``deep_ensemble_batched`` over the
+    same M members.
+
+    ``fused_deep_ensemble``: each member pruned to its own k heads per layer (Hydra's spec) and the
+    M fused with per-member MLPs, as ``hydra-export --checkpoint A B C`` deploys a deep ensemble.
+    """
     M = config.members
     members = [factory(config.seed + 1 + m) for m in range(M)]
     out: list[Variant] = []
+    if "fused_deep_ensemble" in config.variants:
+        spec = random_spec(adapter, config, shared_layers=0)
+        fused = fuse(
+            members, spec, mlp_merge="grouped", shared_trunk=False, lowering=config.lowering
+        )
+        out.append(_fused("fused_deep_ensemble", fused, single_macs))
     if "deep_ensemble_seq" in config.variants:
         modules = [plain_module(member) for member in members]
         out.append(

@@ -1,0 +1,477 @@
+"""INT8 graphs: ONNX Runtime's quantization of an FP32 export's matrix products.
+
+:func:`quantize_export` turns a validated FP32 ``model.onnx`` into an INT8 one and returns the
+record ``hydra.json`` keeps as ``"int8"``:
+
+- ``dynamic``: weights only, no data (``onnxruntime.quantization.quantize_dynamic``): int8 weights
+  (symmetric, one scale per tensor, as ORT's default that issue 27 measured), activations
+  quantized to uint8 per batch at run time (``DynamicQuantizeLinear -> MatMulInteger``). A CPU
+  (ONNX Runtime) format: TensorRT does not build it.
+- ``static``: QDQ (``quantize_static``): ``QuantizeLinear``/``DequantizeLinear`` pairs in front of
+  each matrix product, int8 weights symmetric per output channel, int8 activations symmetric
+  (zero point 0, as TensorRT's explicit quantization requires), their ranges calibrated on the
+  user's data (MinMax, Entropy or Percentile 99.999). The form TensorRT builds from and ONNX
+  Runtime runs as integer kernels.
+
+Only the matrix products with a weight are quantized (``MatMul``/``Gemm`` with a constant operand:
+the grouped Q/K/V and output projections, the MLP, the classifier, named in ``nodes_to_quantize``);
+``LayerNormalization``, the attention's ``MatMul -> Softmax -> MatMul`` (both operands
+activations) and the ensemble (uncertainty) head stay float32 (``nodes_to_exclude``), as does the
+patch-embedding ``Conv`` (the input layer, where quantization costs most accuracy; one product).
+Products written as ``Einsum`` (``lowering="einsum"``) or grouped ``Conv`` (``"conv1d"``) are
+refused: ORT quantizes neither, so the export would be INT8 in name only.
+
+With the default ``loop`` lowering every member's projection is its own 2-D weight, so scales are
+per member and output channel. The ``bmm`` lowering stores [M, in, out] weights, which get one
+scale per tensor (all members together): ONNX's ``DequantizeLinear`` scales along one axis only,
+and ONNX Runtime's integer MatMul refuses per-channel scales on a batched weight at run time
+(measured: "MatmulInteger : b zero point is not valid"); the record says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hydra_deploy.errors import ExportError, spelled
+from hydra_deploy.options import CALIBRATION_METHODS, INT8_METHODS, MIN_CALIBRATION_EXAMPLES
+
+__all__ = [
+    "CALIBRATION_METHODS",
+    "INT8_METHODS",
+    "MIN_CALIBRATION_EXAMPLES",
+    "calibration_rows",
+    "calibration_sha256",
+    "quantize_export",
+]
+
+#: the op types quantized: the matrix products with a weight
+QUANTIZED_OP_TYPES = ("MatMul", "Gemm")
+#: examples per feed of the calibration run (ORT keeps each feed's intermediate tensors)
+CALIBRATION_BATCH = 8
+#: the Percentile calibration's percentile (ONNX Runtime's default)
+PERCENTILE = 99.999
+HEAD_OUTPUT = "member_logits"  # every node after it is the ensemble head
+
+_FLOAT_REASONS = {
+    "LayerNormalization": "its mean and variance need float",
+    "Softmax": "the attention's softmax, between two products of activations",
+    "attention MatMul": "the attention's scores and weighted sums: both operands are activations",
+    "ensemble head": "the ensemble (uncertainty) head: softmaxes, entropies, MI, MSP in float32",
+    "Conv": "the patch embedding: the input layer, where quantization costs most accuracy",
+    "Gemm": "ONNX Runtime's dynamic quantization has no Gemm kernel",
+}
+
+
+def _static_advice() -> str:
+    return spelled("Int8Options(method='static')", "--int8-method static")
+
+
+def _dynamic_advice() -> str:
+    return spelled("Int8Options(method='dynamic')", "--int8-method dynamic")
+
+
+def _loop_advice() -> str:
+    return spelled("fuse(..., lowering='loop')", "--lowering loop")
+
+
+def calibration_rows(count: int, size: int, seed: int = 0) -> np.ndarray:
+    """Which of ``count`` examples calibrate when at most ``size`` may: all, or a seeded random
+    subset in ascending order (a folder sorted by class would give its first classes only)."""
+    if count <= size:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, size, replace=False))
+
+
+def calibration_sha256(calibration: Mapping[str, np.ndarray]) -> str:
+    """The SHA-256 of calibration inputs: each array's name, dtype, shape and bytes, by name."""
+    digest = hashlib.sha256()
+    for name in sorted(calibration):
+        array = np.ascontiguousarray(calibration[name])
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def quantize_export(
+    fp32_onnx: str | os.PathLike,
+    out_onnx: str | os.PathLike,
+    *,
+    method: str,
+    calibration: Mapping[str, np.ndarray] | None = None,
+    calibrate_method: str = "minmax",
+) -> dict[str, Any]:
+    """Quantize ``fp32_onnx`` (an FP32 export's ``model.onnx``) into ``out_onnx`` (may be the same
+    path; written atomically) and return the JSON-ready record of what was done.
+
+    ``method``: ``"dynamic"`` (weights only, no data) or ``"static"`` (QDQ; ``calibration``: the
+    model's inputs by name, at least :data:`MIN_CALIBRATION_EXAMPLES` rows, calibrated by
+    ``calibrate_method`` ``"minmax"``, ``"entropy"`` or ``"percentile"``). The record: ``method``,
+    ``calibration_method``, ``num_calibration``, ``calibration_sha256`` (None for dynamic),
+    ``quantized_ops`` (op type -> nodes now computing on int8), ``integer_ops`` (the quantization
+    nodes in the file), ``kept_float`` (op -> nodes left in float and why), ``weights`` and
+    ``activations`` (the schemes), ``onnxruntime_version``.
+    """
+    import onnx
+    import onnxruntime
+
+    if method not in INT8_METHODS:
+        raise ExportError(f"unknown INT8 method {method!r}; choose one of {INT8_METHODS}")
+    if calibrate_method not in CALIBRATION_METHODS:
+        raise ExportError(
+            f"unknown calibration method {calibrate_method!r}; choose one of {CALIBRATION_METHODS}"
+        )
+    fp32_onnx, out_onnx = Path(fp32_onnx), Path(out_onnx)
+    model = onnx.load(str(fp32_onnx))
+    _refuse_unquantizable(model)
+    excluded, kept = _float_nodes(model)
+    # named: ORT's QDQ quantizer ignores MatMulConstBOnly, and would quantize the attention's
+    # products of activations too
+    chosen = [n.name for n in _weight_products(model) if n.name and n.name not in excluded]
+    feeds: Mapping[str, np.ndarray] | None = None
+    if method == "static":
+        feeds = _check_calibration(model, calibration)
+    elif calibration is not None:
+        raise ExportError(
+            "dynamic INT8 quantizes weights only and takes no calibration data; drop it, or "
+            f"quantize statically ({_static_advice()})"
+        )
+    temporary = out_onnx.with_name(f".{out_onnx.name}.int8-{os.getpid()}.tmp")
+    try:
+        with _quiet_onnxruntime():
+            if method == "static":
+                batched = _batched_weights(model, chosen)
+                _quantize_static(
+                    fp32_onnx, temporary, feeds, chosen, excluded, batched, calibrate_method
+                )
+            else:
+                _quantize_dynamic(fp32_onnx, temporary, chosen, excluded)
+        quantized = onnx.load(str(temporary))
+        record = _record(model, quantized, method, kept)
+        os.replace(temporary, out_onnx)
+    except ExportError:
+        raise
+    except Exception as err:  # onnxruntime's and onnx's own error types
+        raise ExportError(
+            f"ONNX Runtime could not quantize {fp32_onnx} ({type(err).__name__}: "
+            f"{str(err).strip()[:300]}); export fp32 or fp16 instead, and report the model"
+        ) from err
+    finally:
+        temporary.unlink(missing_ok=True)
+    if feeds is not None:
+        record.update(
+            calibration_method=calibrate_method,
+            num_calibration=len(next(iter(feeds.values()))),
+            calibration_sha256=calibration_sha256(feeds),
+        )
+    record["onnxruntime_version"] = onnxruntime.__version__
+    return record
+
+
+# --- what the graph holds ---------------------------------------------------------------------------
+def _constants(model) -> set[str]:
+    names = {t.name for t in model.graph.initializer}
+    names |= {out for n in model.graph.node if n.op_type == "Constant" for out in n.output}
+    return names
+
+
+def _weight_products(model, op_types=QUANTIZED_OP_TYPES) -> list:
+    constants = _constants(model)
+    return [
+        n
+        for n in model.graph.node
+        if n.op_type in op_types and any(i in constants for i in n.input)
+    ]
+
+
+def _refuse_unquantizable(model) -> None:
+    """Matrix products in ops ONNX Runtime does not quantize: the einsum and conv1d lowerings."""
+    shapes = {t.name: len(t.dims) for t in model.graph.initializer}
+    einsum = _weight_products(model, ("Einsum",))
+    conv1d = [n for n in model.graph.node if n.op_type == "Conv" and shapes.get(n.input[1]) == 3]
+    for nodes, op, lowering in ((einsum, "Einsum", "einsum"), (conv1d, "Conv", "conv1d")):
+        if nodes:
+            raise ExportError(
+                f"cannot quantize this graph: {len(nodes)} of its matrix products are {op} nodes "
+                f"(e.g. {nodes[0].name!r}; the {lowering} lowering), and ONNX Runtime quantizes "
+                "MatMul and Gemm only; re-export with the loop lowering "
+                f"({_loop_advice()}, the default)"
+            )
+    if not _weight_products(model):
+        ops = ", ".join(sorted({n.op_type for n in model.graph.node}))
+        raise ExportError(
+            f"cannot quantize this graph: it holds no MatMul or Gemm with a weight (its ops: "
+            f"{ops}); export fp32 or fp16"
+        )
+
+
+def _downstream(model, tensor: str) -> list:
+    consumers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    seen: dict[int, Any] = {}
+    stack = list(consumers.get(tensor, ()))
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen[id(node)] = node
+            stack.extend(c for out in node.output for c in consumers.get(out, ()))
+    return list(seen.values())
+
+
+def _float_nodes(model) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """(names of the nodes ORT must leave alone, op -> {"nodes", "why"} of what stays float)."""
+    head = _downstream(model, HEAD_OUTPUT)
+    head_ids = {id(n) for n in head}
+    constants = _constants(model)
+    groups: dict[str, list] = {"ensemble head": head}
+    for node in model.graph.node:
+        if id(node) in head_ids:
+            continue
+        if node.op_type in ("LayerNormalization", "Softmax"):
+            groups.setdefault(node.op_type, []).append(node)
+        elif node.op_type == "MatMul" and not any(i in constants for i in node.input):
+            groups.setdefault("attention MatMul", []).append(node)
+        elif node.op_type == "Conv":
+            groups.setdefault("Conv", []).append(node)
+    excluded = [n.name for nodes in groups.values() for n in nodes if n.name]
+    kept = {
+        key: {"nodes": len(nodes), "why": _FLOAT_REASONS[key]}
+        for key, nodes in groups.items()
+        if nodes
+    }
+    return excluded, kept
+
+
+def _record(fp32, quantized, method: str, kept: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the quantized file holds: the products now on int8, the quantization nodes, what stayed
+    float (a weight product ORT left alone too), the schemes."""
+    producers = {out: n for n in quantized.graph.node for out in n.output}
+    ops = Counter(n.op_type for n in quantized.graph.node)
+    if method == "static":
+        on_int8 = [
+            n
+            for n in quantized.graph.node
+            if n.op_type in QUANTIZED_OP_TYPES
+            and sum(getattr(producers.get(i), "op_type", "") == "DequantizeLinear" for i in n.input)
+            >= 2
+        ]
+        quantized_ops = dict(Counter(n.op_type for n in on_int8))
+        integer = ("QuantizeLinear", "DequantizeLinear")
+    else:
+        on_int8 = [n for n in quantized.graph.node if n.op_type == "MatMulInteger"]
+        quantized_ops = {"MatMul": len(on_int8)} if on_int8 else {}
+        integer = ("DynamicQuantizeLinear", "MatMulInteger")
+    done = {n.name for n in on_int8} if method == "static" else set()
+    left = Counter(n.op_type for n in _weight_products(quantized) if n.name not in done)
+    kept = dict(kept)
+    for op, count in left.items():
+        if count:
+            why = _FLOAT_REASONS["Gemm"] if (op, method) == ("Gemm", "dynamic") else None
+            kept[f"{op} (with a weight)"] = {
+                "nodes": count,
+                "why": why or "left in float by ONNX Runtime's quantizer",
+            }
+    if not quantized_ops:
+        raise ExportError(
+            "ONNX Runtime quantized none of the graph's matrix products "
+            f"({', '.join(f'{n} {op}' for op, n in left.items()) or 'none found'}); export fp32 or "
+            "fp16"
+        )
+    three_d = any(
+        len(t.dims) == 3
+        for n in _weight_products(fp32)
+        for t in fp32.graph.initializer
+        if t.name in n.input
+    )
+    if method == "static":
+        weights = "int8, symmetric, per output channel" + (
+            " (the bmm lowering's 3-D weights: one scale per tensor, as ONNX Runtime's integer "
+            "MatMul takes no per-channel scales on batched weights)"
+            if three_d
+            else ""
+        )
+        activations = "int8, symmetric (zero point 0), ranges calibrated on the data"
+    else:
+        weights = "int8, symmetric, one scale per weight tensor" + (
+            " (3-D weights of the bmm lowering: one scale for all members)" if three_d else ""
+        )
+        activations = "uint8, quantized per batch at run time (DynamicQuantizeLinear)"
+    return {
+        "method": method,
+        "format": "QDQ" if method == "static" else "QOperator (MatMulInteger)",
+        "weights": weights,
+        "activations": activations,
+        "calibration_method": None,
+        "num_calibration": 0,
+        "calibration_sha256": None,
+        "quantized_ops": quantized_ops,
+        "integer_ops": {op: ops[op] for op in integer if ops.get(op)},
+        "kept_float": kept,
+    }
+
+
+# --- running ONNX Runtime's quantizer ----------------------------------------------------------------
+def _check_calibration(model, calibration: Any) -> dict[str, np.ndarray]:
+    """The calibration inputs by graph input name, as the graph's types; enough, finite rows."""
+    import onnx
+
+    data = spelled("int8 calibration data (Int8Options(calib=...))", "--int8-calib DATA")
+    if calibration is None:
+        raise ExportError(
+            "static INT8 calibrates the activations' ranges on data: give "
+            f"{data} (a few hundred of the model's inputs), or quantize dynamically "
+            f"({_dynamic_advice()}, weights only)"
+        )
+    if not isinstance(calibration, Mapping):
+        raise ExportError(
+            f"the INT8 calibration data must map input names to arrays, got "
+            f"{type(calibration).__name__}"
+        )
+    feeds: dict[str, np.ndarray] = {}
+    for value in model.graph.input:
+        if value.name not in calibration:
+            raise ExportError(
+                f"the INT8 calibration data holds no {value.name!r} (it holds "
+                f"{sorted(calibration)}); give the model's inputs {[v.name for v in model.graph.input]}"
+            )
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = np.ascontiguousarray(np.asarray(calibration[value.name]).astype(dtype))
+    counts = {name: len(a) for name, a in feeds.items()}
+    if len(set(counts.values())) != 1:
+        raise ExportError(f"the INT8 calibration arrays differ in length: {counts}")
+    count = next(iter(counts.values()))
+    if count < MIN_CALIBRATION_EXAMPLES:
+        raise ExportError(
+            f"the INT8 calibration data holds {count} example{'s' * (count != 1)}; static "
+            f"calibration needs at least {MIN_CALIBRATION_EXAMPLES} (a few hundred is better): "
+            f"give more in {data}, or quantize dynamically "
+            f"({_dynamic_advice()}, no data needed)"
+        )
+    for name, array in feeds.items():
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ExportError(f"the INT8 calibration input {name!r} holds NaN or inf; fix the data")
+    return feeds
+
+
+def _feed_reader(feeds: Mapping[str, np.ndarray]):
+    """ORT's CalibrationDataReader over ``feeds`` in batches of CALIBRATION_BATCH, with the
+    ``set_range`` ORT uses to collect one batch at a time (memory: one batch's tensors)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    count = len(next(iter(feeds.values())))
+    starts = list(range(0, count, CALIBRATION_BATCH))
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.range = (0, len(starts))
+            self.pending: Iterator[dict[str, np.ndarray]] | None = None
+
+        def __len__(self) -> int:
+            return len(starts)
+
+        def set_range(self, start_index: int, end_index: int) -> None:
+            self.range, self.pending = (start_index, end_index), None
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            if self.pending is None:
+                self.pending = iter(
+                    {n: a[s : s + CALIBRATION_BATCH] for n, a in feeds.items()}
+                    for s in starts[self.range[0] : self.range[1]]
+                )
+            return next(self.pending, None)
+
+    return Feeds()
+
+
+def _batched_weights(model, chosen: list[str]) -> list[str]:
+    """The 3-D (batched, the ``bmm`` lowering's [M, in, out]) weights of the chosen products:
+    ONNX Runtime's integer MatMul (``MatMulIntegerToFloat``) refuses per-channel scales on them
+    at run time ("b zero point is not valid"), so they are quantized per tensor."""
+    ranks = {t.name: len(t.dims) for t in model.graph.initializer}
+    names = set(chosen)
+    return sorted(
+        {i for n in model.graph.node if n.name in names for i in n.input if ranks.get(i, 0) >= 3}
+    )
+
+
+def _quantize_static(
+    source: Path,
+    target: Path,
+    feeds: Mapping[str, np.ndarray],
+    chosen: list[str],
+    excluded: list[str],
+    batched: list[str],
+    calibrate_method: str,
+) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    methods = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }
+    quantize_static(
+        str(source),
+        str(target),
+        _feed_reader(feeds),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+        per_channel=True,
+        reduce_range=False,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_quantize=list(chosen),
+        nodes_to_exclude=list(excluded),
+        calibrate_method=methods[calibrate_method],
+        extra_options={
+            "ActivationSymmetric": True,  # zero point 0: TensorRT's explicit quantization
+            "WeightSymmetric": True,
+            "MatMulConstBOnly": True,  # the products with a weight; attention stays float
+            "QDQOpTypePerChannelSupportToAxis": {"MatMul": -1},  # output channels, 2-D or 3-D
+            "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),  # float accumulators
+            "DedicatedQDQPair": True,  # TensorRT cannot share a Q/DQ pair between consumers
+            "CalibStridedMinMax": 1,  # collect one feed at a time (every method)
+            "CalibPercentile": PERCENTILE,
+            "TensorQuantOverrides": {name: [{"symmetric": True}] for name in batched},
+        },
+    )
+
+
+def _quantize_dynamic(source: Path, target: Path, chosen: list[str], excluded: list[str]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(source),
+        str(target),
+        op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+        per_channel=False,
+        reduce_range=False,
+        weight_type=QuantType.QInt8,
+        nodes_to_quantize=list(chosen),
+        nodes_to_exclude=list(excluded),
+        extra_options={"MatMulConstBOnly": True},
+    )
+
+
+@contextlib.contextmanager
+def _quiet_onnxruntime() -> Iterator[None]:
+    """ORT's quantizer logs advice (pre-processing) on the root logger and prints its histogram
+    progress: not the user's concern."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)

@@ -1,0 +1,524 @@
+"""INT8 exports: ONNX Runtime's quantization of the matrix products, recorded, validated, refused."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from helpers.bert import tiny_bert
+from helpers.members import random_spec
+from helpers.vit import tiny_vit
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save_file
+
+from hydra_deploy import parity
+from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.errors import DataError, ExportError, ParameterError
+from hydra_deploy.evaluation.compare import compare_export
+from hydra_deploy.evaluation.int8_data import int8_calibration
+from hydra_deploy.export import export_onnx, load_export
+from hydra_deploy.export.int8 import (
+    CALIBRATION_METHODS,
+    INT8_METHODS,
+    MIN_CALIBRATION_EXAMPLES,
+    calibration_sha256,
+    quantize_export,
+)
+from hydra_deploy.export_folder import ExportFolderError, Int8Record, read_info
+from hydra_deploy.fusion import fuse
+from hydra_deploy.options import Int8Options
+from hydra_deploy.specs import HydraSpec
+
+BATCH = (1, 4, 6)
+#: the tiny ViT's inputs: 3 x 16 x 16, normalized pixels
+CALIBRATION = np.random.default_rng(0).standard_normal((48, 3, 16, 16)).astype(np.float32)
+#: the TINY_VIT_B16 of tests/test_docs.py: a tiny stand-in that hydra-export builds by name
+TINY_ARGS = [
+    *("--model-arg", "img_size=16", "--model-arg", "patch_size=8"),
+    *("--model-arg", "embed_dim=48", "--model-arg", "depth=2"),
+]
+
+
+@pytest.fixture(scope="module")
+def hydra():
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
+    return fuse(backbone, spec)
+
+
+@pytest.fixture(scope="module")
+def exports(hydra, tmp_path_factory):
+    """{"static": (folder, info), "dynamic": (folder, info), "fp32": folder}; static has the
+    ensemble head in the graph."""
+    root = tmp_path_factory.mktemp("int8")
+    static = export_onnx(
+        hydra,
+        root / "static",
+        batch=BATCH,
+        exporter="torchscript",
+        uq_outputs=True,
+        precision="int8",
+        int8=Int8Options(calib={"pixel_values": CALIBRATION}),
+    )
+    dynamic = export_onnx(hydra, root / "dynamic", batch=BATCH, precision="int8")
+    export_onnx(hydra, root / "fp32", batch=BATCH, exporter="torchscript", validate=False)
+    return {
+        "static": (root / "static", static),
+        "dynamic": (root / "dynamic", dynamic),
+        "fp32": root / "fp32",
+    }
+
+
+def ops(folder) -> dict[str, int]:
+    model = onnx.load(str(folder / "model.onnx"))
+    found: dict[str, int] = {}
+    for node in model.graph.node:
+        found[node.op_type] = found.get(node.op_type, 0) + 1
+    return found
+
+
+def producers(folder) -> tuple[onnx.ModelProto, dict[str, onnx.NodeProto]]:
+    model = onnx.load(str(folder / "model.onnx"))
+    return model, {out: node for node in model.graph.node for out in node.output}
+
+
+def weight_matmuls(folder) -> int:
+    model = onnx.load(str(folder / "model.onnx"))
+    weights = {t.name for t in model.graph.initializer}
+    return sum(
+        n.op_type in ("MatMul", "Gemm") and any(i in weights for i in n.input)
+        for n in model.graph.node
+    )
+
+
+def test_the_contract_names():
+    assert INT8_METHODS == ("dynamic", "static")
+    assert CALIBRATION_METHODS == ("minmax", "entropy", "percentile")
+    assert MIN_CALIBRATION_EXAMPLES == 32
+
+
+# --- what the graphs hold -------------------------------------------------------------------------
+def test_static_graph_is_qdq_on_every_weight_product_and_float_elsewhere(exports):
+    folder, info = exports["static"]
+    model, made_by = producers(folder)
+    found = ops(folder)
+    assert found["QuantizeLinear"] > 0 and found["DequantizeLinear"] > found["QuantizeLinear"]
+    quantized = [
+        n
+        for n in model.graph.node
+        if n.op_type == "MatMul"
+        and sum(getattr(made_by.get(i), "op_type", "") == "DequantizeLinear" for i in n.input) == 2
+    ]
+    # every product with a weight takes int8 weights and activations; none is left with a float one
+    assert len(quantized) == weight_matmuls(exports["fp32"]) and weight_matmuls(folder) == 0
+    assert info["int8"]["quantized_ops"] == {"MatMul": len(quantized)}
+    assert info["int8"]["integer_ops"] == {
+        "QuantizeLinear": found["QuantizeLinear"],
+        "DequantizeLinear": found["DequantizeLinear"],
+    }
+    # weights per output channel, symmetric: int8 weights with a zero point of 0 and a scale vector
+    weights = {t.name: t for t in model.graph.initializer}
+    for node in quantized:
+        dq = made_by[node.input[1]]
+        scale = onnx.numpy_helper.to_array(weights[dq.input[1]])
+        zero = onnx.numpy_helper.to_array(weights[dq.input[2]]) if len(dq.input) > 2 else 0
+        assert weights[dq.input[0]].data_type == onnx.TensorProto.INT8
+        assert scale.ndim == 1 and scale.size > 1 and not np.any(zero)
+    # LayerNorm, the attention's Softmax and its two activation products, the head: float
+    float_ops = {"LayerNormalization", "Softmax", "Conv", "LogSoftmax", "ReduceSum", "TopK"}
+    for node in model.graph.node:
+        if node.op_type in float_ops or (node.op_type == "MatMul" and node not in quantized):
+            assert all(
+                getattr(made_by.get(i), "op_type", "") != "DequantizeLinear" for i in node.input
+            ), node.name
+    kept = info["int8"]["kept_float"]
+    assert kept["LayerNormalization"]["nodes"] == found["LayerNormalization"] == 7
+    assert kept["Softmax"]["nodes"] == 3 and kept["attention MatMul"]["nodes"] == 6
+    assert kept["ensemble head"]["nodes"] > 5 and kept["Conv"]["nodes"] == 1
+    assert all(entry["why"] for entry in kept.values())
+
+
+def test_dynamic_graph_quantizes_weights_and_activations_at_run_time(exports):
+    folder, info = exports["dynamic"]
+    found = ops(folder)
+    assert found["MatMulInteger"] == weight_matmuls(exports["fp32"]) > 0
+    assert found["DynamicQuantizeLinear"] > 0 and "QuantizeLinear" not in found
+    assert found["LayerNormalization"] == 7 and found["Softmax"] == 3
+    record = info["int8"]
+    assert record["method"] == "dynamic" and record["quantized_ops"] == {
+        "MatMul": found["MatMulInteger"]
+    }
+    assert (record["calibration_method"], record["num_calibration"]) == (None, 0)
+    assert record["calibration_sha256"] is None and "run time" in record["activations"]
+
+
+def test_metadata_and_record_say_int8(exports):
+    for method in ("static", "dynamic"):
+        folder, info = exports[method]
+        model = onnx.load(str(folder / "model.onnx"))
+        metadata = {p.key: p.value for p in model.metadata_props}
+        assert metadata["hydra_precision"] == "int8" and "hydra_spec" in metadata
+        assert info["precision"] == "int8" and info["strongly_typed"] is False
+        assert [o["dtype"] for o in info["outputs"]] == ["float32"] * len(info["outputs"])
+
+
+# --- hydra.json -----------------------------------------------------------------------------------
+def test_the_int8_record_round_trips(exports):
+    folder, _ = exports["static"]
+    checked = read_info(folder)
+    assert checked.precision == "int8" and isinstance(checked.int8, Int8Record)
+    record = checked.int8
+    assert (record.method, record.calibration_method) == ("static", "minmax")
+    assert record.num_calibration == len(CALIBRATION)
+    assert record.calibration_sha256 == calibration_sha256({"pixel_values": CALIBRATION})
+    assert record.to_dict() == json.loads((folder / "hydra.json").read_text())["int8"]
+    assert Int8Record.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    assert read_info(exports["fp32"]).int8 is None
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda r: {k: v for k, v in r.items() if k != "int8"}, "no 'int8' entry"),
+        (lambda r: {**r, "precision": "fp32"}, "an 'int8' entry"),
+        (lambda r: {**r, "int8": {**r["int8"], "method": "int4"}}, "malformed method"),
+        (lambda r: {**r, "int8": {**r["int8"], "calibration_sha256": None}}, "calibration_sha256"),
+        (lambda r: {**r, "int8": {**r["int8"], "quantized_ops": {}}}, "quantized_ops"),
+        (lambda r: {**r, "int8": {**r["int8"], "quantized_ops": {"MatMul": "9"}}}, "quantized_ops"),
+        (lambda r: {**r, "int8": {**r["int8"], "kept_float": {"Conv": 1}}}, "kept_float"),
+        (lambda r: {**r, "int8": "static"}, "malformed record"),
+    ],
+)
+def test_a_damaged_int8_record_is_refused(exports, tmp_path, damage, expected):
+    folder, _ = exports["static"]
+    record = json.loads((folder / "hydra.json").read_text())
+    (tmp_path / "hydra.json").write_text(json.dumps(damage(record)))
+    with pytest.raises(ExportFolderError, match=expected) as caught:
+        read_info(tmp_path)
+    assert "re-export" in str(caught.value)
+
+
+# --- running it -----------------------------------------------------------------------------------
+def test_both_methods_run_in_onnx_runtime_within_the_int8_tolerances(exports, hydra):
+    x = CALIBRATION[:6]
+    with torch.no_grad():
+        reference = hydra(torch.from_numpy(x)).numpy()
+    for method in ("static", "dynamic"):
+        folder, info = exports[method]
+        with load_runner(folder) as runner:
+            assert runner.precision == "int8"
+            outputs = runner(x)
+        assert outputs["member_logits"].shape == reference.shape
+        members, scores = parity.compare_outputs(reference, outputs, parity.tolerance_for("int8"))
+        assert all(c.passed for c in members + scores), method
+        assert np.abs(outputs["member_logits"] - reference).max() > 0  # it is quantized
+        drift = info["validation"]["drift"]
+        assert drift["passed"] and drift["examples"] > 0 and "within the int8" in drift["verdict"]
+    assert exports["static"][1]["validation"]["drift"]["examples"] == len(CALIBRATION)
+    assert "calibration" in exports["static"][1]["validation"]["drift"]["inputs"]
+    assert "example inputs" in exports["dynamic"][1]["validation"]["drift"]["inputs"]
+
+
+def test_hydra_compare_judges_an_int8_export_by_the_int8_tolerances(exports, tmp_path):
+    folder, _ = exports["static"]
+    np.save(tmp_path / "inputs.npy", CALIBRATION[:16])
+    report = compare_export(folder, inputs=tmp_path / "inputs.npy")
+    (ort,) = report.backends
+    assert report.precision == "int8" and ort.tolerance == parity.TOLERANCES["int8"]
+    assert report.passed, report.failures()
+
+
+def test_reload_checks_an_int8_folder_and_reexports_it(exports, hydra, tmp_path):
+    folder, _ = exports["dynamic"]
+    rebuilt = load_export(folder)  # the int8 file within the int8 tolerances of the weights
+    x = torch.from_numpy(CALIBRATION[:2])
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), hydra(x), atol=1e-5, rtol=0)
+    # weights from another model are refused
+    other = fuse(tiny_vit("token", seed=1), hydra.spec)
+    moved = tmp_path / "moved"
+    shutil.copytree(folder, moved)
+    weights = {k: v.contiguous() for k, v in other.state_dict().items()}
+    save_file(weights, moved / "weights.safetensors")
+    with pytest.raises(ExportError, match="int8 tolerances"):
+        load_export(moved)
+
+
+def test_validation_refuses_an_int8_file_beyond_tight_tolerances(hydra, tmp_path, monkeypatch):
+    tiny = parity.Tolerance("int8", 1e-6, False, 1e-7, 1e-7, 1.0)
+    monkeypatch.setitem(parity.TOLERANCES, "int8", tiny)
+    with pytest.raises(ExportError, match="beyond the int8 tolerances from FP32 on the calib"):
+        export_onnx(
+            hydra,
+            tmp_path / "out",
+            batch=BATCH,
+            exporter="torchscript",
+            precision="int8",
+            int8=Int8Options(calib=CALIBRATION),
+        )
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_each_calibration_method_is_recorded(hydra, tmp_path, method):
+    info = export_onnx(
+        hydra,
+        tmp_path / method,
+        batch=BATCH,
+        exporter="torchscript",
+        precision="int8",
+        int8=Int8Options(calib=CALIBRATION, calib_method=method),
+    )
+    assert info["int8"]["calibration_method"] == method and info["validation"]["drift"]["passed"]
+
+
+def test_the_calibration_size_caps_a_seeded_subset(hydra, tmp_path):
+    info = export_onnx(
+        hydra,
+        tmp_path / "capped",
+        batch=BATCH,
+        exporter="torchscript",
+        precision="int8",
+        validate=False,
+        int8=Int8Options(calib=CALIBRATION, calib_size=40),
+    )
+    assert info["int8"]["num_calibration"] == 40 and info["validation"] is None
+
+
+# --- a text model, its data read through the reader of hydra-export --int8-calib ------------------
+def test_a_text_model_calibrates_on_a_text_file(tmp_path):
+    from helpers.text_data import FILLER, KEYWORDS
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        *FILLER,
+        *(w for ws in KEYWORDS.values() for w in ws),
+    ]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(words[4:], size=int(rng.integers(2, 9)))) for _ in range(40)]
+    (tmp_path / "calib.txt").write_text("\n".join(lines) + "\n")
+    backbone = tiny_bert("segments")
+    hydra = fuse(backbone, random_spec(backbone, members=2, heads_per_member=2, seed=0))
+    hydra.tokenizer_dir = str(tmp_path / "tok")
+    info = export_onnx(
+        hydra,
+        tmp_path / "text-int8",
+        batch=(1, 2, 8),
+        exporter="torchscript",
+        precision="int8",
+        int8=Int8Options(calib=int8_calibration(tmp_path / "calib.txt")),
+    )
+    assert info["int8"]["num_calibration"] == 40 and info["int8"]["method"] == "static"
+    assert info["validation"]["drift"]["passed"] and info["int8"]["quantized_ops"]["MatMul"] > 0
+    with load_runner(tmp_path / "text-int8") as runner:
+        tokens = runner.text_encoder()(["the cat", "a dog and a tree"])
+        assert runner(tokens)["member_logits"].shape == (2, 2, 5)
+    # an image folder is no data for it, and text none for an image model
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"is an image folder, but the model is a bert \(text\)"):
+        int8_calibration(tmp_path / "images")(tmp_path / "text-int8")
+
+
+# --- errors ---------------------------------------------------------------------------------------
+def test_library_errors(hydra, tmp_path):
+    with pytest.raises(
+        ExportError, match="holds 10 examples; static calibration needs at least 32"
+    ):
+        export_onnx(
+            hydra,
+            tmp_path / "few",
+            exporter="torchscript",
+            validate=False,
+            precision="int8",
+            int8=Int8Options(calib=CALIBRATION[:10]),
+        )
+    with pytest.raises(ParameterError, match=r"static INT8 calibrates .* give calib"):
+        Int8Options(method="static")
+    with pytest.raises(ParameterError, match="dynamic INT8 takes none"):
+        Int8Options(method="dynamic", calib=CALIBRATION)
+    with pytest.raises(ParameterError, match="calib_method"):
+        Int8Options(calib_method="entropy")
+    with pytest.raises(ExportError, match="INT8 options are for an INT8 export"):
+        export_onnx(hydra, tmp_path / "x", int8=Int8Options())
+    with pytest.raises(ExportError, match=r"does not read data files.*int8_calibration"):
+        export_onnx(
+            hydra,
+            tmp_path / "y",
+            exporter="torchscript",
+            validate=False,
+            precision="int8",
+            int8=Int8Options(calib="calib/"),
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_einsum_graph_cannot_be_quantized_and_says_which_operator(tmp_path):
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=0)
+    einsum = fuse(backbone, spec, lowering="einsum")
+    with pytest.raises(ExportError, match=r"are Einsum nodes .*the einsum lowering.*lowering"):
+        export_onnx(einsum, tmp_path / "e", exporter="torchscript", precision="int8")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_bmm_lowering_quantizes_its_batched_weights_per_tensor(tmp_path):
+    """ONNX Runtime's integer MatMul refuses per-channel scales on [M, in, out] weights (measured:
+    "b zero point is not valid" at run time): those get one scale, and the file runs."""
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=0)
+    info = export_onnx(
+        fuse(backbone, spec, lowering="bmm"),
+        tmp_path / "bmm",
+        batch=BATCH,
+        exporter="torchscript",
+        precision="int8",
+        int8=Int8Options(calib=CALIBRATION),
+    )
+    assert (
+        info["validation"]["drift"]["passed"] and "one scale per tensor" in info["int8"]["weights"]
+    )
+    model, _ = producers(tmp_path / "bmm")
+    weights = {t.name: t for t in model.graph.initializer}
+    scales = [
+        (len(weights[n.input[0]].dims), len(weights[n.input[1]].dims))
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in weights
+    ]
+    assert (3, 0) in scales and (2, 1) in scales  # batched: one scale; 2-D (MLP): per channel
+
+
+def test_a_graph_without_weight_products_cannot_be_quantized(tmp_path):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("member_logits", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["member_logits"])], "g", [x], [y])
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx"
+    )
+    with pytest.raises(ExportError, match=r"no MatMul or Gemm with a weight .*Relu"):
+        quantize_export(tmp_path / "m.onnx", tmp_path / "q.onnx", method="dynamic")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def invoke(*argv: str) -> tuple[int, str, str]:
+    from hydra_deploy.cli.export import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def tiny_export(tmp_path, *extra: str) -> tuple[int, str, str]:
+    return invoke(
+        *("--backbone", "vit_b16", *TINY_ARGS, "--members", "2", "--heads-per-member", "4"),
+        *("--max-batch", "4", "--exporter", "torchscript", "--out", str(tmp_path / "out")),
+        *extra,
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--int8-calib", "calib.npz"], "--int8-calib is for INT8 exports: add --precision int8"),
+        (["--int8-method", "dynamic"], "--int8-method is for INT8 exports"),
+        (["--precision", "int8", "--int8-method", "static"], "give --int8-calib (a few hundred"),
+        (
+            ["--precision", "int8", "--int8-calib-method", "entropy"],
+            "--int8-calib-method calibrates static INT8",
+        ),
+        (["--precision", "int8", "--int8-calib", "missing/"], "'missing' does not exist"),
+        (
+            ["--precision", "int8", "--int8-calib-size", "8"],
+            "--int8-calib-size must be an int >= 32",
+        ),
+    ],
+)
+def test_cli_refuses_wrong_int8_flags_before_building(tmp_path, flags, expected):
+    code, _, err = tiny_export(tmp_path, *flags)
+    assert code == 1 and err.count("\n") == 1 and expected in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_cli_exports_static_int8_and_refuses_the_wrong_data(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hydra_deploy")
+    np.savez(tmp_path / "calib.npz", x=CALIBRATION[:40], y=np.zeros(40, np.int64))
+    code, stdout, err = tiny_export(
+        tmp_path, "--precision", "int8", "--int8-calib", str(tmp_path / "calib.npz")
+    )
+    assert code == 0, err
+    info = json.loads((tmp_path / "out" / "hydra.json").read_text())
+    assert info["precision"] == "int8" and info["int8"]["method"] == "static"
+    assert info["int8"]["num_calibration"] == 40
+    assert "int8 vs fp32 (measured in onnxruntime (int8 file) on the calibration data)" in stdout
+    verdicts = [r for r in caplog.records if "tolerances" in r.getMessage()]
+    assert len(verdicts) == 1 and "within the int8 tolerances" in caplog.text  # said once
+    # text data for an image model: one line that says what it takes
+    (tmp_path / "calib.tsv").write_text("0\tthe cat\n" * 40)
+    code, _, err = tiny_export(
+        tmp_path, "--precision", "int8", "--int8-calib", str(tmp_path / "calib.tsv"), "--overwrite"
+    )
+    assert code == 1 and err.count("\n") == 1, err
+    assert "is text, but the model is a vit model" in err and "image folder" in err
+    assert json.loads((tmp_path / "out" / "hydra.json").read_text()) == info  # left as it was
+    # too few examples
+    np.savez(tmp_path / "few.npz", x=CALIBRATION[:5])
+    code, _, err = tiny_export(
+        tmp_path, "--precision", "int8", "--int8-calib", str(tmp_path / "few.npz"), "--overwrite"
+    )
+    assert code == 1 and "holds 5 examples" in err and "--int8-calib DATA" in err
+    assert "--int8-method dynamic" in err
+
+
+def test_cli_int8_without_data_is_dynamic_and_says_so(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hydra_deploy")
+    code, _, err = tiny_export(tmp_path, "--precision", "int8", "--no-validate")
+    assert code == 0, err
+    assert json.loads((tmp_path / "out" / "hydra.json").read_text())["int8"]["method"] == "dynamic"
+    assert "without --int8-calib: dynamic quantization" in caplog.text
+
+
+# --- a property -----------------------------------------------------------------------------------
+@settings(max_examples=10)
+@given(seed=st.integers(0, 2**31 - 1), scale=st.floats(0.5, 1.5))
+def test_int8_keeps_every_clear_argmax(exports, hydra, seed, scale):
+    """On inputs like the calibration data, every member argmax with a clear FP32 margin (beyond
+    twice the INT8 logit bound) survives static INT8."""
+    x = (np.random.default_rng(seed).standard_normal((8, 3, 16, 16)) * scale).astype(np.float32)
+    with torch.no_grad():
+        reference = hydra(torch.from_numpy(x)).numpy()
+    folder, _ = exports["static"]
+    with load_runner(folder) as runner:
+        got = runner(x)["member_logits"]
+    tolerance = parity.tolerance_for("int8")
+    for m in range(reference.shape[1]):
+        clear = parity.clear_margin(reference[:, m], tolerance.logit_bound(reference[:, m]))
+        assert (reference[clear, m].argmax(-1) == got[clear, m].argmax(-1)).all()
+
+
+def test_options_are_frozen_and_resolve_their_method():
+    assert Int8Options().method == "dynamic" and Int8Options(calib=CALIBRATION).method == "static"
+    assert Int8Options(calib=CALIBRATION).calib_method == "minmax"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Int8Options().method = "static"  # type: ignore[misc]
