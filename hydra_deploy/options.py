@@ -465,6 +465,12 @@ class FinetuneOptions:
         "fine-tuning AdamW weight decay, on weight matrices only (default 0.05)",
         type=float,
     )
+    label_smoothing: float = option(
+        0.0,
+        "--label-smoothing",
+        "fine-tuning cross-entropy label smoothing in [0, 1) (default 0: none)",
+        type=float,
+    )
     seed: int = _seed()
     #: library only (``--shared-layers`` draws a spec's shared trunk and leaves fine-tuning alone)
     shared_layers: int = option(0, None)
@@ -489,6 +495,9 @@ class FinetuneOptions:
         wd = self.weight_decay
         if not _is_number(wd) or not 0 <= wd < math.inf:
             raise error(f"`weight_decay` must be a finite number >= 0, got {wd!r}")
+        smoothing = self.label_smoothing
+        if not _is_number(smoothing) or not 0 <= smoothing < 1:
+            raise error(f"`label_smoothing` must be a number in [0, 1), got {smoothing!r}")
         if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise error(f"`warmup_steps` must be an int >= 0, got {self.warmup_steps!r}")
         if not _is_int(self.seed):

@@ -123,7 +123,7 @@ def test_flags_reach_their_fields():
 
 def test_the_record_keeps_its_key_names():
     """member_{m}.json's settings keep the names a cache written before the groups has."""
-    assert set(FinetuneOptions().record()) == {
+    assert set(FinetuneOptions().record()) >= {  # a new option adds a key, none is renamed
         "epochs",
         "lr",
         "batch_size",

@@ -317,7 +317,9 @@ def _train_member(
         while step < total_steps:
             for x, y in loader:  # each pass over the loader is a new seeded shuffle
                 logits = adapter(x.to(device))  # the adapter reads any input form (text too)
-                loss = nn.functional.cross_entropy(logits, y.to(device))
+                loss = nn.functional.cross_entropy(
+                    logits, y.to(device), label_smoothing=float(options.label_smoothing)
+                )
                 loss_value = loss.item()
                 if not math.isfinite(loss_value):
                     raise FinetuneError(

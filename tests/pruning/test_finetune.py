@@ -175,6 +175,26 @@ def test_same_seed_same_weights_other_seed_other_weights(tuned):
     assert torch.equal(tuned["rng_before"], tuned["rng_after"])
 
 
+def test_label_smoothing_trains_otherwise_and_is_recorded(tuned, tmp_path):
+    """One field in FinetuneOptions is the whole option: flag, check, training and record."""
+    from hydra_deploy.options import FinetuneOptions, flag_of
+
+    backbone, spec, train = tuned["backbone"], tuned["spec"], tuned["train"]
+    one = spec.with_members(spec.members[:1])
+    fast = {k: v for k, v in FAST.items() if k != "progress"}
+    options = FinetuneOptions(data=train, save_dir=tmp_path, label_smoothing=0.2, **fast)
+    smoothed = finetune_members(backbone, one, options=options, eval_examples=64, progress=False)
+    assert not states_equal(smoothed[0], tuned["members"][0])
+
+    def recorded(folder):
+        return json.loads((folder / "member_0.json").read_text())["settings"]["label_smoothing"]
+
+    assert recorded(tmp_path) == 0.2 and recorded(tuned["save_dir"]) == 0.0
+    assert flag_of(FinetuneOptions, "label_smoothing") == "--label-smoothing"
+    with pytest.raises(FinetuneError, match=r"label_smoothing must be a number in \[0, 1\)"):
+        FinetuneOptions(data=train, label_smoothing=1.0)
+
+
 # --- 5. saving and resuming ----------------------------------------------------------------------
 def test_resume_loads_identical_members_quickly(tuned, tmp_path):
     backbone, spec, train = tuned["backbone"], tuned["spec"], tuned["train"]
