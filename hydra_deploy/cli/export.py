@@ -146,7 +146,7 @@ def trtexec_lines(info: dict, out: Path) -> list[str]:
     results = trtexec_commands(out)
     if all(result.command is None for result in results):
         return [f"# no TensorRT can build this export: {results[0].error}"]
-    return [line for line in command_lines(results) if line]
+    return [line.replace("EXPORT_DIR", str(out)) for line in command_lines(results) if line]
 
 
 def validation_line(validation: dict) -> str:

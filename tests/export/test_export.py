@@ -236,7 +236,7 @@ def test_cli_exports_and_prints_the_trtexec_line(tmp_path, caplog):
     assert "--maxShapes=pixel_values:3x3x224x224 --fp16" in stdout
     # TensorRT 10.12+ has no --fp16 for an FP32 graph: the hint (hydra-build --trtexec's lines)
     # says to export one that carries its precision
-    assert "hydra-export --from EXPORT_DIR --precision fp16" in stdout
+    assert f"hydra-export --from {out} --precision fp16" in stdout  # the folder just written
     assert "heads are drawn at random" in caplog.text  # no --calib: says so
     info = json.loads((out / "hydra.json").read_text())
     assert info["spec"]["num_layers"] == 12 and info["outputs"][0]["shape"] == ["batch", 2, 1000]
