@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.vit import tiny_vit
+from helpers.bench import K, M, tiny_config, tiny_factory
 
 from hydra_deploy.bench import BenchError, check
 from hydra_deploy.bench import latency as bench
@@ -29,26 +29,6 @@ CPU_QUICK = ROOT / "benchmarks" / "baselines" / "cpu_quick.json"
 HAS_ORT = bench.backend_status()["ort"] is None
 HAS_CUDA = torch.cuda.is_available()
 HAS_TENSORRT = bench.backend_status()["tensorrt"] is None
-M, K = 2, 2
-
-
-def tiny_factory(seed: int):
-    return tiny_vit("token", seed)
-
-
-def tiny_config(**changes) -> bench.BenchConfig:
-    settings = dict(
-        backbone="tiny_vit",
-        members=M,
-        heads_per_member=K,
-        batches=(1, 3),
-        backends=("torch", "ort") if HAS_ORT else ("torch",),
-        rounds=3,
-        warmup=1,
-        threads=1,
-        exporter="torchscript",
-    )
-    return bench.BenchConfig(**{**settings, **changes})
 
 
 @pytest.fixture(scope="module")

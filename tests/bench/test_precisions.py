@@ -13,8 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+import helpers.bench as bench_helpers
 import pytest
-from helpers.vit import tiny_vit
+from helpers.bench import M, tiny_factory
 
 from hydra_deploy.bench import BenchError, check
 from hydra_deploy.bench import latency as bench
@@ -25,30 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 HAS_ORT = bench.backend_status()["ort"] is None
 HAS_INT8 = HAS_ORT and bench.int8_unavailable() is None
 HAS_BF16 = bench.cpu_bf16_reason() is None
-M, K = 2, 2
 NO_BF16 = frozenset({"fpu", "sse2", "avx2", "avx512f"})  # an x86 CPU without BF16 instructions
 
 
-def tiny_factory(seed: int):
-    return tiny_vit("token", seed)
-
-
 def tiny_config(**changes) -> bench.BenchConfig:
-    settings = dict(
-        backbone="tiny_vit",
-        members=M,
-        heads_per_member=K,
-        batches=(1, 2),
-        backends=("torch", "ort") if HAS_ORT else ("torch",),
-        rounds=2,
-        warmup=0,
-        threads=1,
-        exporter="torchscript",
-        precisions=bench.PRECISIONS,
-        int8_calibration_examples=32,
-        int8_profile_runs=1,
-    )
-    return bench.BenchConfig(**{**settings, **changes})
+    """The tests' tiny benchmark with every precision, short."""
+    precise = dict(batches=(1, 2), rounds=2, warmup=0, precisions=bench.PRECISIONS)
+    precise.update(int8_calibration_examples=32, int8_profile_runs=1)
+    return bench_helpers.tiny_config(**{**precise, **changes})
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Builders and constants the tests share, by topic: ``vit`` (tiny timm ViTs, scrambled weights,
 the digits ViT), ``bert`` (tiny BERTs, a tiny text export), ``openclip`` (tiny OpenCLIP models),
 ``members`` (random specs and fine-tuned-looking member copies), ``text_data`` (the keyword
-sentences of the text user story), ``trt_standins`` (TensorRT, Polygraphy and trtexec) and
-``int8`` (INT8 export folders quantized by ONNX Runtime: static Q/DQ, dynamic, asymmetric, uint8).
+sentences of the text user story), ``trt_standins`` (TensorRT, Polygraphy and trtexec),
+``int8`` (INT8 export folders quantized by ONNX Runtime: static Q/DQ, dynamic, asymmetric, uint8)
+and ``bench`` (the latency benchmark on a tiny ViT).
 
 Tests import them as ``from helpers.vit import tiny_vit`` (pyproject.toml puts ``tests/`` on the
 path); conftest.py holds only fixtures and hooks, and no test imports from another test module.
