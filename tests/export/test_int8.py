@@ -296,8 +296,8 @@ def test_the_calibration_size_caps_a_seeded_subset(hydra, tmp_path):
 
 # --- a text model, its data read through the reader of hydra-export --int8-calib ------------------
 def test_a_text_model_calibrates_on_a_text_file(tmp_path):
+    from helpers.bert import word_tokenizer
     from helpers.text_data import FILLER, KEYWORDS
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     words = [
         "[PAD]",
@@ -307,13 +307,7 @@ def test_a_text_model_calibrates_on_a_text_file(tmp_path):
         *FILLER,
         *(w for ws in KEYWORDS.values() for w in ws),
     ]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
-    (tmp_path / "tok").mkdir()
-    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    word_tokenizer(words, tmp_path / "tok")
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(words[4:], size=int(rng.integers(2, 9)))) for _ in range(40)]
     (tmp_path / "calib.txt").write_text("\n".join(lines) + "\n")

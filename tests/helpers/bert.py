@@ -56,11 +56,23 @@ def tiny_bert(config: str = "segments", seed: int = 0) -> HfBertAdapter:
     return load_backbone(scramble_bert(model.eval(), seed))
 
 
+def word_tokenizer(words: list[str], folder) -> None:
+    """A WordLevel tokenizer of ``words`` (``[PAD] [UNK] [CLS] [SEP]`` first) saved as
+    ``folder / "tokenizer.json"``: whitespace split, ``[CLS] text [SEP]``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
 def tiny_text_export(root, batch=(1, 2, 4)):
     """A tiny BERT export (vocabulary 100) with a 12-word WordLevel tokenizer in tokenizer/, written
     to ``root / "export"``; returns that folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
     from hydra_deploy.export import export_onnx
     from hydra_deploy.fusion import fuse
 
@@ -78,14 +90,8 @@ def tiny_text_export(root, batch=(1, 2, 4)):
         "dog",
         "ran",
     ]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-    )
     source = root / "tokenizer-source"
-    source.mkdir(parents=True)
-    tokenizer.save(str(source / "tokenizer.json"))
+    word_tokenizer(words, source)
     backbone = tiny_bert("segments")
     spec = random_spec(backbone, members=2, heads_per_member=2, seed=0)
     hydra = fuse(backbone, spec)
