@@ -424,7 +424,9 @@ class Int8Record:
     ``num_calibration`` examples whose inputs hash to ``calibration_sha256``; None / 0 / None for
     dynamic). ``quantized_ops``: op type -> nodes computing on int8; ``integer_ops``: the
     quantization nodes in the file; ``kept_float``: what stayed float (``{"nodes", "why"}``);
-    ``weights`` / ``activations``: the schemes in words.
+    ``weights`` / ``activations``: the schemes in words. ``bias_kept_apart``: the 2-D products
+    (static) whose bias is added as [1, 1, out] then squeezed, so that ONNX Runtime runs them as
+    integer kernels rather than fusing them into a float Gemm (see ``export.int8``).
     """
 
     method: str
@@ -438,6 +440,7 @@ class Int8Record:
     weights: str | None = None
     activations: str | None = None
     onnxruntime_version: str | None = None
+    bias_kept_apart: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -452,6 +455,7 @@ class Int8Record:
             "weights": self.weights,
             "activations": self.activations,
             "onnxruntime_version": self.onnxruntime_version,
+            "bias_kept_apart": self.bias_kept_apart,
         }
 
     @classmethod
@@ -503,6 +507,9 @@ class Int8Record:
             texts[key] = entry.get(key)
             if texts[key] is not None and not isinstance(texts[key], str):
                 raise bad(key, texts[key], "text or null")
+        apart = entry.get("bias_kept_apart", 0)
+        if not isinstance(apart, int) or isinstance(apart, bool) or apart < 0:
+            raise bad("bias_kept_apart", apart, "an integer >= 0")
         return cls(
             method=method,
             calibration_method=calibration,
@@ -511,6 +518,7 @@ class Int8Record:
             quantized_ops=quantized,
             integer_ops=_counts(entry.get("integer_ops", {}), where, "integer_ops", 0),
             kept_float={k: dict(v) for k, v in kept.items()},
+            bias_kept_apart=apart,
             **texts,
         )
 

@@ -237,6 +237,7 @@ def test_int8_rows_quantize_the_shared_fp32_exports_and_profile_them(precision_r
     name = f"ort-int8-{method}"
     info = precision_result["backends"][name]
     assert info["precision"] == f"int8-{method}" and info["timed_with"] == "ort"
+    assert info["fp32_reference"].startswith("ort's single model, timed in the same rounds")
     assert info["int8"]["method"] == method
     assert ("random inputs" in (info["int8"]["calibration"] or "")) == (method == "static")
     assert info["intra_op_threads"] == 1

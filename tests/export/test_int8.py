@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import io
@@ -145,6 +146,30 @@ def test_static_graph_is_qdq_on_every_weight_product_and_float_elsewhere(exports
     assert kept["Softmax"]["nodes"] == 3 and kept["attention MatMul"]["nodes"] == 6
     assert kept["ensemble head"]["nodes"] > 5 and kept["Conv"]["nodes"] == 1
     assert all(entry["why"] for entry in kept.values())
+
+
+def test_onnx_runtime_runs_every_static_product_as_an_integer_kernel(exports, tmp_path):
+    """The member products multiply 2-D activations: ONNX Runtime would fuse each with its bias
+    Add into a float Gemm over dequantized weights (slower than FP32) unless the bias is kept
+    apart; its optimized graph must hold one integer product per quantized one."""
+    import onnxruntime as ort
+
+    folder, info = exports["static"]
+    quantized = info["int8"]["quantized_ops"]["MatMul"]
+    assert 0 < info["int8"]["bias_kept_apart"] < quantized  # the trunk's products are 3-D
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    made_by = {out: n for n in optimized.graph.node for out in n.output}
+    found = collections.Counter(n.op_type for n in optimized.graph.node)
+    assert found["MatMulIntegerToFloat"] == quantized
+    for node in optimized.graph.node:
+        if node.op_type in ("Gemm", "MatMul"):
+            assert all(
+                getattr(made_by.get(i), "op_type", "") != "DequantizeLinear" for i in node.input
+            ), node.name
 
 
 def test_dynamic_graph_quantizes_weights_and_activations_at_run_time(exports):

@@ -378,6 +378,10 @@ class OrtBackend(ExportingBackend):
             info["profile"] = self.profiles
         return info
 
+    def keep_only(self, names: set[str]) -> None:
+        for name in [n for n in self.sessions if n not in names]:
+            del self.sessions[name]
+
     def close(self) -> None:
         self.sessions.clear()
 

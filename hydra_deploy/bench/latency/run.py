@@ -26,7 +26,7 @@ from hydra_deploy.bench.latency.backends import make_backend, resolve_backends, 
 from hydra_deploy.bench.latency.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.machine import environment, load_average, torch_threads
 from hydra_deploy.bench.latency.timing import Backend, summarize, time_rounds
-from hydra_deploy.bench.latency.variants import VariantSet, build_variants
+from hydra_deploy.bench.latency.variants import Variant, VariantSet, build_variants
 from hydra_deploy.errors import HydraError
 
 log = logging.getLogger("hydra_deploy.bench")
@@ -85,6 +85,63 @@ def profile_batch(batches: Sequence[int]) -> int:
     return 8 if 8 in batches else max(batches)
 
 
+def _prepare(
+    backend: Backend,
+    variants: VariantSet,
+    config: BenchConfig,
+    progress: Progress,
+    skipped: dict[str, str] | None,
+    required: bool,
+) -> float | None:
+    """Load ``backend``; seconds taken, or None when it could not be (named in ``skipped``)."""
+    started = time.perf_counter()
+    progress.describe(f"{backend.name}: preparing")
+    try:
+        backend.load(variants, config.batches)
+    except HydraError as err:
+        if required or skipped is None:
+            raise
+        skipped[backend.name] = f"could not be prepared: {err}"
+        log.warning("%s skipped: %s", backend.name, err)
+        progress.tick(len(config.batches) * len(variants.variants) * _runs(config))
+        return None
+    return time.perf_counter() - started
+
+
+def _time_group(
+    group: Sequence[tuple[Backend, Sequence[Variant]]],
+    variants: VariantSet,
+    config: BenchConfig,
+    reference: Mapping[str, np.ndarray],
+    progress: Progress,
+) -> tuple[dict[str, dict[int, dict[str, list[float]]]], dict[str, dict[str, float]]]:
+    """Per batch, rounds timing every (backend, variant) of ``group`` once in a rotating order.
+    Returns ({backend: {batch: {variant: seconds per round}}}, {backend: {variant: max |diff|
+    from PyTorch eager FP32 at the first batch}})."""
+    times: dict[str, dict[int, dict[str, list[float]]]] = {b.name: {} for b, _ in group}
+    diffs: dict[str, dict[str, float]] = {b.name: {} for b, _ in group}
+    for batch in config.batches:
+        progress.describe(" + ".join(b.name for b, _ in group) + f" batch {batch}")
+        inputs = variants.example_inputs(batch)
+        timers = {f"{b.name}/{v.name}": b.timer(v, inputs) for b, chosen in group for v in chosen}
+        if batch == config.batches[0]:
+            for b, chosen in group:
+                if b.name != "torch":
+                    diffs[b.name] = {
+                        v.name: max_abs_diff(
+                            timers[f"{b.name}/{v.name}"].output(), reference[v.name]
+                        )
+                        for v in chosen
+                    }
+        measured = time_rounds(timers, config.rounds, config.warmup, progress.tick)
+        for b, chosen in group:
+            times[b.name][batch] = {v.name: measured[f"{b.name}/{v.name}"] for v in chosen}
+        del timers
+        for b, _ in group:
+            b.release(batch)
+    return times, diffs
+
+
 def measure_backends(
     backends: Sequence[Backend],
     variants: VariantSet,
@@ -93,79 +150,79 @@ def measure_backends(
     progress: Progress,
     skipped: dict[str, str] | None = None,
 ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    """Time the backends of one runtime together: per batch, every round times every (backend,
-    variant) once in a rotating order. Returns {backend: (results per batch, info)}.
+    """Time the backends of one runtime. Returns {backend: (results per batch, info)}.
 
-    When the first backend is FP32 (``torch``, ``ort``), every row also gets
-    ``ratio_vs_fp32_single``: the median over rounds of (its time / that backend's single-model
-    time in the same round); the FP32 rows' equals their ``ratio_vs_single``. ``skipped``: where
-    a backend after the first that cannot be prepared (an INT8 quantization refused) is named
-    with the reason, instead of ending the run.
+    The first backend's variants are timed together (per batch, rounds in a rotating order).
+    When it is FP32 (``torch``, ``ort``), each later backend (a lower precision of the same
+    runtime) is then timed in its own rounds beside the FP32 *single* model only, the FP32
+    backend's other variants released first (ONNX Runtime sessions of five ViT-B/16 variants in
+    three precisions at once did not fit in 24 GB); every row gets ``ratio_vs_fp32_single``:
+    the median over rounds of (its time / the FP32 single model's time in the same round). The
+    FP32 rows' equals their ``ratio_vs_single``. ``skipped``: where a backend after the first
+    that cannot be prepared (an INT8 quantization refused) is named with the reason, instead of
+    ending the run.
     """
-    prepared: dict[str, float] = {}
-    loaded: list[Backend] = []
-    for index, backend in enumerate(backends):
-        started = time.perf_counter()
-        progress.describe(f"{backend.name}: preparing")
-        try:
-            backend.load(variants, config.batches)
-        except HydraError as err:
-            if index == 0 or skipped is None:
-                raise
-            skipped[backend.name] = f"could not be prepared: {err}"
-            log.warning("%s skipped: %s", backend.name, err)
-            progress.tick(len(config.batches) * len(variants.variants) * _runs(config))
-            continue
-        prepared[backend.name] = time.perf_counter() - started
-        loaded.append(backend)
-    backends = loaded
-    fp32 = backends[0].name if backends[0].precision == "fp32" else None
-    results: dict[str, dict[str, Any]] = {b.name: {} for b in backends}
-    diffs: dict[str, dict[str, float]] = {b.name: {} for b in backends}
-    for batch in config.batches:
-        progress.describe(" + ".join(b.name for b in backends) + f" batch {batch}")
-        inputs = variants.example_inputs(batch)
-        timers = {
-            f"{b.name}/{v.name}": b.timer(v, inputs) for b in backends for v in variants.variants
-        }
-        if batch == config.batches[0]:
-            for b in backends:
-                if b.name != "torch":
-                    diffs[b.name] = {
-                        v.name: max_abs_diff(
-                            timers[f"{b.name}/{v.name}"].output(), reference[v.name]
-                        )
-                        for v in variants.variants
-                    }
-        times = time_rounds(timers, config.rounds, config.warmup, progress.tick)
-        for b in backends:
-            own = {v.name: times[f"{b.name}/{v.name}"] for v in variants.variants}
+    first, lower = backends[0], list(backends[1:])
+    fp32 = first.precision == "fp32"
+    prepared = {first.name: _prepare(first, variants, config, progress, skipped, True)}
+    if not fp32:  # no FP32 reference in this runtime: all together, as one group
+        for backend in lower:
+            prepared[backend.name] = _prepare(backend, variants, config, progress, skipped, False)
+        lower = [b for b in lower if prepared[b.name] is not None]
+        groups = [[(b, variants.variants) for b in (first, *lower)]]
+    else:
+        groups = [[(first, variants.variants)]]
+    results: dict[str, dict[str, Any]] = {}
+    infos: dict[str, dict[str, Any]] = {}
+    single = next(v for v in variants.variants if v.name == "single")
+
+    def record(backend: Backend, times: dict[int, dict[str, list[float]]], diffs) -> None:
+        rows_by_batch: dict[str, Any] = {}
+        for batch, own in times.items():
             rows = summarize(own, variants.variants, batch)
-            if fp32 is not None:
-                single = times[f"{fp32}/single"]
+            if fp32:
+                reference_single = group_times[first.name][batch]["single"]
                 for name, row in rows.items():
                     row["ratio_vs_fp32_single"] = statistics.median(
-                        t / s for t, s in zip(own[name], single, strict=True)
+                        t / s for t, s in zip(own[name], reference_single, strict=True)
                     )
-            results[b.name][str(batch)] = rows
-        del timers
-        for b in backends:
-            b.release(batch)
-    out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-    for b in backends:
+            rows_by_batch[str(batch)] = rows
         if config.int8_profile_runs:
-            progress.describe(f"{b.name}: profiling")
-            b.profile(variants, profile_batch(config.batches), config.int8_profile_runs)
+            progress.describe(f"{backend.name}: profiling")
+            backend.profile(variants, profile_batch(config.batches), config.int8_profile_runs)
         info = {
-            **b.info(),
-            "prepare_s": round(prepared[b.name], 2),
-            "max_abs_diff_vs_torch_fp32": diffs[b.name],
+            **backend.info(),
+            "prepare_s": round(prepared[backend.name] or 0.0, 2),
+            "max_abs_diff_vs_torch_fp32": diffs,
             "diff_batch": config.batches[0],
         }
-        if fp32 is not None and b.name != fp32:
-            info["timed_with"] = fp32
-        out[b.name] = (results[b.name], info)
-    return out
+        if fp32 and backend is not first:
+            info["timed_with"] = first.name
+            info["fp32_reference"] = (
+                f"{first.name}'s single model, timed in the same rounds (its other variants "
+                "released before)"
+            )
+        results[backend.name], infos[backend.name] = rows_by_batch, info
+
+    for group in groups:
+        group_times, group_diffs = _time_group(group, variants, config, reference, progress)
+        for backend, _ in group:
+            record(backend, group_times[backend.name], group_diffs[backend.name])
+    if fp32 and lower:
+        first.keep_only({"single"})
+        gc.collect()
+        for backend in lower:
+            prepared[backend.name] = _prepare(backend, variants, config, progress, skipped, False)
+            if prepared[backend.name] is None:
+                continue
+            try:
+                group = [(first, [single]), (backend, variants.variants)]
+                group_times, group_diffs = _time_group(group, variants, config, reference, progress)
+                record(backend, group_times[backend.name], group_diffs[backend.name])
+            finally:
+                backend.close()
+                gc.collect()
+    return {name: (results[name], infos[name]) for name in results}
 
 
 def reference_outputs(variants: VariantSet, batch: int) -> dict[str, np.ndarray]:
@@ -197,12 +254,9 @@ def run_benchmark(
         env = environment(threads)
         variants = variants or build_variants(config, factory)
         reference = reference_outputs(variants, config.batches[0])
-        total = (
-            (len(backends) + len(lower))
-            * len(config.batches)
-            * len(variants.variants)
-            * (config.warmup + config.rounds)
-        )
+        per_variant = len(config.batches) * (config.warmup + config.rounds)
+        # every variant on every backend, and the FP32 single model again beside each lower one
+        total = per_variant * ((len(backends) + len(lower)) * len(variants.variants) + len(lower))
         results: dict[str, Any] = {}
         infos: dict[str, Any] = {}
         with (

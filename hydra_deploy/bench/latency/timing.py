@@ -117,6 +117,10 @@ class Backend:
     def timer(self, variant: Variant, inputs: tuple[torch.Tensor, ...]) -> Timer:
         raise NotImplementedError
 
+    def keep_only(self, names: set[str]) -> None:
+        """Free what the variants not in ``names`` hold (their sessions); those are not timed
+        again."""
+
     def release(self, batch: int) -> None:
         """Free what the timers of ``batch`` held (CUDA graphs)."""
 
