@@ -19,7 +19,13 @@ from hydra_deploy.export_folder import (
     DEFAULTED,
     default_preprocessing_warning,
 )
-from hydra_deploy.families import families, family_for_prefix, family_of_module, get_family
+from hydra_deploy.families import (
+    Family,
+    families,
+    family_for_prefix,
+    family_of_module,
+    get_family,
+)
 
 __all__ = [
     "ALIASES",
@@ -54,6 +60,20 @@ def resolve_name(name: str) -> str:
     raise BackboneError(
         f"unknown backbone {name!r}: not an alias ({', '.join(ALIASES)}) nor a timm model name.{hint}"
     )
+
+
+def family_of_name(name: str | os.PathLike) -> Family:
+    """The family a backbone name builds, decided without building it (as :func:`load_backbone`
+    decides): a prefixed name's (``hf:``, ``openclip:``), a transformers folder's (BERT), else a
+    timm ViT's."""
+    name = str(name)
+    prefix, sep, _ = name.partition(":")
+    family = family_for_prefix(prefix) if sep else None
+    if family is not None and not Path(name).expanduser().exists():
+        return family
+    if Path(name).expanduser().is_dir() and _is_hf_folder(name):
+        return get_family("bert")
+    return get_family("vit")
 
 
 def load_backbone(

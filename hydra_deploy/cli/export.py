@@ -119,10 +119,27 @@ def int8_options(args: argparse.Namespace) -> Int8Options | None:
             f"--int8-calib {str(options.calib)!r} does not exist; give an image folder, a .npz of "
             "the model's inputs, or a .txt/.tsv for a text model"
         )
-    from hydra_deploy.evaluation.int8_data import int8_calibration
+    from hydra_deploy.evaluation.int8_data import int8_calibration, refuse_wrong_kind
 
+    refuse_wrong_kind(options.calib, _family_to_build(args), "--int8-calib")
     reader = int8_calibration(options.calib, max_examples=options.calib_size)
     return dataclasses.replace(options, calib=reader)
+
+
+def _family_to_build(args: argparse.Namespace):
+    """The family ``--backbone`` builds or ``--from``'s folder holds (a vision model when the
+    folder cannot be read: the re-export says why, later)."""
+    from hydra_deploy.backbones import family_of_name
+    from hydra_deploy.errors import HydraError
+    from hydra_deploy.export_folder import read_info
+    from hydra_deploy.families import get_family
+
+    if args.from_dir is None:
+        return family_of_name(args.backbone)
+    try:
+        return get_family(read_info(args.from_dir).family or "vit")
+    except HydraError:
+        return get_family("vit")
 
 
 def default_name(backbone: str) -> str:

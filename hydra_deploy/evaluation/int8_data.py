@@ -25,18 +25,20 @@ from hydra_deploy.engines.sources import model_family
 from hydra_deploy.errors import DataError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data
 from hydra_deploy.export.int8 import calibration_rows
+from hydra_deploy.families import Family
 from hydra_deploy.options import DEFAULT_CALIBRATION_SIZE
 
-__all__ = ["int8_calibration", "read_model_inputs"]
+__all__ = ["int8_calibration", "read_model_inputs", "refuse_wrong_kind"]
 
 IMAGE_BATCH = 64  # images preprocessed at a time
 
 
-def _refuse_wrong_kind(data: Any, runner: Any, name: str) -> None:
-    """Text data for an image model and an image folder for a text model: say what it takes."""
+def refuse_wrong_kind(data: Any, family: Family, name: str) -> None:
+    """Text data for an image model and an image folder for a text model (``family``: the
+    model's): say what it takes. Called by ``hydra-export`` before it builds anything."""
     if not isinstance(data, (str, os.PathLike)):
         return
-    path, family = Path(data), model_family(runner)
+    path = Path(data)
     if path.is_dir() and family.text:
         raise DataError(
             f"{name}: {path} is an image folder, but the model is a {family.name} (text) model; "
@@ -93,7 +95,7 @@ def read_model_inputs(
     ``.tsv`` for text models, or arrays) as the model's inputs by name, every example at once: at
     most ``max_examples``, a seeded random subset of more (:func:`calibration_rows`). Text is
     tokenized in one call, so every row is padded to the longest."""
-    _refuse_wrong_kind(data, runner, name)
+    refuse_wrong_kind(data, model_family(runner), name)
     table = load_eval_data(data, runner, name=name, labelled=False)
     if max_examples is not None and table.count > max_examples:
         table = _subset(table, calibration_rows(table.count, max_examples, seed))

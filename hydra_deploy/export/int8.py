@@ -382,7 +382,20 @@ def _keep_bias_apart(fp32, quantized) -> int:
         and all(getattr(producers.get(i), "op_type", "") == "DequantizeLinear" for i in n.input)
     ]
     ranks = _input_ranks(fp32, {n.name for n in integer})
+    taken = {t.name for t in quantized.graph.initializer} | {n.name for n in quantized.graph.node}
+    taken |= {name for n in quantized.graph.node for name in (*n.input, *n.output)}
+
+    def fresh(name: str) -> str:
+        found, count = name, 0
+        while found in taken:
+            count += 1
+            found = f"{name}_{count}"
+        taken.add(found)
+        return found
+
     nodes = list(quantized.graph.node)
+    widened: dict[str, str] = {}  # one [1, 1, out] copy per bias (exporters share equal ones)
+    axes = None
     changed = 0
     for matmul in integer:
         after = consumers.get(matmul.output[0], [])
@@ -392,16 +405,22 @@ def _keep_bias_apart(fp32, quantized) -> int:
         bias = next((i for i in add.input if i != matmul.output[0]), None)
         if add.op_type != "Add" or bias not in initializers or len(initializers[bias].dims) != 1:
             continue
-        wide = numpy_helper.from_array(
-            numpy_helper.to_array(initializers[bias]).reshape(1, 1, -1), f"{bias}_1x1"
-        )
-        axes = numpy_helper.from_array(np.array([0], dtype=np.int64), f"{add.name}_squeeze_axes")
-        quantized.graph.initializer.extend([wide, axes])
-        result, broadcast = add.output[0], f"{add.output[0]}_1xR"
-        add.input[list(add.input).index(bias)] = wide.name
+        if bias not in widened:
+            wide = numpy_helper.from_array(
+                numpy_helper.to_array(initializers[bias]).reshape(1, 1, -1), fresh(f"{bias}_1x1")
+            )
+            quantized.graph.initializer.append(wide)
+            widened[bias] = wide.name
+        if axes is None:
+            axes = fresh("int8_bias_squeeze_axes")
+            quantized.graph.initializer.append(
+                numpy_helper.from_array(np.array([0], dtype=np.int64), axes)
+            )
+        result, broadcast = add.output[0], fresh(f"{add.output[0]}_1xR")
+        add.input[list(add.input).index(bias)] = widened[bias]
         add.output[0] = broadcast
         squeeze = helper.make_node(
-            "Squeeze", [broadcast, axes.name], [result], name=f"{add.name}_squeeze"
+            "Squeeze", [broadcast, axes], [result], name=fresh(f"{add.name or result}_squeeze")
         )
         nodes.insert(nodes.index(add) + 1, squeeze)
         changed += 1

@@ -220,6 +220,59 @@ def test_every_precision_adds_rows_against_the_fp32_single_model(precision_resul
     json.dumps(precision_result, allow_nan=False)
 
 
+def test_each_lower_precision_is_timed_beside_the_fp32_single_model_only(tiny_variants):
+    """The FP32 backend times every variant, then keeps its single model only; each lower
+    precision is loaded after that, timed in rounds with that single model, and closed."""
+    config = tiny_config(batches=(1,), rounds=2, warmup=0, int8_profile_runs=0)
+    reference = bench.reference_outputs(tiny_variants, 1)
+    events: list[tuple] = []
+
+    class Recorded(bench.Timer):
+        def __init__(self, logits):
+            self.logits = logits
+
+        def run(self):
+            return self.logits
+
+    class Fake(bench.Backend):
+        def __init__(self, name: str, precision: str) -> None:
+            self.name, self.precision = name, precision
+
+        def load(self, variants, batches):
+            super().load(variants, batches)
+            events.append(("load", self.name))
+
+        def timer(self, variant, inputs):
+            events.append(("timer", self.name, variant.name))
+            return Recorded(reference[variant.name])
+
+        def keep_only(self, names):
+            events.append(("keep_only", self.name, tuple(sorted(names))))
+
+        def close(self):
+            events.append(("close", self.name))
+
+    backends = [Fake("ort", "fp32"), Fake("ort-int8-dynamic", "int8-dynamic")]
+    measured = bench.measure_backends(
+        backends, tiny_variants, config, reference, bench.Progress(1, enabled=False)
+    )
+    names = [v.name for v in tiny_variants.variants]
+    assert events == [
+        ("load", "ort"),
+        *(("timer", "ort", name) for name in names),
+        ("keep_only", "ort", ("single",)),
+        ("load", "ort-int8-dynamic"),
+        ("timer", "ort", "single"),
+        *(("timer", "ort-int8-dynamic", name) for name in names),
+        ("close", "ort-int8-dynamic"),
+    ]
+    rows, info = measured["ort-int8-dynamic"]
+    assert set(rows["1"]) == set(names)
+    assert all(row["ratio_vs_fp32_single"] > 0 for row in rows["1"].values())
+    assert info["timed_with"] == "ort" and "same rounds" in info["fp32_reference"]
+    assert set(measured["ort"][0]["1"]) == set(names)  # the FP32 rows: every variant, once
+
+
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no BF16 instructions")
 def test_bf16_rows_ran_under_cpu_autocast(precision_result):
     info = precision_result["backends"]["torch-cpu-bf16"]

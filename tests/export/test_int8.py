@@ -440,6 +440,47 @@ def test_a_graph_without_weight_products_cannot_be_quantized(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
+def test_products_sharing_one_bias_are_all_kept_apart_and_unchanged(tmp_path):
+    """Exporters share equal constants (Hydra members copied from one model have equal biases):
+    two 2-D products adding one bias initializer get one widened copy and stay exact."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), f"w{i}")
+        for i in range(2)
+    ]
+    bias = numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "shared.bias")
+    nodes = []
+    for i in range(2):
+        nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"p{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Add", [f"p{i}", "shared.bias"], [f"a{i}"], name=f"add{i}"))
+    nodes.append(helper.make_node("Add", ["a0", "a1"], ["member_logits"], name="sum"))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 8])],
+        [helper.make_tensor_value_info("member_logits", TensorProto.FLOAT, ["rows", 6])],
+        [*weights, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    calibration = {"x": rng.standard_normal((40, 8)).astype(np.float32)}
+    record = quantize_export(
+        tmp_path / "m.onnx", tmp_path / "q.onnx", method="static", calibration=calibration
+    )
+    assert record["bias_kept_apart"] == 2 and record["quantized_ops"] == {"MatMul": 2}
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    assert sum(t.name.startswith("shared.bias_1x1") for t in quantized.graph.initializer) == 1
+    feed = {"x": calibration["x"][:5]}
+    ours = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    exact = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    got, want = ours.run(None, feed)[0], exact.run(None, feed)[0]
+    assert got.shape == want.shape == (5, 6)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
 def invoke(*argv: str) -> tuple[int, str, str]:
     from hydra_deploy.cli.export import main
 
@@ -478,6 +519,30 @@ def test_cli_refuses_wrong_int8_flags_before_building(tmp_path, flags, expected)
     code, _, err = tiny_export(tmp_path, *flags)
     assert code == 1 and err.count("\n") == 1 and expected in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_calibration_data_of_the_wrong_kind_before_building(tmp_path, monkeypatch):
+    import hydra_deploy.export
+
+    def never(*args, **kwargs):
+        raise AssertionError("exported before the calibration data was checked")
+
+    monkeypatch.setattr(hydra_deploy.export, "export_onnx", never)
+    (tmp_path / "calib.tsv").write_text("0\tthe cat\n" * 40)
+    code, _, err = tiny_export(
+        tmp_path, "--precision", "int8", "--int8-calib", str(tmp_path / "calib.tsv")
+    )
+    assert code == 1 and err.count("\n") == 1, err
+    assert "--int8-calib" in err and "is text, but the model is a vit model" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_family_of_a_backbone_name_is_known_before_building():
+    from hydra_deploy.backbones import family_of_name
+
+    assert family_of_name("vit_b16").name == "vit"
+    assert family_of_name("hf:/models/minilm").text
+    assert family_of_name("openclip:ViT-B-32").name == "openclip"
 
 
 def test_cli_exports_static_int8_and_refuses_the_wrong_data(tmp_path, caplog):
