@@ -8,6 +8,11 @@ Each pass takes a ``gs.Graph``, edits it in place and returns how many places it
   kernels (and one rounded constant instead of two in FP16/BF16 graphs). It needs the
   scale as a constant: the dynamo exporter's graphs have it; the TorchScript exporter computes it
   from runtime shapes, and there the pass changes nothing (its report says 0);
+- ``order_gelu``: the dynamo exporter writes erf-GELU as ``x * (0.5 * (1 + erf(x / sqrt 2)))``,
+  which ONNX Runtime's ``GeluFusion`` does not match (it wants ``(x * 0.5) * (1 + erf(...))``), so
+  each GELU ran as five elementwise kernels: a quarter of the INT8 Hydra graph's time on a CPU
+  (ViT-B/16, measured). The pass reorders the two products; a product with 0.5 is exact, so the
+  values are bit-identical. TorchScript exports are already in the fused form (the pass counts 0);
 - ``cleanup``: constant folding, dead nodes removed, topological order, stable node names
   (``<op>_<index>`` in topological order), so two exports of one model diff cleanly.
 """
@@ -68,6 +73,50 @@ def fold_attention_scale(graph) -> int:
     return changed
 
 
+def _is_scalar(node, value: float) -> int | None:
+    """The index of ``node``'s single-element constant input when it equals ``value``."""
+    found = _scalar_constant(node)
+    if found is None or not np.isclose(float(found[1].ravel()[0]), value, rtol=1e-6, atol=0):
+        return None
+    return found[0]
+
+
+def _only_consumer(tensor, op: str):
+    consumers = list(tensor.outputs)
+    if len(consumers) != 1 or consumers[0].op != op:
+        return None
+    return consumers[0]
+
+
+def order_gelu(graph) -> int:
+    """``x * (0.5 * (1 + erf(x / sqrt 2)))`` -> ``(x * 0.5) * (1 + erf(x / sqrt 2))`` (ONNX
+    Runtime's GeluFusion pattern); returns how many GELUs were reordered."""
+    changed = 0
+    for erf in [n for n in graph.nodes if n.op == "Erf"]:
+        div = _producer(erf.inputs[0])
+        if div is None or div.op != "Div" or _is_scalar(div, float(np.sqrt(2.0))) != 1:
+            continue
+        x = div.inputs[0]
+        one = _only_consumer(erf.outputs[0], "Add")
+        if one is None or _is_scalar(one, 1.0) is None:
+            continue
+        half = _only_consumer(one.outputs[0], "Mul")
+        index = None if half is None else _is_scalar(half, 0.5)
+        if index is None or half.inputs[1 - index] is not one.outputs[0]:
+            continue
+        outer = _only_consumer(half.outputs[0], "Mul")
+        if outer is None or not any(t is x for t in outer.inputs):
+            continue
+        # half: x * 0.5 (the constant kept); outer: (x * 0.5) * (1 + erf)
+        half.inputs[1 - index] = x
+        outer.inputs.clear()
+        outer.inputs.extend([half.outputs[0], one.outputs[0]])
+        changed += 1
+    if changed:
+        graph.toposort()
+    return changed
+
+
 @contextlib.contextmanager
 def quiet_graphsurgeon() -> Iterator[None]:
     """onnx-graphsurgeon's logger at ERROR, without colours, for the duration.
@@ -107,8 +156,12 @@ def stable_names(graph) -> None:
         node.name = f"{node.op}_{index}"
 
 
-PASSES: dict[str, Callable] = {"fold_attention_scale": fold_attention_scale, "cleanup": cleanup}
-DEFAULT_PASSES = ("cleanup", "fold_attention_scale")
+PASSES: dict[str, Callable] = {
+    "fold_attention_scale": fold_attention_scale,
+    "order_gelu": order_gelu,
+    "cleanup": cleanup,
+}
+DEFAULT_PASSES = ("cleanup", "fold_attention_scale", "order_gelu")
 
 
 def run_passes(

@@ -97,6 +97,42 @@ def attention_matmuls(path: Path) -> list:
     return pairs
 
 
+def test_gelu_is_written_as_onnx_runtime_fuses_it(exported, hydra, tmp_path):
+    """The dynamo exporter's x * (0.5 * (1 + erf(x / sqrt 2))) is reordered to (x * 0.5) * (...),
+    which ONNX Runtime fuses into one GELU kernel; the values are unchanged (a product with 0.5 is
+    exact): the raw and the reordered graph give identical outputs."""
+    import onnxruntime as ort
+
+    folder, info = exported
+    if info["exporter"] != "dynamo":
+        assert info["graph_passes"]["order_gelu"] == 0  # TorchScript's form is already fused
+        return
+    assert info["graph_passes"]["order_gelu"] == 3  # one per layer
+    raw = tmp_path / "raw"
+    unordered = ("cleanup", "fold_attention_scale")  # every default pass but order_gelu
+    export_onnx(hydra, raw, exporter="dynamo", passes=unordered, batch=(1, 2, 2), validate=False)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    ops = {}
+    for name, path in (("raw", raw), ("ordered", folder)):
+        options.optimized_model_filepath = str(tmp_path / f"{name}.optimized.onnx")
+        ort.InferenceSession(str(path / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(str(tmp_path / f"{name}.optimized.onnx"))
+        ops[name] = {n.op_type for n in optimized.graph.node}
+    assert "Erf" in ops["raw"] and "Erf" not in ops["ordered"]
+    assert ops["ordered"] & {"Gelu", "BiasGelu"}
+    x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    outputs = [
+        ort.InferenceSession(str(p / "model.onnx"), plain, providers=["CPUExecutionProvider"]).run(
+            ["member_logits"], {"pixel_values": x}
+        )[0]
+        for p in (raw, folder)
+    ]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
 def test_attention_scale_is_folded_into_q(exported, hydra, tmp_path):
     import onnx_graphsurgeon as gs
 
