@@ -85,6 +85,32 @@ def test_calibrate_fits_what_fit_decisions_fits_on_the_runners_logits(built):
     assert calibration.parts["quantile"]["coverage"] >= 0.9
 
 
+def test_decisions_are_fitted_on_an_int8_folder_s_own_logits(built, tmp_path):
+    """INT8 moves the logits, so the decisions of an INT8 export are fitted on its own: the
+    record names the INT8 file and equals fit_decisions on the INT8 runner's logits."""
+    from helpers.int8 import quantized_folder
+
+    folder = quantized_folder(built["export"], tmp_path / "int8", "static")
+    code, _, err = invoke(
+        calibrate_main, str(folder), "--data", str(built["root"] / "calib.npz"), "--risk", "0.3"
+    )
+    assert code == 0, err
+    with load_runner(folder, decisions=False) as runner:
+        logits = runner(built["x"])["member_logits"]
+    assert np.abs(logits - built["logits"]).max() > 0  # INT8 moved them
+    record = read_info(folder).decisions
+    data = load_eval_data(str(built["root"] / "calib.npz"), None, name="--data", labelled=True)
+    expected = fit_decisions(
+        logits,
+        built["y"],
+        onnx_sha256=file_sha256(folder / "model.onnx"),
+        data_sha256=data_sha256(data),
+        risk=0.3,
+        class_names=CLASSES,
+    )
+    assert record.to_dict() == expected.to_dict()
+
+
 def test_command_writes_the_record_and_hydra_run_applies_it(built, export):
     code, out, err = invoke(
         calibrate_main,
