@@ -176,7 +176,9 @@ def measure_backends(
     infos: dict[str, dict[str, Any]] = {}
     single = next(v for v in variants.variants if v.name == "single")
 
-    def record(backend: Backend, times: dict[int, dict[str, list[float]]], diffs) -> None:
+    def record(backend: Backend, group_times: dict[str, Any], diffs: dict[str, float]) -> None:
+        """Rows and info of ``backend`` from its group's times (which hold the FP32 single's)."""
+        times: dict[int, dict[str, list[float]]] = group_times[backend.name]
         rows_by_batch: dict[str, Any] = {}
         for batch, own in times.items():
             rows = summarize(own, variants.variants, batch)
@@ -207,7 +209,7 @@ def measure_backends(
     for group in groups:
         group_times, group_diffs = _time_group(group, variants, config, reference, progress)
         for backend, _ in group:
-            record(backend, group_times[backend.name], group_diffs[backend.name])
+            record(backend, group_times, group_diffs[backend.name])
     if fp32 and lower:
         first.keep_only({"single"})
         gc.collect()
@@ -218,7 +220,7 @@ def measure_backends(
             try:
                 group = [(first, [single]), (backend, variants.variants)]
                 group_times, group_diffs = _time_group(group, variants, config, reference, progress)
-                record(backend, group_times[backend.name], group_diffs[backend.name])
+                record(backend, group_times, group_diffs[backend.name])
             finally:
                 backend.close()
                 gc.collect()
