@@ -4,9 +4,11 @@
 record ``hydra.json`` keeps as ``"int8"``:
 
 - ``dynamic``: weights only, no data (``onnxruntime.quantization.quantize_dynamic``): int8 weights
-  (symmetric, one scale per tensor, as ORT's default that issue 27 measured), activations
-  quantized to uint8 per batch at run time (``DynamicQuantizeLinear -> MatMulInteger``). A CPU
-  (ONNX Runtime) format: TensorRT does not build it.
+  symmetric per output channel (ORT's default, one scale per tensor, moved a fine-tuned MiniLM's
+  accuracy and AUROC by up to 4 points on WordNet; per channel kept them within 0.5 at the same
+  speed, measured), activations quantized to uint8 per batch at run time
+  (``DynamicQuantizeLinear -> MatMulInteger``). A CPU (ONNX Runtime) format: TensorRT does not
+  build it.
 - ``static``: QDQ (``quantize_static``): ``QuantizeLinear``/``DequantizeLinear`` pairs in front of
   each matrix product, int8 weights symmetric per output channel, int8 activations symmetric
   (zero point 0, as TensorRT's explicit quantization requires), their ranges calibrated on the
@@ -31,7 +33,9 @@ With the default ``loop`` lowering every member's projection is its own 2-D weig
 per member and output channel. The ``bmm`` lowering stores [M, in, out] weights, which get one
 scale per tensor (all members together): ONNX's ``DequantizeLinear`` scales along one axis only,
 and ONNX Runtime's integer MatMul refuses per-channel scales on a batched weight at run time
-(measured: "MatmulInteger : b zero point is not valid"); the record says so.
+(measured: "MatmulInteger : b zero point is not valid"); the record says so. The dynamic quantizer
+chooses per channel or per tensor for the whole graph, so a dynamic ``bmm`` export is per tensor
+throughout.
 """
 
 from __future__ import annotations
@@ -161,7 +165,8 @@ def quantize_export(
                     fp32_onnx, temporary, feeds, chosen, excluded, batched, calibrate_method
                 )
             else:
-                _quantize_dynamic(fp32_onnx, temporary, chosen, excluded)
+                per_channel = not _batched_weights(model, chosen)
+                _quantize_dynamic(fp32_onnx, temporary, chosen, excluded, per_channel)
         quantized = onnx.load(str(temporary))
         record = _record(model, quantized, method, kept)
         if method == "static":
@@ -314,8 +319,12 @@ def _record(fp32, quantized, method: str, kept: dict[str, dict[str, Any]]) -> di
         )
         activations = "int8, symmetric (zero point 0), ranges calibrated on the data"
     else:
-        weights = "int8, symmetric, one scale per weight tensor" + (
-            " (3-D weights of the bmm lowering: one scale for all members)" if three_d else ""
+        weights = (
+            "int8, symmetric, one scale per tensor (the bmm lowering's 3-D weights: ONNX "
+            "Runtime's integer MatMul takes no per-channel scales on batched weights, and the "
+            "dynamic quantizer chooses for the whole graph)"
+            if three_d
+            else "int8, symmetric, per output channel"
         )
         activations = "uint8, quantized per batch at run time (DynamicQuantizeLinear)"
     return {
@@ -562,14 +571,18 @@ def _quantize_static(
     )
 
 
-def _quantize_dynamic(source: Path, target: Path, chosen: list[str], excluded: list[str]) -> None:
+def _quantize_dynamic(
+    source: Path, target: Path, chosen: list[str], excluded: list[str], per_channel: bool
+) -> None:
+    """``per_channel``: one scale per output channel of each weight (axis -1 of a MatMul's
+    [in, out]); ORT's default is one per tensor."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(
         str(source),
         str(target),
         op_types_to_quantize=list(QUANTIZED_OP_TYPES),
-        per_channel=False,
+        per_channel=per_channel,
         reduce_range=False,
         weight_type=QuantType.QInt8,
         nodes_to_quantize=list(chosen),
