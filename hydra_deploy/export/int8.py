@@ -161,8 +161,9 @@ def quantize_export(
         with _quiet_onnxruntime():
             if method == "static":
                 batched = _batched_weights(model, chosen)
+                batches = _calibration_batches(model, feeds)
                 _quantize_static(
-                    fp32_onnx, temporary, feeds, chosen, excluded, batched, calibrate_method
+                    fp32_onnx, temporary, batches, chosen, excluded, batched, calibrate_method
                 )
             else:
                 per_channel = not _batched_weights(model, chosen)
@@ -487,31 +488,59 @@ def _check_calibration(model, calibration: Any) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _feed_reader(feeds: Mapping[str, np.ndarray]):
-    """ORT's CalibrationDataReader over ``feeds`` in batches of CALIBRATION_BATCH, with the
-    ``set_range`` ORT uses to collect one batch at a time (memory: one batch's tensors)."""
-    from onnxruntime.quantization import CalibrationDataReader
-
+def _calibration_batches(model, feeds: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """``feeds`` in batches of CALIBRATION_BATCH. Text (a right-padded ``attention_mask`` and a
+    symbolic sequence axis): examples grouped by length and each batch cut to its longest, so
+    the activation ranges are those of tokens, not of padding columns no example of the batch
+    uses (at run time padding is masked out of every output)."""
     count = len(next(iter(feeds.values())))
-    starts = list(range(0, count, CALIBRATION_BATCH))
+    order = np.arange(count)
+    lengths = None
+    mask = feeds.get("attention_mask")
+    symbolic = {
+        v.name
+        for v in model.graph.input
+        if len(v.type.tensor_type.shape.dim) == 2 and v.type.tensor_type.shape.dim[1].dim_param
+    }
+    if mask is not None and mask.ndim == 2 and "attention_mask" in symbolic:
+        counted = (mask != 0).sum(1)
+        if ((mask != 0) == (np.arange(mask.shape[1]) < counted[:, None])).all():
+            lengths, order = counted, np.argsort(counted, kind="stable")
+    batches = []
+    for start in range(0, count, CALIBRATION_BATCH):
+        rows = order[start : start + CALIBRATION_BATCH]
+        if lengths is None:
+            batches.append({n: a[start : start + CALIBRATION_BATCH] for n, a in feeds.items()})
+            continue
+        width = max(int(lengths[rows].max()), 1)
+        batches.append(
+            {
+                n: a[rows, :width] if n in symbolic and a.shape == mask.shape else a[rows]
+                for n, a in feeds.items()
+            }
+        )
+    return batches
+
+
+def _feed_reader(batches: list[dict[str, np.ndarray]]):
+    """ORT's CalibrationDataReader over ``batches``, with the ``set_range`` ORT uses to collect
+    one batch at a time (memory: one batch's intermediate tensors)."""
+    from onnxruntime.quantization import CalibrationDataReader
 
     class Feeds(CalibrationDataReader):
         def __init__(self) -> None:
-            self.range = (0, len(starts))
+            self.range = (0, len(batches))
             self.pending: Iterator[dict[str, np.ndarray]] | None = None
 
         def __len__(self) -> int:
-            return len(starts)
+            return len(batches)
 
         def set_range(self, start_index: int, end_index: int) -> None:
             self.range, self.pending = (start_index, end_index), None
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             if self.pending is None:
-                self.pending = iter(
-                    {n: a[s : s + CALIBRATION_BATCH] for n, a in feeds.items()}
-                    for s in starts[self.range[0] : self.range[1]]
-                )
+                self.pending = iter(batches[self.range[0] : self.range[1]])
             return next(self.pending, None)
 
     return Feeds()
@@ -531,7 +560,7 @@ def _batched_weights(model, chosen: list[str]) -> list[str]:
 def _quantize_static(
     source: Path,
     target: Path,
-    feeds: Mapping[str, np.ndarray],
+    batches: list[dict[str, np.ndarray]],
     chosen: list[str],
     excluded: list[str],
     batched: list[str],
@@ -547,7 +576,7 @@ def _quantize_static(
     quantize_static(
         str(source),
         str(target),
-        _feed_reader(feeds),
+        _feed_reader(batches),
         quant_format=QuantFormat.QDQ,
         op_types_to_quantize=list(QUANTIZED_OP_TYPES),
         per_channel=True,

@@ -654,3 +654,62 @@ def test_options_are_frozen_and_resolve_their_method():
     assert Int8Options(calib=CALIBRATION).calib_method == "minmax"
     with pytest.raises(dataclasses.FrozenInstanceError):
         Int8Options().method = "static"  # type: ignore[misc]
+
+
+# --- calibration batches --------------------------------------------------------------------------
+def _text_graph(sequence: str | int = "sequence"):
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", sequence])
+        for name in ("input_ids", "attention_mask")
+    ]
+    out = helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", sequence])
+    node = helper.make_node("Add", ["input_ids", "attention_mask"], ["y"])
+    return helper.make_model(helper.make_graph([node], "g", inputs, [out]))
+
+
+def _right_padded(lengths, width=12):
+    mask = (np.arange(width) < np.asarray(lengths)[:, None]).astype(np.int64)
+    ids = (np.arange(len(lengths))[:, None] + 1) * 100 * mask + np.arange(width) * mask
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=40))
+@settings(max_examples=40, deadline=None)
+def test_text_calibration_batches_group_by_length_and_cut_padding(lengths):
+    """Each example appears once, whole (its tokens), in a batch cut to its longest example:
+    the ranges are calibrated on tokens, not on padding columns no example of the batch uses."""
+    from hydra_deploy.export.int8 import CALIBRATION_BATCH, _calibration_batches
+
+    feeds = _right_padded(lengths)
+    batches = _calibration_batches(_text_graph(), feeds)
+    assert all(len(b["input_ids"]) <= CALIBRATION_BATCH for b in batches)
+    seen = []
+    for b in batches:
+        assert b["input_ids"].shape == b["attention_mask"].shape
+        assert b["attention_mask"][:, -1].any()  # no column that no example uses
+        for ids, mask in zip(b["input_ids"], b["attention_mask"], strict=True):
+            seen.append(tuple(ids[mask == 1]))
+    want = [
+        tuple(i[m == 1]) for i, m in zip(feeds["input_ids"], feeds["attention_mask"], strict=True)
+    ]
+    assert sorted(seen) == sorted(want)
+    widths = [b["input_ids"].shape[1] for b in batches]
+    assert widths == sorted(widths)  # grouped by length
+
+
+def test_calibration_batches_keep_left_padding_fixed_shapes_and_images_as_given():
+    from hydra_deploy.export.int8 import CALIBRATION_BATCH, _calibration_batches
+
+    right = _right_padded([3, 9, 2, 5, 12, 1, 7, 4, 8, 6])
+    left = {k: v[:, ::-1].copy() for k, v in right.items()}  # left-padded: not cut, not reordered
+    for graph, feeds in ((_text_graph(), left), (_text_graph(12), right)):
+        batches = _calibration_batches(graph, feeds)
+        np.testing.assert_array_equal(
+            np.concatenate([b["input_ids"] for b in batches]), feeds["input_ids"]
+        )
+    images = {"pixel_values": CALIBRATION}
+    batches = _calibration_batches(_text_graph(), images)
+    assert len(batches) == -(-len(CALIBRATION) // CALIBRATION_BATCH)
+    np.testing.assert_array_equal(np.concatenate([b["pixel_values"] for b in batches]), CALIBRATION)
