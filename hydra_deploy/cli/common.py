@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from hydra_deploy.options import PARAMETER_FLAGS
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head`
 
 
 def parser(prog: str, description: str, examples: str) -> argparse.ArgumentParser:
@@ -40,7 +42,9 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
     )
     try:
         with command_spelling(PARAMETER_FLAGS):  # warnings and advice name the flags
-            return int(main(args) or 0)
+            code = int(main(args) or 0)
+            sys.stdout.flush()  # inside the try: a closed pipe raises here, not at exit
+            return code
     except HydraError as err:
         if args.debug:
             raise
@@ -57,6 +61,10 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader left (`hydra-run ... | head`): stop quietly, as `yes` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would raise again
+        return EXIT_BROKEN_PIPE
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:

@@ -292,3 +292,22 @@ def test_bare_onnx_without_hydra_json_needs_arrays_for_images(export_dir, images
 def test_help_has_examples():
     text = build_parser().format_help()
     assert "examples:" in text and "--overwrite" in text and "--top-k" in text
+
+
+def test_a_closed_pipe_ends_quietly(export_dir, images, monkeypatch, capsys):
+    """`hydra-run ... | head -1`: the reader leaves before the table is written; the command
+    stops with the shell's SIGPIPE status (141) and no traceback, as `yes | head` does."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone
+    pipe = io.TextIOWrapper(io.FileIO(write, "w"), write_through=False)
+    monkeypatch.setattr("sys.stdout", pipe)
+    try:
+        code = main([str(export_dir), str(images / "china.jpg"), str(images / "flower.png")])
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):
+            pipe.close()
+    assert code == 141
+    assert capsys.readouterr().err == ""
