@@ -57,7 +57,8 @@ LOW_PRECISIONS = {
             "int8-dynamic",
             "ort",
             "ort-int8-dynamic",
-            "ONNX Runtime, INT8 weights, activations quantized at run time (quantize_dynamic)",
+            "ONNX Runtime, INT8 weights per output channel, activations quantized at run time "
+            "(quantize_dynamic)",
         ),
         LowPrecision(
             "int8-static",
