@@ -426,19 +426,24 @@ def test_an_einsum_graph_cannot_be_quantized_and_says_which_operator(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_bmm_lowering_quantizes_its_batched_weights_per_tensor(tmp_path):
-    """ONNX Runtime's integer MatMul refuses per-channel scales on [M, in, out] weights (measured:
-    "b zero point is not valid" at run time): those get one scale, and the file runs."""
+def _bmm_int8_export(out, options: Int8Options) -> dict:
+    """A 3-member Hydra of the ``bmm`` lowering ([M, in, out] weights) exported in INT8."""
     backbone = tiny_vit("token")
     spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=0)
-    info = export_onnx(
+    return export_onnx(
         fuse(backbone, spec, lowering="bmm"),
-        tmp_path / "bmm",
+        out,
         batch=BATCH,
         exporter="torchscript",
         precision="int8",
-        int8=Int8Options(calib=CALIBRATION),
+        int8=options,
     )
+
+
+def test_the_bmm_lowering_quantizes_its_batched_weights_per_tensor(tmp_path):
+    """ONNX Runtime's integer MatMul refuses per-channel scales on [M, in, out] weights (measured:
+    "b zero point is not valid" at run time): those get one scale, and the file runs."""
+    info = _bmm_int8_export(tmp_path / "bmm", Int8Options(calib=CALIBRATION))
     assert (
         info["validation"]["drift"]["passed"] and "one scale per tensor" in info["int8"]["weights"]
     )
@@ -457,15 +462,7 @@ def test_a_dynamic_bmm_export_is_per_tensor_throughout_and_runs(tmp_path):
     bmm lowering's batched weights it is per tensor, the record says why, and the file runs."""
     from onnx import numpy_helper
 
-    backbone = tiny_vit("token")
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=2, seed=0)
-    info = export_onnx(
-        fuse(backbone, spec, lowering="bmm"),
-        tmp_path / "bmm",
-        batch=BATCH,
-        exporter="torchscript",
-        precision="int8",
-    )
+    info = _bmm_int8_export(tmp_path / "bmm", Int8Options())
     assert info["validation"]["drift"]["passed"]
     assert info["int8"]["weights"].startswith("int8, symmetric, one scale per tensor (the bmm")
     model = onnx.load(str(tmp_path / "bmm" / "model.onnx"))
