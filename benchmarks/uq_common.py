@@ -68,14 +68,18 @@ from hydra_deploy.atomic import atomic_path, atomic_write_json, atomic_write_tex
 from hydra_deploy.backbones import load_backbone
 from hydra_deploy.decisions import (
     GRID_SIZE,
-    binomial_cdf,
+    accept_mask,
     calibrated_scores,
-    class_scores,
+    class_room,
     conformal_quantile,
     fit_ood,
     fit_raps,
+    fit_selective,
     fit_temperature,
+    ood_mask,
     selective_grid,
+    selective_start,
+    set_members,
 )
 from hydra_deploy.errors import DataError
 from hydra_deploy.families import get_family
@@ -179,6 +183,9 @@ class Task:
     ood_validation: tuple[str, torch.Tensor] | None = None
     #: the alpha of the decision claims: one whose 1 - alpha is above the single model's accuracy
     claim_alpha: float = 0.05
+    #: quantile-part sizes whose decisions are measured beside the recipe's (the same splits'
+    #: temperature part, another quantile part, the rest tested)
+    extra_quantile_parts: tuple[int, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1357,8 +1364,10 @@ def markdown(report: dict[str, Any]) -> str:
 #: the levels of the prediction sets (coverage 1 - alpha)
 ALPHAS = (0.01, 0.02, 0.05, 0.1)
 SET_METHODS = ("lac", "aps", "raps")
-#: answer or abstain: the selective risk certified, and the chance it is allowed to fail
+#: answer or abstain: the selective risk certified (the claims' and the tables'), the other risks
+#: measured beside it, and the chance it is allowed to fail
 TARGET_RISK = 0.05
+OTHER_RISKS = (0.1,)
 DELTA = 0.1
 #: the OOD flag: at most this share of in-distribution inputs flagged
 OOD_ALPHA = 0.05
@@ -1392,29 +1401,32 @@ def split_parts(
     return parts
 
 
-def _in_sets(scores: np.ndarray, qhat: float, method: str, top: np.ndarray) -> np.ndarray:
-    """:func:`~hydra_deploy.decisions.prediction_sets` from class scores computed once per split
-    (the same rule: score <= qhat, plus the top class for APS and RAPS)."""
-    members = scores <= qhat
-    if method != "lac":
-        members[np.arange(len(top)), top] = True
-    return members
+def _sets(
+    room: np.ndarray,
+    top: np.ndarray,
+    method: str,
+    qhat: float,
+    rows: np.ndarray | slice = slice(None),
+) -> np.ndarray:
+    """The library's sets (:func:`~hydra_deploy.decisions.set_members`) of ``rows`` from a class
+    room computed once per split."""
+    return set_members(room[rows], qhat, None if method == "lac" else top[rows])
 
 
-def certify(confidence: np.ndarray, correct: np.ndarray, grid: np.ndarray) -> float | None:
-    """:func:`~hydra_deploy.decisions.fit_selective`'s threshold at TARGET_RISK and DELTA (the
-    lowest of ``grid`` whose exact binomial p-value is at most DELTA / len(grid)), or None where
-    it refuses. The same rule with :func:`binomial_cdf` in a loop: fit_selective also computes,
-    for its error message, a Clopper-Pearson bound (60 bisections) at every threshold it passes,
-    which made it most of the analysis time (see the tests: the same threshold on every case)."""
-    level = DELTA / len(grid)
-    errors = ~np.asarray(correct, dtype=bool)
-    for tau in grid:
-        answered = confidence >= tau
-        n = int(answered.sum())
-        if n and binomial_cdf(int(errors[answered].sum()), n, TARGET_RISK) <= level:
-            return float(tau)
-    return None
+def certify(
+    confidence: np.ndarray,
+    correct: np.ndarray,
+    grid: np.ndarray,
+    start: int,
+    target_risk: float = TARGET_RISK,
+) -> float | None:
+    """:func:`~hydra_deploy.decisions.fit_selective`'s threshold at ``target_risk`` and DELTA
+    (the library's default procedure, started at ``start``), or None where it refuses."""
+    try:
+        tau, _ = fit_selective(confidence, correct, grid, target_risk, DELTA, start=start)
+    except DataError:
+        return None
+    return tau
 
 
 def _risk_curve(confidence: np.ndarray, errors: np.ndarray) -> list[float]:
@@ -1476,7 +1488,7 @@ def decide_row(
                     put(("scaling", "ood", k[4:], tag, metric), m[metric])
         # prediction sets
         tops = {k: v["prediction"] for k, v in cal.items()}
-        scores_cache: dict[tuple, dict[str, np.ndarray]] = {}
+        rooms_cache: dict[tuple, dict[str, np.ndarray]] = {}
         for method in SET_METHODS:
             for alpha in ALPHAS:
                 key = ("sets", method, alpha_key(alpha))
@@ -1488,17 +1500,17 @@ def decide_row(
                         if method == "raps"
                         else (0.0, 0)
                     )
-                    if (method, lam, k_reg) not in scores_cache:
-                        scores_cache[(method, lam, k_reg)] = {
-                            k: class_scores(v["probs"], method, lam=lam, k_reg=k_reg)
+                    if (method, lam, k_reg) not in rooms_cache:
+                        rooms_cache[(method, lam, k_reg)] = {
+                            k: class_room(v["probs"], method, lam=lam, k_reg=k_reg)
                             for k, v in cal.items()
                         }
-                    scores = scores_cache[(method, lam, k_reg)]
-                    qhat = conformal_quantile(scores["id"][q, y[q]], alpha)
+                    rooms = rooms_cache[(method, lam, k_reg)]
+                    qhat = conformal_quantile(1.0 - rooms["id"][q, y[q]], alpha)
                 except DataError as err:
                     refused[key] = str(err)
                     continue
-                sets = _in_sets(scores["id"][tested], qhat, method, tops["id"][tested])
+                sets = _sets(rooms["id"], tops["id"], method, qhat, tested)
                 sizes = sets.sum(axis=1)
                 put((*key, "coverage"), float(sets[np.arange(len(tested)), y[tested]].mean()))
                 put((*key, "mean_size"), float(sizes.mean()))
@@ -1507,29 +1519,47 @@ def decide_row(
                     put((*key, "lam"), lam)
                     put((*key, "k_reg"), k_reg)
                 if len(shifted):
-                    sets = _in_sets(scores["shift"][shifted], qhat, method, tops["shift"][shifted])
+                    sets = _sets(rooms["shift"], tops["shift"], method, qhat, shifted)
                     put((*key, "shift_coverage"), float(sets[np.arange(len(ys)), ys].mean()))
                     put((*key, "shift_mean_size"), float(sets.sum(axis=1).mean()))
                 for k in oods:
-                    sets = _in_sets(scores[k], qhat, method, tops[k])
+                    sets = _sets(rooms[k], tops[k], method, qhat)
                     put((*key, "ood_mean_size", k[4:]), float(sets.sum(axis=1).mean()))
-        # answer or abstain at TARGET_RISK (msp)
+        # answer or abstain at TARGET_RISK (msp), and at OTHER_RISKS
         msp = {k: v["msp"] for k, v in cal.items()}
         correct = tops["id"] == y
-        certified = certify(msp["id"][q], correct[q], selective_grid(msp["id"][t]))
-        tau = np.inf if certified is None else certified  # none certified: abstain on everything
-        put(("selective", "refused"), float(certified is None))
-        for where, conf, ok in (
-            ("", msp["id"][tested], correct[tested]),
-            ("shift_", msp["shift"][shifted], tops["shift"][shifted] == ys),
-        ):
-            answered = conf >= tau
-            risk = float((~ok[answered]).mean()) if answered.any() else None
-            put(("selective", f"{where}answered"), float(answered.mean()))
-            put(("selective", f"{where}risk"), risk)
-            put(("selective", f"{where}exceeds"), float(risk is not None and risk > TARGET_RISK))
-        for k in oods:
-            put(("selective", "ood_answered", k[4:]), float((msp[k] >= tau).mean()))
+        grid = selective_grid(msp["id"][t])
+        for risk_level in (TARGET_RISK, *OTHER_RISKS):
+            start = selective_start(msp["id"][t], correct[t], grid, risk_level, len(q))
+            certified = certify(msp["id"][q], correct[q], grid, start, risk_level)
+            head = (
+                ("selective",) if risk_level == TARGET_RISK else ("selective_at", f"{risk_level:g}")
+            )
+            put((*head, "refused"), float(certified is None))
+            wheres = (
+                ("", msp["id"][tested], correct[tested]),
+                ("shift_", msp["shift"][shifted], tops["shift"][shifted] == ys),
+            )
+            for where, conf, ok in wheres if risk_level == TARGET_RISK else wheres[:1]:
+                # none certified: abstain on everything
+                answered = (
+                    np.zeros(len(conf), bool)
+                    if certified is None
+                    else accept_mask(conf, "msp", certified)
+                )
+                risk = float((~ok[answered]).mean()) if answered.any() else None
+                put((*head, f"{where}answered"), float(answered.mean()))
+                put((*head, f"{where}risk"), risk)
+                put((*head, f"{where}exceeds"), float(risk is not None and risk > risk_level))
+            if risk_level != TARGET_RISK:
+                continue
+            for k in oods:
+                answered = (
+                    np.zeros(len(msp[k]), bool)
+                    if certified is None
+                    else accept_mask(msp[k], "msp", certified)
+                )
+                put(("selective", "ood_answered", k[4:]), float(answered.mean()))
         put(("selective", "curve"), _risk_curve(msp["id"][tested], ~correct[tested]))
         # the OOD flag at OOD_ALPHA (msp)
         try:
@@ -1537,10 +1567,10 @@ def decide_row(
         except DataError as err:
             refused[("ood_flag",)] = str(err)
             continue
-        put(("ood_flag", "test"), float((-msp["id"][tested] > threshold).mean()))
-        put(("ood_flag", "shift"), float((-msp["shift"][shifted] > threshold).mean()))
+        put(("ood_flag", "test"), float(ood_mask(-msp["id"][tested], threshold).mean()))
+        put(("ood_flag", "shift"), float(ood_mask(-msp["shift"][shifted], threshold).mean()))
         for k in oods:
-            put(("ood_flag", "ood", k[4:]), float((-msp[k] > threshold).mean()))
+            put(("ood_flag", "ood", k[4:]), float(ood_mask(-msp[k], threshold).mean()))
 
     out: dict[str, Any] = {"splits": len(parts)}
     for key, got in values.items():
@@ -1965,6 +1995,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
             f"{_dm(a['ood_flag'].get('shift'))} |"
         )
     lines += [
+        *selective_markdown(report),
         "",
         "## Decision claims and targets, paired per seed (each row + T)",
         "",
@@ -2026,10 +2057,10 @@ def _temperature_notes(agg: dict[str, Any], n_t: int) -> list[str]:
 
 
 def _selective_notes(agg: dict[str, Any], d: dict[str, Any]) -> list[str]:
-    """Why answer-or-abstain is often refused: the fewest answered quantile examples that can
-    certify the target risk, with no error among them."""
+    """How answer-or-abstain tests its thresholds, and why it is sometimes refused: the fewest
+    answered quantile examples that can certify the target risk, with no error among them."""
     risk, delta, n_q = d["target_risk"], d["delta"], d["quantile_part"]
-    level = delta / GRID_SIZE  # the grid holds at most GRID_SIZE thresholds
+    level = delta / 2 + delta / (2 * GRID_SIZE)  # the start's level, before any rejection
     fewest = int(np.ceil(np.log(level) / np.log(1 - risk)))
     refused = [
         f"{row} ({agg[row]['selective']['refused']['mean']:.0%})"
@@ -2038,10 +2069,15 @@ def _selective_notes(agg: dict[str, Any], d: dict[str, Any]) -> list[str]:
     ]
     return [
         "",
-        f"- Certifying a {risk:.0%} selective risk at delta = {delta:g} over a grid of up to "
-        f"{GRID_SIZE} thresholds tests each at level {level:g}: even with no error among them, "
-        f"at least {fewest} answered quantile examples are needed ((1 - {risk:g})^{fewest} <= "
-        f"{level:g}), {fewest / n_q:.0%} of the quantile part's {n_q}; each error needs more. "
+        f"- Answer or abstain (`fit_selective`, procedure `{d.get('selective_procedure', 'bonferroni')}`): "
+        f"each of up to {GRID_SIZE} thresholds (quantiles of the temperature part's MSP) is "
+        f'tested for "selective risk > {risk:.0%}" with its exact binomial p-value, at '
+        f"family-wise error {delta:g}: half of delta on a fixed sequence down from the threshold "
+        "the temperature part predicts easiest to certify, half spread over the grid "
+        "(Bonferroni), each certified threshold passing its level to the next lower one. Even at "
+        f"the start ({level:g}), at least {fewest} answered quantile examples are needed with no "
+        f"error among them ((1 - {risk:g})^{fewest} <= {level:g}), {fewest / n_q:.0%} of the "
+        f"quantile part's {n_q}; each error needs more. "
         + (
             "Refused (abstain on everything) on more than 10% of the splits: "
             + ", ".join(refused)
@@ -2050,6 +2086,52 @@ def _selective_notes(agg: dict[str, Any], d: dict[str, Any]) -> list[str]:
             else "No row is refused on more than 10% of the splits."
         ),
     ]
+
+
+def selective_markdown(report: dict[str, Any]) -> list[str]:
+    """The answer-or-abstain table: every risk measured, at the recipe's quantile part and at
+    each extra one."""
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    risks = [d["target_risk"], *d.get("other_risks", [])]
+    parts = [(d["quantile_part"], d["tested_part"], agg)] + [
+        (e["quantile_part"], e["tested_part"], e["aggregate"])
+        for e in report.get("decision_extra", {}).values()
+    ]
+
+    def cell(a: dict[str, Any], risk: float) -> dict[str, Any]:
+        return a["selective"] if risk == d["target_risk"] else a["selective_at"][f"{risk:g}"]
+
+    header = [
+        f"q={n_q}, {risk:.0%}: {what}"
+        for n_q, _, _ in parts
+        for risk in risks
+        for what in ("answered", "risk", "splits > target")
+    ]
+    lines = [
+        "",
+        "## Answer or abstain at each risk and quantile part",
+        "",
+        f"The share answered (%), the selective risk of the answered on the tested part (%), and "
+        f"the share of splits whose tested risk exceeds the target (delta = {d['delta']:g}); "
+        f"mean ± std over seeds. The same {d['splits']} splits' temperature parts "
+        f"({d['temperature_part']} examples); "
+        + "; ".join(f"a quantile part of {n_q}, {n_x} tested" for n_q, n_x, _ in parts)
+        + ". A split's tested risk is itself an estimate from its tested part (a few hundred "
+        "answered examples, drawn from the same finite pool as the quantile part), so the share "
+        "of splits above the target measures the guarantee only up to that noise: a threshold "
+        "whose true risk is just under the target exceeds it on many tested parts.",
+        "",
+        "| row | " + " | ".join(header) + " |",
+        "|---|" + "---|" * len(header),
+    ]
+    for row in ROWS:
+        cells = []
+        for _, _, a in parts:
+            for risk in risks:
+                c = cell(a[row], risk)
+                cells += [_dm(c["answered"]), _dm(c["risk"]), _dm(c["exceeds"])]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _claim_line(c: dict[str, Any], scale: float, *, with_margin: bool) -> str:
@@ -2431,12 +2513,31 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
     decided = decisions(stored, labels, task.recipe, workers=workers)
     for s in report["per_seed"]:
         s["decisions"] = decided[s["seed"]]
+    report["decision_extra"] = {}
+    for size in task.extra_quantile_parts:
+        recipe = replace(task.recipe, calibration_quantile=size)
+        extra = decisions(stored, labels, recipe, workers=workers)
+        report["decision_extra"][str(size)] = {
+            "quantile_part": size,
+            "tested_part": len(labels) - recipe.calibration_temperature - size,
+            "aggregate": {
+                row: _tree_stats(
+                    [
+                        {k: v for k, v in extra[seed][row].items() if k != "scaling"}
+                        for seed in sorted(extra)
+                    ]
+                )
+                for row in ROWS
+            },
+        }
     alpha = task.claim_alpha
     report["decision_settings"] = {
         "alphas": list(ALPHAS),
         "claim_alpha": alpha,
         "methods": list(SET_METHODS),
         "target_risk": TARGET_RISK,
+        "other_risks": list(OTHER_RISKS),
+        "selective_procedure": "graph",
         "delta": DELTA,
         "ood_alpha": OOD_ALPHA,
         "temperature_part": task.recipe.calibration_temperature,

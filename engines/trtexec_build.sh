@@ -68,7 +68,11 @@ export_dir, trt, precision, installed = sys.argv[1], sys.argv[2], sys.argv[3] or
 GENERATIONS = {"8.6": (8, 6), "10": (10, 0), "10.12": (10, 12), "11": (11, 0)}
 HEAD_FLOAT_OPS = {"Softmax", "LogSoftmax", "Exp", "Log", "ReduceSum", "ReduceMean", "ReduceMax",
                   "ReduceLogSumExp", "Mul", "Div", "Sub", "Add", "Neg", "Max", "Min", "Clip",
-                  "Sum", "Mean", "CumSum", "LessOrEqual", "GreaterOrEqual"}
+                  "Sum", "Mean", "CumSum", "LessOrEqual", "GreaterOrEqual", "Less", "Greater",
+                  "MatMul"}
+# hydra-calibrate --in-graph's nodes (onnx_summary.DECISION_PREFIX, DECISION_FLOAT_OPS)
+DECISION_PREFIX = "decisions/"
+DECISION_FLOAT_OPS = HEAD_FLOAT_OPS | {"TopK", "ScatterElements"}
 # hydra_deploy.engines.onnx_summary's QDQ_OPS and INTEGER_OPS (see there for the sources)
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 INTEGER_OPS = {"ConvInteger", "DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul",
@@ -195,7 +199,8 @@ def fp32_layers(nodes):
         in_head = any(i in downstream for i in inputs)
         if in_head:
             downstream.update(outputs)
-        if op == "LayerNormalization" or (in_head and op in HEAD_FLOAT_OPS):
+        float_ops = DECISION_FLOAT_OPS if name.startswith(DECISION_PREFIX) else HEAD_FLOAT_OPS
+        if op == "LayerNormalization" or (in_head and op in float_ops):
             if not name or "," in name or ":" in name:
                 fail(f"node name {name!r} cannot be given to --layerPrecisions; re-export the "
                      "model with hydra-export")

@@ -34,6 +34,7 @@ distribution shift.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,7 @@ import numpy as np
 from hydra_deploy.errors import DataError, ParameterError
 from hydra_deploy.export_folder import (
     DECISION_SCORES,
+    SELECTIVE_PROCEDURES,
     SET_METHODS,
     DecisionRecord,
     OodRule,
@@ -53,18 +55,25 @@ from hydra_deploy.uncertainty.metrics import ece, nll, ood_score
 from hydra_deploy.uncertainty.scores import ensemble_scores
 
 __all__ = [
+    "DECISION_MARGIN",
     "DECISION_SCORES",
     "GRID_SIZE",
     "RAPS_LAMBDAS",
+    "SELECTIVE_PROCEDURES",
+    "SET_FLOOR",
     "SET_METHODS",
     "SET_TOLERANCE",
     "TEMPERATURE_BOUNDS",
+    "TooFewExamples",
+    "accept_mask",
     "apply_decisions",
     "binomial_cdf",
     "binomial_upper_bound",
     "calibrated_scores",
+    "class_room",
     "class_scores",
     "conformal_quantile",
+    "decision_margin",
     "decision_metrics",
     "fit_decisions",
     "fit_ood",
@@ -72,12 +81,20 @@ __all__ = [
     "fit_selective",
     "fit_temperature",
     "min_calibration_size",
+    "ood_mask",
     "prediction_sets",
     "selective_grid",
-    "set_threshold",
+    "selective_pvalues",
+    "selective_start",
+    "set_floor",
+    "set_members",
     "split_rows",
+    "temperature_at_bound",
     "temperature_nll",
+    "temperature_warning",
 ]
+
+_log = logging.getLogger(__name__)
 
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 #: The most thresholds a selective grid holds (Bonferroni divides delta by its size).
@@ -85,11 +102,21 @@ GRID_SIZE = 50
 #: RAPS's lambdas tried on the temperature part (Angelopoulos et al. 2020's grid, and 0).
 RAPS_LAMBDAS = (0.0, 0.001, 0.01, 0.1, 0.2, 0.5)
 _EPS = 1e-9  # (n + 1)(1 - alpha) computed in floats: 20 * 0.95 must give 19, not 19.000000000000004
-#: A class whose score is within this (relative) distance above qhat is in the set: scores that are
-#: equal in exact arithmetic (confident members put p on atoms like k / M) must not fall on either
-#: side of qhat by a rounding error, and the graph (float32) must agree with numpy (float64).
-#: Counting such ties as inside can only raise coverage.
+#: How far below qhat's room a class's own room may fall and still count as inside, relative to
+#: that room (the probability for LAC, the probability mass ranked below the class for APS/RAPS):
+#: scores equal in exact arithmetic (confident members put p on atoms like k / M) must not fall on
+#: either side of qhat by a rounding error, and the graph (float32) must agree with numpy (float64).
+#: Relative, so a confident input's set never grows by a rounding of 1e-6 (an absolute 1e-6 on a
+#: cumulative score near 1 took in every class). Counting such ties as inside can only raise coverage.
 SET_TOLERANCE = 1e-6
+#: ... plus this absolute floor: float64's rounding of 1 - qhat where qhat is near 1 (2 ulps of 1)
+SET_FLOOR = 2.0**-51
+#: An accept or OOD-flag threshold is passed only by a margin of this (relative above 1 in
+#: magnitude): a score within float32's rounding of the threshold abstains and is not flagged, on
+#: the numpy path and in the graph alike. Fitting uses the same comparison (the answered examples
+#: tested are the ones deployed), and a flag needs more than the conformal quantile, so both
+#: guarantees hold as stated.
+DECISION_MARGIN = 1e-5
 
 
 # --- checks ---------------------------------------------------------------------------------------
@@ -204,6 +231,34 @@ def fit_temperature(
     return float(math.exp(min(candidates)[1]))
 
 
+def temperature_at_bound(temperature: float) -> bool:
+    """Whether ``temperature`` is at (within 1% of) a bound of :data:`TEMPERATURE_BOUNDS`."""
+    low, high = TEMPERATURE_BOUNDS
+    return not low * 1.01 < temperature < high / 1.01
+
+
+def temperature_warning(temperature: float, member_logits: Any, labels: Any) -> str | None:
+    """A warning when ``temperature`` is at a bound of :data:`TEMPERATURE_BOUNDS`: the NLL of
+    the data it was fitted on still falls there, so no T in the range fits them (at the lower
+    bound, typically a temperature part without a single error: every p sharpened to 1 costs
+    nothing on it, and a confident mistake on new data costs a lot). None otherwise."""
+    if not temperature_at_bound(temperature):
+        return None
+    low, high = TEMPERATURE_BOUNDS
+    logits = _logits(member_logits)
+    y = _labels(labels, len(logits), logits.shape[2])
+    wrong = int((ensemble_scores(logits, dtype=np.float64)["prediction"] != y).sum())
+    side = "lower" if temperature <= low * 1.01 else "upper"
+    return (
+        f"T = {temperature:.3g} is at the {side} bound of its search ({low:g} to {high:g}): the "
+        f"NLL of the {len(y)} examples of the temperature part (the model errs on {wrong} of "
+        "them) still falls there, so these probabilities are "
+        + ("over-sharpened" if side == "lower" else "flattened")
+        + " and can be badly calibrated on new data; give more labelled data (with some of the "
+        "model's errors among it), or use the probabilities at T = 1 (hydra-run without decisions)"
+    )
+
+
 def calibrated_scores(
     member_logits: Any, temperature: float, *, allow_nonfinite: bool = False
 ) -> dict[str, np.ndarray]:
@@ -227,6 +282,14 @@ def min_calibration_size(alpha: float) -> int:
     return n
 
 
+class TooFewExamples(DataError):
+    """:func:`conformal_quantile` refused: ``count`` examples where ``needed`` are the fewest."""
+
+    def __init__(self, message: str, count: int, needed: int) -> None:
+        super().__init__(message)
+        self.count, self.needed = count, needed
+
+
 def conformal_quantile(scores: Any, alpha: float, *, what: str = "calibration examples") -> float:
     """The ceil((n + 1)(1 - alpha))-th smallest of ``scores``: the split-conformal threshold at
     level 1 - alpha. Refused (naming the smallest n alpha allows) where that rank exceeds n."""
@@ -235,10 +298,12 @@ def conformal_quantile(scores: Any, alpha: float, *, what: str = "calibration ex
     n = len(values)
     rank = math.ceil((n + 1) * (1.0 - alpha) - _EPS)
     if rank > n:
-        raise DataError(
+        needed = min_calibration_size(alpha)
+        raise TooFewExamples(
             f"{n} {what} are too few for alpha {alpha:g}: a conformal threshold at level "
-            f"{1 - alpha:g} needs at least {min_calibration_size(alpha)}; give more labelled "
-            "data, or a larger alpha"
+            f"{1 - alpha:g} needs at least {needed}; give more labelled data, or a larger alpha",
+            n,
+            needed,
         )
     return float(values[max(rank, 1) - 1])
 
@@ -249,33 +314,52 @@ def _ranked(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, np.take_along_axis(probs, order, axis=1)
 
 
+def _rank_penalty(classes: int, lam: float, k_reg: int) -> np.ndarray:
+    """RAPS's ``lam * max(0, rank - k_reg)`` by rank (rank 1 first) [C]."""
+    ranks = np.arange(1, classes + 1, dtype=np.float64)
+    return lam * np.maximum(0.0, ranks - k_reg)
+
+
+def class_room(probs: Any, method: str = "lac", *, lam: float = 0.0, k_reg: int = 0) -> np.ndarray:
+    """What each class [B, C] holds against the set's bar (higher = more plausible): ``1 -`` its
+    nonconformity score, computed without the cancellation of ``1 - score`` near 1.
+
+    ``lac``: p_y. ``aps``: the probability mass ranked below y (a sum of the smaller p_j, so a
+    confident input's tiny tail keeps its digits). ``raps``: that minus
+    ``lam * max(0, rank - k_reg)``."""
+    method = _choice(method, "sets", SET_METHODS)
+    p = np.asarray(probs, dtype=np.float64)
+    if method == "lac":
+        return p.copy()
+    order, sorted_p = _ranked(p)
+    # mass ranked strictly below each rank: a reversed cumulative sum, smallest terms first
+    at_or_below = np.cumsum(sorted_p[:, ::-1], axis=1)[:, ::-1]
+    below = np.zeros_like(sorted_p)
+    below[:, :-1] = at_or_below[:, 1:]
+    if method == "raps":
+        below = below - _rank_penalty(p.shape[1], lam, k_reg)[None, :]
+    room = np.empty_like(p)
+    np.put_along_axis(room, order, below, axis=1)
+    return room
+
+
 def class_scores(
     probs: Any, method: str = "lac", *, lam: float = 0.0, k_reg: int = 0
 ) -> np.ndarray:
     """The nonconformity score of every class [B, C] (lower = more plausible).
 
     ``lac``: 1 - p_y. ``aps``: the sum of p_j over the classes ranked at or above y (ranks by p
-    descending, ties by lower class index). ``raps``: APS + ``lam`` * max(0, rank - ``k_reg``),
-    rank 1 for the top class."""
-    method = _choice(method, "sets", SET_METHODS)
-    p = np.asarray(probs, dtype=np.float64)
-    if method == "lac":
-        return 1.0 - p
-    order, sorted_p = _ranked(p)
-    cumulative = np.cumsum(sorted_p, axis=1)
-    if method == "raps":
-        ranks = np.arange(1, p.shape[1] + 1, dtype=np.float64)
-        cumulative = cumulative + lam * np.maximum(0.0, ranks - k_reg)[None, :]
-    scores = np.empty_like(p)
-    np.put_along_axis(scores, order, cumulative, axis=1)
-    return scores
+    descending, ties by lower class index), computed as 1 - (the mass ranked below y).
+    ``raps``: APS + ``lam`` * max(0, rank - ``k_reg``), rank 1 for the top class."""
+    return 1.0 - class_room(probs, method, lam=lam, k_reg=k_reg)
 
 
-def set_threshold(qhat: float | Sequence[float] | np.ndarray) -> np.ndarray:
-    """What a class score is compared with: ``qhat`` plus :data:`SET_TOLERANCE` (relative
-    above 1 in magnitude, absolute below), float64."""
-    value = np.asarray(qhat, dtype=np.float64)
-    return value + SET_TOLERANCE * np.maximum(1.0, np.abs(value))
+def set_floor(qhat: float | Sequence[float] | np.ndarray) -> np.ndarray:
+    """The least room (:func:`class_room`) a class needs to be in the set at threshold ``qhat``,
+    float64: ``1 - qhat`` (score <= qhat is room >= 1 - qhat) less :data:`SET_TOLERANCE` of
+    itself and :data:`SET_FLOOR`, so ties within rounding count as inside."""
+    room = 1.0 - np.asarray(qhat, dtype=np.float64)
+    return room - (SET_TOLERANCE * np.abs(room) + SET_FLOOR)
 
 
 def prediction_sets(
@@ -287,18 +371,51 @@ def prediction_sets(
     k_reg: int = 0,
 ) -> np.ndarray:
     """The prediction sets [B, C] (bool) at threshold ``qhat`` (a number, or one per class for
-    class-conditional sets): the classes whose score is at most it (:func:`set_threshold`: ties
-    within rounding count as inside); APS and RAPS also hold the top class (never empty), LAC may
-    be empty."""
+    class-conditional sets): the classes whose score is at most it, ties within rounding inside
+    (compared as room >= :func:`set_floor`); APS and RAPS also hold the top class (never
+    empty), LAC may be empty."""
     p = np.asarray(probs, dtype=np.float64)
-    threshold = set_threshold(qhat)
-    if threshold.ndim == 1:
-        threshold = threshold[None, :]
-    members = class_scores(p, method, lam=lam, k_reg=k_reg) <= threshold
-    if method != "lac":
-        order = np.argsort(-p, axis=1, kind="stable")[:, 0]
-        members[np.arange(len(p)), order] = True
+    top = None if method == "lac" else np.argsort(-p, axis=1, kind="stable")[:, 0]
+    return set_members(class_room(p, method, lam=lam, k_reg=k_reg), qhat, top)
+
+
+def set_members(
+    room: np.ndarray, qhat: float | Sequence[float] | np.ndarray, top: np.ndarray | None = None
+) -> np.ndarray:
+    """:func:`prediction_sets` from a :func:`class_room` [B, C] computed once (for many
+    thresholds): room >= :func:`set_floor` (``qhat``), plus the ``top`` class [B] of each
+    example for APS and RAPS (None for LAC)."""
+    floor = set_floor(qhat)
+    if floor.ndim == 1:
+        floor = floor[None, :]
+    members = np.asarray(room) >= floor
+    if top is not None:
+        members[np.arange(len(members)), top] = True
     return members
+
+
+def decision_margin(threshold: float | np.ndarray) -> float | np.ndarray:
+    """How far a score must pass an accept or OOD threshold (:data:`DECISION_MARGIN`, relative
+    above 1 in magnitude)."""
+    return DECISION_MARGIN * np.maximum(1.0, np.abs(threshold))
+
+
+def accept_mask(values: Any, score: str, tau: float) -> np.ndarray:
+    """Answer-or-abstain on calibrated ``score`` values [B]: msp ``>= tau``, an entropy
+    ``<= tau``, each by :func:`decision_margin` (NaN: False)."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        if score == "msp":
+            return v >= tau + decision_margin(tau)
+        return v <= tau - decision_margin(tau)
+
+
+def ood_mask(values: Any, threshold: float) -> np.ndarray:
+    """The OOD flag on OOD scores [B] (higher = more unusual): ``> threshold`` by
+    :func:`decision_margin` (NaN: False; the caller flags non-finite inputs)."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return v > threshold + decision_margin(threshold)
 
 
 def _true_scores(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -399,46 +516,138 @@ def selective_grid(confidence: Any, size: int = GRID_SIZE) -> np.ndarray:
     return np.unique(np.quantile(values, np.linspace(0.0, 0.98, size)))
 
 
-def fit_selective(
-    confidence: Any, correct: Any, grid: Any, target_risk: float, delta: float
-) -> tuple[float, dict[str, Any]]:
-    """The lowest threshold of ``grid`` (largest coverage) certified for ``target_risk``.
+def _answered(confidence: np.ndarray, tau: float) -> np.ndarray:
+    """The examples answered at ``tau`` (confidence oriented higher = more confident): the
+    comparison :func:`accept_mask` deploys, margin included."""
+    return accept_mask(confidence, "msp", tau)
 
-    For each threshold the answered examples (``confidence`` >= threshold) are tested with the
-    exact binomial p-value of "selective error rate > target_risk"; a threshold is certified when
-    that p-value is at most delta / len(grid) (Learn then Test, Bonferroni), so
-    P(selective error rate > target_risk) <= delta whichever is chosen. Returns (tau, details:
-    coverage, risk and answered count at tau on these data). Refused, naming the best risk the
-    data can certify at this delta, when no threshold reaches the target."""
+
+def _risk_counts(confidence: Any, correct: Any, grid: Any) -> np.ndarray:
+    """(answered, errors) [G, 2] at each threshold of ``grid``."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    errors = ~np.asarray(correct, dtype=bool)
+    counts = []
+    for tau in np.asarray(grid, dtype=np.float64):
+        answered = _answered(conf, float(tau))
+        counts.append((int(answered.sum()), int(errors[answered].sum())))
+    return np.asarray(counts, dtype=np.int64).reshape(-1, 2)
+
+
+def selective_pvalues(confidence: Any, correct: Any, grid: Any, target_risk: float) -> np.ndarray:
+    """The exact binomial p-value of "selective error rate > ``target_risk``" at each threshold
+    of ``grid`` [G] (1 where nothing is answered)."""
+    return np.asarray(
+        [
+            binomial_cdf(int(k), int(n), target_risk) if n else 1.0
+            for n, k in _risk_counts(confidence, correct, grid)
+        ]
+    )
+
+
+def selective_start(
+    confidence: Any, correct: Any, grid: Any, target_risk: float, quantile_count: int
+) -> int:
+    """Where the fixed sequence of :func:`fit_selective` starts: the index of ``grid`` whose
+    p-value the temperature part (``confidence``, ``correct``) predicts smallest for a quantile
+    part of ``quantile_count`` examples (its answered share and error rate at the quantile
+    part's size). Fixed before the quantile part's labels are seen."""
+    counts = _risk_counts(confidence, correct, grid)
+    total = max(len(np.asarray(confidence)), 1)
+    predicted = []
+    for n, k in counts:
+        n_q = round(n / total * quantile_count)
+        k_q = round(k / n * n_q) if n else 0
+        predicted.append(binomial_cdf(k_q, n_q, target_risk) if n_q else 1.0)
+    values = np.asarray(predicted)
+    return int(np.flatnonzero(values == values.min())[-1])  # ties: the higher (safer) threshold
+
+
+def _graph_rejections(pvalues: np.ndarray, start: int, delta: float) -> list[int]:
+    """The thresholds a sequentially rejective graph test (Bretz et al. 2009) rejects "risk >
+    target" at, FWER <= delta: half of delta on ``start``, half spread evenly over the grid
+    (Bonferroni), and each rejected threshold's level passed on to the next lower threshold not
+    yet rejected (a fixed sequence down from ``start``, with a Bonferroni fallback). The set
+    rejected does not depend on the order the rejections are made in."""
+    count = len(pvalues)
+    weights = np.full(count, 0.5 / count)
+    weights[start] += 0.5
+    active = np.ones(count, dtype=bool)
+    rejected: list[int] = []
+    while True:
+        hits = np.flatnonzero(active & (pvalues <= weights * delta))
+        if not len(hits):
+            return rejected
+        j = int(hits[0])
+        active[j] = False
+        rejected.append(j)
+        lower = np.flatnonzero(active[:j])
+        if len(lower):
+            weights[lower[-1]] += weights[j]
+        weights[j] = 0.0
+
+
+def fit_selective(
+    confidence: Any,
+    correct: Any,
+    grid: Any,
+    target_risk: float,
+    delta: float,
+    *,
+    procedure: str = "graph",
+    start: int | None = None,
+    what: str | None = None,
+) -> tuple[float, dict[str, Any]]:
+    """The lowest threshold of ``grid`` (largest coverage) certified for ``target_risk``, so that
+    P(selective error rate > target_risk) <= delta (Learn then Test: every threshold's exact
+    binomial p-value of "selective error rate > target_risk", tested with family-wise error
+    at most delta).
+
+    ``procedure``: ``"graph"`` (the default) tests them with :func:`_graph_rejections`' graph,
+    half of delta on a fixed sequence down from ``start`` (an index of ``grid``, chosen on other
+    data: :func:`selective_start`), half as Bonferroni; ``"bonferroni"`` tests each at
+    delta / len(grid) (before 0.2: every record without a procedure). Returns (tau, details:
+    coverage, risk and answered count at tau on these data, the procedure). Refused, naming the
+    best risk the data can certify at this delta, when no threshold reaches the target (``what``
+    says which data, in the message: by default "N calibration examples")."""
     target_risk = _level(target_risk, "risk")
     delta = _level(delta, "delta")
+    procedure = _choice(procedure, "procedure", SELECTIVE_PROCEDURES)
     conf = np.asarray(confidence, dtype=np.float64)
     errors = ~np.asarray(correct, dtype=bool)
     thresholds = np.asarray(grid, dtype=np.float64)
-    level = delta / len(thresholds)
-    counts = []  # (answered, errors) per threshold
-    certified = None
-    for tau in thresholds:  # ascending: the first certified is the lowest
-        answered = conf >= tau
-        counts.append((int(answered.sum()), int(errors[answered].sum())))
-        n, k = counts[-1]
-        if n and binomial_cdf(k, n, target_risk) <= level:
-            certified = float(tau)
-            break
-    if certified is None:
-        best_bound = min(binomial_upper_bound(k, n, level) for n, k in counts)
+    pvalues = selective_pvalues(conf, ~errors, thresholds, target_risk)
+    if procedure == "bonferroni":
+        passed = np.flatnonzero(pvalues <= delta / len(thresholds))
+        levels = np.full(len(thresholds), delta / len(thresholds))
+    else:
+        if start is None or not 0 <= start < len(thresholds):
+            raise ParameterError(
+                f"`start` must be an index of the grid (0..{len(thresholds) - 1}), got {start!r}: "
+                "choose it on the temperature part with selective_start"
+            )
+        passed = np.asarray(_graph_rejections(pvalues, start, delta), dtype=np.int64)
+        levels = np.full(len(thresholds), 0.5 * delta / len(thresholds))
+        levels[start] += 0.5 * delta
+    if not len(passed):
+        counts = _risk_counts(conf, ~errors, thresholds)
+        best_bound = min(
+            binomial_upper_bound(int(k), int(n), float(level))
+            for (n, k), level in zip(counts, levels, strict=True)
+        )
         raise DataError(
             f"no threshold reaches a selective risk of {target_risk:g} at delta {delta:g} on "
-            f"{len(conf)} calibration examples: the best these data can guarantee is "
+            f"{what or f'{len(conf)} calibration examples'}: the best these data can guarantee is "
             f"{best_bound:.4g}; ask for a larger risk (--risk), a larger delta, or give more "
             "labelled data"
         )
-    answered = conf >= certified
+    certified = float(thresholds[int(passed.min())])
+    answered = _answered(conf, certified)
     details = {
         "coverage": float(answered.mean()),
         "risk": float(errors[answered].mean()),
         "answered": int(answered.sum()),
         "grid_size": len(thresholds),
+        "procedure": procedure,
     }
     return certified, details
 
@@ -509,22 +718,54 @@ def fit_decisions(
         )
     t_rows, q_rows = split_rows(count, holdout, seed)
     temperature = fit_temperature(logits[t_rows], y[t_rows])
+    warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
+    if warning:
+        _log.warning(warning)
     tune = calibrated_scores(logits[t_rows], temperature)
     held = calibrated_scores(logits[q_rows], temperature)
     y_tune, y_held = y[t_rows], y[q_rows]
 
+    def too_few(err: TooFewExamples, part: str, purpose: str) -> DataError:
+        share = holdout if part == "quantile" else 1.0 - holdout
+        total = err.needed
+        while round(total * share) < err.needed:
+            total += 1
+        return DataError(
+            f"{count} calibration examples are too few for {purpose}: their {part} part "
+            f"({share:.0%} of them, {err.count} examples) needs at least {err.needed}, so give at "
+            f"least {total} labelled examples (or a larger alpha)"
+        )
+
     set_rule = None
     if alpha is not None:
-        lam, k_reg = fit_raps(tune["probs"], y_tune, alpha) if sets == "raps" else (0.0, 0)
+        try:
+            lam, k_reg = fit_raps(tune["probs"], y_tune, alpha) if sets == "raps" else (0.0, 0)
+        except TooFewExamples as err:
+            raise too_few(err, "temperature", f"RAPS at alpha {alpha:g}") from None
         scores = class_scores(held["probs"], sets, lam=lam, k_reg=k_reg)
-        qhat = _set_qhat(scores, y_held, alpha, class_conditional, class_names)
+        try:
+            qhat = _set_qhat(scores, y_held, alpha, class_conditional, class_names)
+        except TooFewExamples as err:
+            if class_conditional:
+                raise  # names the class; its count is of that class in the quantile part
+            raise too_few(err, "quantile", f"prediction sets at alpha {alpha:g}") from None
         set_rule = SetRule(sets, alpha, qhat, class_conditional, lam, k_reg)
 
     selective_rule = None
     if risk is not None:
-        grid = selective_grid(_confidence(tune, accept_score))
+        tune_confidence = _confidence(tune, accept_score)
+        grid = selective_grid(tune_confidence)
+        start = selective_start(
+            tune_confidence, tune["prediction"] == y_tune, grid, risk, len(q_rows)
+        )
         tau, details = fit_selective(
-            _confidence(held, accept_score), held["prediction"] == y_held, grid, risk, delta
+            _confidence(held, accept_score),
+            held["prediction"] == y_held,
+            grid,
+            risk,
+            delta,
+            start=start,
+            what=f"the quantile part's {len(q_rows)} of the {count} calibration examples",
         )
         selective_rule = SelectiveRule(
             score=accept_score,
@@ -533,11 +774,15 @@ def fit_decisions(
             tau=tau if accept_score == "msp" else -tau,  # in the score's own units
             grid_size=details["grid_size"],
             coverage=details["coverage"],
+            procedure=details["procedure"],
         )
 
     ood_rule = None
     if ood_alpha is not None:
-        threshold = fit_ood(-_confidence(held, ood_score), ood_alpha)
+        try:
+            threshold = fit_ood(-_confidence(held, ood_score), ood_alpha)
+        except TooFewExamples as err:
+            raise too_few(err, "quantile", f"the OOD flag at alpha {ood_alpha:g}") from None
         ood_rule = OodRule(ood_score, ood_alpha, threshold)
 
     return DecisionRecord(
@@ -589,14 +834,11 @@ def apply_decisions(
         )
     if record.selective is not None:
         rule = record.selective
-        value = scores[rule.score]
-        with np.errstate(invalid="ignore"):
-            out["accept"] = (
-                value >= rule.tau if rule.score == "msp" else value <= rule.tau
-            ) & finite
+        out["accept"] = accept_mask(scores[rule.score], rule.score, rule.tau) & finite
     if record.ood is not None:
-        with np.errstate(invalid="ignore"):
-            out["ood_flag"] = (ood_score(scores, record.ood.score) > record.ood.threshold) | ~finite
+        out["ood_flag"] = (
+            ood_mask(ood_score(scores, record.ood.score), record.ood.threshold) | ~finite
+        )
     return out
 
 

@@ -29,6 +29,7 @@ family registry): the edge runtime reads export folders without torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -55,6 +56,7 @@ __all__ = [
     "INT8_METHODS",
     "INTERPOLATIONS",
     "MODEL_FILE",
+    "RECORD_BACKENDS",
     "TOKENIZER_DIR",
     "WEIGHTS_FILE",
     "DecisionRecord",
@@ -140,6 +142,8 @@ SET_METHODS = ("lac", "aps", "raps")
 #: Scores a selective (abstain) rule or an OOD flag may be fitted on (computed on the
 #: temperature-scaled member probabilities).
 DECISION_SCORES = ("msp", "predictive_entropy", "mutual_information")
+#: how answer-or-abstain tests its thresholds (hydra_deploy.decisions.fit_selective)
+SELECTIVE_PROCEDURES = ("graph", "bonferroni")
 #: The graph outputs ``hydra-calibrate --in-graph`` adds after the model's own (those of the rules
 #: a record holds: :attr:`DecisionRecord.fields`).
 DECISION_OUTPUTS = ("calibrated_probs", "prediction_set", "accept", "ood_flag")
@@ -386,13 +390,17 @@ def read_info(path: str | os.PathLike, *, required: bool = True) -> ExportInfo |
         raise ExportFolderError(
             f"cannot read {path}: its JSON is nested too deeply; {_REDO}"
         ) from None
-    return ExportInfo.from_record(record, path)
+    return ExportInfo.from_record(_settled(record, path), path)
 
 
 def write_info(folder: str | os.PathLike, record: dict[str, Any]) -> ExportInfo:
     """Write ``record`` as ``folder/hydra.json`` (atomically), after checking it as
     :func:`read_info` would: what the exporter writes, every consumer reads."""
     path = Path(folder) / INFO_FILE
+    if _REPLACING in record:
+        raise ExportFolderError(
+            f"{INFO_FILE}'s {_REPLACING!r} entry is written by write_decisions only; drop it"
+        )
     text = json.dumps(record, indent=2) + "\n"
     info = ExportInfo.from_record(json.loads(text), path)
     atomic_write_text(path, text)
@@ -763,6 +771,9 @@ class SelectiveRule:
     tau: float
     grid_size: int
     coverage: float  # share of the quantile part answered at tau
+    #: how the grid's thresholds were tested (decisions.SELECTIVE_PROCEDURES): "graph" (a fixed
+    #: sequence with a Bonferroni fallback), or "bonferroni" (every record written before 0.2)
+    procedure: str = "bonferroni"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -772,6 +783,7 @@ class SelectiveRule:
             "tau": self.tau,
             "grid_size": self.grid_size,
             "coverage": self.coverage,
+            "procedure": self.procedure,
         }
 
     @classmethod
@@ -783,6 +795,9 @@ class SelectiveRule:
             tau=_number(entry, "tau", where, low=-_INF, high=_INF, open_low=True),
             grid_size=_count(entry, "grid_size", where, low=1),
             coverage=_number(entry, "coverage", where, low=0.0, high=1.0, open_low=False),
+            procedure=_choice(
+                {"procedure": "bonferroni", **entry}, "procedure", where, SELECTIVE_PROCEDURES
+            ),
         )
 
 
@@ -821,7 +836,9 @@ class DecisionRecord:
     on (a runner refuses the record for another file); ``data_sha256`` the calibration data.
     ``n_temperature`` / ``n_quantile``: the examples of the two parts (T, RAPS parameters and the
     selective grid on the first; every quantile on the second). ``in_graph``: the rules are also
-    outputs of ``model.onnx``.
+    outputs of ``model.onnx``. ``backend``, ``precision`` and ``engine_sha256`` name the numbers
+    it was fitted on (ONNX Runtime on the graph's precision, or one TensorRT engine file): a
+    runner of other numbers refuses the record unless asked (:meth:`check_numbers`).
     """
 
     temperature: float
@@ -836,6 +853,14 @@ class DecisionRecord:
     selective: SelectiveRule | None = None
     ood: OodRule | None = None
     in_graph: bool = False
+    #: what gave the numbers fitted on: ``"onnxruntime"`` or ``"tensorrt"`` (None: a record written
+    #: before records named it, taken as ONNX Runtime on the folder's model.onnx)
+    backend: str | None = None
+    #: the precision of those numbers: the graph's (ONNX Runtime) or the engine's (TensorRT; None
+    #: when its sidecar does not say); None with ``backend`` None: the folder's graph precision
+    precision: str | None = None
+    #: the SHA-256 of the engine file fitted on (``hydra-calibrate --engine``); None otherwise
+    engine_sha256: str | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -869,6 +894,16 @@ class DecisionRecord:
             "onnx_sha256": self.onnx_sha256,
             "data_sha256": self.data_sha256,
             "in_graph": self.in_graph,
+            # a record from before these entries stays one (from_dict reads it back the same)
+            **(
+                {}
+                if self.backend is None
+                else {
+                    "backend": self.backend,
+                    "precision": self.precision,
+                    "engine_sha256": self.engine_sha256,
+                }
+            ),
         }
 
     @classmethod
@@ -884,10 +919,9 @@ class DecisionRecord:
             )
         for key in ("onnx_sha256", "data_sha256"):
             sha = record.get(key)
-            if not (
-                isinstance(sha, str) and len(sha) == 64 and set(sha) <= set("0123456789abcdef")
-            ):
+            if not _is_sha256(sha):
                 raise _malformed(where, key, sha, "64 lowercase hex digits")
+        backend, precision, engine = _fitted_numbers(record, where)
         in_graph = record.get("in_graph", False)
         if not isinstance(in_graph, bool):
             raise _malformed(where, "in_graph", in_graph, "true or false")
@@ -908,7 +942,107 @@ class DecisionRecord:
             selective=None if selective is None else SelectiveRule.from_dict(selective, where),
             ood=None if ood is None else OodRule.from_dict(ood, where),
             in_graph=in_graph,
+            backend=backend,
+            precision=precision,
+            engine_sha256=engine,
         )
+
+    def fitted_numbers(self, folder_precision: str | None = None) -> tuple[str, str | None]:
+        """(backend, precision) of the numbers the record was fitted on; a record from before
+        records named them is taken as ONNX Runtime on the folder's graph (``folder_precision``)."""
+        if self.backend is None:
+            return "onnxruntime", folder_precision
+        return self.backend, self.precision
+
+    def numbers_mismatch(
+        self,
+        backend: str,
+        precision: str | None,
+        engine_sha256: str | None = None,
+        *,
+        folder_precision: str | None = None,
+    ) -> list[str]:
+        """How the numbers of a runner (``backend``, its ``precision``, an engine's file hash)
+        differ from those the record was fitted on; empty when they are the same. A precision
+        unknown on either side is not compared; the engine file is, for a TensorRT record."""
+        fitted_backend, fitted_precision = self.fitted_numbers(folder_precision)
+        found = []
+        if backend != fitted_backend:
+            found.append(f"backend {fitted_backend}, this runner is {backend}")
+        if fitted_precision is not None and precision is not None and precision != fitted_precision:
+            found.append(f"precision {fitted_precision}, this runner computes in {precision}")
+        if backend == fitted_backend == "tensorrt" and engine_sha256 != self.engine_sha256:
+            found.append(
+                f"the engine file of sha256 {_short_sha(self.engine_sha256)}, this one is "
+                f"{_short_sha(engine_sha256)}"
+            )
+        return found
+
+    def describe_numbers(self, folder_precision: str | None = None) -> str:
+        """The numbers the record was fitted on, in words (for messages)."""
+        backend, precision = self.fitted_numbers(folder_precision)
+        said = _numbers_in_words(backend, precision, self.engine_sha256)
+        if self.backend is None:
+            said += (
+                " (the record names no backend: it was written before records did, and is taken "
+                "as fitted in ONNX Runtime on the folder's model.onnx)"
+            )
+        return said
+
+    def check_numbers(
+        self,
+        backend: str,
+        precision: str | None,
+        engine_sha256: str | None = None,
+        *,
+        folder: str,
+        engine: str | None = None,
+        folder_precision: str | None = None,
+        allow_mismatch: bool = False,
+    ) -> str | None:
+        """Refuse the record for a runner whose numbers are not those it was fitted on (another
+        backend, precision or engine file: :meth:`numbers_mismatch`): its guarantees hold only for
+        those. ``allow_mismatch`` (``--allow-decisions-mismatch``): return the warning to log
+        instead. None when the numbers are the same. ``folder`` / ``engine`` name the export and
+        the engine file run (TensorRT) in the refit command."""
+        found = self.numbers_mismatch(
+            backend, precision, engine_sha256, folder_precision=folder_precision
+        )
+        if not found:
+            return None
+        fitted = self.describe_numbers(folder_precision)
+        here = _numbers_in_words(backend, precision, None)  # its engine file: in ``found``
+        refit = f"hydra-calibrate {folder} --data LABELLED" + (
+            f" --engine {engine or 'ENGINE'}" if backend == "tensorrt" else ""
+        )
+        if allow_mismatch:
+            return (
+                f"applying the decisions in {folder}/{INFO_FILE} to {here} as asked "
+                f"({spelled('allow_decisions_mismatch=True', '--allow-decisions-mismatch')}), "
+                f"though they were fitted on {fitted} ({'; '.join(found)}): "
+                f"{self._guarantees()} were shown for those numbers only and are not guaranteed "
+                f"for these; fit them on these numbers with {refit} --overwrite"
+            )
+        raise ExportFolderError(
+            f"the decisions in {folder}/{INFO_FILE} were fitted on {fitted}, not on {here} "
+            f"({'; '.join(found)}); their guarantees hold only for the numbers they were fitted "
+            f"on: fit them again with {refit} --overwrite, or apply them anyway with "
+            f"{spelled('allow_decisions_mismatch=True', '--allow-decisions-mismatch')}"
+        )
+
+    def _guarantees(self) -> str:
+        """What the record promises, in words: the part a mismatch leaves uncovered."""
+        held = ["the calibration of the confidence (temperature)"]
+        if self.sets is not None:
+            held.append(f"the set coverage >= {1 - self.sets.alpha:g}")
+        if self.selective is not None:
+            s = self.selective
+            held.append(
+                f"the selective risk <= {s.target_risk:g} (with probability >= {1 - s.delta:g})"
+            )
+        if self.ood is not None:
+            held.append(f"the OOD false-alarm rate <= {self.ood.alpha:g}")
+        return ", ".join(held[:-1]) + " and " + held[-1] if len(held) > 1 else held[0]
 
     def check_fitted_on(self, onnx_sha256: str | None, model: str) -> None:
         """Refuse the record when it was fitted on another ``model.onnx`` than ``onnx_sha256``
@@ -922,13 +1056,155 @@ class DecisionRecord:
             )
 
 
-def write_decisions(folder: str | os.PathLike, decisions: DecisionRecord | None) -> ExportInfo:
+#: The backends a decisions record may name (``backend``: what produced the logits fitted on).
+RECORD_BACKENDS = ("onnxruntime", "tensorrt")
+_BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "tensorrt": "TensorRT"}
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= set("0123456789abcdef")
+
+
+def _short_sha(sha: str | None) -> str:
+    return "unknown" if sha is None else f"{sha[:12]}..."
+
+
+def _numbers_in_words(backend: str, precision: str | None, engine_sha256: str | None) -> str:
+    """``ONNX Runtime outputs of the fp32 model.onnx`` / ``the outputs of a TensorRT engine in
+    fp16 (sha256 0123456789ab...)``."""
+    if backend == "tensorrt":
+        shown = f" in {precision}" if precision else ""
+        sha = f" (sha256 {_short_sha(engine_sha256)})" if engine_sha256 else ""
+        return f"the outputs of a TensorRT engine{shown}{sha}"
+    shown = f" {precision}" if precision else ""
+    return f"{_BACKEND_NAMES.get(backend, backend)} outputs of the{shown} {MODEL_FILE}"
+
+
+def _fitted_numbers(
+    record: Mapping[str, Any], where: str
+) -> tuple[str | None, str | None, str | None]:
+    """The checked ``backend``, ``precision``, ``engine_sha256`` of a decisions record: all None
+    for a record written before records named them."""
+    backend = record.get("backend")
+    precision = record.get("precision")
+    engine = record.get("engine_sha256")
+    if backend is None:
+        if precision is not None or engine is not None:
+            raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
+        return None, None, None
+    if backend not in RECORD_BACKENDS:
+        raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
+    if precision is not None and not (isinstance(precision, str) and 0 < len(precision) <= 32):
+        raise _malformed(where, "precision", precision, "a precision such as fp32, or null")
+    if backend == "onnxruntime" and precision not in GRAPH_PRECISIONS:
+        raise _malformed(where, "precision", precision, f"one of {', '.join(GRAPH_PRECISIONS)}")
+    if backend == "tensorrt" and not _is_sha256(engine):
+        raise _malformed(where, "engine_sha256", engine, "64 lowercase hex digits")
+    if backend == "onnxruntime" and engine is not None:
+        raise _malformed(where, "engine_sha256", engine, "null for an ONNX Runtime record")
+    return backend, precision, engine
+
+
+def write_decisions(
+    folder: str | os.PathLike,
+    decisions: DecisionRecord | None,
+    *,
+    model: str | os.PathLike | None = None,
+    outputs: list[dict[str, Any]] | None = None,
+) -> ExportInfo:
     """Store ``decisions`` (None: remove them) in ``folder/hydra.json``, atomically; the rest of
-    the record is kept as it is."""
+    the record is kept as it is.
+
+    ``model``: a new ``model.onnx`` (``hydra-calibrate --in-graph``: the decisions in its graph),
+    written under a temporary name in the folder, that replaces the folder's together with the
+    record: ``onnx_sha256`` follows it (``decisions`` must name it too) and ``outputs`` (its
+    graph outputs, when given) replace the record's. The pair is switched by one rename, so that
+    an interruption at any point (a kill included) leaves the old pair or the new one, never one
+    file of each: hydra.json is first written with the new record and, as ``"replacing"``, the
+    record it replaces; then ``model`` is renamed to model.onnx (the switch); then hydra.json is
+    written without the old record. :func:`read_info` reads a hydra.json that still holds
+    ``"replacing"`` as the record of the model.onnx it finds. ``model`` is moved into place, or
+    removed when the call fails.
+    """
     info = read_info(folder)
     record = dict(info.record)
     if decisions is None:
         record.pop("decisions", None)
     else:
         record["decisions"] = decisions.to_dict()
+    if model is None:
+        return write_info(info.folder, record)
+    staged, switched, announced = Path(model), False, False
+    try:
+        sha = file_sha256(staged)
+        if decisions is not None and decisions.onnx_sha256 != sha:
+            raise ExportFolderError(
+                f"the decisions name model.onnx sha256 {_short_sha(decisions.onnx_sha256)}, but "
+                f"the new file {staged} is {_short_sha(sha)}: fit them on that file"
+            )
+        record["onnx_sha256"] = sha
+        if outputs is not None:
+            record["outputs"] = list(outputs)
+        with open(staged, "rb") as handle:  # on disk before any name points at it
+            os.fsync(handle.fileno())
+        with contextlib.suppress(OSError):  # the mode of the file it replaces
+            os.chmod(staged, info.onnx_path.stat().st_mode & 0o777)
+        ExportInfo.from_record(json.loads(json.dumps(record)), info.path)  # checked first
+        _write_json_text(info.folder / INFO_FILE, {**record, _REPLACING: dict(info.record)})
+        announced = True
+        _replace_model(staged, info.onnx_path)  # the switch
+        switched = True
+        _fsync_folder(info.folder)
+    except BaseException:
+        if not switched:
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
+            if announced:  # tidy only: the reader takes this hydra.json as the old record
+                with contextlib.suppress(Exception):
+                    write_info(info.folder, dict(info.record))
+        raise
     return write_info(info.folder, record)
+
+
+#: hydra.json's entry while :func:`write_decisions` switches model.onnx: the record of the
+#: model.onnx being replaced (:func:`read_info` reads it when model.onnx is still that file).
+_REPLACING = "replacing"
+
+
+def _replace_model(staged: Path, target: Path) -> None:
+    """The one rename that switches model.onnx (a function of its own: the tests kill the
+    writer on either side of it)."""
+    os.replace(staged, target)
+
+
+def _write_json_text(path: Path, record: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform can: not on Windows)."""
+    with contextlib.suppress(OSError, AttributeError):
+        handle = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+
+
+def _settled(record: Any, path: Path) -> Any:
+    """The record of the model.onnx beside ``path``: a hydra.json that :func:`write_decisions`
+    wrote for a switch of model.onnx that was interrupted still holds the record it replaces
+    (``"replacing"``); that one when model.onnx is still the old file, else the new one."""
+    if not isinstance(record, dict) or _REPLACING not in record:
+        return record
+    previous = record[_REPLACING]
+    current = {key: value for key, value in record.items() if key != _REPLACING}
+    if not isinstance(previous, dict) or _REPLACING in previous:
+        raise ExportFolderError(f"{path} has a malformed {_REPLACING!r} entry; {_REDO}")
+    try:
+        sha = file_sha256(path.parent / MODEL_FILE)
+    except OSError:  # no model.onnx: the consumer says so
+        return current
+    if sha != current.get("onnx_sha256") and sha == previous.get("onnx_sha256"):
+        return previous
+    return current

@@ -13,6 +13,10 @@ from hypothesis import strategies as st
 from scipy import optimize, stats
 
 from hydra_deploy.decisions import (
+    DECISION_MARGIN,
+    SET_TOLERANCE,
+    _graph_rejections,
+    accept_mask,
     apply_decisions,
     binomial_cdf,
     binomial_upper_bound,
@@ -24,9 +28,14 @@ from hydra_deploy.decisions import (
     fit_selective,
     fit_temperature,
     min_calibration_size,
+    ood_mask,
     prediction_sets,
     selective_grid,
+    selective_pvalues,
+    selective_start,
+    set_floor,
     temperature_nll,
+    temperature_warning,
 )
 from hydra_deploy.errors import DataError, ParameterError
 from hydra_deploy.export_folder import (
@@ -239,23 +248,128 @@ def test_upper_bound_is_clopper_pearson(n, k, level):
     assert binomial_upper_bound(k, n, level) == pytest.approx(expected, abs=1e-9)
 
 
-def test_selective_threshold_is_the_lowest_certified_on_a_fixed_grid():
+def test_bonferroni_threshold_is_the_lowest_certified_on_a_fixed_grid():
     rng = np.random.default_rng(0)
     confidence = rng.random(2000)
     correct = rng.random(2000) < confidence  # more confident, more often right
     grid = selective_grid(rng.random(500))
     assert len(grid) <= 50 and np.all(np.diff(grid) > 0)
-    tau, details = fit_selective(confidence, correct, grid, 0.1, 0.1)
+    tau, details = fit_selective(confidence, correct, grid, 0.1, 0.1, procedure="bonferroni")
+    assert details["procedure"] == "bonferroni"
     level = 0.1 / len(grid)
     for threshold in grid:
-        answered = confidence >= threshold
+        answered = confidence >= threshold + DECISION_MARGIN  # the deployed comparison
         k, n = int((~correct[answered]).sum()), int(answered.sum())
         certified = n > 0 and stats.binom.cdf(k, n, 0.1) <= level
         if threshold < tau:
             assert not certified
         elif threshold == tau:
             assert certified
-    assert details["coverage"] == pytest.approx((confidence >= tau).mean())
+    assert details["coverage"] == pytest.approx((confidence >= tau + DECISION_MARGIN).mean())
+
+
+def _bretz_reference(pvalues: np.ndarray, weights: np.ndarray, graph: np.ndarray, delta: float):
+    """Bretz et al. (2009)'s sequentially rejective graph algorithm, written out in full (the
+    weight and transition updates of their Algorithm 1), on any graph."""
+    w, g = weights.astype(float).copy(), graph.astype(float).copy()
+    active = set(range(len(pvalues)))
+    rejected = set()
+    while True:
+        hits = [j for j in sorted(active) if pvalues[j] <= w[j] * delta]
+        if not hits:
+            return rejected
+        j = hits[-1]  # another order than the library's: the result must not depend on it
+        active.remove(j)
+        rejected.add(j)
+        new_w, new_g = w.copy(), np.zeros_like(g)
+        for i in active:
+            new_w[i] = w[i] + w[j] * g[j, i]
+            for k in active:
+                if i != k:
+                    denominator = 1.0 - g[i, j] * g[j, i]
+                    if denominator > 0:
+                        new_g[i, k] = (g[i, k] + g[i, j] * g[j, k]) / denominator
+        new_w[j] = 0.0
+        w, g = new_w, new_g
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pvalues=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=30),
+    start=st.integers(0, 29),
+    delta=st.floats(0.01, 0.3),
+)
+def test_graph_test_is_bretz_algorithm_on_the_chain(pvalues, start, delta):
+    p = np.asarray(pvalues)
+    start = start % len(p)
+    weights = np.full(len(p), 0.5 / len(p))
+    weights[start] += 0.5
+    chain = np.zeros((len(p), len(p)))
+    for j in range(1, len(p)):
+        chain[j, j - 1] = 1.0  # a rejected threshold passes its level to the next lower one
+    assert set(_graph_rejections(p, start, delta)) == _bretz_reference(p, weights, chain, delta)
+    # it rejects at least what its two halves reject alone: Bonferroni at delta / 2, and the
+    # fixed sequence at delta / 2 down from the start
+    assert set(np.flatnonzero(p <= delta / 2 / len(p))) <= set(_graph_rejections(p, start, delta))
+    sequence = []
+    for j in range(start, -1, -1):
+        if p[j] > delta / 2:
+            break
+        sequence.append(j)
+    assert set(sequence) <= set(_graph_rejections(p, start, delta))
+
+
+def _selective_world(rng, count: int):
+    """Confidences and correctness with a known risk curve: P(error | c) = 0.3 (1 - c)^2 on
+    c ~ U(0, 1), so the selective risk of answering c >= tau is 0.1 (1 - tau)^2."""
+    confidence = rng.random(count)
+    correct = rng.random(count) >= 0.3 * (1 - confidence) ** 2
+    return confidence, correct
+
+
+def test_graph_procedure_keeps_its_guarantee_and_answers_more():
+    # P(selective risk > target) <= delta over fresh calibration data from a population whose
+    # risk curve is known exactly (no finite test part to add its own noise); the graph answers
+    # at least as much as Bonferroni on average
+    rng = np.random.default_rng(7)
+    target, delta, trials = 0.05, 0.1, 400
+    failures, graph_cov, bonf_cov = [], [], []
+    for _ in range(trials):
+        tune_c, tune_ok = _selective_world(rng, 200)
+        held_c, held_ok = _selective_world(rng, 200)
+        grid = selective_grid(tune_c)
+        start = selective_start(tune_c, tune_ok, grid, target, len(held_c))
+        for procedure, coverages in (("graph", graph_cov), ("bonferroni", bonf_cov)):
+            try:
+                tau, _ = fit_selective(
+                    held_c, held_ok, grid, target, delta, procedure=procedure, start=start
+                )
+            except DataError:
+                coverages.append(0.0)
+                continue
+            tau += DECISION_MARGIN  # what is answered: confidence >= tau + margin
+            coverages.append(1.0 - tau)
+            if procedure == "graph":
+                failures.append(0.1 * (1 - tau) ** 2 > target)
+    failures = np.asarray(failures, dtype=float)
+    assert failures.mean() <= delta + 3 * math.sqrt(delta * (1 - delta) / len(failures))
+    assert np.mean(graph_cov) > np.mean(bonf_cov)
+
+
+def test_selective_start_is_fixed_by_the_temperature_part():
+    rng = np.random.default_rng(3)
+    tune_c, tune_ok = _selective_world(rng, 300)
+    grid = selective_grid(tune_c)
+    start = selective_start(tune_c, tune_ok, grid, 0.05, 300)
+    assert 0 <= start < len(grid)
+    # the predicted p-value is smallest there
+    pvalues = selective_pvalues(tune_c, tune_ok, grid, 0.05)
+    assert pvalues[start] <= np.median(pvalues)
+
+
+def test_graph_procedure_needs_a_start():
+    with pytest.raises(ParameterError, match=r"start.*selective_start"):
+        fit_selective(np.ones(10), np.ones(10, bool), np.array([0.5]), 0.1, 0.1)
 
 
 def test_unreachable_risk_names_the_best_achievable():
@@ -266,7 +380,9 @@ def test_unreachable_risk_names_the_best_achievable():
         DataError,
         match=r"no threshold reaches a selective risk of 0.01 .* best these data can guarantee is 0\.\d+",
     ):
-        fit_selective(confidence, correct, grid, 0.01, 0.1)
+        fit_selective(confidence, correct, grid, 0.01, 0.1, procedure="bonferroni")
+    with pytest.raises(DataError, match=r"best these data can guarantee is 0\.\d+"):
+        fit_selective(confidence, correct, grid, 0.01, 0.1, start=len(grid) // 2)
 
 
 # --- the whole fit and its application ----------------------------------------------------------
@@ -416,8 +532,29 @@ def test_nonfinite_logits_abstain_and_are_flagged_only_when_allowed():
         ({"holdout": 1.0}, ParameterError, "holdout must be in"),
         ({"sets": "naive"}, ParameterError, "sets must be one of lac, aps, raps"),
         ({"ood_score": "energy"}, ParameterError, "ood_score must be one of"),
-        ({"alpha": 0.001}, DataError, "too few for alpha 0.001: .* needs at least 999"),
-        ({"risk": 0.0001}, DataError, "best these data can guarantee is"),
+        (
+            {"alpha": 0.001},
+            DataError,
+            r"120 calibration examples are too few for prediction sets at alpha 0.001: their "
+            r"quantile part \(50% of them, 60 examples\) needs at least 999, so give at least "
+            "1998 labelled examples",
+        ),
+        (
+            {"alpha": 0.001, "holdout": 0.3},
+            DataError,
+            r"quantile part \(30% of them, 36 examples\) .* give at least 3329 labelled",
+        ),
+        (
+            {"alpha": None, "ood_alpha": 0.001},
+            DataError,
+            "too few for the OOD flag at alpha 0.001: .* give at least 1998 labelled",
+        ),
+        (
+            {"risk": 0.0001},
+            DataError,
+            "on the quantile part's 60 of the 120 calibration examples: the best these data can "
+            "guarantee is",
+        ),
         (
             {"class_conditional": True, "class_names": list("abcdef")},
             DataError,
@@ -469,3 +606,88 @@ def test_scores_tied_with_qhat_up_to_rounding_are_in_the_set():
     qhat = np.nextafter(np.nextafter(1 - 1 / 3, 0), 0)
     assert prediction_sets(p, qhat, "lac").all()
     assert not prediction_sets(p, qhat - 1e-4, "lac").any()  # a real gap still excludes
+
+
+def test_confident_aps_sets_keep_the_documented_rule():
+    # every lower class's APS score is within 1e-6 of 1: an absolute tolerance took them all in
+    p = np.array([[0.999999, 5e-7, 3e-7, 2e-7]])
+    qhat = 0.9999995
+    by_rule = class_scores(p, "aps") <= qhat
+    assert by_rule.tolist() == [[True, True, False, False]]
+    assert prediction_sets(p, qhat, "aps").tolist() == by_rule.tolist()
+    assert prediction_sets(p, qhat, "raps", lam=0.0, k_reg=0).tolist() == by_rule.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    classes=st.integers(2, 12),
+    sharpness=st.floats(1.0, 40.0),
+    method=st.sampled_from(["lac", "aps", "raps"]),
+)
+def test_sets_differ_from_the_rule_only_within_the_relative_tolerance(
+    seed, classes, sharpness, method
+):
+    # the tolerance is relative to the room compared (p for LAC, the tail mass below the class
+    # for APS/RAPS): a class is added beyond "score <= qhat" only where its room is within
+    # SET_TOLERANCE of qhat's (plus float64's rounding of 1 - qhat)
+    rng = np.random.default_rng(seed)
+    z = sharpness * rng.normal(size=(200, classes))
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    lam, k_reg = (0.01, 1) if method == "raps" else (0.0, 0)
+    scores = class_scores(p, method, lam=lam, k_reg=k_reg)
+    qhat = float(np.quantile(scores[np.arange(200), rng.integers(0, classes, 200)], 0.9))
+    sets = prediction_sets(p, qhat, method, lam=lam, k_reg=k_reg)
+    by_rule = scores <= qhat
+    if method != "lac":
+        by_rule[np.arange(200), np.argsort(-p, axis=1, kind="stable")[:, 0]] = True
+    extra = sets & ~by_rule
+    room = 1.0 - scores
+    bar = 1.0 - qhat
+    assert np.all(room[extra] >= bar - SET_TOLERANCE * abs(bar) - 2e-15)
+    assert not np.any(by_rule & ~sets)  # nothing the rule holds is left out
+    assert np.all(set_floor(qhat) <= bar)
+
+
+def test_accept_and_flag_at_the_threshold_take_the_conservative_side():
+    tau, threshold = 0.8, -0.6
+    assert not accept_mask([tau], "msp", tau)[0]  # a score exactly at tau abstains
+    assert accept_mask([tau + 2 * DECISION_MARGIN], "msp", tau)[0]
+    assert not accept_mask([0.5], "predictive_entropy", 0.5)[0]
+    assert accept_mask([0.5 - 2 * DECISION_MARGIN], "predictive_entropy", 0.5)[0]
+    assert not ood_mask([threshold], threshold)[0]  # exactly at the threshold: not flagged
+    assert ood_mask([threshold + 2 * DECISION_MARGIN], threshold)[0]
+    assert not accept_mask([np.nan], "msp", tau)[0] and not ood_mask([np.nan], threshold)[0]
+
+
+def test_an_old_selective_rule_reads_as_bonferroni():
+    entry = {
+        "score": "msp",
+        "target_risk": 0.1,
+        "delta": 0.1,
+        "tau": 0.7,
+        "grid_size": 5,
+        "coverage": 0.5,
+    }
+    assert SelectiveRule.from_dict(entry, "test").procedure == "bonferroni"
+    rule = SelectiveRule.from_dict({**entry, "procedure": "graph"}, "test")
+    assert SelectiveRule.from_dict(rule.to_dict(), "test") == rule
+    with pytest.raises(ExportFolderError, match="procedure"):
+        SelectiveRule.from_dict({**entry, "procedure": "holm"}, "test")
+
+
+def test_a_temperature_at_its_bound_is_warned_about(caplog):
+    # a temperature part without a single error: the NLL falls without end as T shrinks
+    logits, _ = population(400)
+    labels = ensemble_scores(logits)["prediction"]
+    with caplog.at_level("WARNING", logger="hydra_deploy"):
+        record = fit_decisions(logits, labels, onnx_sha256=SHA, data_sha256=DATA)
+    assert record.temperature == pytest.approx(0.05, rel=0.02)
+    assert any(
+        "is at the lower bound of its search" in r.message and "errs on 0 of them" in r.message
+        for r in caplog.records
+    )
+    assert temperature_warning(1.3, logits, labels) is None
+    logits, labels = population(400)
+    assert temperature_warning(fit_temperature(logits, labels), logits, labels) is None

@@ -174,3 +174,119 @@ def test_every_consumer_reads_the_undamaged_record(damaged):
                 consume(folder)
             continue
         assert consume(folder) is not None, name
+
+
+# --- the decisions record names the numbers it was fitted on (issue 34) --------------------------
+_SHA_MODEL, _SHA_DATA, _SHA_ENGINE = "a" * 64, "b" * 64, "e" * 64
+
+
+def _decision_record(**numbers):
+    from hydra_deploy.export_folder import DecisionRecord, OodRule, SetRule
+
+    return DecisionRecord(
+        temperature=1.5,
+        num_classes=5,
+        onnx_sha256=_SHA_MODEL,
+        data_sha256=_SHA_DATA,
+        n_temperature=50,
+        n_quantile=50,
+        holdout=0.5,
+        seed=0,
+        sets=SetRule("lac", 0.1, (0.8,)),
+        ood=OodRule("msp", 0.05, -0.3),
+        **numbers,
+    )
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [
+        {},  # a record from before records named their numbers
+        {"backend": "onnxruntime", "precision": "fp16"},
+        {"backend": "tensorrt", "precision": "int8", "engine_sha256": _SHA_ENGINE},
+        {"backend": "tensorrt", "precision": None, "engine_sha256": _SHA_ENGINE},  # trtexec's
+    ],
+)
+def test_a_decision_record_round_trips_with_the_numbers_it_was_fitted_on(numbers):
+    from hydra_deploy.export_folder import DecisionRecord
+
+    record = _decision_record(**numbers)
+    written = json.loads(json.dumps(record.to_dict()))
+    assert DecisionRecord.from_dict(written) == record
+    assert DecisionRecord.from_dict(written).to_dict() == written
+    assert ("backend" in written) == bool(numbers)
+
+
+def test_an_old_record_loads_as_onnx_runtime_on_the_folders_graph_and_says_so(export_dir, tmp_path):
+    from hydra_deploy.export_folder import DecisionRecord
+
+    old = _decision_record().to_dict()  # as hydra-calibrate wrote it before the numbers
+    assert not {"backend", "precision", "engine_sha256"} & set(old)
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    info = json.loads((folder / INFO_FILE).read_text())
+    (folder / INFO_FILE).write_text(json.dumps({**info, "decisions": old}))
+    record = read_info(folder).decisions
+    assert record == DecisionRecord.from_dict(old) and record.backend is None
+    assert record.to_dict() == old  # written back as it was
+    assert record.fitted_numbers("fp16") == ("onnxruntime", "fp16")
+    assert record.numbers_mismatch("onnxruntime", "fp16", folder_precision="fp16") == []
+    with pytest.raises(ExportFolderError) as caught:
+        record.check_numbers(
+            "tensorrt",
+            "fp16",
+            _SHA_ENGINE,
+            folder="EXP",
+            engine="m.engine",
+            folder_precision="fp32",
+        )
+    text = str(caught.value)
+    assert (
+        "fitted on ONNX Runtime outputs of the fp32 model.onnx (the record names no backend" in text
+    )
+    assert "hydra-calibrate EXP --data LABELLED --engine m.engine --overwrite" in text
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"backend": "openvino", "precision": "fp32"}, "backend"),
+        ({"precision": "fp16"}, "backend"),  # numbers without a backend
+        ({"backend": "tensorrt", "precision": "fp16"}, "engine_sha256"),
+        ({"backend": "tensorrt", "precision": "fp16", "engine_sha256": "E" * 64}, "engine_sha256"),
+        (
+            {"backend": "onnxruntime", "precision": "fp32", "engine_sha256": _SHA_ENGINE},
+            "engine_sha256",
+        ),
+        ({"backend": "onnxruntime", "precision": "fp8"}, "precision"),
+        ({"backend": "tensorrt", "precision": 16, "engine_sha256": _SHA_ENGINE}, "precision"),
+    ],
+)
+def test_malformed_numbers_of_a_decision_record_are_refused(change, field):
+    from hydra_deploy.export_folder import DecisionRecord
+
+    with pytest.raises(ExportFolderError, match=rf"malformed {field} .*hydra-calibrate"):
+        DecisionRecord.from_dict({**_decision_record().to_dict(), **change})
+
+
+def test_a_hydra_json_left_mid_switch_reads_as_the_record_of_the_model_it_finds(
+    export_dir, tmp_path
+):
+    """write_decisions(model=...) writes hydra.json with the record it replaces before the one
+    rename that switches model.onnx: until it is written again, the reader takes the record of
+    the model.onnx it finds (the old record for the old file, the new one for the new)."""
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    old = json.loads((folder / INFO_FILE).read_text())
+    new = {**old, "onnx_sha256": "c" * 64, "decisions": _decision_record().to_dict()}
+    (folder / INFO_FILE).write_text(json.dumps({**new, "replacing": old}))
+    assert dict(read_info(folder).record) == old  # model.onnx is still the old file
+    (folder / MODEL_FILE).write_bytes(b"the new model")
+    new["onnx_sha256"] = file_sha256(folder / MODEL_FILE)
+    (folder / INFO_FILE).write_text(json.dumps({**new, "replacing": old}))
+    assert dict(read_info(folder).record) == new  # switched: the new record
+    with pytest.raises(ExportFolderError, match="'replacing' entry is written by write_decisions"):
+        write_info(folder, {**new, "replacing": old})
+    (folder / INFO_FILE).write_text(json.dumps({**new, "replacing": [1]}))
+    with pytest.raises(ExportFolderError, match="malformed 'replacing' entry"):
+        read_info(folder)

@@ -614,10 +614,11 @@ def test_certify_equals_fit_selective():
         accuracy = rng.uniform(0.7, 1.0)
         correct = rng.random(n) < accuracy * (0.5 + confidence)  # confident: more often right
         grid = selective_grid(rng.random(int(rng.integers(5, 200))))
-        got = uq_common.certify(confidence, correct, grid)
+        start = int(rng.integers(0, len(grid)))
+        got = uq_common.certify(confidence, correct, grid, start)
         try:
             tau, _ = fit_selective(
-                confidence, correct, grid, uq_common.TARGET_RISK, uq_common.DELTA
+                confidence, correct, grid, uq_common.TARGET_RISK, uq_common.DELTA, start=start
             )
         except DataError:
             assert got is None, case
@@ -629,19 +630,20 @@ def test_certify_equals_fit_selective():
 
 
 @pytest.mark.parametrize("method", ["lac", "aps", "raps"])
-def test_sets_from_scores_equal_prediction_sets(method):
-    from hydra_deploy.decisions import class_scores, prediction_sets
+def test_sets_from_rooms_equal_prediction_sets(method):
+    from hydra_deploy.decisions import class_room, prediction_sets
 
     rng = np.random.default_rng(1)
     z = rng.standard_normal((50, 6)) * 2
     z[:5, 1] = z[:5, 0]  # ties
     probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
     lam, k_reg = (0.1, 2) if method == "raps" else (0.0, 0)
-    scores = class_scores(probs, method, lam=lam, k_reg=k_reg)
-    for qhat in (0.05, 0.5, 0.9, 1.2):
+    room = class_room(probs, method, lam=lam, k_reg=k_reg)
+    for qhat in (0.05, 0.5, 0.9, 1.2, 1 - 1e-7):
         expected = prediction_sets(probs, qhat, method, lam=lam, k_reg=k_reg)
-        got = uq_common._in_sets(scores, qhat, method, probs.argmax(1))
-        np.testing.assert_array_equal(got, expected)
+        rows = np.arange(10, 50)
+        got = uq_common._sets(room, probs.argmax(1), method, qhat, rows)
+        np.testing.assert_array_equal(got, expected[rows])
 
 
 def test_risk_curve_reads_the_most_confident_share():

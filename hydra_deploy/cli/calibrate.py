@@ -35,6 +35,14 @@ FLAGS = {
 }
 
 
+#: why --in-graph does not go with --engine (the library says the same: store_decisions)
+IN_GRAPH_ENGINE = (
+    "--in-graph rewrites model.onnx, so no engine built from the new file is the engine the "
+    "decisions were fitted on: drop --engine to fit them in ONNX Runtime (an engine built from "
+    "the new file then applies them with --allow-decisions-mismatch), or drop --in-graph"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hydra_deploy.decisions import DECISION_SCORES, SET_METHODS
 
@@ -120,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of the data the thresholds are fitted on; the rest fits the temperature "
         "(default 0.5)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, >= 0 (default 0)")
     p.add_argument(
         "--in-graph",
         action="store_true",
@@ -141,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="fit on a TensorRT engine's outputs instead of ONNX Runtime's (an engine hydra-build "
-        "made from this export's model.onnx: its JSON sidecar names the file)",
+        "made from this export's model.onnx: its JSON sidecar names the file); the record names "
+        "the engine, and only that engine applies it",
     )
     p.add_argument(
         "--overwrite", action="store_true", help="replace decisions the export already holds"
@@ -163,6 +172,10 @@ def main_body(args: argparse.Namespace) -> int:
 
     if args.batch_size is not None and args.batch_size < 1:
         raise HydraError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.seed < 0:
+        raise HydraError(f"--seed must be at least 0, got {args.seed}")
+    if args.engine is not None and args.in_graph:
+        raise HydraError(IN_GRAPH_ENGINE)
     if not args.model.is_dir():
         raise HydraError(
             f"{str(args.model)!r} is not an export folder; hydra-calibrate stores the decisions "

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         "prediction set, answer/abstain, OOD flag) even when the export holds them",
     )
     p.add_argument(
+        "--allow-decisions-mismatch",
+        action="store_true",
+        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
+        "on (another backend, precision or engine file), with a warning: their guarantees do "
+        "not cover these numbers (default: refused, with the command that fits them again)",
+    )
+    p.add_argument(
         "--allow-nonfinite",
         action="store_true",
         help="run inputs holding NaN/inf and pass non-finite logits through (prediction "
@@ -178,7 +185,11 @@ def main_body(args: argparse.Namespace) -> int:
         common.refuse_existing(target, args.overwrite)
     providers = args.providers.split(",") if args.providers else None
     with load_runner(
-        args.model, backend=args.backend, providers=providers, decisions=not args.raw
+        args.model,
+        backend=args.backend,
+        providers=providers,
+        decisions=not args.raw,
+        allow_decisions_mismatch=args.allow_decisions_mismatch,
     ) as runner:
         results = score_inputs(
             runner,

@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the scores only: leave out the decisions of a calibrated export "
         "(hydra-calibrate), and do not check them against the model file",
     )
+    model.add_argument(
+        "--allow-decisions-mismatch",
+        action="store_true",
+        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
+        "on (another backend, precision or engine file), with a warning: their guarantees do "
+        "not cover these numbers (default: refused, with the command that fits them again)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -196,6 +203,7 @@ def main_body(args: argparse.Namespace) -> int:
         threads=args.threads,
         providers=args.providers.split(",") if args.providers else None,
         decisions=not args.raw,
+        allow_decisions_mismatch=args.allow_decisions_mismatch,
     )
     server = HydraServer(config)  # every check; nothing started yet
     log = _TritonLog(quiet=args.quiet)

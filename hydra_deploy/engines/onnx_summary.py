@@ -13,15 +13,20 @@ from typing import Any
 
 from hydra_deploy.errors import EngineError
 
-# Ops of the ensemble head (and of hydra-calibrate --in-graph's decisions: cumulative sums of
-# probabilities and their comparisons with thresholds) that compute in floating point; with weak
-# typing they are pinned to FP32 like LayerNormalization (shape-only ops, TopK and Casts are left
-# to TensorRT).
+# Ops of the ensemble head (and of hydra-calibrate --in-graph's decisions: log-softmax parts, sums
+# of probabilities, the tail-mass MatMul and the comparisons with thresholds) that compute in
+# floating point or compare floats; with weak typing they are pinned to FP32 like
+# LayerNormalization (shape-only ops, the head's TopK and Casts are left to TensorRT). CumSum,
+# LessOrEqual and GreaterOrEqual: decision graphs written before issue 34 (named layers of them
+# are pinned; TensorRT's parser leaves their inner layers unnamed).
 HEAD_FLOAT_OPS = frozenset(
     {
         "CumSum",
         "LessOrEqual",
         "GreaterOrEqual",
+        "Less",
+        "Greater",
+        "MatMul",
         "Softmax",
         "LogSoftmax",
         "Exp",
@@ -43,6 +48,13 @@ HEAD_FLOAT_OPS = frozenset(
     }
 )
 MEMBER_LOGITS = "member_logits"
+#: hydra-calibrate --in-graph names every decision node so (decision_graph.PREFIX; not imported:
+#: this module reads ONNX files without the onnx package)
+DECISION_PREFIX = "decisions/"
+#: ... and these of its ops also carry floats into a comparison (the sorted probabilities and the
+#: class rooms), so they are pinned too; its Equal, Gather, And, Or and Not compute on integers
+#: and booleans only and are left to TensorRT
+DECISION_FLOAT_OPS = HEAD_FLOAT_OPS | {"TopK", "ScatterElements"}
 
 #: An explicitly quantized graph: TensorRT's explicit quantization builds INT8 kernels from these
 #: pairs (onnx-tensorrt docs/operators.md, 8.6-GA lines 50 and 127, 10.0-GA lines 58 and 138).
@@ -233,10 +245,13 @@ def read_onnx(path: str | Path) -> OnnxSummary:
 def fp32_layer_names(onnx: OnnxSummary) -> list[str]:
     """Layers a weakly typed reduced-precision build keeps in FP32, in graph order.
 
-    Every LayerNormalization node, and the floating-point nodes of the ensemble head (everything
-    computed from ``member_logits`` when the graph has uncertainty outputs). TensorRT's ONNX parser
+    Every LayerNormalization node, the floating-point nodes of the ensemble head (everything
+    computed from ``member_logits`` when the graph has uncertainty outputs), and every decision
+    node of ``hydra-calibrate --in-graph`` (named ``decisions/...``) that computes in floating
+    point or hands floats to a comparison (:data:`DECISION_FLOAT_OPS`). TensorRT's ONNX parser
     names the layer it creates for a node after the node, so these are the names
-    ``--layerPrecisions`` and Polygraphy's ``SetLayerPrecisions`` match.
+    ``--layerPrecisions`` and Polygraphy's ``SetLayerPrecisions`` match (each decision node is one
+    such layer: :mod:`hydra_deploy.export.decision_graph`).
     """
     downstream = {MEMBER_LOGITS}
     names = []
@@ -244,7 +259,8 @@ def fp32_layer_names(onnx: OnnxSummary) -> list[str]:
         in_head = any(i in downstream for i in node.inputs)
         if in_head:
             downstream.update(node.outputs)
-        if node.op_type == "LayerNormalization" or (in_head and node.op_type in HEAD_FLOAT_OPS):
+        float_ops = DECISION_FLOAT_OPS if node.name.startswith(DECISION_PREFIX) else HEAD_FLOAT_OPS
+        if node.op_type == "LayerNormalization" or (in_head and node.op_type in float_ops):
             if not node.name:
                 raise EngineError(
                     f"a {node.op_type} node has no name, so no precision constraint can reach it; "

@@ -60,6 +60,7 @@ from hydra_deploy.export_folder import (
     ENGINE_SUFFIXES,
     INFO_FILE,
     MODEL_FILE,
+    DecisionRecord,
     EngineInfo,
     ExportInfo,
     file_sha256,
@@ -104,11 +105,16 @@ class _Request:
     backend: str | None
     providers: Sequence[Any] | str | None
     threads: int | None
+    decisions: bool = True  # apply the export's decisions (False: raw scores only)
+    allow_decisions_mismatch: bool = False  # ... even on numbers they were not fitted on
 
 
-def _attach(runner: BaseRunner, decisions: bool = True) -> BaseRunner:
+def _attach(
+    runner: BaseRunner, decisions: bool = True, allow_decisions_mismatch: bool = False
+) -> BaseRunner:
     """``runner`` with the decisions its export holds (when ``decisions``), refused when fitted
-    on another model file."""
+    on another model file, and when fitted on other numbers (another backend, precision or
+    engine file) unless ``allow_decisions_mismatch``, which applies them with a warning."""
     export = runner.export_info
     record = None if export is None or not decisions else export.decisions
     if record is not None:
@@ -128,19 +134,49 @@ def _attach(runner: BaseRunner, decisions: bool = True) -> BaseRunner:
         if record is not None:
             try:
                 record.check_fitted_on(built_from, str(export.folder))
+                warning = _check_numbers(runner, record, export, allow_decisions_mismatch)
             except RunnerError:
                 runner.close()
                 raise
+            if warning:
+                logger.warning("%s", warning)
     runner.decisions = record
     return runner
 
 
-def _info_beside_onnx(onnx_path: Path) -> ExportInfo | None:
-    """hydra.json beside a .onnx file, if it describes that file (its hash is checked)."""
+def _check_numbers(
+    runner: BaseRunner, record: DecisionRecord, export: ExportInfo, allow: bool
+) -> str | None:
+    """Refuse ``record`` when ``runner`` gives other numbers than those it was fitted on (the
+    warning to log when ``allow``; None when they are the same)."""
+    if runner.backend == "tensorrt":
+        precision = None if runner.engine_info is None else runner.engine_info.precision
+        # the engine file is hashed only when the record names one (a TensorRT record)
+        engine_sha = file_sha256(runner.path) if record.engine_sha256 is not None else None
+    else:
+        precision, engine_sha = export.precision, None
+    return record.check_numbers(
+        runner.backend,
+        precision,
+        engine_sha,
+        folder=str(export.folder),
+        engine=str(runner.path) if runner.backend == "tensorrt" else None,
+        folder_precision=export.precision,
+        allow_mismatch=allow,
+    )
+
+
+def _info_beside_onnx(onnx_path: Path, decisions: bool = True) -> ExportInfo | None:
+    """hydra.json beside a .onnx file, if it describes that file (its hash is checked). When it
+    does not, and the file is the folder's model.onnx while hydra.json holds decisions (and
+    ``decisions``), they are refused as loading the folder refuses them."""
     info = read_info(onnx_path.parent / INFO_FILE, required=False)
     if info is None or info.onnx_sha256 is None:
         return info
-    if file_sha256(onnx_path) != info.onnx_sha256:
+    sha = file_sha256(onnx_path)
+    if sha != info.onnx_sha256:
+        if decisions and info.decisions is not None and onnx_path.name == MODEL_FILE:
+            info.decisions.check_fitted_on(sha, str(info.folder))
         logger.warning(
             "%s describes another ONNX file than %s (hash differs); running without it",
             info.path,
@@ -192,7 +228,7 @@ def _open_onnx(target: Path, asked: _Request) -> BaseRunner:
             f"{target} is an ONNX file: build a TensorRT engine from it first (hydra-build), "
             "or run it in ONNX Runtime with providers=['tensorrt']"
         )
-    export = _info_beside_onnx(target)
+    export = _info_beside_onnx(target, asked.decisions)
     return OrtRunner(target, asked.providers, export=export, threads=asked.threads)
 
 
@@ -233,6 +269,7 @@ def load_runner(
     *,
     threads: int | None = None,
     decisions: bool = True,
+    allow_decisions_mismatch: bool = False,
 ) -> BaseRunner:
     """A :class:`Runner` for an export folder, a ``.onnx`` file or a TensorRT engine file.
 
@@ -244,7 +281,10 @@ def load_runner(
     export's ``hydra.json`` (and an engine's ``<stem>.json`` sidecar) become
     ``runner.export_info`` / ``runner.engine_info``. The decisions an export holds
     (``hydra-calibrate``) become ``runner.decisions``, refused when they were fitted on another
-    model file (``decisions=False`` leaves them out: raw scores only).
+    model file (``decisions=False`` leaves them out: raw scores only), and when they were fitted
+    on other numbers than this runner's: another backend (ONNX Runtime / TensorRT), precision or
+    engine file. ``allow_decisions_mismatch=True`` applies those anyway, with a warning that
+    their guarantees do not cover these numbers (another model file is refused still).
     """
     target = Path(path)
     if backend is not None and str(backend).lower() not in BACKENDS:
@@ -255,10 +295,10 @@ def load_runner(
             f"{str(target)!r} does not exist; give an export folder (hydra-export --out), a .onnx "
             "file or a TensorRT engine file (.engine/.plan)"
         )
-    asked = _Request(backend=chosen, providers=providers, threads=threads)
+    asked = _Request(chosen, providers, threads, decisions, allow_decisions_mismatch)
     for kind in PATH_KINDS:
         if kind.matches(target):
-            return _attach(kind.open(target, asked), decisions)
+            return _attach(kind.open(target, asked), decisions, allow_decisions_mismatch)
     raise RunnerError(
         f"cannot tell how to run {str(target)!r}: expected an export folder, a .onnx file or an "
         f"engine file ({', '.join(ENGINE_SUFFIXES)})"

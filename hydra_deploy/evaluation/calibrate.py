@@ -6,7 +6,8 @@ does (:func:`~hydra_deploy.evaluation.evaluate.load_eval_data`: image folders, `
 ``.tsv``), fits the decisions with :func:`~hydra_deploy.decisions.fit_decisions` and measures them
 on both parts of the data. :func:`store_decisions` writes the record into ``hydra.json`` (and,
 ``in_graph``, the decisions into ``model.onnx`` as outputs), atomically: an interrupted call
-leaves the folder as it was.
+(a kill included) leaves the old model.onnx and hydra.json or the new pair, never one of each.
+The record names the numbers it was fitted on (backend, precision, engine file).
 
 This is uncertainty calibration (temperature, conformal thresholds), not TensorRT's INT8
 calibration.
@@ -25,21 +26,34 @@ from typing import Any
 
 import numpy as np
 
-from hydra_deploy.decisions import decision_metrics, fit_decisions, split_rows
+from hydra_deploy.decisions import (
+    decision_metrics,
+    fit_decisions,
+    split_rows,
+    temperature_at_bound,
+)
 from hydra_deploy.engines.runner_base import Runner
 from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
     MODEL_FILE,
+    RECORD_BACKENDS,
     DecisionRecord,
     ExportFolderError,
     ExportInfo,
     file_sha256,
     read_info,
-    write_info,
+    write_decisions,
 )
 
-__all__ = ["Calibration", "calibrate", "carry_decisions", "data_sha256", "store_decisions"]
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "carry_decisions",
+    "data_sha256",
+    "fitted_numbers",
+    "store_decisions",
+]
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,33 @@ def data_sha256(data: EvalData) -> str:
     return digest.hexdigest()
 
 
+def fitted_numbers(runner: Runner) -> dict[str, Any]:
+    """What the record names of the numbers it is fitted on (:class:`DecisionRecord`'s
+    ``backend``, ``precision`` and ``engine_sha256``): ONNX Runtime and the graph's precision
+    (hydra.json), or TensorRT, the engine's precision (its JSON sidecar) and the engine file's
+    hash."""
+    backend = getattr(runner, "backend", None)
+    if backend not in RECORD_BACKENDS:
+        raise HydraError(
+            f"decisions are fitted on the outputs of an export's model.onnx (ONNX Runtime) or of "
+            f"a TensorRT engine built from it, not on a {type(runner).__name__}; load it with "
+            "load_runner(EXPORT_DIR, decisions=False)"
+        )
+    if backend == "tensorrt":
+        engine_info = getattr(runner, "engine_info", None)
+        return {
+            "backend": backend,
+            "precision": None if engine_info is None else engine_info.precision,
+            "engine_sha256": file_sha256(runner.path),
+        }
+    export = getattr(runner, "export_info", None)
+    return {
+        "backend": backend,
+        "precision": "fp32" if export is None else export.precision,
+        "engine_sha256": None,
+    }
+
+
 def _model_sha256(runner: Runner) -> str:
     """The hash the record names: the ONNX file run (an engine's: the file it was built from)."""
     if getattr(runner, "backend", None) == "tensorrt":
@@ -108,7 +149,10 @@ def calibrate(
     report the flag rate on them (they choose nothing). ``options``: the keyword arguments of
     :func:`~hydra_deploy.decisions.fit_decisions` (``alpha``, ``sets``, ``class_conditional``,
     ``risk``, ``delta``, ``accept_score``, ``ood_alpha``, ``ood_score``, ``holdout``, ``seed``);
-    the hashes and class names come from the runner and the data."""
+    the hashes and class names come from the runner and the data, and the record names the
+    numbers it was fitted on (:func:`fitted_numbers`): a runner of another backend, precision or
+    engine file refuses it."""
+    numbers = fitted_numbers(runner)
     labelled = load_eval_data(data, runner, name="--data", labelled=True)
     logits = member_logits(runner, labelled, batch_size)
     assert labelled.labels is not None
@@ -121,6 +165,7 @@ def calibrate(
         class_names=names if names and len(names) == logits.shape[2] else None,
         **options,
     )
+    record = replace(record, **numbers)
     t_rows, q_rows = split_rows(len(logits), record.holdout, record.seed)
     parts = {
         "temperature": decision_metrics(logits[t_rows], labelled.labels[t_rows], record),
@@ -140,8 +185,10 @@ def store_decisions(
 ) -> ExportInfo:
     """Store ``record`` as ``decisions`` in the export's hydra.json; ``in_graph`` also adds the
     decisions to ``model.onnx`` as outputs (replacing any there), ``onnx_sha256``, ``outputs``
-    and the record's hash following the new file. Both files are replaced atomically, hydra.json
-    last; an interruption restores model.onnx."""
+    and the record's hash following the new file. Written through
+    :func:`~hydra_deploy.export_folder.write_decisions`: the new model.onnx is written under a
+    temporary name, then the pair is switched by one rename, so an interruption (a kill
+    included) leaves the old model.onnx and hydra.json or the new ones, never one of each."""
     info = read_info(export)
     current = file_sha256(info.onnx_path)
     if current != record.onnx_sha256:
@@ -150,9 +197,16 @@ def store_decisions(
             f"{record.onnx_sha256[:12]}..., the folder holds {current[:12]}...); fit them on "
             "this folder"
         )
+    if in_graph and record.fitted_numbers()[0] == "tensorrt":
+        raise ExportFolderError(
+            "decisions fitted on a TensorRT engine's outputs cannot go into model.onnx: the new "
+            "file is not the one the engine was built from; fit them in ONNX Runtime for the "
+            "graph (an engine built from the new file then applies them with "
+            "allow_decisions_mismatch=True), or store them without in_graph"
+        )
     graph_had = bool(info.decisions is not None and info.decisions.in_graph)
     if not in_graph and not graph_had:
-        return write_info(info.folder, {**info.record, "decisions": record.to_dict()})
+        return write_decisions(info.folder, replace(record, in_graph=False))
     import onnx
 
     from hydra_deploy.export.decision_graph import add_decisions, remove_decisions
@@ -161,44 +215,34 @@ def store_decisions(
     model = remove_decisions(onnx.load(str(info.onnx_path)))
     if in_graph:
         model = add_decisions(model, record)
-    backup = info.folder / f".{MODEL_FILE}.before-calibrate-{os.getpid()}"
     fd, staged = tempfile.mkstemp(prefix=f".{MODEL_FILE}.", suffix=".tmp", dir=info.folder)
     os.close(fd)
     try:
         onnx.save(model, staged)
-        sha = file_sha256(staged)
-        stored = replace(record, onnx_sha256=sha, in_graph=in_graph)
-        text_record = {
-            **info.record,
-            "onnx_sha256": sha,
-            "outputs": [tensor_info(value) for value in model.graph.output],
-            "decisions": stored.to_dict(),
-        }
-        os.link(info.onnx_path, backup)
-        os.replace(staged, info.onnx_path)
-        try:
-            return write_info(info.folder, text_record)
-        except BaseException:
-            os.replace(backup, info.onnx_path)
-            raise
-    finally:
-        for leftover in (staged, backup):
-            with contextlib.suppress(OSError):
-                os.unlink(leftover)
+        stored = replace(record, onnx_sha256=file_sha256(staged), in_graph=in_graph)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+    outputs = [tensor_info(value) for value in model.graph.output]
+    return write_decisions(info.folder, stored, model=staged, outputs=outputs)
 
 
 def carry_decisions(
     source: str | os.PathLike, target: str | os.PathLike, inputs: Mapping[str, np.ndarray]
 ) -> DecisionRecord | None:
     """Carry ``source``'s decisions into ``target``, its re-export (``hydra-export --from``), when
-    they still hold: the source's record was fitted on its model.onnx, and the two files give the
-    same ``member_logits``, bit for bit, on ``inputs`` (named model inputs). Returns the record
+    they still hold: the source's record was fitted on its model.onnx in ONNX Runtime (not on a
+    TensorRT engine's outputs), and the two files give the same ``member_logits``, bit for bit,
+    on ``inputs`` (named model inputs). Returns the record
     stored in ``target`` (in its graph too when it was in the source's), else None."""
     from hydra_deploy.engines.runner import load_runner
 
     source_info = read_info(source)
     record = source_info.decisions
     if record is None or file_sha256(source_info.onnx_path) != record.onnx_sha256:
+        return None
+    if record.fitted_numbers()[0] != "onnxruntime":  # an engine's numbers: not compared here
         return None
     with (
         load_runner(source, decisions=False) as before,
@@ -229,7 +273,12 @@ def describe_parts(calibration: Calibration) -> list[list[str]]:
         ["examples", str(t["count"]), str(q["count"])],
         ["accuracy", pct(t["accuracy"]), pct(q["accuracy"])],
         ["ECE before T", pct(t["ece_raw"]), pct(q["ece_raw"])],
-        [f"ECE after T = {record.temperature:.3f}", pct(t["ece"]), pct(q["ece"])],
+        [
+            f"ECE after T = {record.temperature:.3f}"
+            + (" (at its bound!)" if temperature_at_bound(record.temperature) else ""),
+            pct(t["ece"]),
+            pct(q["ece"]),
+        ],
         [
             "NLL before / after T",
             f"{t['nll_raw']:.3f} / {t['nll']:.3f}",
@@ -249,7 +298,11 @@ def describe_parts(calibration: Calibration) -> list[list[str]]:
     if record.selective is not None:
         s = record.selective
         rows.append(
-            [f"answered at tau = {s.tau:.4g} ({s.score})", pct(t["answered"]), pct(q["answered"])]
+            [
+                f"answered at tau = {s.tau:.4g} ({s.score}, {s.procedure} test)",
+                pct(t["answered"]),
+                pct(q["answered"]),
+            ]
         )
         rows.append(
             [

@@ -30,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.arrays import read_array_file
-from hydra_deploy.decisions import apply_decisions, calibrated_scores, class_scores
+from hydra_deploy.decisions import (
+    apply_decisions,
+    calibrated_scores,
+    class_room,
+    decision_margin,
+    set_floor,
+)
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.errors import HydraError, RunnerError
 from hydra_deploy.export_folder import ExportInfo
@@ -220,7 +226,7 @@ def _undecided(record: Any, reference: np.ndarray, tolerance: Tolerance) -> dict
     if record.sets is not None:
         rule = record.sets
         qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
-        values = class_scores(probs, rule.method, lam=rule.lam, k_reg=rule.k_reg)
+        room = class_room(probs, rule.method, lam=rule.lam, k_reg=rule.k_reg)
         bound = np.full(probs.shape, tolerance.probs)
         near = np.zeros(probs.shape, dtype=bool)
         if rule.method != "lac":  # cumulative sums over the ranks, and the ranks themselves
@@ -234,15 +240,19 @@ def _undecided(record: Any, reference: np.ndarray, tolerance: Tolerance) -> dict
             tied[:, :-1] |= close
             tied[:, 1:] |= close
             np.put_along_axis(near, order, tied, axis=1)
-        found["prediction_set"] = near | (np.abs(values - qhat) <= bound)
+        found["prediction_set"] = near | (np.abs(room - set_floor(qhat)) <= bound)
     if record.selective is not None:
         rule = record.selective
         bound = _score_bound(rule.score, tolerance)
-        found["accept"] = np.abs(scores[rule.score] - rule.tau) <= bound
+        # the comparison apply_decisions makes: past tau by its margin
+        side = 1.0 if rule.score == "msp" else -1.0
+        bar = rule.tau + side * decision_margin(rule.tau)
+        found["accept"] = np.abs(scores[rule.score] - bar) <= bound
     if record.ood is not None:
         rule = record.ood
         bound = _score_bound(rule.score, tolerance)
-        found["ood_flag"] = np.abs(ood_score(scores, rule.score) - rule.threshold) <= bound
+        bar = rule.threshold + decision_margin(rule.threshold)
+        found["ood_flag"] = np.abs(ood_score(scores, rule.score) - bar) <= bound
     return found
 
 

@@ -2,31 +2,81 @@
 (``hydra-calibrate --in-graph``).
 
 :func:`add_decisions` appends to an exported ``model.onnx`` the nodes that compute, from its
-``member_logits`` [batch, M, C] output and in float32, what
-:func:`hydra_deploy.decisions.apply_decisions` computes in float64:
+``member_logits`` [batch, M, C] output and in float32, the rules of
+:func:`hydra_deploy.decisions.apply_decisions` (float64):
 
-- ``calibrated_probs`` [B, C] float32: ``mean_m softmax(member_logits_m / T)``;
-- ``prediction_set`` [B, C] bool (when the record has sets): LAC ``1 - p_y <= qhat``; APS/RAPS the
-  cumulative sum of p sorted descending up to y, plus ``lam * max(0, rank - k_reg)``,
-  ``<= qhat``, plus the top class; ``qhat`` one value or one per candidate class y
-  (class-conditional). The sort is a TopK, whose ties the ONNX spec ranks by lower index (as
-  numpy's stable sort; ONNX Runtime does); TensorRT documents no tie order, so an engine may rank
-  exactly tied probabilities differently;
-- ``accept`` [B] bool (when it has a selective rule): msp >= tau, or the entropy / mutual
-  information <= tau;
-- ``ood_flag`` [B] bool (when it has an OOD rule): the OOD score (msp negated, or the entropy /
-  mutual information) > threshold.
+- ``calibrated_probs`` [B, C] float32: ``mean_m softmax(member_logits_m / T)``, each member's
+  log-probabilities as ``z - max(z) - log(sum(exp(z - max(z))))`` (finite for tiny probabilities);
+- ``prediction_set`` [B, C] bool (when the record has sets): ``class_room(p) >= set_floor(qhat)``
+  (:func:`~hydra_deploy.decisions.class_room`, :func:`~hydra_deploy.decisions.set_floor`). LAC's
+  room is p; APS/RAPS sort p with a TopK, take the mass ranked strictly below each rank as a
+  MatMul with a constant strictly triangular 0/1 matrix (smallest terms included, never
+  ``1 - cumulative``), subtract RAPS's ``lam * max(0, rank - k_reg)`` by rank and scatter the rooms
+  back to class order (ScatterElements); they also hold the top class. ``qhat`` is one value or
+  one per candidate class (class-conditional: a [C] floor). The TopK ranks ties by lower index
+  in the ONNX spec (as numpy's stable sort; ONNX Runtime does); TensorRT documents no tie order,
+  so an engine may rank exactly tied probabilities differently;
+- ``accept`` [B] bool (when it has a selective rule):
+  :func:`~hydra_deploy.decisions.accept_mask`: msp ``>= tau + decision_margin(tau)``, or the
+  entropy / mutual information ``<= tau - decision_margin(tau)``;
+- ``ood_flag`` [B] bool (when it has an OOD rule): :func:`~hydra_deploy.decisions.ood_mask`: the
+  OOD score (msp negated, or the entropy / mutual information) ``> threshold +
+  decision_margin(threshold)``.
+
+Every threshold is computed in float64 by those functions and stored as the float32 constant
+that makes one float32 comparison exact: ``v >= t`` is ``v > c`` with ``c`` the largest float32
+below ``t``, ``v <= t`` is ``v < c`` with ``c`` the smallest float32 above it (and so on), for
+every float32 ``v``; NaN compares False. So the graph and apply_decisions can differ only where
+the float32 score itself lies on the other side of the float64 threshold: within the score's
+float32 rounding (about 1e-6 relative) of it. A score exactly at tau or at the OOD threshold is
+``decision_margin`` (1e-5) away from the comparison and gets the same answer on both paths.
 
 As in ``apply_decisions(..., allow_nonfinite=True)``, an example whose member logits hold a NaN or
 an infinity gets NaN probabilities, an empty set, accept False and ood_flag True.
 
 :func:`remove_decisions` takes them out again (re-calibrating replaces the decisions). Every node
-and initializer added is named ``decisions/...``. The nodes use only operators that
-onnx-tensorrt lists as supported for TensorRT 8.6, 10.x and 11 (:data:`DECISION_OPS`).
+and initializer added is named ``decisions/...``.
+
+TensorRT: every node becomes ONE layer that TensorRT's ONNX parser names after the node, so
+``--layerPrecisions`` / ``ILayer.precision`` can pin each floating-point one to FP32 in a weakly
+typed reduced-precision build (:func:`hydra_deploy.engines.onnx_summary.fp32_layer_names` lists
+them). Read in onnx-tensorrt's importers, 8.6-GA (``builtin_op_importers.cpp``,
+``onnx2trt_utils.cpp``) and 10.1-GA and main of May 2024 (``onnxOpImporters.cpp``,
+``importerUtils.cpp``), where each calls ``ctx->registerLayer(layer, node)`` on the one layer:
+
+- Add, Sub, Mul, Div, Max, Equal, Less, Greater, And, Or: ``elementwiseHelper``, one
+  IElementWiseLayer (for two inputs of the same rank: a lower-rank input gets an IShuffleLayer
+  that 8.6 leaves unnamed and 10.x names ``ONNXTRT_Broadcast``, ``broadcastTensor``; so every
+  constant here has the rank of the tensor it meets);
+- Exp, Log, Neg, Not: ``unaryHelper``, one IUnaryLayer (Not on BOOL; Neg on FP32);
+- ReduceMax, ReduceSum: ``reduceTensor``, one IReduceLayer (axes an attribute or an initializer;
+  ReduceMax takes them as an input only from opset 18, ReduceSum from 13: :func:`_Builder.reduce`;
+  8.6's ReduceMax importer reads only the attribute, so it would reduce every axis of an opset-18
+  graph, an opset 8.6 does not support);
+- MatMul: one IMatrixMultiplyLayer (both operands rank 2: no unsqueeze/squeeze);
+- TopK: one ITopKLayer (plus integer-only layers for K: a constant and a shuffle to a scalar;
+  10.x casts the INT32 indices to INT64, an ICastLayer);
+- ScatterElements: ``addScatterLayer``, one IScatterLayer (10.x casts the indices to INT32 first);
+- Gather: one IGatherLayer (10.x casts INT64 indices of non-INT64 data to INT32).
+
+The extra layers of TopK, ScatterElements and Gather carry integers only. Not used, because they
+make more than one floating-point layer, or layers without our name: Softmax (ISoftMaxLayer and
+an unnamed IShuffleLayer), LogSoftmax (ISoftMaxLayer, an unnamed IUnaryLayer Log and an unnamed
+IShuffleLayer), CumSum (a loop whose running-sum IElementWiseLayer is unnamed),
+LessOrEqual/GreaterOrEqual (``greaterLessOrEqual``: Less/Greater, Equal and Or, the last two named
+``<node>_<n>``). The float initializers become IConstantLayers named after them
+(``convertToTensor``). Every operator is supported for
+the types used here in onnx-tensorrt's docs/operators.md at 8.6-GA and 10.1-GA (TensorRT 11's
+ONNX guide points to the same table): FP32; Equal and Gather also on the INT32/INT64 TopK indices;
+And, Or, Not on BOOL; ReduceMax/ReduceSum with ``axes`` an initializer; TopK with K an
+initializer, sorted=1 and K < 3840 (:data:`TOPK_MAX_K`, checked). TensorRT 8.6 casts the INT64
+initializers to INT32.
 
 float32 against apply_decisions' float64: the probabilities agree within 1e-5, the bool outputs
 wherever the defining score is not within float32's rounding of its threshold (and, for APS/RAPS,
-no two probabilities are so close that float32 orders them otherwise).
+no two probabilities are so close that float32 orders them otherwise). TF32: a build that allows
+it (trtexec without ``--noTF32``) may run the FP32 MatMul of APS/RAPS in TF32 (10-bit mantissa)
+on Ampere and newer GPUs.
 """
 
 from __future__ import annotations
@@ -38,7 +88,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hydra_deploy.decisions import set_threshold
+from hydra_deploy.decisions import decision_margin, set_floor
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export_folder import DECISION_OUTPUTS, DecisionRecord, SetRule
 
@@ -54,40 +104,36 @@ __all__ = [
 
 #: names of every node and initializer add_decisions adds start with it
 PREFIX = "decisions/"
-#: ReduceSum and Squeeze take their axes as an input from opset 13 on (the forms used here)
+#: ReduceSum takes its axes as an input from opset 13 on (the form used here)
 MIN_OPSET = 13
+#: ReduceMax takes its axes as an input from this opset on (an attribute before)
+REDUCE_MAX_AXES_INPUT = 18
 #: The largest K of TensorRT's TopK layer (its operator docs, 10.x and 11: k <= 3840; onnx-tensorrt's
 #: table at 10.1-GA: "less than 3840"; TensorRT 8.6.0 EA's operator docs said k <= 1024). APS/RAPS
 #: sort all C classes with one TopK, so they are refused above it
 TOPK_MAX_K = 3840
 
-# Every op checked in onnx-tensorrt's docs/operators.md at 8.6-GA (TensorRT 8.6, opsets <= 17) and
-# at 10.1-GA and main (TensorRT 10.x, opsets 9-20; TensorRT 11's ONNX guide points to the same
-# table): each "Y" for the types used here, FP32 (Equal, Gather, ScatterElements also on the
-# INT32/INT64 TopK indices; And, Or, Not on BOOL). Their restrictions, all met: ReduceSum (10.x)
-# and Squeeze: axes an initializer; CumSum: axis an initializer; TopK: K an initializer (8.5's
-# table), sorted=1 and K < 3840 (10.1's table; see TOPK_MAX_K, checked). TensorRT 8.6 casts the
-# INT64 initializers to INT32.
+#: Every operator the decisions use: each one TensorRT layer named after its node (see the module
+#: docstring for the importers read)
 DECISION_OPS = (
     "Add",
     "And",
-    "CumSum",
     "Div",
     "Equal",
     "Exp",
     "Gather",
-    "GreaterOrEqual",
-    "LessOrEqual",
+    "Greater",
+    "Less",
     "Log",
-    "LogSoftmax",
+    "MatMul",
     "Max",
     "Mul",
     "Neg",
     "Not",
     "Or",
+    "ReduceMax",
     "ReduceSum",
     "ScatterElements",
-    "Squeeze",
     "Sub",
     "TopK",
 )
@@ -96,18 +142,49 @@ _LOGITS = "member_logits"
 _TINY = 1e-30  # log(max(p, tiny)): 0 log 0 = 0, as heads.py
 
 
+# --- float32 constants that make one comparison exact ---------------------------------------------
+def _float32_next(value: np.ndarray, up: bool) -> np.ndarray:
+    return np.nextafter(value, np.float32(np.inf if up else -np.inf), dtype=np.float32)
+
+
+def _float32_bound(threshold, relation: str) -> np.ndarray:
+    """The float32 ``c`` for which, for every float32 ``v``, ``v <relation> threshold`` (float64)
+    is ``v > c`` (relations ``>=``, ``>``) or ``v < c`` (``<=``, ``<``)."""
+    t = np.asarray(threshold, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        c = t.astype(np.float32)  # the nearest float32
+    wide = c.astype(np.float64)
+    if relation == ">=":  # v >= t  <=>  v > (the largest float32 below t)
+        return np.where(wide >= t, _float32_next(c, up=False), c)
+    if relation == ">":  # v > t  <=>  v > (the largest float32 at most t)
+        return np.where(wide > t, _float32_next(c, up=False), c)
+    if relation == "<=":  # v <= t  <=>  v < (the smallest float32 above t)
+        return np.where(wide <= t, _float32_next(c, up=True), c)
+    if relation == "<":  # v < t  <=>  v < (the smallest float32 at least t)
+        return np.where(wide < t, _float32_next(c, up=True), c)
+    raise ValueError(f"unknown relation {relation!r}")
+
+
+# --- building the nodes -------------------------------------------------------------------------------
 class _Builder:
     """Nodes and initializers named ``decisions/<name>``; each node's output is its name."""
 
-    def __init__(self) -> None:
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, onnx.TensorProto] = {}
 
-    def const(self, name: str, value, dtype=np.float32) -> str:
-        """An initializer (one per name: a second call with the name reuses the first)."""
+    def const(
+        self, name: str, value, dtype=np.float32, shape: tuple[int, ...] | None = None
+    ) -> str:
+        """An initializer (one per name: a second call with the name reuses the first), of
+        ``shape`` when given: the rank of the tensor it meets, so that TensorRT's parser adds no
+        broadcasting layer."""
         name = PREFIX + name
         if name not in self.initializers:
             array = np.asarray(value, dtype=dtype)
+            if shape is not None:
+                array = array.reshape(shape)
             self.initializers[name] = numpy_helper.from_array(array, name)
         return name
 
@@ -124,6 +201,21 @@ class _Builder:
         )
         return names[0] if outputs == 1 else names
 
+    def reduce(self, op_type: str, data: str, axes: tuple[int, ...], name: str, keepdims: int):
+        """ReduceSum / ReduceMax over ``axes``: an initializer input where the opset takes one
+        (ReduceSum from 13, ReduceMax from 18), the ``axes`` attribute before."""
+        as_input = self.opset >= (REDUCE_MAX_AXES_INPUT if op_type == "ReduceMax" else MIN_OPSET)
+        if as_input:
+            return self.op(op_type, [data, self.axes(*axes)], name, keepdims=keepdims)
+        return self.op(op_type, [data], name, axes=list(axes), keepdims=keepdims)
+
+    def compare(self, value: str, relation: str, threshold, name: str, shape: tuple[int, ...]):
+        """``value <relation> threshold`` (float64 threshold, one or [C]) as one Greater or Less
+        with a float32 constant of ``shape``, exact for every float32 value (NaN: False)."""
+        bound = self.const(name + "_bound", _float32_bound(threshold, relation), shape=shape)
+        op_type = "Greater" if relation in (">=", ">") else "Less"
+        return self.op(op_type, [value, bound], name)
+
 
 class _Scores:
     """The calibrated probabilities and the scores the rules read, built on first use."""
@@ -131,95 +223,125 @@ class _Scores:
     def __init__(self, g: _Builder, temperature: float, members: int) -> None:
         self.g = g
         # 0 where the example's logits are finite, NaN where any is NaN or infinite: [B, 1, 1]
-        zeros = g.op("Mul", [_LOGITS, g.const("zero", 0.0)], "logits_times_zero")
-        self.guard = g.op("ReduceSum", [zeros, g.axes(1, 2)], "nonfinite_guard", keepdims=1)
-        scaled = g.op("Div", [_LOGITS, g.const("temperature", temperature)], "scaled_logits")
+        zero = g.const("zero", 0.0, shape=(1, 1, 1))
+        zeros = g.op("Mul", [_LOGITS, zero], "logits_times_zero")
+        self.guard = g.reduce("ReduceSum", zeros, (1, 2), "nonfinite_guard", keepdims=1)
+        t = g.const("temperature", temperature, shape=(1, 1, 1))
+        scaled = g.op("Div", [_LOGITS, t], "scaled_logits")
         guarded = g.op("Add", [scaled, self.guard], "guarded_logits")  # [B, M, C]
-        self.log_p = g.op("LogSoftmax", [guarded], "member_log_probs", axis=-1)  # [B, M, C]
-        self.member_p = g.op("Exp", [self.log_p], "member_probs")  # [B, M, C]
-        self.members = g.const("members", float(members))
-        summed = g.op("ReduceSum", [self.member_p, g.axes(1)], "member_probs_sum", keepdims=0)
-        self.probs = g.op("Div", [summed, self.members], "calibrated_probs")  # [B, C]
+        # log-softmax from its parts: z - max - log(sum(exp(z - max))), each one named layer
+        top = g.reduce("ReduceMax", guarded, (2,), "member_max_logit", keepdims=1)  # [B, M, 1]
+        shifted = g.op("Sub", [guarded, top], "shifted_logits")
+        exp = g.op("Exp", [shifted], "exp_logits")
+        total = g.reduce("ReduceSum", exp, (2,), "exp_sum", keepdims=1)  # [B, M, 1]
+        self._shifted, self._total = shifted, total
+        self.member_p = g.op("Div", [exp, total], "member_probs")  # [B, M, C]
+        summed = g.reduce("ReduceSum", self.member_p, (1,), "member_probs_sum", keepdims=0)
+        self.members = float(members)
+        m = g.const("members", self.members, shape=(1, 1))
+        self.probs = g.op("Div", [summed, m], "calibrated_probs")  # [B, C]
+
+    @cached_property
+    def log_p(self) -> str:
+        """[B, M, C]: each member's log-probabilities (mutual information only)."""
+        g = self.g
+        log_total = g.op("Log", [self._total], "log_exp_sum")
+        return g.op("Sub", [self._shifted, log_total], "member_log_probs")
 
     @cached_property
     def finite(self) -> str:
-        """[B, 1] bool: the example's logits are all finite."""
+        """[B] bool: the example's logits are all finite (its guard is 0, not NaN)."""
         g = self.g
-        ok = g.op("Equal", [self.guard, self.guard], "finite_3d")  # [B, 1, 1]; NaN != NaN
-        return g.op("Squeeze", [ok, g.axes(2)], "finite")
+        guard = g.reduce("ReduceSum", self.guard, (1, 2), "nonfinite_guard_1d", keepdims=0)
+        return g.op("Less", [guard, g.const("one", 1.0, shape=(1,))], "finite")
+
+    @cached_property
+    def finite_2d(self) -> str:
+        """[B, 1] bool: :attr:`finite`, a column."""
+        g = self.g
+        guard = g.reduce("ReduceSum", self.guard, (2,), "nonfinite_guard_2d", keepdims=0)
+        return g.op("Less", [guard, g.const("one_2d", 1.0, shape=(1, 1))], "finite_2d")
 
     @cached_property
     def msp(self) -> str:
-        g = self.g
-        top, _ = g.op("TopK", [self.probs, g.const("k_1", [1], np.int64)], "top1", 2, axis=-1)
-        return g.op("Squeeze", [top, g.axes(1)], "msp")  # [B]
+        return self.g.reduce("ReduceMax", self.probs, (1,), "msp", keepdims=0)  # [B]
 
     @cached_property
     def predictive_entropy(self) -> str:
         g = self.g
-        clamped = g.op("Max", [self.probs, g.const("tiny", _TINY)], "probs_clamped")
+        clamped = g.op("Max", [self.probs, g.const("tiny", _TINY, shape=(1, 1))], "probs_clamped")
         plogp = g.op("Mul", [self.probs, g.op("Log", [clamped], "log_probs")], "plogp")
-        total = g.op("ReduceSum", [plogp, g.axes(1)], "plogp_sum", keepdims=0)  # [B]
+        total = g.reduce("ReduceSum", plogp, (1,), "plogp_sum", keepdims=0)  # [B]
         return g.op("Neg", [total], "predictive_entropy")
 
     @cached_property
     def mutual_information(self) -> str:
         g = self.g
         plogp = g.op("Mul", [self.member_p, self.log_p], "member_plogp")  # [B, M, C]
-        total = g.op("ReduceSum", [plogp, g.axes(1, 2)], "member_plogp_sum", keepdims=0)  # [B]
-        expected = g.op("Neg", [g.op("Div", [total, self.members], "mean_plogp")], "exp_entropy")
+        total = g.reduce("ReduceSum", plogp, (1, 2), "member_plogp_sum", keepdims=0)  # [B]
+        m = g.const("members_1d", self.members, shape=(1,))
+        expected = g.op("Neg", [g.op("Div", [total, m], "mean_plogp")], "exp_entropy")
         gap = g.op("Sub", [self.predictive_entropy, expected], "entropy_gap")
-        return g.op("Max", [gap, g.const("zero_floor", 0.0)], "mutual_information")  # [B]
+        zero = g.const("zero_1d", 0.0, shape=(1,))
+        return g.op("Max", [gap, zero], "mutual_information")  # [B]
 
 
-def _set_scores(g: _Builder, probs: str, rule: SetRule, classes: int) -> tuple[str, str | None]:
-    """(scores [B, C] in class order, the top class [B, C] bool or None for LAC)."""
+def _set_room(g: _Builder, probs: str, rule: SetRule, classes: int) -> tuple[str, str | None]:
+    """(class_room [B, C] in class order, the top class [B, C] bool or None for LAC)."""
     if rule.method == "lac":
-        return g.op("Sub", [g.const("one", 1.0), probs], "lac_scores"), None
+        return probs, None
     k = g.const("k_classes", [classes], np.int64)
     # [B, C] each: p descending, ties by lower class index; order[b, r] = the class ranked r + 1
     sorted_p, order = g.op("TopK", [probs, k], "sorted", 2, axis=-1, largest=1, sorted=1)
-    axis = g.const("cumsum_axis", 1, np.int64)
-    cumulative = g.op("CumSum", [sorted_p, axis], "cumulative")  # [B, C], by rank
+    # below[b, r] = sum of sorted_p[b, j] over j > r: the mass ranked strictly below rank r + 1
+    ranks = np.arange(classes)
+    strictly_below = g.const("strictly_below", ranks[:, None] > ranks[None, :])  # [C, C]
+    room = g.op("MatMul", [sorted_p, strictly_below], "mass_below")  # [B, C], by rank
     if rule.method == "raps":
-        ranks = np.arange(1, classes + 1, dtype=np.float64)
-        penalty = g.const("raps_penalty", rule.lam * np.maximum(0.0, ranks - rule.k_reg))  # [C]
-        cumulative = g.op("Add", [cumulative, penalty], "raps_cumulative")
-    # scores[b, order[b, r]] = cumulative[b, r]: back in class order
-    scores = g.op(
-        "ScatterElements", [cumulative, order, cumulative], "aps_scores", axis=1
-    )  # [B, C]
+        ranks_1 = np.arange(1, classes + 1, dtype=np.float64)
+        penalty = rule.lam * np.maximum(0.0, ranks_1 - rule.k_reg)  # as decisions._rank_penalty
+        room = g.op(
+            "Sub", [room, g.const("raps_penalty", penalty, shape=(1, classes))], "raps_room"
+        )
+    # room_by_class[b, order[b, r]] = room[b, r]: back in class order
+    by_class = g.op("ScatterElements", [room, order, room], "class_room", axis=1)  # [B, C]
     first = g.op("Gather", [order, g.const("rank_1", [0], np.int64)], "top_class", axis=1)
-    classes_ids = g.const("class_ids", np.arange(classes), np.int64)  # [C]
-    return scores, g.op("Equal", [classes_ids, first], "is_top")  # [B, C]
+    class_ids = g.const("class_ids", np.arange(classes), np.int64, shape=(1, classes))
+    return by_class, g.op("Equal", [class_ids, first], "is_top")  # [B, C]
 
 
 def _prediction_set(g: _Builder, scores: _Scores, rule: SetRule, classes: int) -> str:
-    values, top = _set_scores(g, scores.probs, rule, classes)
-    # [1], or [C]: one per candidate class; ties within rounding inside, as in numpy
-    qhat = g.const("qhat", set_threshold(rule.qhat).tolist())
-    name = "prediction_set" if top is None else "under_qhat"
-    in_set = g.op("LessOrEqual", [values, qhat], name)  # NaN scores: False
+    room, top = _set_room(g, scores.probs, rule, classes)
+    # room >= set_floor(qhat): one floor, or one per candidate class; NaN rooms: False
+    floor = set_floor(np.asarray(rule.qhat, dtype=np.float64))
+    shape = (1, classes) if rule.class_conditional else (1, 1)
+    name = "prediction_set" if top is None else "room_over_floor"
+    in_set = g.compare(room, ">=", floor, name, shape)
     if top is None:
         return in_set
-    top = g.op("And", [top, scores.finite], "top_if_finite")
+    top = g.op("And", [top, scores.finite_2d], "top_if_finite")
     return g.op("Or", [in_set, top], "prediction_set")  # [B, C]
 
 
 def _accept(g: _Builder, scores: _Scores, name: str, tau: float) -> str:
-    value, threshold = getattr(scores, name), g.const("tau", tau)
+    # decisions.accept_mask: msp >= tau + margin, an entropy <= tau - margin (NaN: False)
     if name == "msp":
-        return g.op("GreaterOrEqual", [value, threshold], "accept")  # [B]
-    return g.op("LessOrEqual", [value, threshold], "accept")
+        passed = g.compare(scores.msp, ">=", tau + decision_margin(tau), "passes_tau", (1,))
+    else:
+        value = getattr(scores, name)
+        passed = g.compare(value, "<=", tau - decision_margin(tau), "passes_tau", (1,))
+    return g.op("And", [passed, scores.finite], "accept")  # [B]
 
 
 def _ood_flag(g: _Builder, scores: _Scores, name: str, threshold: float) -> str:
-    value = getattr(scores, name)
-    if name == "msp":
-        value = g.op("Neg", [value], "neg_msp")  # higher = more unusual
-    # not (score <= threshold): score > threshold, and True where the score is NaN
-    usual = g.op("LessOrEqual", [value, g.const("ood_threshold", threshold)], "ood_usual")
-    return g.op("Not", [usual], "ood_flag")  # [B]
+    # decisions.ood_mask: score > threshold + margin; the score of msp is -msp
+    bar = threshold + decision_margin(threshold)
+    if name == "msp":  # -msp > bar  <=>  msp < -bar (negation is exact)
+        unusual = g.compare(scores.msp, "<", -bar, "ood_score_over", (1,))
+    else:
+        unusual = g.compare(getattr(scores, name), ">", bar, "ood_score_over", (1,))
+    nonfinite = g.op("Not", [scores.finite], "nonfinite")
+    return g.op("Or", [unusual, nonfinite], "ood_flag")  # [B]
 
 
 # --- checks ---------------------------------------------------------------------------------------
@@ -301,7 +423,7 @@ def add_decisions(model: onnx.ModelProto, record: DecisionRecord) -> onnx.ModelP
     than :data:`TOPK_MAX_K` classes."""
     logits = _check(model, record)
     batch, members, classes = _dims(logits)
-    g = _Builder()
+    g = _Builder(_opset(model))
     scores = _Scores(g, record.temperature, members)
     shapes = {"calibrated_probs": (TensorProto.FLOAT, [batch, classes])}
     if record.sets is not None:

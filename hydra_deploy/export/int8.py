@@ -24,7 +24,10 @@ The loop lowering's member products multiply 2-D activations; in the static grap
 added as [1, 1, out] and squeezed back, so that ONNX Runtime's MatMul+Add -> Gemm fusion (which
 runs before its QDQ fusions and leaves a float Gemm over dequantized weights) does not take them
 and every quantized product runs as an integer kernel (``MatMulIntegerToFloat``), recorded as
-``bias_kept_apart``.
+``bias_kept_apart``. A ``Gemm``'s bias stays float (ORT's ``QuantizeBias`` off): quantized, it
+would be INT32 behind a ``DequantizeLinear``, which TensorRT refuses (it dequantizes INT8, FP8 and
+INT4 only; :mod:`hydra_deploy.engines.onnx_support`). The quantized file's ``Shape`` nodes are
+plain (:func:`hydra_deploy.export.surgery.plain_shapes`).
 
 Products written as ``Einsum`` (``lowering="einsum"``) or grouped ``Conv`` (``"conv1d"``) are
 refused: ORT quantizes neither, so the export would be INT8 in name only.
@@ -53,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import ExportError, spelled
+from hydra_deploy.export.surgery import plain_shapes
 from hydra_deploy.options import CALIBRATION_METHODS, INT8_METHODS, MIN_CALIBRATION_EXAMPLES
 
 __all__ = [
@@ -169,11 +173,14 @@ def quantize_export(
                 per_channel = not _batched_weights(model, chosen)
                 _quantize_dynamic(fp32_onnx, temporary, chosen, excluded, per_channel)
         quantized = onnx.load(str(temporary))
+        # the FP32 file's Shapes are plain already (run_passes); any the quantizer wrote are not
+        changed = plain_shapes(quantized)
         record = _record(model, quantized, method, kept)
         if method == "static":
             record["bias_kept_apart"] = _keep_bias_apart(model, quantized)
-            if record["bias_kept_apart"]:
-                onnx.save(quantized, str(temporary))
+            changed += record["bias_kept_apart"]
+        if changed:
+            onnx.save(quantized, str(temporary))
         os.replace(temporary, out_onnx)
     except ExportError:
         raise
@@ -593,6 +600,11 @@ def _quantize_static(
             "QDQOpTypePerChannelSupportToAxis": {"MatMul": -1},  # output channels, 2-D or 3-D
             "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),  # float accumulators
             "DedicatedQDQPair": True,  # TensorRT cannot share a Q/DQ pair between consumers
+            # a Gemm's bias stays float: ORT would write it as INT32 behind a DequantizeLinear,
+            # whose input TensorRT takes in INT8/FP8/INT4 only (onnx-tensorrt 8.6-GA and 10.x
+            # QuantizeDequantizeLinearHelper); no int32 bias, so no weight scale widened for it
+            "QuantizeBias": False,
+            "QDQDisableWeightAdjustForInt32Bias": True,
             "CalibStridedMinMax": 1,  # collect one feed at a time (every method)
             "CalibPercentile": PERCENTILE,
             "TensorQuantOverrides": {name: [{"symmetric": True}] for name in batched},

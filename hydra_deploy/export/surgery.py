@@ -15,6 +15,15 @@ Each pass takes a ``gs.Graph``, edits it in place and returns how many places it
   values are bit-identical. TorchScript exports are already in the fused form (the pass counts 0);
 - ``cleanup``: constant folding, dead nodes removed, topological order, stable node names
   (``<op>_<index>`` in topological order), so two exports of one model diff cleanly.
+
+:func:`plain_shapes` is not optional: :func:`run_passes` applies it to every export before the
+chosen passes (report key ``plain_shapes``), and :func:`hydra_deploy.export.int8.quantize_export`
+again to the quantized file. The dynamo exporter reads the batch size as ``Shape(start=0,
+end=1)`` (opset 15's slice of the shape); TensorRT's ONNX parser ignores ``start`` and ``end``
+up to 9.3 (onnx-tensorrt 8.6-GA ``builtin_op_importers.cpp``, ``DEFINE_BUILTIN_OP_IMPORTER(Shape)``:
+``addShape(input)`` only), so 8.6 would take the whole shape where the graph wants its first
+element. The pass writes each such node as a plain ``Shape`` and a ``Slice`` of it (the same
+values: ``Slice`` clamps and counts negative indices from the back as ``Shape`` does).
 """
 
 from __future__ import annotations
@@ -117,6 +126,118 @@ def order_gelu(graph) -> int:
     return changed
 
 
+#: ``Shape``'s attributes that select part of the shape (opset 15)
+SHAPE_SLICE_ATTRIBUTES = ("start", "end")
+_INT64_MAX = 2**63 - 1
+
+
+def plain_shapes(model) -> int:
+    """Rewrite every ``Shape`` node with ``start``/``end`` (an ``onnx.ModelProto``, in place, its
+    subgraphs too) as a plain ``Shape`` and a ``Slice`` of its output; returns how many.
+
+    The ``Slice`` writes the original output tensor, so nothing downstream changes; its starts,
+    ends and axes are INT64 initializers, resolved to ``0 <= start <= end <= rank`` where the
+    input's rank is known (shape inference or the graph's value infos), else as written (``Slice``
+    clamps and counts negative indices from the back the way ``Shape`` does; an omitted ``end``
+    is the largest INT64). ``start=0`` without ``end`` (the whole shape) only loses the attribute.
+    New nodes and initializers get names no other node, tensor or initializer has, free of ',' and
+    ':' (trtexec's ``--layerPrecisions`` separators), and so does a ``Shape`` that had none.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # an unusual graph: the ranks are then the ones the file states
+        inferred = model
+    ranks: dict[str, int] = {}
+    taken: set[str] = set()
+    for graph in _graphs(inferred.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.tensor_type.HasField("shape"):
+                ranks[value.name] = len(value.type.tensor_type.shape.dim)
+        ranks.update((t.name, len(t.dims)) for t in graph.initializer)
+    for graph in _graphs(model.graph):
+        taken.update(n.name for n in graph.node)
+        taken.update(t.name for t in graph.initializer)
+        taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
+        taken.update(name for n in graph.node for name in (*n.input, *n.output))
+
+    def fresh(base: str) -> str:
+        base = base.replace(",", "_").replace(":", "_") or "shape"
+        found, count = base, 0
+        while found in taken:
+            count += 1
+            found = f"{base}_{count}"
+        taken.add(found)
+        return found
+
+    changed = 0
+    for graph in _graphs(model.graph):
+        nodes = []
+        for node in graph.node:
+            nodes.append(node)
+            if node.op_type != "Shape" or node.domain not in ("", "ai.onnx"):
+                continue
+            attributes = {a.name: a.i for a in node.attribute if a.name in SHAPE_SLICE_ATTRIBUTES}
+            if not attributes:
+                continue
+            kept = [a for a in node.attribute if a.name not in SHAPE_SLICE_ATTRIBUTES]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            if not node.name:
+                node.name = fresh("Shape")
+            start, end = attributes.get("start", 0), attributes.get("end")
+            rank = ranks.get(node.input[0])
+            if rank is not None:  # opset 15: negative counts from the back, then clamp to [0, r]
+                start, end = (
+                    min(max(v + rank if v < 0 else v, 0), rank)
+                    for v in (start, rank if end is None else end)
+                )
+                end = max(start, end)
+                if (start, end) == (0, rank):
+                    changed += 1
+                    continue
+            elif start == 0 and end is None:
+                changed += 1
+                continue
+            result = node.output[0]
+            node.output[0] = fresh(f"{result}_whole")
+            bounds = []
+            for what, value in (
+                ("starts", start),
+                ("ends", _INT64_MAX if end is None else end),
+                ("axes", 0),
+            ):
+                tensor = numpy_helper.from_array(
+                    np.array([value], dtype=np.int64), fresh(f"{node.name}_slice_{what}")
+                )
+                graph.initializer.append(tensor)
+                bounds.append(tensor.name)
+            nodes.append(
+                helper.make_node(
+                    "Slice",
+                    [node.output[0], *bounds],
+                    [result],
+                    name=fresh(f"{node.name}_slice"),
+                )
+            )
+            changed += 1
+        if len(nodes) != len(graph.node):
+            del graph.node[:]
+            graph.node.extend(nodes)
+    return changed
+
+
+def _graphs(graph) -> Iterator:
+    """``graph`` and every subgraph of its nodes (If branches, Loop bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                yield from _graphs(sub)
+
+
 @contextlib.contextmanager
 def quiet_graphsurgeon() -> Iterator[None]:
     """onnx-graphsurgeon's logger at ERROR, without colours, for the duration.
@@ -169,6 +290,8 @@ def run_passes(
 ) -> dict[str, Any]:
     """Apply ``passes`` to the ONNX file at ``path`` (rewritten in place); returns changes per pass.
 
+    :func:`plain_shapes` runs first whatever ``passes`` says (report key ``plain_shapes``).
+
     With ``precision`` "fp16" or "bf16" the graph is then rewritten strongly typed in that
     precision (:func:`hydra_deploy.export.precision.to_low_precision`; report key ``precision``).
     """
@@ -183,10 +306,11 @@ def run_passes(
         raise ExportError(f"unknown graph pass(es) {unknown}; choose from {sorted(PASSES)}")
     model = onnx.load(str(path))
     metadata = {p.key: p.value for p in model.metadata_props}
+    sliced = plain_shapes(model)  # every export: TensorRT 8.6 reads no Shape start/end
     # shapes let constant folding resolve Shape -> Gather -> Sqrt chains (the TorchScript
     # exporter computes the attention scale from the head size that way)
     graph = gs.import_onnx(onnx.shape_inference.infer_shapes(model))
-    report: dict[str, Any] = {name: 0 for name in passes}
+    report: dict[str, Any] = {"plain_shapes": sliced, **{name: 0 for name in passes}}
     for name in passes:
         report[name] += int(PASSES[name](graph))
     if check_precision(precision) != "fp32":

@@ -106,6 +106,8 @@ class ServeConfig:
     providers: Sequence[str] | None = None  # ONNX Runtime providers (default: CUDA, then CPU)
     exit_timeout_s: int = EXIT_TIMEOUT_S
     decisions: bool = True  # answer the export's decisions, if it holds them (False: --raw)
+    #: ... even when fitted on other numbers (backend, precision, engine) than the runner's
+    allow_decisions_mismatch: bool = False
 
     @property
     def ports(self) -> dict[str, int]:
@@ -491,7 +493,13 @@ class HydraServer:
         self.threads = threads
         providers = list(config.providers) if config.providers else None
         self.runners = [
-            load_runner(self.path, providers=providers, threads=threads, decisions=config.decisions)
+            load_runner(
+                self.path,
+                providers=providers,
+                threads=threads,
+                decisions=config.decisions,
+                allow_decisions_mismatch=config.allow_decisions_mismatch,
+            )
             for _ in range(config.instances)
         ]
         runner = self.runners[0]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import logging
 import shutil
@@ -542,8 +544,33 @@ def test_an_engine_applies_decisions_fitted_on_its_model_onnx(
     assert code == 0
     record = read_info(folder).decisions
     assert record is not None and record.onnx_sha256 == sha
+    assert (record.backend, record.precision) == ("tensorrt", "fp16")
+    assert record.engine_sha256 == file_sha256(engine_path)
     with load_runner(engine_path) as engine:
         assert engine.decisions == record
+    # ONNX Runtime refuses the engine's record: the refit command has no --engine
+    with pytest.raises(RunnerError) as caught:
+        load_runner(folder)
+    text = str(caught.value)
+    assert "fitted on the outputs of a TensorRT engine in fp16 (sha256" in text
+    assert "not on ONNX Runtime outputs of the fp32 model.onnx" in text
+    assert f"hydra-calibrate {folder} --data LABELLED --overwrite" in text
+    assert "allow_decisions_mismatch=True" in text
+    # another engine file (another build of the same model.onnx) refuses it too
+    engine_path.write_bytes(b"serialized again")
+    with pytest.raises(RunnerError, match=r"the engine file of sha256 .*, this one is") as caught:
+        load_runner(engine_path)
+    assert f"--engine {engine_path} --overwrite" in str(caught.value)
+    with caplog.at_level(logging.WARNING, logger="hydra_deploy"):
+        with load_runner(engine_path, allow_decisions_mismatch=True) as engine:
+            assert engine.decisions == record
+        with load_runner(folder, allow_decisions_mismatch=True) as runner_:
+            assert runner_.decisions == record
+    warned = [r.getMessage() for r in caplog.records if "as asked" in r.getMessage()]
+    assert len(warned) == 2
+    assert "are not guaranteed for these" in warned[1] and "set coverage >= 0.9" in warned[1]
+    caplog.clear()
+    engine_path.write_bytes(b"serialized")
     sidecar.write_text(json.dumps({"precision": "fp16", "onnx_sha256": "f" * 64}))
     with pytest.raises(RunnerError, match=r"fitted on another model\.onnx"):
         load_runner(engine_path)
@@ -554,3 +581,85 @@ def test_an_engine_applies_decisions_fitted_on_its_model_onnx(
     ):
         assert engine.decisions is None
     assert "decisions" in caplog.text and "hydra-build" in caplog.text
+
+
+def _calibrated_copy(export_dir, tmp_path):
+    """A copy of the export with decisions fitted in ONNX Runtime (FP32) in its hydra.json."""
+    from helpers.decisions import calibrate_export
+
+    folder = tmp_path / "export"
+    shutil.copytree(export_dir, folder)
+    record = calibrate_export(folder, count=400, risk=None).record
+    return folder, record
+
+
+def test_an_fp16_engine_refuses_a_record_fitted_on_fp32_onnx_runtime_unless_asked(
+    fake_tensorrt, export_dir, tmp_path, caplog
+):
+    """The guarantees hold for the numbers they were fitted on: an FP16 engine built from the
+    same model.onnx gives other numbers, so it refuses the record with the command that fits it
+    on the engine, unless asked to apply it (then a warning says what is no longer covered)."""
+    from hydra_deploy.cli.run import main as run_main
+    from hydra_deploy.export_folder import file_sha256
+
+    folder, record = _calibrated_copy(export_dir, tmp_path)
+    engine_path = folder / "vit.fp16.engine"
+    engine_path.write_bytes(b"serialized")
+    engine_path.with_suffix(".json").write_text(
+        json.dumps({"precision": "fp16", "onnx_sha256": file_sha256(folder / "model.onnx")})
+    )
+    with load_runner(folder) as runner:  # ONNX Runtime, as fitted
+        assert runner.decisions == record
+    with pytest.raises(RunnerError) as caught:
+        load_runner(engine_path)
+    text = str(caught.value)
+    assert "fitted on ONNX Runtime outputs of the fp32 model.onnx" in text
+    assert "not on the outputs of a TensorRT engine in fp16 (" in text
+    assert "backend onnxruntime, this runner is tensorrt" in text
+    assert "precision fp32, this runner computes in fp16" in text
+    assert f"hydra-calibrate {folder} --data LABELLED --engine {engine_path} --overwrite" in text
+    with load_runner(engine_path, decisions=False) as engine:  # raw scores still run
+        assert engine.decisions is None
+    caplog.set_level(logging.WARNING, logger="hydra_deploy")
+    with load_runner(engine_path, allow_decisions_mismatch=True) as engine:
+        assert engine.decisions == record
+    (warning,) = [r.getMessage() for r in caplog.records if "as asked" in r.getMessage()]
+    assert "fitted on ONNX Runtime outputs of the fp32 model.onnx" in warning
+    assert "the set coverage >= 0.9 and the OOD false-alarm rate <= 0.05" in warning
+    assert "are not guaranteed for these" in warning
+
+    # hydra-run: one line that names the flag; with it, the decisions and the warning
+    np.savez(tmp_path / "x.npz", x=inputs(3, seed=2))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_main([str(engine_path), str(tmp_path / "x.npz"), "--json", "-"])
+    assert code == 1 and "\n" not in err.getvalue().strip()
+    assert "--allow-decisions-mismatch" in err.getvalue()
+    assert f"--engine {engine_path} --overwrite" in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    caplog.clear()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        argv = [str(engine_path), str(tmp_path / "x.npz"), "--json", "-"]
+        code = run_main([*argv, "--allow-decisions-mismatch"])
+    assert code == 0, err.getvalue()
+    assert "confidence" in json.loads(out.getvalue())["results"][0]
+    (warning,) = [r.getMessage() for r in caplog.records if "as asked" in r.getMessage()]
+    assert "(--allow-decisions-mismatch)" in warning and "not guaranteed for these" in warning
+
+
+def test_the_folders_model_onnx_refuses_decisions_fitted_on_another_file(
+    export_dir, tmp_path, caplog
+):
+    """load_runner(folder / "model.onnx") refuses the decisions as loading the folder does when
+    model.onnx is no longer the file they were fitted on (before: it ran without them)."""
+    folder, _ = _calibrated_copy(export_dir, tmp_path)
+    model = onnx.load(str(folder / "model.onnx"))
+    onnx.helper.set_model_props(model, {"edited": "by hand"})
+    onnx.save(model, str(folder / "model.onnx"))
+    for target in (folder, folder / "model.onnx"):
+        with pytest.raises(RunnerError, match=r"fitted on another model\.onnx .*hydra-calibrate"):
+            load_runner(target)
+    caplog.set_level(logging.WARNING, logger="hydra_deploy")
+    with load_runner(folder / "model.onnx", decisions=False) as runner:  # raw scores: as before
+        assert runner.decisions is None and runner.info is None
+    assert "describes another ONNX file" in caplog.text

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -80,7 +81,7 @@ def test_calibrate_fits_what_fit_decisions_fits_on_the_runners_logits(built):
         sets="aps",
         class_names=CLASSES,
     )
-    assert calibration.record == expected
+    assert calibration.record == replace(expected, backend="onnxruntime", precision="fp32")
     assert calibration.parts["quantile"]["count"] + calibration.parts["temperature"]["count"] == 500
     assert calibration.parts["quantile"]["coverage"] >= 0.9
 
@@ -108,7 +109,7 @@ def test_decisions_are_fitted_on_an_int8_folder_s_own_logits(built, tmp_path):
         risk=0.3,
         class_names=CLASSES,
     )
-    assert record.to_dict() == expected.to_dict()
+    assert record.to_dict() == replace(expected, backend="onnxruntime", precision="int8").to_dict()
 
 
 def test_command_writes_the_record_and_hydra_run_applies_it(built, export):
@@ -188,20 +189,30 @@ def test_a_stale_record_is_refused_by_the_runner_with_the_refit_command(built, e
     assert invoke(run_main, str(export), str(built["root"] / "noise.npz"), "--raw")[0] == 0
 
 
-@pytest.mark.parametrize("when", ["json", "onnx"])
+@pytest.mark.parametrize("when", ["json", "onnx", "switch"])
 def test_an_interrupted_calibration_leaves_the_folder_as_it_was(built, export, monkeypatch, when):
     with load_runner(export, decisions=False) as runner:
         record = calibrate(runner, (built["x"], built["y"])).record
     before = {p.name: p.read_bytes() for p in export.iterdir() if p.is_file()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
     if when == "json":
         import hydra_deploy.evaluation.calibrate as module
 
-        def interrupted(*args, **kwargs):
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(module, "write_info", interrupted)
+        monkeypatch.setattr(module, "write_decisions", interrupted)
         with pytest.raises(KeyboardInterrupt):
             store_decisions(export, record)
+    elif when == "switch":  # hydra.json announced the new pair; the rename of model.onnx fails
+        import hydra_deploy.export_folder as module
+
+        pytest.importorskip(
+            "hydra_deploy.export.decision_graph", reason="the in-graph decisions module"
+        )
+        monkeypatch.setattr(module, "_replace_model", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            store_decisions(export, record, in_graph=True)
     else:
         import onnx
 
@@ -233,6 +244,8 @@ def test_an_interrupted_calibration_leaves_the_folder_as_it_was(built, export, m
         (["--class-conditional", "--alpha", "0.01"], "calibration examples of class"),
         (["--class-conditional", "--sets", "none"], "--class-conditional needs prediction sets"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--seed", "-1"], "--seed must be at least 0, got -1"),
+        (["--engine", "m.engine", "--in-graph"], "--in-graph rewrites model.onnx, so no engine"),
     ],
 )
 def test_errors_are_one_line(built, export, argv, message):
@@ -326,3 +339,90 @@ def test_a_bert_export_is_calibrated_from_a_tsv(tmp_path):
     assert code == 0, err
     result = json.loads(out)["results"][0]
     assert {"confidence", "prediction_set", "ood_flag"} <= set(result)
+
+
+#: Stores decisions in the graph (hydra-calibrate --in-graph) and is killed (SIGKILL: no cleanup)
+#: on one side of the rename that switches model.onnx.
+KILLED_WRITER = """
+import json, os, signal, sys
+from pathlib import Path
+
+import hydra_deploy.export_folder as export_folder
+from hydra_deploy.evaluation.calibrate import store_decisions
+
+export, record, when = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+switch = export_folder._replace_model
+
+def killed(staged, target):
+    if when == "after":
+        switch(staged, target)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+export_folder._replace_model = killed
+record = export_folder.DecisionRecord.from_dict(json.loads(record.read_text()))
+store_decisions(export, record, in_graph=True)
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_writer_killed_between_the_two_files_leaves_the_old_pair_or_the_new(
+    built, export, tmp_path, when
+):
+    """hydra-calibrate --in-graph replaces model.onnx and hydra.json; a writer killed (SIGKILL)
+    before or after the rename of model.onnx leaves a folder whose hydra.json describes its
+    model.onnx: the old pair before, the new pair after, both runnable with their decisions."""
+    pytest.importorskip("hydra_deploy.export.decision_graph", reason="the in-graph decisions")
+    import signal
+    import subprocess
+    import sys
+
+    with load_runner(export, decisions=False) as runner:
+        record = calibrate(runner, (built["x"], built["y"]), risk=0.3).record
+    old = store_decisions(export, record)  # the old pair: the decisions in hydra.json only
+    old_model = (export / "model.onnx").read_bytes()
+    (tmp_path / "record.json").write_text(json.dumps(record.to_dict()))
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WRITER, str(export), str(tmp_path / "record.json"), when],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert "replacing" in json.loads((export / "hydra.json").read_text())  # killed mid-switch
+    info = read_info(export)
+    sha = file_sha256(export / "model.onnx")
+    assert info.onnx_sha256 == sha == info.decisions.onnx_sha256  # one pair
+    if when == "before":
+        assert (export / "model.onnx").read_bytes() == old_model
+        assert info.record == old.record and not info.decisions.in_graph
+    else:
+        assert sha != old.onnx_sha256 and info.decisions.in_graph
+        assert [o["name"] for o in info.record["outputs"]][1:3] == [
+            "calibrated_probs",
+            "prediction_set",
+        ]
+        assert replace(info.decisions, onnx_sha256=record.onnx_sha256, in_graph=False) == record
+    with load_runner(export) as runner:  # the runner accepts the pair, decisions applied
+        assert runner.decisions == info.decisions
+        assert ("calibrated_probs" in runner.output_names) == (when == "after")
+    # the next write settles the folder
+    store_decisions(export, replace(info.decisions, in_graph=False))
+    assert "replacing" not in json.loads((export / "hydra.json").read_text())
+    assert read_info(export).onnx_sha256 == file_sha256(export / "model.onnx")
+
+
+def test_the_record_names_the_numbers_it_was_fitted_on(built, export):
+    """An ONNX Runtime fit names ONNX Runtime and the graph's precision; decisions fitted on a
+    TensorRT engine's outputs do not go into model.onnx (no engine built from the new file is
+    the one they were fitted on)."""
+    with load_runner(export, decisions=False) as runner:
+        record = calibrate(runner, (built["x"], built["y"])).record
+    assert (record.backend, record.precision, record.engine_sha256) == ("onnxruntime", "fp32", None)
+    engine_fit = replace(record, backend="tensorrt", precision="fp16", engine_sha256="e" * 64)
+    with pytest.raises(RunnerError, match="fitted on a TensorRT engine's outputs cannot go into"):
+        store_decisions(export, engine_fit, in_graph=True)
+    assert read_info(export).decisions is None
+    stored = store_decisions(export, engine_fit).decisions  # in hydra.json: as fitted
+    assert stored == engine_fit
+    with pytest.raises(RunnerError, match=r"hydra-calibrate \S+ --data LABELLED --overwrite"):
+        load_runner(export)  # ONNX Runtime refuses an engine's record

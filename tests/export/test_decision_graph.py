@@ -1,6 +1,7 @@
 """add_decisions / remove_decisions: the decisions as graph outputs, run in ONNX Runtime, equal
-apply_decisions (float64) but where float32 cannot tell (a score within 1e-5 of its threshold, or
-two probabilities whose order float32 and float64 see differently)."""
+apply_decisions (float64) but where float32 cannot tell (a score or a class's room within float32's
+rounding of its threshold, or two probabilities whose order float32 and float64 see differently),
+and exactly so for a score at tau or at the OOD threshold (issue 34)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,22 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
-from hydra_deploy.decisions import apply_decisions, calibrated_scores, class_scores, fit_decisions
+from hydra_deploy.decisions import (
+    apply_decisions,
+    calibrated_scores,
+    class_room,
+    decision_margin,
+    fit_decisions,
+    prediction_sets,
+    set_floor,
+)
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export.decision_graph import (
     DECISION_OPS,
     DECISION_OUTPUTS,
     PREFIX,
     TOPK_MAX_K,
+    _float32_bound,
     add_decisions,
     remove_decisions,
 )
@@ -31,7 +41,8 @@ from hydra_deploy.export_folder import DecisionRecord, OodRule, SelectiveRule, S
 from hydra_deploy.uncertainty.metrics import ood_score
 
 HASHES = {"onnx_sha256": "0" * 64, "data_sha256": "1" * 64}
-TOL = 1e-5  # relative (absolute below 1): float32 against float64 near a threshold
+TOL = 1e-5  # relative (absolute below 1): a float32 score against float64 near a threshold
+ROOM_TOL = 1e-5  # relative: a float32 class room against float64 near the set's floor
 METHODS = ("lac", "aps", "raps")
 # (accept score, OOD score) per set method: each score is used by both rules somewhere
 SCORES = {
@@ -87,6 +98,14 @@ def fitted(
     )
 
 
+def record_with(temperature: float, classes: int, **rules) -> DecisionRecord:
+    """A hand-written record (the rules given, the others None)."""
+    return DecisionRecord(
+        temperature, classes, **HASHES, n_temperature=10, n_quantile=10, holdout=0.5, seed=0,
+        **rules,
+    )  # fmt: skip
+
+
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
@@ -121,22 +140,49 @@ def order_differs(p64: np.ndarray, p32: np.ndarray) -> np.ndarray:
     return differs.any(axis=2) | differs.any(axis=1)
 
 
+def near_floor(room: np.ndarray, floor, penalty: np.ndarray) -> np.ndarray:
+    """[B, C]: a class room within float32's rounding of the set's floor, relative to the terms it
+    is made of (the mass below the class, RAPS's penalty at its rank)."""
+    floor = np.asarray(floor, dtype=np.float64)
+    scale = np.abs(room) + 2.0 * penalty + np.abs(floor)
+    return np.abs(room - floor) <= ROOM_TOL * scale + 1e-30
+
+
+def rank_penalty(probs: np.ndarray, rule) -> np.ndarray:
+    """[B, C]: RAPS's penalty at each class's rank (0 for LAC and APS)."""
+    if rule.method != "raps":
+        return np.zeros_like(probs)
+    ranks = np.empty_like(probs)
+    order = np.argsort(-probs, axis=1, kind="stable")
+    np.put_along_axis(ranks, order, np.arange(1, probs.shape[1] + 1, dtype=np.float64), axis=1)
+    return rule.lam * np.maximum(0.0, ranks - rule.k_reg)
+
+
 def ambiguous(x: np.ndarray, record: DecisionRecord, got: dict) -> dict[str, np.ndarray]:
     """Per bool output, where float32 may rightly differ from float64: the defining score within
-    TOL of its threshold, and for APS/RAPS a rank that float32 sees differently."""
+    TOL of the value it is compared with (tau or the OOD threshold moved by decision_margin), a
+    class's room within ROOM_TOL of the set's floor, and for APS/RAPS a rank that float32 sees
+    differently."""
     scores = calibrated_scores(x, record.temperature)
     out = {}
     if record.sets is not None:
         rule = record.sets
-        qhat = np.asarray(rule.qhat)[None, :] if rule.class_conditional else rule.qhat[0]
-        values = class_scores(scores["probs"], rule.method, lam=rule.lam, k_reg=rule.k_reg)
-        out["prediction_set"] = near(values, qhat)
+        qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
+        room = class_room(scores["probs"], rule.method, lam=rule.lam, k_reg=rule.k_reg)
+        penalty = rank_penalty(scores["probs"], rule)
+        out["prediction_set"] = near_floor(room, set_floor(qhat), penalty)
         if rule.method != "lac":
             out["prediction_set"] |= order_differs(scores["probs"], got["calibrated_probs"])
     if record.selective is not None:
-        out["accept"] = near(scores[record.selective.score], record.selective.tau)
+        rule = record.selective
+        sign = 1.0 if rule.score == "msp" else -1.0
+        bar = rule.tau + sign * decision_margin(rule.tau)
+        out["accept"] = near(scores[rule.score], bar)
     if record.ood is not None:
-        out["ood_flag"] = near(ood_score(scores, record.ood.score), record.ood.threshold)
+        rule = record.ood
+        out["ood_flag"] = near(
+            ood_score(scores, rule.score), rule.threshold + decision_margin(rule.threshold)
+        )
     return out
 
 
@@ -187,6 +233,53 @@ def test_graph_equals_apply_decisions(method, conditional, opset, x):
     assert_matches(x, record, run(decided_session(record, opset), x))
 
 
+@st.composite
+def confident_batches(draw, members: int = 3, classes: int = 5) -> np.ndarray:
+    """Confident examples: one class 8 to 25 logits above the others (p of the rest down to
+    ~1e-11), the others spread or tied."""
+    batch = draw(st.integers(1, 4))
+    small = st.one_of(st.sampled_from([0.0, -1.0, -3.0]), st.floats(-4.0, 0.0, width=32))
+    x = draw(hnp.arrays(np.float32, (batch, members, classes), elements=small))
+    tops = draw(hnp.arrays(np.int64, batch, elements=st.integers(0, classes - 1)))
+    lift = draw(hnp.arrays(np.float32, batch, elements=st.floats(8.0, 25.0, width=32)))
+    x[np.arange(batch), :, tops] += lift[:, None]
+    return x
+
+
+# qhat near 1: the set's floor (1 - qhat) is as small as the tail of a confident input
+QHATS = (0.999, 0.99999, 0.9999995, 1.0 - 1e-7, 1.0 - 1e-9)
+
+
+@pytest.mark.parametrize("qhat", QHATS)
+@pytest.mark.parametrize("method", METHODS)
+@given(x=confident_batches())
+def test_confident_inputs_get_the_numpy_set(method, qhat, x):
+    """Issue 34: with qhat near 1, the graph's sets equal numpy's wherever no class's room (its
+    probability, or the mass ranked below it) is within float32 rounding of 1 - qhat; a set never
+    takes in a class whose room is clearly below the floor (what 1 - cumulative lost in float32)."""
+    rule = SetRule(method, 0.1, (qhat,), lam=1e-7 if method == "raps" else 0.0, k_reg=1)
+    record = record_with(1.0, 5, sets=rule)
+    assert_matches(x, record, run(decided_session(record), x))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_confident_inputs_are_rarely_ambiguous(method):
+    """On 3000 confident examples at each qhat near 1 no set entry is within float32's rounding
+    of the floor, and many sets hold more than one class: the comparison is exercised."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-4.0, 0.0, size=(3000, 3, 5)).astype(np.float32)
+    lift = rng.uniform(8.0, 25.0, 3000).astype(np.float32)
+    x[np.arange(3000), :, rng.integers(0, 5, 3000)] += lift[:, None]
+    for qhat in QHATS:
+        rule = SetRule(method, 0.1, (qhat,), lam=1e-7 if method == "raps" else 0.0, k_reg=1)
+        record = record_with(1.0, 5, sets=rule)
+        counts = assert_matches(x, record, run(decided_session(record), x))
+        assert counts["prediction_set"] <= 3  # of 15000 entries
+        if qhat < 0.9999:
+            continue
+        assert (apply_decisions(x, record)["prediction_set"].sum(axis=1) > 1).mean() > 0.2
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_ambiguous_entries_are_rare(method):
     record = fitted(method, True, *SCORES[method])
@@ -218,11 +311,122 @@ def test_only_the_rules_the_record_holds_become_outputs(rules):
 @pytest.mark.parametrize("conditional", [False, True])
 @pytest.mark.parametrize("method", METHODS)
 def test_one_class(method, conditional):
-    record = fitted(method, conditional, "predictive_entropy", "mutual_information", classes=1)
+    # one class: every confidence is 1 (an entropy 0), so no threshold passes by the margin and no
+    # selective rule can be fitted; this one is written by hand
+    record = replace(
+        fitted(method, conditional, None, "mutual_information", classes=1),
+        selective=SelectiveRule("predictive_entropy", 0.1, 0.1, 0.5, 10, 0.5),
+    )
     x = np.array([[[0.0], [3.0], [-2.0]], [[-1e4], [1e4], [0.0]]], dtype=np.float32)
     got, expected = run(decided_session(record), x), apply_decisions(x, record)
     for name in ("calibrated_probs", "prediction_set", "accept", "ood_flag"):
         np.testing.assert_array_equal(got[name], expected[name])  # p = 1 exactly: no rounding
+
+
+def at_threshold_logits() -> np.ndarray:
+    """22 examples [22, 3, 5] of every kind: spread, confident, tied, uniform, extreme."""
+    rng = np.random.default_rng(7)
+    rows = [rng.normal(size=(3, 5)) for _ in range(10)]
+    rows += [3.0 * rng.normal(size=(3, 5)) + 6.0 * np.eye(5)[k % 5] for k in range(6)]  # confident
+    rows += [np.zeros((3, 5)), np.full((3, 5), 2.5)]  # uniform: msp 1/5, entropy log 5, MI 0
+    rows += [np.array([[1.0, 1.0, 0.0, -1.0, -1.0]] * 3)]  # tied pairs
+    rows += [np.array([[2.0, 0.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0, 0.0], [0, 0, 2.0, 0, 0]])]
+    rows += [np.array([[1e4, -1e4, 0, 0, 0]] * 3), np.eye(5)[:3] * 1e4]  # msp 1; members disagree
+    return np.asarray(rows, dtype=np.float32)
+
+
+# (accept score, OOD score): every score is used by both rules
+AT_THRESHOLD = [
+    ("msp", "predictive_entropy"),
+    ("predictive_entropy", "mutual_information"),
+    ("mutual_information", "msp"),
+]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("accept_score, ood_score_name", AT_THRESHOLD)
+def test_a_score_at_tau_or_at_the_ood_threshold_gets_the_same_answer(
+    accept_score, ood_score_name, temperature
+):
+    """Issue 34, part 5: an example whose float64 score is exactly tau (the OOD threshold) is
+    decided alike by apply_decisions and the graph: abstain (not flagged), bit for bit; 22
+    examples per score pair and temperature, 132 per rule over the test."""
+    x = at_threshold_logits()
+    scores = calibrated_scores(x, temperature)
+    accept_at = scores[accept_score]  # tau in the score's own units
+    ood_at = ood_score(scores, ood_score_name)
+    for i in range(len(x)):
+        record = record_with(
+            temperature,
+            5,
+            selective=SelectiveRule(accept_score, 0.1, 0.1, float(accept_at[i]), 10, 0.5),
+            ood=OodRule(ood_score_name, 0.05, float(ood_at[i])),
+        )
+        example = x[i : i + 1]
+        expected = apply_decisions(example, record)
+        got = run(session(add_decisions(logits_model(3, 5), record)), example)
+        assert expected["accept"].tolist() == [False]  # not past tau by the margin: abstain
+        assert expected["ood_flag"].tolist() == [False]  # not past the threshold by the margin
+        np.testing.assert_array_equal(got["accept"], expected["accept"], err_msg=f"example {i}")
+        np.testing.assert_array_equal(got["ood_flag"], expected["ood_flag"], err_msg=f"example {i}")
+
+
+def test_scores_clearly_past_or_short_of_the_bar_agree():
+    """A score 2e-4 (relative above 1) past the bar it is compared with (tau or the OOD threshold,
+    moved by the margin) passes on both paths; 2e-4 short of it, on neither."""
+    x = at_threshold_logits()[:16]
+    scores = calibrated_scores(x, 1.0)
+    for score, ood_name in AT_THRESHOLD:
+        accept_value, ood_value = scores[score], ood_score(scores, ood_name)
+        for i in range(len(x)):
+            for past in (True, False):
+                # accept: msp >= tau + margin, an entropy <= tau - margin; flag: > threshold + margin
+                gap = (1.0 if past else -1.0) * 2e-4
+                sign = 1.0 if score == "msp" else -1.0
+                tau = accept_value[i] - sign * gap * max(1.0, abs(accept_value[i]))
+                threshold = ood_value[i] - gap * max(1.0, abs(ood_value[i]))
+                record = record_with(
+                    1.0,
+                    5,
+                    selective=SelectiveRule(score, 0.1, 0.1, float(tau), 10, 0.5),
+                    ood=OodRule(ood_name, 0.05, float(threshold)),
+                )
+                expected = apply_decisions(x[i : i + 1], record)
+                got = run(session(add_decisions(logits_model(3, 5), record)), x[i : i + 1])
+                assert expected["accept"].tolist() == [past], (score, i)
+                assert expected["ood_flag"].tolist() == [past], (ood_name, i)
+                np.testing.assert_array_equal(got["accept"], expected["accept"])
+                np.testing.assert_array_equal(got["ood_flag"], expected["ood_flag"])
+
+
+def test_a_confident_input_keeps_a_two_class_aps_set():
+    """Issue 34: p = [0.999999, 5e-7, 3e-7, 2e-7] at qhat = 0.9999995 is a two-class APS set (the
+    mass below class 1 is 5e-7 = 1 - qhat; class 2's is 2e-7), in numpy and in the graph: the
+    room is the small tail itself, not 1 minus a cumulative sum that float32 rounds to 1."""
+    p = np.array([[0.999999, 5e-7, 3e-7, 2e-7]])
+    record = record_with(1.0, 4, sets=SetRule("aps", 0.1, (0.9999995,)))
+    expected = [[True, True, False, False]]
+    np.testing.assert_array_equal(prediction_sets(p, 0.9999995, "aps"), expected)
+    # logits giving such probabilities (float32 holds log p only to ~1e-7 relative, so class 2's p
+    # is raised by 1e-4 of itself: class 1's room then clears the floor by more than rounding)
+    target = p * [1.0, 1.0, 1.0 + 1e-4, 1.0]
+    x = np.repeat(np.log(target).astype(np.float32)[:, None, :], 3, axis=1)
+    probs = calibrated_scores(x, 1.0)["probs"]
+    np.testing.assert_allclose(probs, p, rtol=2e-4)
+    got = run(decided_session(record), x)
+    np.testing.assert_array_equal(apply_decisions(x, record)["prediction_set"], expected)
+    np.testing.assert_array_equal(got["prediction_set"], expected)
+    # the same at RAPS without a penalty, and LAC (p_y >= 1 - qhat: class 1's 5e-7 is at the floor)
+    for rule in (
+        SetRule("raps", 0.1, (0.9999995,), lam=0.0, k_reg=1),
+        SetRule("lac", 0.1, (0.9999995,)),
+    ):
+        other = record_with(1.0, 4, sets=rule)
+        got = run(decided_session(other), x)
+        np.testing.assert_array_equal(
+            got["prediction_set"], apply_decisions(x, other)["prediction_set"]
+        )
+        assert got["prediction_set"].sum() <= 2
 
 
 @pytest.mark.parametrize("method", ["aps", "raps"])
@@ -287,6 +491,75 @@ def test_the_graph_is_valid_and_uses_only_the_listed_operators(opset):
     for node in added:
         if node.op_type == "TopK":  # K is an initializer (TensorRT parses no computed K)
             assert topk_k[node.input[1]].tolist() in ([1], [5])
+
+
+# ops onnx-tensorrt's importers turn into several layers, or layers without the node's name
+MULTI_LAYER_OPS = {"Softmax", "LogSoftmax", "CumSum", "LessOrEqual", "GreaterOrEqual"}
+# onnx-tensorrt's elementwiseHelper: an input of lower rank gets a broadcasting IShuffleLayer
+ELEMENTWISE_OPS = {"Add", "Sub", "Mul", "Div", "Max", "Equal", "Less", "Greater", "And", "Or"}
+
+
+@pytest.mark.parametrize("opset", [13, 17, 18])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_decision_node_is_one_tensorrt_layer_of_its_own_name(method, opset):
+    """Issue 34, part 2: no operator that TensorRT's parser splits into several or unnamed layers,
+    no broadcasting across ranks (a shuffle layer of the parser's), ReduceMax's axes in the form
+    the opset takes (an attribute before 18, an initializer from 18), ReduceSum's an initializer,
+    and names --layerPrecisions can spell."""
+    record = fitted(method, method == "raps", *SCORES[method])
+    model = add_decisions(logits_model(3, 5, opset), record)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in (*inferred.input, *inferred.value_info, *inferred.output)
+    }
+    ranks.update((t.name, len(t.dims)) for t in inferred.initializer)
+    initializers = {t.name for t in model.graph.initializer}
+    added = model.graph.node[1:]
+    names = [node.name for node in added]
+    assert len(set(names)) == len(names)
+    assert not any("," in name or ":" in name for name in names)
+    assert not {node.op_type for node in added} & MULTI_LAYER_OPS
+    for node in added:
+        if node.op_type in ELEMENTWISE_OPS:
+            assert len({ranks[i] for i in node.input}) == 1, node.name
+        attributes = {a.name for a in node.attribute}
+        if node.op_type == "ReduceMax":
+            assert (len(node.input) == 2) == (opset >= 18)
+            assert ("axes" in attributes) == (opset < 18)
+        if node.op_type in ("ReduceMax", "ReduceSum") and len(node.input) == 2:
+            assert node.input[1] in initializers and "axes" not in attributes
+        if node.op_type == "ReduceSum":
+            assert len(node.input) == 2
+    x = labelled_logits(30, 3, 5, seed=8)[0].astype(np.float32)
+    assert_matches(x, record, run(session(model), x))
+
+
+def test_float32_bounds_make_one_comparison_exact():
+    """v (float32) > / < the stored float32 bound is the float64 comparison with the threshold,
+    for thresholds that are float32 values, halfway between two, and anywhere."""
+    rng = np.random.default_rng(9)
+    base = np.concatenate([rng.normal(size=200), rng.uniform(0, 1e-6, 50), [0.0, 1.0, -1.0]])
+    f32 = base.astype(np.float32)
+    thresholds = np.concatenate(
+        [
+            f32.astype(np.float64),  # exactly a float32
+            (f32.astype(np.float64) + np.nextafter(f32, np.float32(np.inf)).astype(np.float64)) / 2,
+            base,
+        ]
+    )
+    for t in thresholds:
+        near_t = np.float32(t) + np.arange(-3, 4, dtype=np.float32) * np.spacing(np.float32(t))
+        values = np.concatenate([near_t, [np.float32(np.nan)]]).astype(np.float32)
+        wide = values.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            for relation, compare in (
+                (">=", wide >= t), (">", wide > t), ("<=", wide <= t), ("<", wide < t)
+            ):  # fmt: skip
+                bound = np.float32(_float32_bound(t, relation))
+                got = values > bound if relation in (">=", ">") else values < bound
+                np.testing.assert_array_equal(got, compare, err_msg=f"{relation} {t!r}")
 
 
 # --- refusals ---------------------------------------------------------------------------------------------

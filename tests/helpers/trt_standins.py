@@ -184,11 +184,25 @@ LAYER_TYPES = {
 
 
 def parse_onnx(path: str | Path, version: str, strongly_typed: bool = False) -> Network:
-    """The layers and I/O tensors TensorRT ``version``'s ONNX parser makes from ``path``."""
+    """The layers and I/O tensors TensorRT ``version``'s ONNX parser makes from ``path``.
+
+    A graph that ``version``'s parser refuses or reads otherwise than ONNX Runtime (the table of
+    ``hydra_deploy.engines.onnx_support``: e.g. a Shape with start/end on 8.6, a DequantizeLinear
+    over INT32, BF16 on 8.6, ONNX Runtime's integer operators) is refused, as Polygraphy's
+    ``NetworkFromOnnxPath`` fails after the parser's errors ("Failed to parse ONNX model")."""
     import onnx
+
+    from hydra_deploy.engines.onnx_support import parser_problems
 
     old = parse_version(version) < (10, 0)
     model = onnx.load(str(path), load_external_data=False)
+    problems = parser_problems(model, version)
+    if problems:
+        raise RuntimeError(
+            f"Failed to parse ONNX model {path} with TensorRT {version}'s parser: "
+            + "; ".join(problems[:3])
+            + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+        )
     initializers = {i.name for i in model.graph.initializer}
 
     def dtype(value_info) -> DataType:
@@ -368,6 +382,11 @@ def polygraphy_module(
             return ("builder", network, "parser")
 
     class SetLayerPrecisions:  # by layer name, as Polygraphy's
+        """Stricter than Polygraphy's, for hydra-deploy's own rule: on a weakly typed network of a
+        graph with decisions (``hydra-calibrate --in-graph``), every floating-point layer the
+        parser makes of a ``decisions/...`` node must be given FP32, or it fails naming them
+        (recorded as ``calls["uncovered"]``; tests/helpers/decision_layers.py)."""
+
         def __init__(self, network, layer_precisions):
             self.network, self.layer_precisions = network, layer_precisions
             calls["layer_precisions"] = layer_precisions
@@ -377,6 +396,18 @@ def polygraphy_module(
             for layer in built[1].layers:
                 if layer.name in self.layer_precisions:
                     layer.precision = self.layer_precisions[layer.name]
+            path = calls.get("network", (None,))[0]  # NetworkFromOnnxPath's file
+            if path is not None and not built[1].strongly_typed:
+                from helpers.decision_layers import uncovered_decision_layers
+
+                fp32 = {n for n, p in self.layer_precisions.items() if p is DataType.FLOAT}
+                layers = {layer.name for layer in built[1].layers}
+                calls["uncovered"] = uncovered_decision_layers(path, fp32, layers)
+                if calls["uncovered"]:
+                    raise RuntimeError(
+                        "decision layers left to reduced precision (no FP32 layer precision "
+                        "reaches them): " + ", ".join(calls["uncovered"])
+                    )
             return built
 
     class Profile(dict):
@@ -438,7 +469,15 @@ def version_code(version: str) -> int:
 def write_trtexec(folder: Path, generation: str) -> Path:
     """``folder/trtexec`` behaving as trtexec of a release of ``generation`` (see the module
     docstring); it echoes its arguments one per line when it accepts them. With
-    ``FAKE_TRTEXEC_REPORT=FILE`` it writes {version, matched, unmatched} for --layerPrecisions."""
+    ``FAKE_TRTEXEC_REPORT=FILE`` it writes {version, matched, unmatched, uncovered} for
+    --layerPrecisions.
+
+    Stricter than trtexec, for hydra-deploy's own rule: a weakly typed reduced-precision build
+    (``--fp16``/``--bf16`` without ``--stronglyTyped``) of a graph with decisions
+    (``hydra-calibrate --in-graph``) fails, naming them, when a floating-point layer the parser
+    makes of a ``decisions/...`` node is not pinned by a ``--layerPrecisions=<layer>:fp32``
+    (``uncovered``: tests/helpers/decision_layers.py); the real trtexec would build it with
+    those layers in FP16."""
     version, key = RELEASES[generation]
     build = " [b1]" if parse_version(version) >= (11, 0) else ""  # logging.h v11.0 adds the build
     folder.mkdir(parents=True, exist_ok=True)
@@ -463,14 +502,31 @@ def write_trtexec(folder: Path, generation: str) -> Path:
         "        print(f'[E] Unknown option: {name} {value}', file=sys.stderr)\n"
         "    print('&&&& FAILED TensorRT.trtexec', file=sys.stderr)\n"
         "    sys.exit(1)\n"
+        "value = dict(a.split('=', 1) for a in args if '=' in a)\n"
+        "pairs = [p.rsplit(':', 1) for p in value.get('--layerPrecisions', '').split(',') if p]\n"
+        "names = [p[0] for p in pairs]\n"
+        "# weakly typed reduced precision: every float layer of the decisions must be pinned\n"
+        "weak = ('--fp16' in args or '--bf16' in args) and '--stronglyTyped' not in args\n"
+        "uncovered = []\n"
+        "if weak and '--onnx' in value:\n"
+        "    from helpers.decision_layers import decision_layers, uncovered_decision_layers\n"
+        "    if any(decision_layers(value['--onnx'])):\n"
+        "        from helpers.trt_standins import parse_onnx\n"
+        "        layers = {l.name for l in parse_onnx(value['--onnx'], VERSION).layers}\n"
+        "        fp32 = {p[0] for p in pairs if p[-1] == 'fp32'}\n"
+        "        uncovered = uncovered_decision_layers(value['--onnx'], fp32, layers)\n"
         "if os.environ.get('FAKE_TRTEXEC_REPORT'):\n"
         "    from helpers.trt_standins import parse_onnx\n"
-        "    value = dict(a.split('=', 1) for a in args if '=' in a)\n"
-        "    names = [p.rsplit(':', 1)[0] for p in value.get('--layerPrecisions', '').split(',') if p]\n"
         "    layers = {l.name for l in parse_onnx(value['--onnx'], VERSION).layers}\n"
         "    report = {'version': VERSION, 'matched': [n for n in names if n in layers],\n"
-        "              'unmatched': [n for n in names if n not in layers]}\n"
+        "              'unmatched': [n for n in names if n not in layers], 'uncovered': uncovered}\n"
         "    open(os.environ['FAKE_TRTEXEC_REPORT'], 'w').write(json.dumps(report))\n"
+        "if uncovered:\n"
+        "    print('[E] decision layers a weakly typed --fp16/--bf16 build leaves to reduced '\n"
+        "          'precision (no --layerPrecisions=<layer>:fp32 reaches them): '\n"
+        "          + ', '.join(uncovered), file=sys.stderr)\n"
+        "    print('&&&& FAILED TensorRT.trtexec', file=sys.stderr)\n"
+        "    sys.exit(1)\n"
         "for arg in args:\n"
         "    print(arg)\n",
         encoding="utf-8",

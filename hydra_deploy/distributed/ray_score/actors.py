@@ -38,12 +38,17 @@ class HydraScorer:
         providers: Sequence[Any] | None = None,
         delay_s: float = 0.0,
         decisions: Sequence[str] = (),
+        allow_decisions_mismatch: bool = False,
     ) -> None:
         from hydra_deploy.engines.runner import load_runner
         from hydra_deploy.engines.scoring import check_member_logits
 
         self.runner: Runner = load_runner(
-            export_dir, providers=providers, threads=threads, decisions=bool(decisions)
+            export_dir,
+            providers=providers,
+            threads=threads,
+            decisions=bool(decisions),
+            allow_decisions_mismatch=allow_decisions_mismatch,
         )
         got = decision_columns(self.runner.decisions)
         if got != list(decisions):  # hydra.json changed since the driver read it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,17 @@ class DriverExport:
     decisions: DecisionRecord | None = None  # hydra-calibrate's record, checked against the model
 
     @classmethod
-    def read(cls, export_dir: str | os.PathLike, *, decisions: bool = True) -> DriverExport:
+    def read(
+        cls,
+        export_dir: str | os.PathLike,
+        *,
+        decisions: bool = True,
+        allow_decisions_mismatch: bool = False,
+    ) -> DriverExport:
         """``decisions``: keep the export's decisions (refused when fitted on another
-        model.onnx, as a runner refuses them); False: leave them out (raw scores only)."""
+        model.onnx, or on other numbers than ONNX Runtime's, which the actors run, as a runner
+        refuses them; ``allow_decisions_mismatch``: applied anyway, with a warning); False: leave
+        them out (raw scores only)."""
         from hydra_deploy.export_folder import MODEL_FILE, file_sha256, read_info
 
         folder = Path(export_dir)
@@ -55,6 +64,15 @@ class DriverExport:
         record = info.decisions if decisions else None
         if record is not None:
             record.check_fitted_on(digest, str(folder))
+            warning = record.check_numbers(
+                "onnxruntime",
+                info.precision,
+                folder=str(folder),
+                folder_precision=info.precision,
+                allow_mismatch=allow_decisions_mismatch,
+            )
+            if warning:
+                logging.getLogger("hydra_deploy").warning("%s", warning)
         return cls(
             path=folder.absolute(),
             onnx_sha256=digest,

@@ -112,6 +112,7 @@ def score_dataset(
     quiet: bool = False,
     debug: bool = False,
     decisions: bool = True,
+    allow_decisions_mismatch: bool = False,
 ) -> ScoreReport:
     """Score every input with the export on a Ray cluster into the Parquet folder ``out``.
 
@@ -121,8 +122,9 @@ def score_dataset(
     ONNX Runtime session. ``batch_size``: default the export's batch_profile opt, at most its max.
     ``progress``: Ray Data's progress bars; ``quiet`` keeps Ray's console output off stderr.
     ``decisions``: an export calibrated with hydra-calibrate also gets its decision columns
-    (refused, before Ray starts, when they were fitted on another model.onnx); False (--raw):
-    scores only. See the module docstring for the output, the manifest and resume.
+    (refused, before Ray starts, when they were fitted on another model.onnx, or on other
+    numbers than ONNX Runtime's, which the actors run, unless ``allow_decisions_mismatch``);
+    False (--raw): scores only. See the module docstring for the output, the manifest and resume.
     """
 
     if address is not None and address.startswith("ray://"):
@@ -132,7 +134,7 @@ def score_dataset(
     names = ("actors", "threads", "batch-size", "shard-size", "num-cpus")
     for name, value in zip(names, (actors, threads, batch_size, shard_size, num_cpus), strict=True):
         _check_count(name, value)
-    info = _read_export(export_dir, decisions, batch_size)
+    info = _read_export(export_dir, decisions, batch_size, allow_decisions_mismatch)
     batch = batch_size or info.default_batch_size()
     labels, sources = collect_items(info.family, inputs)
     shards = plan_shards(labels, sources, shard_size)
@@ -159,7 +161,11 @@ def score_dataset(
         ran |= dict(actors=actors or 0, threads=threads or 0, address=address or "local")
     else:
         scorer = dict(
-            batch_size=batch, member_logits=member_logits, providers=providers, decisions=decided
+            batch_size=batch,
+            member_logits=member_logits,
+            providers=providers,
+            decisions=decided,
+            allow_decisions_mismatch=allow_decisions_mismatch,
         )
         ran = _score_pending(
             info,
@@ -297,9 +303,13 @@ def _manifest(
     )
 
 
-def _read_export(export_dir: Any, decisions: bool, batch_size: int | None) -> DriverExport:
+def _read_export(
+    export_dir: Any, decisions: bool, batch_size: int | None, allow_mismatch: bool = False
+) -> DriverExport:
     """The export to score, refused when its images cannot be prepared or the batch is too big."""
-    info = DriverExport.read(export_dir, decisions=decisions)
+    info = DriverExport.read(
+        export_dir, decisions=decisions, allow_decisions_mismatch=allow_mismatch
+    )
     if info.kind == "images" and not info.has_preprocessing:
         raise RunnerError(
             f"{export_dir}: hydra.json has no preprocessing config, so images cannot be prepared; re-export the model"
