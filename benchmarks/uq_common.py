@@ -1419,11 +1419,15 @@ def certify(
     grid: np.ndarray,
     start: int,
     target_risk: float = TARGET_RISK,
+    procedure: str = "graph",
 ) -> float | None:
     """:func:`~hydra_deploy.decisions.fit_selective`'s threshold at ``target_risk`` and DELTA
-    (the library's default procedure, started at ``start``), or None where it refuses."""
+    (the library's default procedure, started at ``start``, or ``procedure``), or None where it
+    refuses."""
     try:
-        tau, _ = fit_selective(confidence, correct, grid, target_risk, DELTA, start=start)
+        tau, _ = fit_selective(
+            confidence, correct, grid, target_risk, DELTA, start=start, procedure=procedure
+        )
     except DataError:
         return None
     return tau
@@ -1441,6 +1445,7 @@ def decide_row(
     logits: dict[str, np.ndarray],
     labels: np.ndarray,
     parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Temperature scaling and every decision of :mod:`hydra_deploy.decisions` for one row of one
     seed, over the random splits ``parts`` of the in-distribution test set.
@@ -1463,7 +1468,7 @@ def decide_row(
     def put(key: tuple, value: Any) -> None:
         values.setdefault(key, []).append(value)
 
-    for t, q, tested in parts:
+    for index, (t, q, tested) in enumerate(parts):
         temperature = fit_temperature(logits["id"][t], y[t])
         put(("temperature",), temperature)
         cal = {k: calibrated_scores(v, temperature) for k, v in logits.items()}
@@ -1536,10 +1541,31 @@ def decide_row(
                 ("selective",) if risk_level == TARGET_RISK else ("selective_at", f"{risk_level:g}")
             )
             put((*head, "refused"), float(certified is None))
+            # what Bonferroni alone (the test before the graph test) answers on the same split
+            before = certify(msp["id"][q], correct[q], grid, start, risk_level, "bonferroni")
+            put(
+                (*head, "bonferroni_answered"),
+                0.0
+                if before is None
+                else float(accept_mask(msp["id"][tested], "msp", before).mean()),
+            )
             wheres = (
                 ("", msp["id"][tested], correct[tested]),
                 ("shift_", msp["shift"][shifted], tops["shift"][shifted] == ys),
             )
+            # the guarantee against a known population: the examples outside the temperature
+            # part are the population, a quantile part is drawn from it with replacement (iid),
+            # and the risk at its tau is the population's (no finite tested part, no overlap)
+            population = np.setdiff1d(np.arange(len(y)), t)
+            draw = np.random.default_rng([SPLIT_SEED, seed, index, 1]).choice(
+                population, len(q), replace=True
+            )
+            drawn = certify(msp["id"][draw], correct[draw], grid, start, risk_level)
+            if drawn is not None:  # refused: abstain on everything, no risk taken
+                answered = accept_mask(msp["id"][population], "msp", drawn)
+                wrong = ~correct[population][answered]
+                drawn_risk = float(wrong.mean()) if answered.any() else 0.0
+            put((*head, "population_exceeds"), float(drawn is not None and drawn_risk > risk_level))
             for where, conf, ok in wheres if risk_level == TARGET_RISK else wheres[:1]:
                 # none certified: abstain on everything
                 answered = (
@@ -1607,7 +1633,7 @@ def _decide_one(
     t, q, splits = sizes
     recipe = Recipe(0, 0.0, 0, 0.0, 1, 0)
     recipe.calibration_temperature, recipe.calibration_quantile, recipe.splits = t, q, splits
-    return decide_row(logits, labels, split_parts(len(labels), recipe, seed))
+    return decide_row(logits, labels, split_parts(len(labels), recipe, seed), seed)
 
 
 def decisions(
@@ -2105,21 +2131,34 @@ def selective_markdown(report: dict[str, Any]) -> list[str]:
         f"q={n_q}, {risk:.0%}: {what}"
         for n_q, _, _ in parts
         for risk in risks
-        for what in ("answered", "risk", "splits > target")
+        for what in (
+            "answered",
+            "Bonferroni answered",
+            "risk",
+            "splits > target",
+            "population > target",
+        )
     ]
     lines = [
         "",
         "## Answer or abstain at each risk and quantile part",
         "",
-        f"The share answered (%), the selective risk of the answered on the tested part (%), and "
-        f"the share of splits whose tested risk exceeds the target (delta = {d['delta']:g}); "
+        f"The share answered (%), beside what Bonferroni alone (every threshold at delta / "
+        f"{GRID_SIZE}, the test used before the graph test) answers on the same splits, the selective risk of "
+        f"the answered on the tested part (%), and the share of splits whose tested risk exceeds "
+        f"the target (delta = {d['delta']:g}); "
         f"mean ± std over seeds. The same {d['splits']} splits' temperature parts "
         f"({d['temperature_part']} examples); "
         + "; ".join(f"a quantile part of {n_q}, {n_x} tested" for n_q, n_x, _ in parts)
         + ". A split's tested risk is itself an estimate from its tested part (a few hundred "
-        "answered examples, drawn from the same finite pool as the quantile part), so the share "
-        "of splits above the target measures the guarantee only up to that noise: a threshold "
-        "whose true risk is just under the target exceeds it on many tested parts.",
+        "answered examples, drawn from the same finite pool as the quantile part, so a quantile "
+        "part with fewer errors than its share leaves more to the tested part), and a threshold "
+        "whose true risk is just under the target exceeds it on many tested parts: the share of "
+        "splits above the target measures the guarantee only up to that noise. 'population > "
+        "target' measures it exactly: the examples outside the temperature part are taken as the "
+        "population, a quantile part of the same size is drawn from it with replacement, and the "
+        "population's own risk at the tau fitted on it is compared with the target; the "
+        f"guarantee is that this happens on at most {d['delta']:g} of the draws.",
         "",
         "| row | " + " | ".join(header) + " |",
         "|---|" + "---|" * len(header),
@@ -2129,7 +2168,13 @@ def selective_markdown(report: dict[str, Any]) -> list[str]:
         for _, _, a in parts:
             for risk in risks:
                 c = cell(a[row], risk)
-                cells += [_dm(c["answered"]), _dm(c["risk"]), _dm(c["exceeds"])]
+                cells += [
+                    _dm(c["answered"]),
+                    _dm(c.get("bonferroni_answered")),
+                    _dm(c["risk"]),
+                    _dm(c["exceeds"]),
+                    _dm(c.get("population_exceeds")),
+                ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
 

@@ -366,8 +366,9 @@ elif flags:
     if names:
         args += ["--precisionConstraints=obey",
                  "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names)]
-if precision in ("fp32", "int8"):  # trtexec enables TF32 unless --noTF32, strongly typed too
-    args.append("--noTF32")
+pinned = bool(flags) and flags != ["int8"] and bool(names)
+if precision in ("fp32", "int8") or pinned:  # trtexec enables TF32 unless --noTF32, strongly
+    args.append("--noTF32")                  # typed too; FP32-pinned layers of FP16 builds too
 args += [f"--saveEngine={out_dir / (stem + '.engine')}",
          f"--timingCacheFile={out_dir / cache}",
          "--profilingVerbosity=detailed", "--dumpLayerInfo",

@@ -12,14 +12,21 @@ member logits ``[batch, members, classes]``:
   index), the set ``{y : s(x, y) <= qhat}`` plus the top class; RAPS adds
   ``lambda * max(0, rank - k_reg)``. ``qhat`` is the ceil((n + 1)(1 - alpha))-th smallest
   calibration score (:func:`conformal_quantile`); over exchangeable data the set holds the true
-  class with probability at least 1 - alpha (marginally).
+  class with probability at least 1 - alpha (marginally). Membership is decided as
+  :func:`class_room` >= :func:`set_floor` (the probability, or the mass ranked below the class,
+  against ``1 - qhat`` with a tolerance relative to it): the one rule every runner, the graph and
+  the benchmarks use (:func:`prediction_sets`, :func:`set_members`).
 - **Answer or abstain** (:func:`fit_selective`): answer when the calibrated score passes tau; tau
-  is the lowest threshold of a grid fixed before the labels are seen whose exact binomial p-value
-  for "selective error rate > target" is at most delta / (grid size) (Learn then Test with
-  Bonferroni), so P(selective error rate > target) <= delta.
+  is the lowest threshold of a grid fixed before the labels are seen that a family-wise test of
+  the exact binomial p-values of "selective error rate > target" certifies (Learn then Test; by
+  default a graph test, :func:`_graph_rejections`: a fixed sequence from a start chosen on the
+  temperature part with a Bonferroni fallback), so P(selective error rate > target) <= delta.
 - **OOD flag** (:func:`fit_ood`): flag when the OOD score (msp negated, or an entropy) exceeds the
   conformal quantile of its in-distribution calibration values: at most alpha_ood of
   in-distribution inputs are flagged.
+
+Accept and flag compare with a margin (:func:`accept_mask`, :func:`ood_mask`), the same in the
+graph, so a score at its threshold gets the same answer on both paths.
 
 :func:`fit_decisions` fits T (and RAPS's parameters and the threshold grid) on one part of the
 data and every quantile on the other (``holdout``), so each guarantee holds as stated, and returns
@@ -569,12 +576,13 @@ def _graph_rejections(pvalues: np.ndarray, start: int, delta: float) -> list[int
     yet rejected (a fixed sequence down from ``start``, with a Bonferroni fallback). The set
     rejected does not depend on the order the rejections are made in."""
     count = len(pvalues)
-    weights = np.full(count, 0.5 / count)
-    weights[start] += 0.5
+    # weights in whole units of 1 / (2 count), so that passing them on adds exactly
+    weights = np.ones(count, dtype=np.int64)
+    weights[start] += count  # the level of a threshold: weights * delta / (2 count)
     active = np.ones(count, dtype=bool)
     rejected: list[int] = []
     while True:
-        hits = np.flatnonzero(active & (pvalues <= weights * delta))
+        hits = np.flatnonzero(active & (pvalues <= weights * (delta / (2 * count))))
         if not len(hits):
             return rejected
         j = int(hits[0])
@@ -583,7 +591,7 @@ def _graph_rejections(pvalues: np.ndarray, start: int, delta: float) -> list[int
         lower = np.flatnonzero(active[:j])
         if len(lower):
             weights[lower[-1]] += weights[j]
-        weights[j] = 0.0
+        weights[j] = 0
 
 
 def fit_selective(
@@ -605,7 +613,7 @@ def fit_selective(
     ``procedure``: ``"graph"`` (the default) tests them with :func:`_graph_rejections`' graph,
     half of delta on a fixed sequence down from ``start`` (an index of ``grid``, chosen on other
     data: :func:`selective_start`), half as Bonferroni; ``"bonferroni"`` tests each at
-    delta / len(grid) (before 0.2: every record without a procedure). Returns (tau, details:
+    delta / len(grid) (the only test before: every record without a procedure). Returns (tau, details:
     coverage, risk and answered count at tau on these data, the procedure). Refused, naming the
     best risk the data can certify at this delta, when no threshold reaches the target (``what``
     says which data, in the message: by default "N calibration examples")."""

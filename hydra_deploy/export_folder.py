@@ -772,7 +772,7 @@ class SelectiveRule:
     grid_size: int
     coverage: float  # share of the quantile part answered at tau
     #: how the grid's thresholds were tested (decisions.SELECTIVE_PROCEDURES): "graph" (a fixed
-    #: sequence with a Bonferroni fallback), or "bonferroni" (every record written before 0.2)
+    #: sequence with a Bonferroni fallback), or "bonferroni" (records without the entry)
     procedure: str = "bonferroni"
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import optimize, stats
 
@@ -302,6 +302,10 @@ def _bretz_reference(pvalues: np.ndarray, weights: np.ndarray, graph: np.ndarray
 def test_graph_test_is_bretz_algorithm_on_the_chain(pvalues, start, delta):
     p = np.asarray(pvalues)
     start = start % len(p)
+    # a p-value exactly at a level the weights can reach is a tie that float sums in another
+    # order may put on either side: left out (it has probability 0 on real data)
+    levels = np.arange(2 * len(p) + 1) * delta / (2 * len(p))
+    assume(np.abs(p[:, None] - levels[None, :]).min() > 1e-9)
     weights = np.full(len(p), 0.5 / len(p))
     weights[start] += 0.5
     chain = np.zeros((len(p), len(p)))

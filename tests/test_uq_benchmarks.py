@@ -327,9 +327,19 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
         "## Validity over the 4 random splits",
         "(no guarantee holds)",
         "## Decision claims and targets, paired per seed (each row + T)",
+        "## Answer or abstain at each risk and quantile part",
+        "| q=10, 5%: answered | q=10, 5%: Bonferroni answered | q=10, 5%: risk | "
+        "q=10, 5%: splits > target | q=10, 5%: "
+        "population > target | q=10, 10%: answered",
+        "| q=8, 5%: answered",
         "- LAC at alpha 0.05: ",
     ):
         assert section in md
+    # the extra quantile part: its own splits, every row, the same temperature part
+    extra = report["decision_extra"]["8"]
+    assert extra["quantile_part"] == 8 and extra["tested_part"] == 7
+    assert set(extra["aggregate"]) == set(uq_common.ROWS)
+    assert set(extra["aggregate"]["single"]["selective_at"]["0.1"]) >= {"answered", "refused"}
     # --render re-derives the tables from the stored measurements, training nothing
     (out / "report.md").unlink()
     rendered = [*argv, "--render"]
@@ -689,6 +699,12 @@ def test_decide_row_fits_t_held_out_and_measures_every_decision():
     assert "lam" in out["sets"]["raps"]["0.1"] and "k_reg" in out["sets"]["raps"]["0.1"]
     sel = out["selective"]
     assert 0 <= sel["answered"] <= 1 and 0 <= sel["exceeds"] <= 1
+    # the guarantee against a known population (quantile parts drawn from it with replacement):
+    # over 30 splits, far from every one fails
+    assert 0 <= sel["population_exceeds"] <= 0.3
+    other = out["selective_at"]["0.1"]
+    assert other["answered"] >= sel["answered"]  # a looser risk answers at least as much
+    assert set(other) >= {"answered", "risk", "exceeds", "refused", "population_exceeds"}
     assert len(sel["curve"]) == len(uq_common.CURVE_COVERAGE)
     assert sel["ood_answered"]["noise"] <= sel["answered"] + 1e-9  # noise is less confident
     flag = out["ood_flag"]

@@ -94,13 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="scores only: leave out the decisions of hydra-calibrate (calibrated confidence, "
         "prediction set, answer/abstain, OOD flag) even when the export holds them",
     )
-    p.add_argument(
-        "--allow-decisions-mismatch",
-        action="store_true",
-        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
-        "on (another backend, precision or engine file), with a warning: their guarantees do "
-        "not cover these numbers (default: refused, with the command that fits them again)",
-    )
+    common.add_allow_decisions_mismatch(p)
     p.add_argument(
         "--allow-nonfinite",
         action="store_true",

@@ -114,13 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="scores only: leave out the decisions of a calibrated export (hydra-calibrate) "
         "and do not check them against the model file",
     )
-    p.add_argument(
-        "--allow-decisions-mismatch",
-        action="store_true",
-        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
-        "on (another backend, precision or engine file), with a warning: their guarantees do "
-        "not cover these numbers (default: refused, with the command that fits them again)",
-    )
+    common.add_allow_decisions_mismatch(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--resume",

@@ -109,13 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the scores only: leave out the decisions of a calibrated export "
         "(hydra-calibrate), and do not check them against the model file",
     )
-    model.add_argument(
-        "--allow-decisions-mismatch",
-        action="store_true",
-        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
-        "on (another backend, precision or engine file), with a warning: their guarantees do "
-        "not cover these numbers (default: refused, with the command that fits them again)",
-    )
+    common.add_allow_decisions_mismatch(model)
     p.add_argument(
         "--json",
         action="store_true",

@@ -182,6 +182,7 @@ def trtexec_command(
         argv.append("--stronglyTyped")
     argv += [f"--{flag}" for flag in choice.builder_flags]
     notes: tuple[str, ...] = ()
+    names: list[str] = []
     if choice.constrain_fp32:
         names = fp32_layer_names(source.onnx)
         if trt == "8.6":
@@ -191,10 +192,11 @@ def trtexec_command(
                 "--precisionConstraints=obey",
                 "--layerPrecisions=" + ",".join(f"{n}:fp32" for n in names),
             ]
-    if choice.precision in ("fp32", "int8"):
+    if choice.precision in ("fp32", "int8") or names:
         # trtexec enables TF32 unless --noTF32 (sampleOptions.cpp, strongly typed too); the Python
         # build (Polygraphy CreateConfig, tf32=False) does not: an FP32 engine means FP32, and so
-        # do the float layers of an INT8 one (LayerNorm, softmax, head: FP32 in the graph)
+        # do the float layers of an INT8 one (LayerNorm, softmax, head: FP32 in the graph) and the
+        # layers an FP16/BF16 build pins to FP32 (the decisions' tail sum is a MatMul)
         argv.append("--noTF32")
     if "int8" in choice.builder_flags:
         notes += (

@@ -88,4 +88,5 @@ def tiny_protocol_task(args: Any = None, *, recipe: Any = None):
             "details": {"data": "random"},
         },
         ood_validation=("blobs", torch.randn(12, 1, 8, 8, generator=rng).abs() * 2),
+        extra_quantile_parts=(8,),
     )
