@@ -74,9 +74,11 @@ initializers to INT32.
 
 float32 against apply_decisions' float64: the probabilities agree within 1e-5, the bool outputs
 wherever the defining score is not within float32's rounding of its threshold (and, for APS/RAPS,
-no two probabilities are so close that float32 orders them otherwise). TF32: a build that allows
-it (trtexec without ``--noTF32``) may run the FP32 MatMul of APS/RAPS in TF32 (10-bit mantissa)
-on Ampere and newer GPUs.
+no two probabilities are so close that float32 orders them otherwise). TF32: every trtexec line
+that pins layers to FP32 has ``--noTF32`` (and the Python build sets no TF32 flag); a build by
+hand that allows TF32 may run the FP32 MatMul of APS/RAPS in TF32 (10-bit mantissa) on Ampere and
+newer GPUs. The float initializers' IConstantLayers are not in the pinned list (their values are
+FP32 weights; a builder that chose an FP16 output for one would round a threshold to FP16).
 """
 
 from __future__ import annotations
