@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import ExportError, spelled
-from hydra_deploy.export.surgery import plain_shapes
+from hydra_deploy.export.surgery import plain_shapes, unique_name
 from hydra_deploy.options import CALIBRATION_METHODS, INT8_METHODS, MIN_CALIBRATION_EXAMPLES
 
 __all__ = [
@@ -403,12 +403,7 @@ def _keep_bias_apart(fp32, quantized) -> int:
     taken |= {name for n in quantized.graph.node for name in (*n.input, *n.output)}
 
     def fresh(name: str) -> str:
-        found, count = name, 0
-        while found in taken:
-            count += 1
-            found = f"{name}_{count}"
-        taken.add(found)
-        return found
+        return unique_name(name, taken)
 
     nodes = list(quantized.graph.node)
     widened: dict[str, str] = {}  # one [1, 1, out] copy per bias (exporters share equal ones)

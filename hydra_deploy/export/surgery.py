@@ -131,6 +131,16 @@ SHAPE_SLICE_ATTRIBUTES = ("start", "end")
 _INT64_MAX = 2**63 - 1
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ...: the first not in ``taken`` (which it joins)."""
+    found, count = base, 0
+    while found in taken:
+        count += 1
+        found = f"{base}_{count}"
+    taken.add(found)
+    return found
+
+
 def plain_shapes(model) -> int:
     """Rewrite every ``Shape`` node with ``start``/``end`` (an ``onnx.ModelProto``, in place, its
     subgraphs too) as a plain ``Shape`` and a ``Slice`` of its output; returns how many.
@@ -164,13 +174,7 @@ def plain_shapes(model) -> int:
         taken.update(name for n in graph.node for name in (*n.input, *n.output))
 
     def fresh(base: str) -> str:
-        base = base.replace(",", "_").replace(":", "_") or "shape"
-        found, count = base, 0
-        while found in taken:
-            count += 1
-            found = f"{base}_{count}"
-        taken.add(found)
-        return found
+        return unique_name(base.replace(",", "_").replace(":", "_") or "shape", taken)
 
     changed = 0
     for graph in _graphs(model.graph):

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import onnx
@@ -224,14 +223,7 @@ def test_decision_layers_names_what_the_parser_splits(tmp_path):
     assert len(uncovered_decision_layers(path, everything, everything)) == 2
 
 
-def use_standins(monkeypatch, version: str) -> dict:
-    """The TensorRT and Polygraphy stand-ins of ``version``; returns what they record."""
-    calls: dict = {}
-    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
-    monkeypatch.setitem(
-        sys.modules, "polygraphy.backend.trt", trt_standins.polygraphy_module(version, calls)
-    )
-    return calls
+use_standins = trt_standins.install
 
 
 @pytest.mark.parametrize("trt", list(VERSIONS))

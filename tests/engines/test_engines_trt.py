@@ -967,14 +967,7 @@ def test_build_without_tensorrt_says_how_to_install_or_use_trtexec(exports):
         plan_build(exports["fp32"], gpu=H200)  # the installed TensorRT is asked for
 
 
-def use_standins(monkeypatch, version: str) -> dict:
-    """Install the TensorRT and Polygraphy stand-ins of ``version``; returns what they record."""
-    calls: dict = {}
-    monkeypatch.setitem(sys.modules, "tensorrt", trt_standins.tensorrt_module(version))
-    monkeypatch.setitem(
-        sys.modules, "polygraphy.backend.trt", trt_standins.polygraphy_module(version, calls)
-    )
-    return calls
+use_standins = trt_standins.install
 
 
 def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(

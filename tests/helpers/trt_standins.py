@@ -533,3 +533,12 @@ def write_trtexec(folder: Path, generation: str) -> Path:
     )
     script.chmod(0o755)
     return script
+
+
+def install(monkeypatch, version: str) -> dict:
+    """Install the TensorRT and Polygraphy stand-ins of ``version`` (``tensorrt`` and
+    ``polygraphy.backend.trt`` in ``sys.modules``); returns what they record."""
+    calls: dict = {}
+    monkeypatch.setitem(sys.modules, "tensorrt", tensorrt_module(version))
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", polygraphy_module(version, calls))
+    return calls
