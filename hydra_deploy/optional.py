@@ -12,7 +12,13 @@ raises the caller's error class with one message naming what needs it and the in
 what can run here); :func:`missing_message`, :func:`install_hint` and :func:`install_command`
 give the same words to errors raised elsewhere and to help texts. :func:`lazy_attributes` gives a
 package the ``__getattr__`` and ``__dir__`` that import its public names when first used (so
-``import hydra_deploy`` never imports torch).
+``import hydra_deploy`` never imports torch). :func:`lazy_module` is a module's one import of an
+optional package (or of a heavy module of ours that a command needs only when it runs), written
+at the top and imported when first used::
+
+    onnx = lazy_module("onnx", purpose="exporting", error=ExportError)   # at module level
+    ...
+    model = onnx.load(path)          # imports onnx here; missing: ExportError with the hint
 
 Standard library only: this module sits at the bottom of the import layers, beside
 :mod:`hydra_deploy.errors`.
@@ -37,6 +43,7 @@ __all__ = [
     "install_command",
     "install_hint",
     "lazy_attributes",
+    "lazy_module",
     "missing",
     "missing_message",
     "require",
@@ -253,3 +260,52 @@ def lazy_attributes(
         return sorted(set(vars(sys.modules[package])) | set(names))
 
     return __getattr__, __dir__
+
+
+class _LazyModule:
+    """A module imported on its first attribute access (see :func:`lazy_module`)."""
+
+    __slots__ = ("_error", "_module", "_name", "_purpose")
+
+    def __init__(self, name: str, purpose: str | None, error: type[Exception]) -> None:
+        self._name = name
+        self._purpose = purpose
+        self._error = error
+        self._module: ModuleType | None = None
+
+    def _load(self) -> ModuleType:
+        if self._module is None:
+            top = self._name.partition(".")[0]
+            if top in DEPENDENCIES:
+                self._module = require(self._name, purpose=self._purpose, error=self._error)
+            else:  # one of ours (or the standard library's): imported as it is
+                self._module = importlib.import_module(self._name)
+        return self._module
+
+    def __getattr__(self, attr: str) -> object:
+        return getattr(self._load(), attr)
+
+    def __dir__(self) -> list[str]:
+        return dir(self._load())
+
+    def __repr__(self) -> str:
+        state = "imported" if self._module is not None else "not imported yet"
+        return f"<lazy module {self._name!r} ({state})>"
+
+
+def lazy_module(
+    name: str, *, purpose: str | None = None, error: type[Exception] = HydraError
+) -> ModuleType:
+    """``name`` as a module-level name that imports it on first use: ``onnx = lazy_module("onnx")``.
+
+    A package of :data:`DEPENDENCIES` (``"onnx"``, ``"onnx.numpy_helper"``) is imported with
+    :func:`require` (a missing one raises ``error`` naming ``purpose`` and the install command);
+    any other name (a module of ours that only some paths need) with ``importlib``. Attribute
+    access, ``dir`` and ``monkeypatch`` of the real module's attributes behave as on the module.
+    Nothing is imported before the first attribute is read, so a module that declares it still
+    imports without the package (the edge runtime without onnx, a command's ``--help`` without
+    torch).
+    """
+    if "." not in name and name not in DEPENDENCIES and not name.isidentifier():
+        raise ValueError(f"{name!r} is not a module name")
+    return _LazyModule(name, purpose, error)  # type: ignore[return-value]

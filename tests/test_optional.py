@@ -347,3 +347,30 @@ def test_the_lazy_packages_use_lazy_attributes(package):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == f"module {package!r} has no attribute 'no_such_name'"
+
+
+# --- one module-level lazy import ------------------------------------------------------------------
+def test_lazy_module_imports_on_first_use_and_raises_the_callers_error(monkeypatch):
+    import json
+
+    code = (
+        "import sys; from hydra_deploy.optional import lazy_module; "
+        "m = lazy_module('matplotlib'); ours = lazy_module('hydra_deploy.uncertainty.metrics'); "
+        "before = ('matplotlib' in sys.modules, 'hydra_deploy.uncertainty.metrics' in sys.modules); "
+        "ours.ece; print(before, 'hydra_deploy.uncertainty.metrics' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.split() == ["(False,", "False)", "True"]
+
+    proxy = optional.lazy_module("json")
+    assert proxy.dumps({"a": 1}) == json.dumps({"a": 1}) and "loads" in dir(proxy)
+    monkeypatch.setattr(json, "dumps", lambda value: "patched")
+    assert proxy.dumps(1) == "patched"  # attributes are read from the module at each use
+    assert "imported" in repr(proxy)
+
+    _hide(monkeypatch, "matplotlib")
+    missing_one = optional.lazy_module("matplotlib", purpose="drawing", error=RunnerError)
+    with pytest.raises(RunnerError, match=r"^matplotlib is not installed .*drawing needs it"):
+        _ = missing_one.pyplot
