@@ -90,13 +90,14 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from hydra_deploy.decisions import decision_margin, set_floor
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export_folder import DECISION_OUTPUTS, DecisionRecord, SetRule
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.set_scores import SET_SCORES
+
+onnx = lazy_module("onnx", purpose="adding the decisions to model.onnx", error=ExportError)
 
 __all__ = [
     "DECISION_OPS",
@@ -191,7 +192,7 @@ class _Builder:
             array = np.asarray(value, dtype=dtype)
             if shape is not None:
                 array = array.reshape(shape)
-            self.initializers[name] = numpy_helper.from_array(array, name)
+            self.initializers[name] = onnx.numpy_helper.from_array(array, name)
         return name
 
     def axes(self, *axes: int) -> str:
@@ -203,7 +204,7 @@ class _Builder:
         node_name = name if name in DECISION_OUTPUTS else PREFIX + name
         names = [node_name] if outputs == 1 else [f"{node_name}:{i}" for i in range(outputs)]
         self.nodes.append(
-            helper.make_node(op_type, list(inputs), names, name=PREFIX + name, **attrs)
+            onnx.helper.make_node(op_type, list(inputs), names, name=PREFIX + name, **attrs)
         )
         return names[0] if outputs == 1 else names
 
@@ -408,9 +409,9 @@ def _check(model: onnx.ModelProto, record: DecisionRecord) -> onnx.ValueInfoProt
             "re-export it (hydra-export --opset 17)"
         )
     elem = logits.type.tensor_type.elem_type
-    if elem != TensorProto.FLOAT:
+    if elem != onnx.TensorProto.FLOAT:
         raise ExportError(
-            f"member_logits is {helper.tensor_dtype_to_string(elem)}, not float32: re-export the "
+            f"member_logits is {onnx.helper.tensor_dtype_to_string(elem)}, not float32: re-export the "
             "model with hydra-export (its member_logits output is float32 at every precision)"
         )
     dims = _dims(logits)
@@ -441,23 +442,24 @@ def add_decisions(model: onnx.ModelProto, record: DecisionRecord) -> onnx.ModelP
     batch, members, classes = _dims(logits)
     g = _Builder(_opset(model))
     scores = _Scores(g, record.temperature, members)
-    shapes = {"calibrated_probs": (TensorProto.FLOAT, [batch, classes])}
+    shapes = {"calibrated_probs": (onnx.TensorProto.FLOAT, [batch, classes])}
     if record.sets is not None:
         _prediction_set(g, scores, record.sets, record.num_classes)
-        shapes["prediction_set"] = (TensorProto.BOOL, [batch, classes])
+        shapes["prediction_set"] = (onnx.TensorProto.BOOL, [batch, classes])
     if record.selective is not None:
         _accept(g, scores, record.selective.score, record.selective.tau)
-        shapes["accept"] = (TensorProto.BOOL, [batch])
+        shapes["accept"] = (onnx.TensorProto.BOOL, [batch])
     if record.ood is not None:
         _ood_flag(g, scores, record.ood.score, record.ood.threshold)
-        shapes["ood_flag"] = (TensorProto.BOOL, [batch])
+        shapes["ood_flag"] = (onnx.TensorProto.BOOL, [batch])
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out.graph.node.extend(g.nodes)
     out.graph.initializer.extend(g.initializers.values())
     out.graph.output.extend(
-        helper.make_tensor_value_info(name, elem, shape) for name, (elem, shape) in shapes.items()
+        onnx.helper.make_tensor_value_info(name, elem, shape)
+        for name, (elem, shape) in shapes.items()
     )
     return out
 
