@@ -28,7 +28,8 @@ exchangeable data the set holds the true class with probability at least 1 - alp
 Entries: ``lac`` (the default), ``{y : p_y >= 1 - qhat}``, may be empty; ``aps``, deterministic,
 the score of y the sum of p_j over the classes ranked at or above y (p descending, ties by lower
 index), never empty; ``raps``, APS plus ``lambda * max(0, rank - k_reg)``
-(:class:`RAPS` overrides :meth:`APS.rank_penalty`).
+(:class:`RAPS` overrides :meth:`APS.rank_penalty`); ``topk``, the k top-ranked classes, k the
+conformal quantile of the true classes' ranks (:class:`TopK`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
     "SetGraph",
     "SetScore",
     "TooFewExamples",
+    "TopK",
     "class_room",
     "class_scores",
     "conformal_quantile",
@@ -378,6 +380,31 @@ class RAPS(APS):
         order, _ = _ranked(np.asarray(probs, dtype=np.float64))
         by_rank = np.broadcast_to(self.rank_penalty(order.shape[1], params), order.shape)
         return np.abs(self.room(probs, params)) + 2.0 * _by_class(by_rank, order)
+
+
+@register_set_score
+class TopK(SetScore):
+    """Top-k sets: the score of y is its rank, 1 + the classes ranked above it (a larger p, or an
+    equal p and a lower index: the ranking of every set rule), so qhat, the conformal quantile of
+    the true classes' ranks, is a whole number k and the set is the k top-ranked classes (room
+    ``1 - rank >= 1 - k``); the top class is always in. No parameters."""
+
+    name = "topk"
+
+    def room(self, probs: np.ndarray, params: Any) -> np.ndarray:
+        order, _ = _ranked(np.asarray(probs, dtype=np.float64))
+        one_minus_rank = -np.arange(order.shape[1], dtype=np.float64)  # by rank, rank 1 first
+        return _by_class(np.broadcast_to(one_minus_rank, order.shape), order)
+
+    def graph_room(self, g: SetGraph, params: Any) -> str:
+        sorted_p, _ = g.ranked()
+        zeros = g.op("Sub", [sorted_p, sorted_p], "topk_zeros")  # [B, C]: 0 (NaN where p is NaN)
+        minus_rank = g.const("topk_one_minus_rank", -np.arange(g.classes), shape=(1, g.classes))
+        by_rank = g.op("Add", [zeros, minus_rank], "topk_room")  # whole numbers: exact in float32
+        return g.by_class(by_rank, "class_room")
+
+    def room_magnitude(self, probs: np.ndarray, params: Any) -> np.ndarray:
+        return np.zeros(np.shape(probs))  # the graph's room is exact: only the ranking may differ
 
 
 #: The registered set scores' names (``--sets``' choices, the record's ``method``).

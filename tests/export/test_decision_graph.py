@@ -21,10 +21,13 @@ from onnx import TensorProto, helper
 from hydra_deploy.decisions import (
     apply_decisions,
     calibrated_scores,
+    class_scores,
+    conformal_quantile,
     decision_margin,
     fit_decisions,
     prediction_sets,
     set_floor,
+    split_rows,
 )
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export.decision_graph import (
@@ -439,6 +442,47 @@ def test_tied_classes_rank_by_lower_index(method):
     np.testing.assert_array_equal(apply_decisions(x, record)["prediction_set"], expected)
     np.testing.assert_array_equal(got["prediction_set"], expected)
     assert set(got) == {"member_logits", "calibrated_probs", "prediction_set"}
+
+
+def test_topk_sets_are_the_k_top_ranked_classes_in_numpy_and_in_the_graph():
+    """The top-k score, one registry entry: a class's score is its rank (1 + the classes with a
+    larger p, + the tied ones of lower index), qhat the conformal quantile of the true classes'
+    ranks on the quantile part is a whole k, and the set is the k top-ranked classes: numpy and
+    the graph in ONNX Runtime give the same sets."""
+    logits, labels = labelled_logits(600, 3, 5)
+    record = fit_decisions(logits, labels, **HASHES, sets="topk", risk=0.3)
+    assert record.sets.method == "topk" and record.sets.to_dict()["qhat"] == record.sets.qhat[0]
+    # the numpy half against the definition, one class at a time
+    probs = calibrated_scores(logits, record.temperature)["probs"]
+    ranks = np.array(
+        [[1 + sum(q > row[y] or (q == row[y] and j < y) for j, q in enumerate(row))
+          for y in range(len(row))] for row in probs]
+    )  # fmt: skip
+    np.testing.assert_array_equal(class_scores(probs, "topk"), ranks)
+    quantile_rows = split_rows(600, record.holdout, record.seed)[1]
+    k = conformal_quantile(ranks[quantile_rows, labels[quantile_rows]], 0.1)
+    assert record.sets.qhat == (k,) and k == int(k) and 1 < k < 5
+    np.testing.assert_array_equal(apply_decisions(logits, record)["prediction_set"], ranks <= k)
+    # the graph: ties of every kind (equal logits give equal float32 and float64 probabilities)
+    tied = np.array(
+        [[[0, 2, 2, 2, 0]] * 3, [[1, 1, 0, -1, -1]] * 3, [[0.0] * 5] * 3, [[3, 0, 0, 0, 3]] * 3],
+        dtype=np.float32,
+    )
+    x = np.concatenate([tied, logits[:200].astype(np.float32)])
+    got = run(decided_session(record), x)
+    expected = apply_decisions(x, record)
+    assert k == 2  # the tied rows' sets, by hand
+    np.testing.assert_array_equal(
+        expected["prediction_set"][:4],
+        [[0, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 1]],
+    )
+    for name in ("prediction_set", "accept", "ood_flag"):
+        np.testing.assert_array_equal(got[name], expected[name])
+    np.testing.assert_allclose(got["calibrated_probs"], expected["calibrated_probs"], atol=TOL)
+    # class-conditional: one k per class, each the quantile of that class's true ranks
+    conditional = fitted("topk", True)
+    assert all(q == int(q) for q in conditional.sets.qhat)
+    assert_matches(x, conditional, run(decided_session(conditional), x))
 
 
 @pytest.mark.parametrize("method", METHODS)
