@@ -6,8 +6,9 @@ member logits ``[batch, members, classes]``:
 
 - **Temperature** (:func:`fit_temperature`): one T shared by the members, the argmin of the NLL of
   p on labelled data, searched over log T in [0.05, 20].
-- **Prediction sets** (split conformal, :func:`class_scores`, :func:`prediction_sets`): LAC, the
-  default, ``{y : p_y >= 1 - qhat}`` (may be empty: nothing is plausible); APS, deterministic,
+- **Prediction sets** (split conformal, :func:`class_scores`, :func:`prediction_sets`): one
+  registered score each (:mod:`hydra_deploy.set_scores`, re-exported here): LAC, the default,
+  ``{y : p_y >= 1 - qhat}`` (may be empty: nothing is plausible); APS, deterministic,
   ``s(x, y)`` = the sum of p_j over the classes ranked at or above y (p descending, ties by lower
   index), the set ``{y : s(x, y) <= qhat}`` plus the top class; RAPS adds
   ``lambda * max(0, rank - k_reg)``. ``qhat`` is the ceil((n + 1)(1 - alpha))-th smallest
@@ -28,8 +29,8 @@ member logits ``[batch, members, classes]``:
 Accept and flag compare with a margin (:func:`accept_mask`, :func:`ood_mask`), the same in the
 graph, so a score at its threshold gets the same answer on both paths.
 
-:func:`fit_decisions` fits T (and RAPS's parameters and the threshold grid) on one part of the
-data and every quantile on the other (``holdout``), so each guarantee holds as stated, and returns
+:func:`fit_decisions` fits T (and the set score's parameters and the threshold grid) on one part of
+the data and every quantile on the other (``holdout``), so each guarantee holds as stated, and returns
 the :class:`~hydra_deploy.export_folder.DecisionRecord` that ``hydra-calibrate`` stores in
 hydra.json; :func:`apply_decisions` applies a record to new logits (what every runner does);
 :func:`decision_metrics` measures a record on labelled data (coverage, set size, selective risk,
@@ -44,6 +45,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,6 +59,22 @@ from hydra_deploy.export_folder import (
     OodRule,
     SelectiveRule,
     SetRule,
+)
+from hydra_deploy.set_scores import (
+    RAPS_LAMBDAS,
+    SET_FLOOR,
+    SET_TOLERANCE,
+    TooFewExamples,
+    _level,
+    class_room,
+    class_scores,
+    conformal_quantile,
+    fit_raps,
+    min_calibration_size,
+    prediction_sets,
+    set_floor,
+    set_members,
+    set_score,
 )
 from hydra_deploy.uncertainty.metrics import ece, nll, ood_score
 from hydra_deploy.uncertainty.scores import ensemble_scores
@@ -106,18 +124,6 @@ _log = logging.getLogger(__name__)
 TEMPERATURE_BOUNDS = (0.05, 20.0)
 #: The most thresholds a selective grid holds (Bonferroni divides delta by its size).
 GRID_SIZE = 50
-#: RAPS's lambdas tried on the temperature part (Angelopoulos et al. 2020's grid, and 0).
-RAPS_LAMBDAS = (0.0, 0.001, 0.01, 0.1, 0.2, 0.5)
-_EPS = 1e-9  # (n + 1)(1 - alpha) computed in floats: 20 * 0.95 must give 19, not 19.000000000000004
-#: How far below qhat's room a class's own room may fall and still count as inside, relative to
-#: that room (the probability for LAC, the probability mass ranked below the class for APS/RAPS):
-#: scores equal in exact arithmetic (confident members put p on atoms like k / M) must not fall on
-#: either side of qhat by a rounding error, and the graph (float32) must agree with numpy (float64).
-#: Relative, so a confident input's set never grows by a rounding of 1e-6 (an absolute 1e-6 on a
-#: cumulative score near 1 took in every class). Counting such ties as inside can only raise coverage.
-SET_TOLERANCE = 1e-6
-#: ... plus this absolute floor: float64's rounding of 1 - qhat where qhat is near 1 (2 ulps of 1)
-SET_FLOOR = 2.0**-51
 #: An accept or OOD-flag threshold is passed only by a margin of this (relative above 1 in
 #: magnitude): a score within float32's rounding of the threshold abstains and is not flagged, on
 #: the numpy path and in the graph alike. Fitting uses the same comparison (the answered examples
@@ -127,14 +133,6 @@ DECISION_MARGIN = 1e-5
 
 
 # --- checks ---------------------------------------------------------------------------------------
-def _level(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ParameterError(f"`{name}` must be a number in (0, 1), got {value!r}")
-    if not 0.0 < float(value) < 1.0:
-        raise ParameterError(f"`{name}` must be in (0, 1), got {value}")
-    return float(value)
-
-
 def _choice(value: Any, name: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ParameterError(f"`{name}` must be one of {', '.join(choices)}, got {value!r}")
@@ -277,130 +275,7 @@ def calibrated_scores(
     return ensemble_scores(scaled, allow_nonfinite=allow_nonfinite, dtype=np.float64)
 
 
-# --- conformal quantiles and prediction sets --------------------------------------------------------
-def min_calibration_size(alpha: float) -> int:
-    """The fewest calibration examples for which ceil((n + 1)(1 - alpha)) <= n."""
-    alpha = _level(alpha, "alpha")
-    n = max(1, math.ceil(1.0 / alpha - 1.0 - 1e-6))
-    while math.ceil((n + 1) * (1.0 - alpha) - _EPS) > n:
-        n += 1
-    while n > 1 and math.ceil(n * (1.0 - alpha) - _EPS) <= n - 1:
-        n -= 1
-    return n
-
-
-class TooFewExamples(DataError):
-    """:func:`conformal_quantile` refused: ``count`` examples where ``needed`` are the fewest."""
-
-    def __init__(self, message: str, count: int, needed: int) -> None:
-        super().__init__(message)
-        self.count, self.needed = count, needed
-
-
-def conformal_quantile(scores: Any, alpha: float, *, what: str = "calibration examples") -> float:
-    """The ceil((n + 1)(1 - alpha))-th smallest of ``scores``: the split-conformal threshold at
-    level 1 - alpha. Refused (naming the smallest n alpha allows) where that rank exceeds n."""
-    alpha = _level(alpha, "alpha")
-    values = np.sort(np.asarray(scores, dtype=np.float64).ravel())
-    n = len(values)
-    rank = math.ceil((n + 1) * (1.0 - alpha) - _EPS)
-    if rank > n:
-        needed = min_calibration_size(alpha)
-        raise TooFewExamples(
-            f"{n} {what} are too few for alpha {alpha:g}: a conformal threshold at level "
-            f"{1 - alpha:g} needs at least {needed}; give more labelled data, or a larger alpha",
-            n,
-            needed,
-        )
-    return float(values[max(rank, 1) - 1])
-
-
-def _ranked(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order [B, C]: classes by p descending, ties by lower index; sorted p [B, C])."""
-    order = np.argsort(-probs, axis=1, kind="stable")
-    return order, np.take_along_axis(probs, order, axis=1)
-
-
-def _rank_penalty(classes: int, lam: float, k_reg: int) -> np.ndarray:
-    """RAPS's ``lam * max(0, rank - k_reg)`` by rank (rank 1 first) [C]."""
-    ranks = np.arange(1, classes + 1, dtype=np.float64)
-    return lam * np.maximum(0.0, ranks - k_reg)
-
-
-def class_room(probs: Any, method: str = "lac", *, lam: float = 0.0, k_reg: int = 0) -> np.ndarray:
-    """What each class [B, C] holds against the set's bar (higher = more plausible): ``1 -`` its
-    nonconformity score, computed without the cancellation of ``1 - score`` near 1.
-
-    ``lac``: p_y. ``aps``: the probability mass ranked below y (a sum of the smaller p_j, so a
-    confident input's tiny tail keeps its digits). ``raps``: that minus
-    ``lam * max(0, rank - k_reg)``."""
-    method = _choice(method, "sets", SET_METHODS)
-    p = np.asarray(probs, dtype=np.float64)
-    if method == "lac":
-        return p.copy()
-    order, sorted_p = _ranked(p)
-    # mass ranked strictly below each rank: a reversed cumulative sum, smallest terms first
-    at_or_below = np.cumsum(sorted_p[:, ::-1], axis=1)[:, ::-1]
-    below = np.zeros_like(sorted_p)
-    below[:, :-1] = at_or_below[:, 1:]
-    if method == "raps":
-        below = below - _rank_penalty(p.shape[1], lam, k_reg)[None, :]
-    room = np.empty_like(p)
-    np.put_along_axis(room, order, below, axis=1)
-    return room
-
-
-def class_scores(
-    probs: Any, method: str = "lac", *, lam: float = 0.0, k_reg: int = 0
-) -> np.ndarray:
-    """The nonconformity score of every class [B, C] (lower = more plausible).
-
-    ``lac``: 1 - p_y. ``aps``: the sum of p_j over the classes ranked at or above y (ranks by p
-    descending, ties by lower class index), computed as 1 - (the mass ranked below y).
-    ``raps``: APS + ``lam`` * max(0, rank - ``k_reg``), rank 1 for the top class."""
-    return 1.0 - class_room(probs, method, lam=lam, k_reg=k_reg)
-
-
-def set_floor(qhat: float | Sequence[float] | np.ndarray) -> np.ndarray:
-    """The least room (:func:`class_room`) a class needs to be in the set at threshold ``qhat``,
-    float64: ``1 - qhat`` (score <= qhat is room >= 1 - qhat) less :data:`SET_TOLERANCE` of
-    itself and :data:`SET_FLOOR`, so ties within rounding count as inside."""
-    room = 1.0 - np.asarray(qhat, dtype=np.float64)
-    return room - (SET_TOLERANCE * np.abs(room) + SET_FLOOR)
-
-
-def prediction_sets(
-    probs: Any,
-    qhat: float | Sequence[float] | np.ndarray,
-    method: str = "lac",
-    *,
-    lam: float = 0.0,
-    k_reg: int = 0,
-) -> np.ndarray:
-    """The prediction sets [B, C] (bool) at threshold ``qhat`` (a number, or one per class for
-    class-conditional sets): the classes whose score is at most it, ties within rounding inside
-    (compared as room >= :func:`set_floor`); APS and RAPS also hold the top class (never
-    empty), LAC may be empty."""
-    p = np.asarray(probs, dtype=np.float64)
-    top = None if method == "lac" else np.argsort(-p, axis=1, kind="stable")[:, 0]
-    return set_members(class_room(p, method, lam=lam, k_reg=k_reg), qhat, top)
-
-
-def set_members(
-    room: np.ndarray, qhat: float | Sequence[float] | np.ndarray, top: np.ndarray | None = None
-) -> np.ndarray:
-    """:func:`prediction_sets` from a :func:`class_room` [B, C] computed once (for many
-    thresholds): room >= :func:`set_floor` (``qhat``), plus the ``top`` class [B] of each
-    example for APS and RAPS (None for LAC)."""
-    floor = set_floor(qhat)
-    if floor.ndim == 1:
-        floor = floor[None, :]
-    members = np.asarray(room) >= floor
-    if top is not None:
-        members[np.arange(len(members)), top] = True
-    return members
-
-
+# --- prediction sets (the rule and the scores: hydra_deploy.set_scores) ------------------------
 def decision_margin(threshold: float | np.ndarray) -> float | np.ndarray:
     """How far a score must pass an accept or OOD threshold (:data:`DECISION_MARGIN`, relative
     above 1 in magnitude)."""
@@ -450,28 +325,6 @@ def _set_qhat(
             )
         )
     return tuple(qhat)
-
-
-def fit_raps(
-    probs: Any, labels: Any, alpha: float, *, lambdas: Sequence[float] = RAPS_LAMBDAS
-) -> tuple[float, int]:
-    """RAPS's (lambda, k_reg) on tuning data: k_reg the conformal rank quantile of the true
-    classes' ranks, lambda the one of ``lambdas`` whose sets (thresholded on the same data) are
-    smallest on average (ties: the smaller lambda)."""
-    p = np.asarray(probs, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.int64)
-    order, _ = _ranked(p)
-    ranks = np.argmax(order == y[:, None], axis=1) + 1  # 1-based rank of the true class
-    k_reg = int(conformal_quantile(ranks, alpha, what="examples of the temperature part (RAPS)"))
-    best: tuple[float, float] | None = None
-    for lam in lambdas:
-        scores = class_scores(p, "raps", lam=lam, k_reg=k_reg)
-        qhat = conformal_quantile(_true_scores(scores, y), alpha)
-        size = float(prediction_sets(p, qhat, "raps", lam=lam, k_reg=k_reg).sum(axis=1).mean())
-        if best is None or size < best[0] - 1e-12:
-            best = (size, float(lam))
-    assert best is not None
-    return best[1], k_reg
 
 
 # --- answer or abstain ----------------------------------------------------------------------------
@@ -683,6 +536,110 @@ def split_rows(count: int, holdout: float, seed: int = 0) -> tuple[np.ndarray, n
     return np.sort(order[quantile_count:]), np.sort(order[:quantile_count])
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """The calibration data split in two: T fitted on the temperature part (``tune``: its
+    calibrated scores and labels), every quantile on the quantile part (``held``)."""
+
+    count: int
+    holdout: float
+    temperature: float
+    tune: dict[str, np.ndarray]
+    y_tune: np.ndarray
+    held: dict[str, np.ndarray]
+    y_held: np.ndarray
+
+    @classmethod
+    def split(cls, logits: np.ndarray, y: np.ndarray, holdout: float, seed: int) -> _Parts:
+        t_rows, q_rows = split_rows(len(y), holdout, seed)
+        temperature = fit_temperature(logits[t_rows], y[t_rows])
+        warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
+        if warning:
+            _log.warning(warning)
+        return cls(
+            count=len(y),
+            holdout=float(holdout),
+            temperature=temperature,
+            tune=calibrated_scores(logits[t_rows], temperature),
+            y_tune=y[t_rows],
+            held=calibrated_scores(logits[q_rows], temperature),
+            y_held=y[q_rows],
+        )
+
+    def too_few(self, err: TooFewExamples, part: str, purpose: str) -> DataError:
+        """``err`` in words of the whole data: how many examples give ``part`` enough."""
+        share = self.holdout if part == "quantile" else 1.0 - self.holdout
+        total = err.needed
+        while round(total * share) < err.needed:
+            total += 1
+        return DataError(
+            f"{self.count} calibration examples are too few for {purpose}: their {part} part "
+            f"({share:.0%} of them, {err.count} examples) needs at least {err.needed}, so give at "
+            f"least {total} labelled examples (or a larger alpha)"
+        )
+
+
+def _fit_sets(
+    parts: _Parts,
+    method: str,
+    alpha: float,
+    class_conditional: bool,
+    class_names: Sequence[str] | None,
+) -> SetRule:
+    """The set score's parameters on the temperature part, qhat on the quantile part."""
+    score = set_score(method)
+    try:
+        params = score.fit(parts.tune["probs"], parts.y_tune, alpha)
+    except TooFewExamples as err:
+        raise parts.too_few(err, "temperature", f"{method.upper()} at alpha {alpha:g}") from None
+    scores = 1.0 - score.room(parts.held["probs"], params)
+    try:
+        qhat = _set_qhat(scores, parts.y_held, alpha, class_conditional, class_names)
+    except TooFewExamples as err:
+        if class_conditional:
+            raise  # names the class; its count is of that class in the quantile part
+        raise parts.too_few(err, "quantile", f"prediction sets at alpha {alpha:g}") from None
+    return SetRule(method, alpha, qhat, class_conditional, params)
+
+
+def _fit_answer(parts: _Parts, score: str, risk: float, delta: float) -> SelectiveRule:
+    """The threshold grid and the fixed sequence's start on the temperature part, tau certified
+    on the quantile part."""
+    tune_confidence = _confidence(parts.tune, score)
+    grid = selective_grid(tune_confidence)
+    quantile_count = len(parts.y_held)
+    start = selective_start(
+        tune_confidence, parts.tune["prediction"] == parts.y_tune, grid, risk, quantile_count
+    )
+    tau, details = fit_selective(
+        _confidence(parts.held, score),
+        parts.held["prediction"] == parts.y_held,
+        grid,
+        risk,
+        delta,
+        start=start,
+        what=f"the quantile part's {quantile_count} of the {parts.count} calibration examples",
+    )
+    return SelectiveRule(
+        score=score,
+        target_risk=risk,
+        delta=delta,
+        tau=tau if score == "msp" else -tau,  # in the score's own units
+        grid_size=details["grid_size"],
+        coverage=details["coverage"],
+        procedure=details["procedure"],
+    )
+
+
+def _fit_flag(parts: _Parts, score: str, alpha: float) -> OodRule:
+    """The OOD threshold on the quantile part."""
+    try:
+        threshold = fit_ood(-_confidence(parts.held, score), alpha)
+    except TooFewExamples as err:
+        raise parts.too_few(err, "quantile", f"the OOD flag at alpha {alpha:g}") from None
+    return OodRule(score, alpha, threshold)
+
+
 def fit_decisions(
     member_logits: Any,
     labels: Any,
@@ -703,19 +660,18 @@ def fit_decisions(
 ) -> DecisionRecord:
     """Fit every decision on labelled in-distribution data and return the record.
 
-    T (and RAPS's parameters and the selective grid) are fitted on a ``1 - holdout`` share of
-    the examples, every quantile (qhat, tau, the OOD threshold) on the other ``holdout`` share.
-    ``alpha`` None: no prediction sets; ``risk`` None: no answer-or-abstain rule; ``ood_alpha``
-    None: no OOD flag. ``onnx_sha256`` / ``data_sha256`` name the model file and the data."""
+    T (and the set score's parameters, :data:`SET_METHODS`, and the selective grid) are fitted on
+    a ``1 - holdout`` share of the examples, every quantile (qhat, tau, the OOD threshold) on the
+    other ``holdout`` share. ``alpha`` None: no prediction sets; ``risk`` None: no
+    answer-or-abstain rule; ``ood_alpha`` None: no OOD flag. ``onnx_sha256`` / ``data_sha256``
+    name the model file and the data."""
     logits = _logits(member_logits)
     count, _, num_classes = logits.shape
     y = _labels(labels, count, num_classes)
     if alpha is not None:
-        alpha = _level(alpha, "alpha")
-        sets = _choice(sets, "sets", SET_METHODS)
+        alpha, sets = _level(alpha, "alpha"), set_score(sets).name
     if risk is not None:
-        risk = _level(risk, "risk")
-        delta = _level(delta, "delta")
+        risk, delta = _level(risk, "risk"), _level(delta, "delta")
         accept_score = _choice(accept_score, "accept_score", DECISION_SCORES)
     if ood_alpha is not None:
         ood_alpha = _level(ood_alpha, "ood_alpha")
@@ -724,83 +680,22 @@ def fit_decisions(
         raise ParameterError(
             f"`class_names` holds {len(class_names)} names for a model of {num_classes} classes"
         )
-    t_rows, q_rows = split_rows(count, holdout, seed)
-    temperature = fit_temperature(logits[t_rows], y[t_rows])
-    warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
-    if warning:
-        _log.warning(warning)
-    tune = calibrated_scores(logits[t_rows], temperature)
-    held = calibrated_scores(logits[q_rows], temperature)
-    y_tune, y_held = y[t_rows], y[q_rows]
-
-    def too_few(err: TooFewExamples, part: str, purpose: str) -> DataError:
-        share = holdout if part == "quantile" else 1.0 - holdout
-        total = err.needed
-        while round(total * share) < err.needed:
-            total += 1
-        return DataError(
-            f"{count} calibration examples are too few for {purpose}: their {part} part "
-            f"({share:.0%} of them, {err.count} examples) needs at least {err.needed}, so give at "
-            f"least {total} labelled examples (or a larger alpha)"
-        )
-
-    set_rule = None
+    parts = _Parts.split(logits, y, holdout, seed)
+    set_rule = selective_rule = ood_rule = None
     if alpha is not None:
-        try:
-            lam, k_reg = fit_raps(tune["probs"], y_tune, alpha) if sets == "raps" else (0.0, 0)
-        except TooFewExamples as err:
-            raise too_few(err, "temperature", f"RAPS at alpha {alpha:g}") from None
-        scores = class_scores(held["probs"], sets, lam=lam, k_reg=k_reg)
-        try:
-            qhat = _set_qhat(scores, y_held, alpha, class_conditional, class_names)
-        except TooFewExamples as err:
-            if class_conditional:
-                raise  # names the class; its count is of that class in the quantile part
-            raise too_few(err, "quantile", f"prediction sets at alpha {alpha:g}") from None
-        set_rule = SetRule(sets, alpha, qhat, class_conditional, lam, k_reg)
-
-    selective_rule = None
+        set_rule = _fit_sets(parts, sets, alpha, class_conditional, class_names)
     if risk is not None:
-        tune_confidence = _confidence(tune, accept_score)
-        grid = selective_grid(tune_confidence)
-        start = selective_start(
-            tune_confidence, tune["prediction"] == y_tune, grid, risk, len(q_rows)
-        )
-        tau, details = fit_selective(
-            _confidence(held, accept_score),
-            held["prediction"] == y_held,
-            grid,
-            risk,
-            delta,
-            start=start,
-            what=f"the quantile part's {len(q_rows)} of the {count} calibration examples",
-        )
-        selective_rule = SelectiveRule(
-            score=accept_score,
-            target_risk=risk,
-            delta=delta,
-            tau=tau if accept_score == "msp" else -tau,  # in the score's own units
-            grid_size=details["grid_size"],
-            coverage=details["coverage"],
-            procedure=details["procedure"],
-        )
-
-    ood_rule = None
+        selective_rule = _fit_answer(parts, accept_score, risk, delta)
     if ood_alpha is not None:
-        try:
-            threshold = fit_ood(-_confidence(held, ood_score), ood_alpha)
-        except TooFewExamples as err:
-            raise too_few(err, "quantile", f"the OOD flag at alpha {ood_alpha:g}") from None
-        ood_rule = OodRule(ood_score, ood_alpha, threshold)
-
+        ood_rule = _fit_flag(parts, ood_score, ood_alpha)
     return DecisionRecord(
-        temperature=temperature,
+        temperature=parts.temperature,
         num_classes=num_classes,
         onnx_sha256=onnx_sha256,
         data_sha256=data_sha256,
-        n_temperature=len(t_rows),
-        n_quantile=len(q_rows),
-        holdout=float(holdout),
+        n_temperature=len(parts.y_tune),
+        n_quantile=len(parts.y_held),
+        holdout=parts.holdout,
         seed=int(seed),
         sets=set_rule,
         selective=selective_rule,
@@ -837,8 +732,7 @@ def apply_decisions(
         qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
         probs = np.where(finite[:, None], scores["probs"], 0.0)
         out["prediction_set"] = (
-            prediction_sets(probs, qhat, rule.method, lam=rule.lam, k_reg=rule.k_reg)
-            & finite[:, None]
+            prediction_sets(probs, qhat, rule.method, rule.params) & finite[:, None]
         )
     if record.selective is not None:
         rule = record.selective

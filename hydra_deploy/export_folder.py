@@ -24,7 +24,8 @@ It owns the engine's JSON sidecar too (:class:`EngineInfo`, :func:`read_engine_i
 (:class:`DecisionRecord`), and it is the one module that spells the file names.
 
 Imports the standard library and the project's stdlib-only modules (errors, atomic writes, the
-family registry): the edge runtime reads export folders without torch.
+family registry), and the set-score registry (numpy): the edge runtime reads export folders
+without torch.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from hydra_deploy.atomic import atomic_write_text
 from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeError, spelled
 from hydra_deploy.families import family_names
+from hydra_deploy.set_scores import SET_METHODS, SET_SCORES, set_score
 
 __all__ = [
     "CALIBRATION_METHODS",
@@ -137,8 +139,8 @@ def _short(value: Any) -> str:
 
 #: The ``format`` of the ``decisions`` entry of hydra.json (what ``hydra-calibrate`` writes).
 DECISIONS_FORMAT = "hydra-decisions/1"
-#: Prediction-set methods a decisions record may name (split conformal, on calibrated probs).
-SET_METHODS = ("lac", "aps", "raps")
+#: Prediction-set methods a decisions record may name (split conformal, on calibrated probs):
+#: the registered set scores (:mod:`hydra_deploy.set_scores`), imported above.
 #: Scores a selective (abstain) rule or an OOD flag may be fitted on (computed on the
 #: temperature-scaled member probabilities).
 DECISION_SCORES = ("msp", "predictive_entropy", "mutual_information")
@@ -707,21 +709,53 @@ def _section(record: Mapping[str, Any], key: str, where: str) -> Mapping[str, An
 
 
 _INF = float("inf")
+P = TypeVar("P")
 
 
-@dataclass(frozen=True)
-class SetRule:
+@dataclass(frozen=True, init=False)
+class SetRule(Generic[P]):
     """Split conformal prediction sets at level ``1 - alpha`` on the calibrated probabilities.
 
-    ``qhat`` is one threshold, or one per class (``class_conditional``); ``lam`` and ``k_reg``
-    are RAPS's penalty (0 and 0 for LAC and APS)."""
+    ``method`` names a registered set score (:data:`~hydra_deploy.set_scores.SET_SCORES`);
+    ``qhat`` is one threshold, or one per class (``class_conditional``); ``params`` are the
+    score's fitted parameters (its ``Params``: RAPS's lambda and k_reg; None: the defaults), or
+    give them by name (``SetRule("raps", 0.1, (0.8,), lam=0.1, k_reg=2)``, as before ``params``).
+    hydra.json records each parameter field under its key (and a score's constant entries: LAC
+    and APS write RAPS's zero penalty, as every record did)."""
 
     method: str
     alpha: float
     qhat: tuple[float, ...]  # one value, or one per class
-    class_conditional: bool = False
-    lam: float = 0.0
-    k_reg: int = 0
+    class_conditional: bool
+    params: P
+
+    def __init__(
+        self,
+        method: str,
+        alpha: float,
+        qhat: tuple[float, ...],
+        class_conditional: bool = False,
+        params: P | None = None,
+        **values: Any,
+    ) -> None:
+        for name, value in (
+            ("method", method),
+            ("alpha", alpha),
+            ("qhat", tuple(qhat)),
+            ("class_conditional", class_conditional),
+            ("params", set_score(method).params(params, **values)),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def lam(self) -> float:
+        """RAPS's lambda (0 for a score without it): the field before ``params``."""
+        return getattr(self.params, "lam", 0.0)
+
+    @property
+    def k_reg(self) -> int:
+        """RAPS's k_reg (0 for a score without it): the field before ``params``."""
+        return getattr(self.params, "k_reg", 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -729,8 +763,8 @@ class SetRule:
             "alpha": self.alpha,
             "class_conditional": self.class_conditional,
             "qhat": list(self.qhat) if self.class_conditional else self.qhat[0],
-            "lambda": self.lam,
-            "k_reg": self.k_reg,
+            **SET_SCORES[self.method].recorded,
+            **{_param_key(f): getattr(self.params, f.name) for f in fields(self.params)},
         }
 
     @classmethod
@@ -750,14 +784,29 @@ class SetRule:
         ):
             expected = f"a list of {num_classes} finite numbers" if conditional else "a number"
             raise _malformed(where, "qhat", qhat, expected)
+        method = _choice(entry, "method", where, SET_METHODS)
+        params_type = SET_SCORES[method].Params
         return cls(
-            method=_choice(entry, "method", where, SET_METHODS),
+            method=method,
             alpha=_number(entry, "alpha", where, low=0.0, high=1.0, open_low=True),
             qhat=tuple(float(v) for v in values),
             class_conditional=conditional,
-            lam=_number(entry, "lambda", where, low=0.0, high=_INF, open_low=False),
-            k_reg=_count(entry, "k_reg", where),
+            params=params_type(**{f.name: _param(entry, f, where) for f in fields(params_type)}),
         )
+
+
+def _param_key(spec: Field) -> str:
+    """The key a set score's parameter field is recorded under."""
+    return spec.metadata.get("key", spec.name)
+
+
+def _param(entry: Mapping[str, Any], spec: Field, where: str) -> float | int:
+    """A set score's parameter field, read from its record: an integer or a number, at least its
+    ``metadata["low"]``."""
+    if spec.type in (int, "int"):
+        return _count(entry, _param_key(spec), where, low=spec.metadata.get("low", 0))
+    low = spec.metadata.get("low", -_INF)
+    return _number(entry, _param_key(spec), where, low=low, high=_INF, open_low=False)
 
 
 @dataclass(frozen=True)

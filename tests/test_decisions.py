@@ -20,6 +20,7 @@ from hydra_deploy.decisions import (
     apply_decisions,
     binomial_cdf,
     binomial_upper_bound,
+    calibrated_scores,
     class_scores,
     conformal_quantile,
     decision_metrics,
@@ -46,6 +47,7 @@ from hydra_deploy.export_folder import (
     SelectiveRule,
     SetRule,
 )
+from hydra_deploy.set_scores import SET_METHODS, SET_SCORES, RapsParams
 from hydra_deploy.uncertainty import ece, ensemble_scores
 
 SHA = "0" * 64
@@ -86,18 +88,18 @@ def _mc_margin(values: np.ndarray) -> float:
 
 
 # --- the guarantees, over many random splits ------------------------------------------------------
-@pytest.mark.parametrize("method", ["lac", "aps", "raps"])
+@pytest.mark.parametrize("method", SET_METHODS)
 @pytest.mark.parametrize("alpha", [0.05, 0.2])
 def test_split_conformal_sets_cover_at_least_1_minus_alpha(pool, method, alpha):
     n = 150
     coverage = []
     for (cal_z, cal_y), (test_z, test_y) in _splits(pool, 2 * n, 1000, 300, seed=int(alpha * 100)):
         p_cal = ensemble_scores(cal_z, dtype=np.float64)["probs"]
-        lam, k_reg = fit_raps(p_cal[:n], cal_y[:n], alpha) if method == "raps" else (0.0, 0)
-        scores = class_scores(p_cal[n:], method, lam=lam, k_reg=k_reg)
+        params = SET_SCORES[method].fit(p_cal[:n], cal_y[:n], alpha)
+        scores = class_scores(p_cal[n:], method, params)
         qhat = conformal_quantile(scores[np.arange(n), cal_y[n:]], alpha)
         p_test = ensemble_scores(test_z, dtype=np.float64)["probs"]
-        sets = prediction_sets(p_test, qhat, method, lam=lam, k_reg=k_reg)
+        sets = prediction_sets(p_test, qhat, method, params)
         coverage.append(sets[np.arange(len(test_y)), test_y].mean())
     coverage = np.array(coverage)
     margin = _mc_margin(coverage)
@@ -414,6 +416,67 @@ def test_record_round_trips_through_json_and_hydra_json(tmp_path):
     assert DecisionRecord.from_dict(json.loads(json.dumps(conditional.to_dict()))) == conditional
 
 
+@pytest.mark.parametrize("method", SET_METHODS)
+def test_every_set_score_fits_and_its_record_round_trips(method):
+    logits, labels = population(600)
+    record = fit_decisions(logits, labels, onnx_sha256=SHA, data_sha256=DATA, sets=method)
+    assert record.sets.method == method
+    assert isinstance(record.sets.params, SET_SCORES[method].Params)
+    if method == "raps":  # the function before the registry
+        probs = calibrated_scores(logits, 1.0)["probs"]
+        params = SET_SCORES["raps"].fit(probs[:300], labels[:300], 0.1)
+        assert fit_raps(probs[:300], labels[:300], 0.1) == (params.lam, params.k_reg)
+    text = json.dumps(record.to_dict())
+    again = DecisionRecord.from_dict(json.loads(text))
+    assert again == record and json.dumps(again.to_dict()) == text
+    conditional = fit_decisions(
+        logits, labels, onnx_sha256=SHA, data_sha256=DATA, sets=method, class_conditional=True,
+        alpha=0.3,
+    )  # fmt: skip
+    assert DecisionRecord.from_dict(json.loads(json.dumps(conditional.to_dict()))) == conditional
+
+
+@pytest.mark.parametrize(
+    ("entry", "params"),
+    [
+        ({"method": "lac", "alpha": 0.1, "class_conditional": False, "qhat": 0.8}, None),
+        ({"method": "aps", "alpha": 0.05, "class_conditional": True, "qhat": [0.7, 0.9]}, None),
+        (
+            {"method": "raps", "alpha": 0.1, "class_conditional": False, "qhat": 0.95},
+            RapsParams(0.01, 2),
+        ),
+    ],
+)
+def test_records_of_the_first_set_scores_read_and_rewrite_the_same(entry, params):
+    # as hydra-deploy wrote them before the registry: RAPS's lambda and k_reg in every record
+    old = {**entry, "lambda": 0.0 if params is None else 0.01, "k_reg": 0 if params is None else 2}
+    rule = SetRule.from_dict(old, "test", num_classes=2)
+    assert rule.to_dict() == old and list(rule.to_dict()) == list(old)
+    assert rule.params == (params or SET_SCORES[entry["method"]].Params())
+    assert (rule.lam, rule.k_reg) == (old["lambda"], old["k_reg"])  # the fields before params
+    if params is not None:  # given by name, as before params; checked on read
+        assert SetRule("raps", 0.1, (0.95,), lam=0.01, k_reg=2) == rule
+        with pytest.raises(ExportFolderError, match="malformed k_reg"):
+            SetRule.from_dict({**old, "k_reg": -1}, "test", num_classes=2)
+        with pytest.raises(ExportFolderError, match="malformed lambda"):
+            SetRule.from_dict({**old, "lambda": None}, "test", num_classes=2)
+
+
+def test_set_score_parameters_are_checked():
+    with pytest.raises(ParameterError, match=r"^sets must be one of lac, aps, raps"):
+        prediction_sets(np.full((1, 3), 1 / 3), 0.5, "naive")
+    with pytest.raises(ParameterError, match="LAC sets have no parameter lamda"):
+        class_scores(np.full((1, 3), 1 / 3), "lac", lamda=0.1)
+    with pytest.raises(ParameterError, match="APS sets take NoParams parameters"):
+        SetRule("aps", 0.1, (0.5,), params=RapsParams())
+    # RAPS's names, given for every method as the calls before the registry did: ignored
+    assert SetRule("lac", 0.1, (0.5,), lam=0.0, k_reg=0) == SetRule("lac", 0.1, (0.5,))
+    np.testing.assert_array_equal(
+        class_scores(np.array([[0.5, 0.3, 0.2]]), "aps", lam=0.0, k_reg=0),
+        class_scores(np.array([[0.5, 0.3, 0.2]]), "aps"),
+    )
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -627,7 +690,7 @@ def test_confident_aps_sets_keep_the_documented_rule():
     seed=st.integers(0, 10_000),
     classes=st.integers(2, 12),
     sharpness=st.floats(1.0, 40.0),
-    method=st.sampled_from(["lac", "aps", "raps"]),
+    method=st.sampled_from(SET_METHODS),
 )
 def test_sets_differ_from_the_rule_only_within_the_relative_tolerance(
     seed, classes, sharpness, method
@@ -639,12 +702,12 @@ def test_sets_differ_from_the_rule_only_within_the_relative_tolerance(
     z = sharpness * rng.normal(size=(200, classes))
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    lam, k_reg = (0.01, 1) if method == "raps" else (0.0, 0)
-    scores = class_scores(p, method, lam=lam, k_reg=k_reg)
+    params = RapsParams(0.01, 1) if method == "raps" else None
+    scores = class_scores(p, method, params)
     qhat = float(np.quantile(scores[np.arange(200), rng.integers(0, classes, 200)], 0.9))
-    sets = prediction_sets(p, qhat, method, lam=lam, k_reg=k_reg)
+    sets = prediction_sets(p, qhat, method, params)
     by_rule = scores <= qhat
-    if method != "lac":
+    if SET_SCORES[method].top_always_in:
         by_rule[np.arange(200), np.argsort(-p, axis=1, kind="stable")[:, 0]] = True
     extra = sets & ~by_rule
     room = 1.0 - scores

@@ -47,18 +47,22 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from hydra_deploy.arrays import read_array_file
+from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
 from hydra_deploy.decisions import apply_decisions, decision_metrics
 from hydra_deploy.engines.inputs import pick_inputs
-from hydra_deploy.engines.runner_base import check_shape
+from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.engines.runner_base import Runner, check_shape
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
 from hydra_deploy.errors import DataError, HydraError
 from hydra_deploy.evaluation.torch_runner import TorchRunner
 from hydra_deploy.labels import label_indices
+from hydra_deploy.uncertainty import plots
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
     _check_bins,
@@ -74,9 +78,6 @@ from hydra_deploy.userdata import (
     read_text_file,
     text_items,
 )
-
-if TYPE_CHECKING:
-    from hydra_deploy.engines.runner_base import Runner
 
 DEFAULT_SCORES = ("msp", "predictive_entropy", "mutual_information")
 #: Scores that measure how members differ: identically 0 for one member, so not applicable there.
@@ -286,8 +287,6 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
             f"{name}: {path} is a .npy array without labels; in-distribution data is a .npz with "
             "x and y"
         )
-    from hydra_deploy.arrays import read_array_file
-
     loaded = read_array_file(
         path, prefix=f"{name}: ", what="", hint="give a complete .npz (np.savez) or .npy"
     )
@@ -389,8 +388,6 @@ def evaluate(
         raise HydraError(f"batch size must be at least 1, got {batch_size}")
     ood = dict(ood or {})
     if isinstance(runner_or_path, (str, os.PathLike)):
-        from hydra_deploy.engines.runner import load_runner
-
         with load_runner(runner_or_path, decisions=decisions) as runner:
             return evaluate(
                 runner,
@@ -405,16 +402,65 @@ def evaluate(
     runner = runner_or_path
     if _is_torch_module(runner):
         runner = TorchRunner(runner)
+    id_set, ood_sets = _load_sets(runner, id_data, ood)
+
+    id_logits = member_logits(runner, id_set, batch_size)
+    id_scores = ensemble_scores(id_logits)
+    members, classes = id_scores["member_probs"].shape[1:]
+    _check_labels(id_set.labels, classes)
+    void = [s for s in names if members == 1 and s in SPREAD_SCORES]  # ranks nothing for M = 1
+    ood_logits, ood_arrays = {}, {}
+    for name, data in ood_sets.items():  # each set checked once it has run
+        ood_logits[name] = member_logits(runner, data, batch_size)
+        ood_arrays[name] = _ood_scores(name, ood_logits[name], id_scores)
+    report: dict[str, Any] = {
+        **_model_fields(runner, members, classes),
+        "counts": {"id": id_set.count, "ood": {n: d.count for n, d in ood_sets.items()}},
+        "scores": list(names),
+        "not_applicable": {s: NOT_APPLICABLE for s in void},
+        "conventions": _conventions(bins),
+        "id": _id_report(id_set, id_scores, names, void, bins),
+        "ood": {
+            name: _ood_report(data, ood_arrays[name], id_scores, names, void)
+            for name, data in ood_sets.items()
+        },
+    }
+    record = getattr(runner, "decisions", None) if decisions else None
+    arrays: dict[str, Any] = {"id": {**id_scores, "labels": id_set.labels}, "ood": ood_arrays}
+    if record is not None:
+        report["decisions"], arrays["decisions"] = decisions_section(
+            record, id_logits, id_set.labels, ood_logits, bins
+        )
+    if return_scores:
+        return report, arrays
+    return report
+
+
+def _load_sets(
+    runner: Runner, id_data: Any, ood: Mapping[str, Any]
+) -> tuple[EvalData, dict[str, EvalData]]:
+    """The ID data (labelled) and the OOD sets by name, read before the model runs."""
     id_set = load_eval_data(id_data, runner, name="ID data", labelled=True)
     ood_sets = {
         n: load_eval_data(d, runner, name=f"OOD set {n!r}", labelled=False) for n, d in ood.items()
     }
+    return id_set, ood_sets
 
-    id_logits = member_logits(runner, id_set, batch_size)
-    id_scores = ensemble_scores(id_logits)
-    probs = id_scores["probs"]
-    members, classes = id_scores["member_probs"].shape[1:]
-    labels = id_set.labels
+
+def _model_fields(runner: Runner, members: int, classes: int) -> dict[str, Any]:
+    """The report's first entries: which model, run how."""
+    return {
+        "model": str(getattr(runner, "export_dir", None) or getattr(runner, "path", "") or runner),
+        "backend": getattr(runner, "backend", None),
+        "precision": getattr(runner, "precision", None),
+        "family": getattr(runner, "family", None),
+        "members": int(members),
+        "classes": int(classes),
+        "class_names": getattr(runner, "class_names", None),
+    }
+
+
+def _check_labels(labels: np.ndarray, classes: int) -> None:
     bad = (labels < 0) | (labels >= classes)
     if bad.any():
         first = int(np.argmax(bad))
@@ -422,8 +468,29 @@ def evaluate(
             f"ID data: labels must lie in [0, {classes - 1}] (the model has {classes} classes); "
             f"{int(bad.sum())} do not (first: label {labels[first]} at index {first})"
         )
-    classification = classification_metrics(probs, labels, bins)
-    void = [s for s in names if members == 1 and s in SPREAD_SCORES]  # ranks nothing for M = 1
+
+
+def _conventions(bins: int) -> dict[str, str]:
+    """How the report's numbers are defined."""
+    return {
+        "probs": "mean over members of the member softmax",
+        "ece": f"{bins} equal-width bins of [0, 1] on the max probability, right-closed",
+        "ood": "OOD is the positive class; the OOD score is -msp for msp, the score as it is "
+        "otherwise; FPR95 is the FPR at the first threshold with TPR >= 0.95",
+        "selective": "AURC/E-AURC with the score as confidence (msp as it is, minus the others)",
+    }
+
+
+def _id_report(
+    id_set: EvalData,
+    id_scores: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    void: Sequence[str],
+    bins: int,
+) -> dict[str, Any]:
+    """The report's ``id`` entry: classification metrics, AURC / E-AURC per score (None for a
+    score that ranks nothing), mean scores and the reliability table."""
+    probs, labels = id_scores["probs"], id_set.labels
     selective = {}
     for score in names:
         if score in void:
@@ -432,67 +499,46 @@ def evaluate(
         conf = -ood_score(id_scores, score)
         metrics = classification_metrics(probs, labels, bins, confidence=conf)
         selective[score] = {"aurc": metrics["aurc"], "eaurc": metrics["eaurc"]}
-    table = reliability_bins(probs, labels, bins)
-
-    ood_report: dict[str, Any] = {}
-    ood_arrays: dict[str, Any] = {}
-    ood_logits: dict[str, np.ndarray] = {}
-    for name, data in ood_sets.items():
-        ood_logits[name] = member_logits(runner, data, batch_size)
-        got = ensemble_scores(ood_logits[name])
-        if got["member_probs"].shape[1:] != (members, classes):
-            raise HydraError(f"OOD set {name!r}: the model gave a different output shape")
-        ood_arrays[name] = got
-        ood_report[name] = {
-            "data": data.source,
-            "count": data.count,
-            "mean_scores": {s: float(np.mean(got[s], dtype=np.float64)) for s in names},
-            "scores": {
-                s: {"auroc": None, "aupr": None, "fpr95": None, "note": NOT_APPLICABLE}
-                if s in void
-                else ood_metrics(ood_score(id_scores, s), ood_score(got, s))
-                for s in names
-            },
-        }
-
-    report: dict[str, Any] = {
-        "model": str(getattr(runner, "export_dir", None) or getattr(runner, "path", "") or runner),
-        "backend": getattr(runner, "backend", None),
-        "precision": getattr(runner, "precision", None),
-        "family": getattr(runner, "family", None),
-        "members": int(members),
-        "classes": int(classes),
-        "class_names": getattr(runner, "class_names", None),
-        "counts": {"id": id_set.count, "ood": {n: d.count for n, d in ood_sets.items()}},
-        "scores": list(names),
-        "not_applicable": {s: NOT_APPLICABLE for s in void},
-        "conventions": {
-            "probs": "mean over members of the member softmax",
-            "ece": f"{bins} equal-width bins of [0, 1] on the max probability, right-closed",
-            "ood": "OOD is the positive class; the OOD score is -msp for msp, the score as it is "
-            "otherwise; FPR95 is the FPR at the first threshold with TPR >= 0.95",
-            "selective": "AURC/E-AURC with the score as confidence (msp as it is, minus the others)",
-        },
-        "id": {
-            "data": id_set.source,
-            "count": id_set.count,
-            "ece_bins": int(bins),
-            "classification": classification,
-            "selective": selective,
-            "mean_scores": {s: float(np.mean(id_scores[s], dtype=np.float64)) for s in names},
-            "reliability": _jsonable_bins(table),
-        },
-        "ood": ood_report,
+    return {
+        "data": id_set.source,
+        "count": id_set.count,
+        "ece_bins": int(bins),
+        "classification": classification_metrics(probs, labels, bins),
+        "selective": selective,
+        "mean_scores": {s: float(np.mean(id_scores[s], dtype=np.float64)) for s in names},
+        "reliability": _jsonable_bins(reliability_bins(probs, labels, bins)),
     }
-    record = getattr(runner, "decisions", None) if decisions else None
-    arrays: dict[str, Any] = {"id": {**id_scores, "labels": labels}, "ood": ood_arrays}
-    if record is not None:
-        report["decisions"], arrays["decisions"] = decisions_section(
-            record, id_logits, labels, ood_logits, bins
-        )
-    if return_scores:
-        return report, arrays
-    return report
+
+
+def _ood_scores(
+    name: str, logits: np.ndarray, id_scores: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """:func:`ensemble_scores` of an OOD set's logits, of the ID data's member and class counts."""
+    got = ensemble_scores(logits)
+    if got["member_probs"].shape[1:] != id_scores["member_probs"].shape[1:]:
+        raise HydraError(f"OOD set {name!r}: the model gave a different output shape")
+    return got
+
+
+def _ood_report(
+    data: EvalData,
+    got: Mapping[str, np.ndarray],
+    id_scores: Mapping[str, np.ndarray],
+    names: Sequence[str],
+    void: Sequence[str],
+) -> dict[str, Any]:
+    """One OOD set's entry: its mean scores and AUROC / AUPR / FPR95 per score (OOD positive)."""
+    return {
+        "data": data.source,
+        "count": data.count,
+        "mean_scores": {s: float(np.mean(got[s], dtype=np.float64)) for s in names},
+        "scores": {
+            s: {"auroc": None, "aupr": None, "fpr95": None, "note": NOT_APPLICABLE}
+            if s in void
+            else ood_metrics(ood_score(id_scores, s), ood_score(got, s))
+            for s in names
+        },
+    }
 
 
 def _meets(value: float | None, target: float, at_most: bool) -> bool | None:
@@ -739,9 +785,6 @@ def write_report(
     score into ``out_dir`` (with a ``decisions`` section, also ``risk_coverage.png`` and, with
     prediction sets, ``set_sizes.png``): built in a temporary folder beside it and renamed into
     place. An existing ``out_dir`` is refused unless ``overwrite`` (then replaced as a whole)."""
-    from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
-    from hydra_deploy.uncertainty import plots
-
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise HydraError(f"{str(out)!r} exists; pass --overwrite to replace it")

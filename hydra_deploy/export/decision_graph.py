@@ -8,11 +8,14 @@
 - ``calibrated_probs`` [B, C] float32: ``mean_m softmax(member_logits_m / T)``, each member's
   log-probabilities as ``z - max(z) - log(sum(exp(z - max(z))))`` (finite for tiny probabilities);
 - ``prediction_set`` [B, C] bool (when the record has sets): ``class_room(p) >= set_floor(qhat)``
-  (:func:`~hydra_deploy.decisions.class_room`, :func:`~hydra_deploy.decisions.set_floor`). LAC's
-  room is p; APS/RAPS sort p with a TopK, take the mass ranked strictly below each rank as a
+  (:func:`~hydra_deploy.decisions.class_room`, :func:`~hydra_deploy.decisions.set_floor`), the
+  room built by the set score's own graph half
+  (:meth:`~hydra_deploy.set_scores.SetScore.graph_room`, through :class:`_SetGraph`, the op
+  builder this module supplies to the registry). LAC's room is p; APS/RAPS sort p with a TopK, take the mass ranked strictly below each rank as a
   MatMul with a constant strictly triangular 0/1 matrix (smallest terms included, never
   ``1 - cumulative``), subtract RAPS's ``lam * max(0, rank - k_reg)`` by rank and scatter the rooms
-  back to class order (ScatterElements); they also hold the top class. ``qhat`` is one value or
+  back to class order (ScatterElements); a score that always holds the top class (APS, RAPS) has
+  it added (the TopK's first index). ``qhat`` is one value or
   one per candidate class (class-conditional: a [C] floor). The TopK ranks ties by lower index
   in the ONNX spec (as numpy's stable sort; ONNX Runtime does); TensorRT documents no tie order,
   so an engine may rank exactly tied probabilities differently;
@@ -87,12 +90,14 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from hydra_deploy.decisions import decision_margin, set_floor
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export_folder import DECISION_OUTPUTS, DecisionRecord, SetRule
+from hydra_deploy.optional import lazy_module
+from hydra_deploy.set_scores import SET_SCORES
+
+onnx = lazy_module("onnx", purpose="adding the decisions to model.onnx", error=ExportError)
 
 __all__ = [
     "DECISION_OPS",
@@ -111,8 +116,8 @@ MIN_OPSET = 13
 #: ReduceMax takes its axes as an input from this opset on (an attribute before)
 REDUCE_MAX_AXES_INPUT = 18
 #: The largest K of TensorRT's TopK layer (its operator docs, 10.x and 11: k <= 3840; onnx-tensorrt's
-#: table at 10.1-GA: "less than 3840"; TensorRT 8.6.0 EA's operator docs said k <= 1024). APS/RAPS
-#: sort all C classes with one TopK, so they are refused above it
+#: table at 10.1-GA: "less than 3840"; TensorRT 8.6.0 EA's operator docs said k <= 1024). A set
+#: score that ranks the classes (APS/RAPS) sorts all C with one TopK, so it is refused above it
 TOPK_MAX_K = 3840
 
 #: Every operator the decisions use: each one TensorRT layer named after its node (see the module
@@ -187,7 +192,7 @@ class _Builder:
             array = np.asarray(value, dtype=dtype)
             if shape is not None:
                 array = array.reshape(shape)
-            self.initializers[name] = numpy_helper.from_array(array, name)
+            self.initializers[name] = onnx.numpy_helper.from_array(array, name)
         return name
 
     def axes(self, *axes: int) -> str:
@@ -199,7 +204,7 @@ class _Builder:
         node_name = name if name in DECISION_OUTPUTS else PREFIX + name
         names = [node_name] if outputs == 1 else [f"{node_name}:{i}" for i in range(outputs)]
         self.nodes.append(
-            helper.make_node(op_type, list(inputs), names, name=PREFIX + name, **attrs)
+            onnx.helper.make_node(op_type, list(inputs), names, name=PREFIX + name, **attrs)
         )
         return names[0] if outputs == 1 else names
 
@@ -288,40 +293,57 @@ class _Scores:
         return g.op("Max", [gap, zero], "mutual_information")  # [B]
 
 
-def _set_room(g: _Builder, probs: str, rule: SetRule, classes: int) -> tuple[str, str | None]:
-    """(class_room [B, C] in class order, the top class [B, C] bool or None for LAC)."""
-    if rule.method == "lac":
-        return probs, None
-    k = g.const("k_classes", [classes], np.int64)
-    # [B, C] each: p descending, ties by lower class index; order[b, r] = the class ranked r + 1
-    sorted_p, order = g.op("TopK", [probs, k], "sorted", 2, axis=-1, largest=1, sorted=1)
-    # below[b, r] = sum of sorted_p[b, j] over j > r: the mass ranked strictly below rank r + 1
-    ranks = np.arange(classes)
-    strictly_below = g.const("strictly_below", ranks[:, None] > ranks[None, :])  # [C, C]
-    room = g.op("MatMul", [sorted_p, strictly_below], "mass_below")  # [B, C], by rank
-    if rule.method == "raps":
-        ranks_1 = np.arange(1, classes + 1, dtype=np.float64)
-        penalty = rule.lam * np.maximum(0.0, ranks_1 - rule.k_reg)  # as decisions._rank_penalty
-        room = g.op(
-            "Sub", [room, g.const("raps_penalty", penalty, shape=(1, classes))], "raps_room"
+class _SetGraph:
+    """The op builder a set score's graph half calls (:class:`~hydra_deploy.set_scores.SetGraph`):
+    ``g``'s nodes and initializers, the calibrated probabilities, and the classes ranked once."""
+
+    def __init__(self, g: _Builder, probs: str, classes: int, method: str) -> None:
+        self.const, self.op = g.const, g.op
+        self.probs, self.classes, self.method = probs, classes, method
+
+    @cached_property
+    def _ranked(self) -> tuple[str, str]:
+        # TensorRT's TopK takes K <= TOPK_MAX_K; LAC sorts nothing
+        if self.classes > TOPK_MAX_K:
+            raise ExportError(
+                f"{self.method.upper()} sets sort all {self.classes} classes with one TopK, and "
+                f"TensorRT's TopK takes K <= {TOPK_MAX_K}: calibrate with LAC sets (--sets lac), "
+                "or keep the decisions out of the graph"
+            )
+        k = self.const("k_classes", [self.classes], np.int64)
+        # [B, C] each: p descending, ties by lower class index; order[b, r] = the class ranked r + 1
+        sorted_p, order = self.op(
+            "TopK", [self.probs, k], "sorted", 2, axis=-1, largest=1, sorted=1
         )
-    # room_by_class[b, order[b, r]] = room[b, r]: back in class order
-    by_class = g.op("ScatterElements", [room, order, room], "class_room", axis=1)  # [B, C]
-    first = g.op("Gather", [order, g.const("rank_1", [0], np.int64)], "top_class", axis=1)
-    class_ids = g.const("class_ids", np.arange(classes), np.int64, shape=(1, classes))
-    return by_class, g.op("Equal", [class_ids, first], "is_top")  # [B, C]
+        return sorted_p, order
+
+    def ranked(self) -> tuple[str, str]:
+        return self._ranked
+
+    def by_class(self, by_rank: str, name: str) -> str:
+        # by_class[b, order[b, r]] = by_rank[b, r]: every entry written (order is a permutation)
+        order = self._ranked[1]
+        return self.op("ScatterElements", [by_rank, order, by_rank], name, axis=1)
+
+    def top_class(self) -> str:
+        """[B, C] bool: the class ranked first."""
+        rank_1 = self.const("rank_1", [0], np.int64)
+        first = self.op("Gather", [self._ranked[1], rank_1], "top_class", axis=1)  # [B, 1]
+        class_ids = self.const("class_ids", np.arange(self.classes), np.int64, (1, self.classes))
+        return self.op("Equal", [class_ids, first], "is_top")
 
 
 def _prediction_set(g: _Builder, scores: _Scores, rule: SetRule, classes: int) -> str:
-    room, top = _set_room(g, scores.probs, rule, classes)
+    score = SET_SCORES[rule.method]
+    graph = _SetGraph(g, scores.probs, classes, rule.method)
+    room = score.graph_room(graph, rule.params)  # [B, C] in class order
     # room >= set_floor(qhat): one floor, or one per candidate class; NaN rooms: False
     floor = set_floor(np.asarray(rule.qhat, dtype=np.float64))
     shape = (1, classes) if rule.class_conditional else (1, 1)
-    name = "prediction_set" if top is None else "room_over_floor"
-    in_set = g.compare(room, ">=", floor, name, shape)
-    if top is None:
-        return in_set
-    top = g.op("And", [top, scores.finite_2d], "top_if_finite")
+    if not score.top_always_in:
+        return g.compare(room, ">=", floor, "prediction_set", shape)
+    in_set = g.compare(room, ">=", floor, "room_over_floor", shape)
+    top = g.op("And", [graph.top_class(), scores.finite_2d], "top_if_finite")
     return g.op("Or", [in_set, top], "prediction_set")  # [B, C]
 
 
@@ -387,9 +409,9 @@ def _check(model: onnx.ModelProto, record: DecisionRecord) -> onnx.ValueInfoProt
             "re-export it (hydra-export --opset 17)"
         )
     elem = logits.type.tensor_type.elem_type
-    if elem != TensorProto.FLOAT:
+    if elem != onnx.TensorProto.FLOAT:
         raise ExportError(
-            f"member_logits is {helper.tensor_dtype_to_string(elem)}, not float32: re-export the "
+            f"member_logits is {onnx.helper.tensor_dtype_to_string(elem)}, not float32: re-export the "
             "model with hydra-export (its member_logits output is float32 at every precision)"
         )
     dims = _dims(logits)
@@ -403,13 +425,6 @@ def _check(model: onnx.ModelProto, record: DecisionRecord) -> onnx.ValueInfoProt
             f"the decisions were fitted for {record.num_classes} classes but the model has "
             f"{dims[2]}; calibrate this model (hydra-calibrate) before adding its decisions"
         )
-    sets = record.sets
-    if sets is not None and sets.method != "lac" and record.num_classes > TOPK_MAX_K:
-        raise ExportError(
-            f"{sets.method.upper()} sets sort all {record.num_classes} classes with one TopK, and "
-            f"TensorRT's TopK takes K <= {TOPK_MAX_K}: calibrate with LAC sets (--sets lac), or "
-            "keep the decisions out of the graph"
-        )
     return logits
 
 
@@ -421,29 +436,30 @@ def add_decisions(model: onnx.ModelProto, record: DecisionRecord) -> onnx.ModelP
 
     Refused (:class:`ExportError`) for a model without a float32 ``member_logits`` [B, M, C]
     output (M fixed), an opset before 13, a class count other than ``record.num_classes``, a model
-    that already has decision outputs (see :func:`remove_decisions`), and APS/RAPS sets over more
-    than :data:`TOPK_MAX_K` classes."""
+    that already has decision outputs (see :func:`remove_decisions`), and sets of a score that
+    ranks the classes (APS, RAPS) over more than :data:`TOPK_MAX_K` classes."""
     logits = _check(model, record)
     batch, members, classes = _dims(logits)
     g = _Builder(_opset(model))
     scores = _Scores(g, record.temperature, members)
-    shapes = {"calibrated_probs": (TensorProto.FLOAT, [batch, classes])}
+    shapes = {"calibrated_probs": (onnx.TensorProto.FLOAT, [batch, classes])}
     if record.sets is not None:
         _prediction_set(g, scores, record.sets, record.num_classes)
-        shapes["prediction_set"] = (TensorProto.BOOL, [batch, classes])
+        shapes["prediction_set"] = (onnx.TensorProto.BOOL, [batch, classes])
     if record.selective is not None:
         _accept(g, scores, record.selective.score, record.selective.tau)
-        shapes["accept"] = (TensorProto.BOOL, [batch])
+        shapes["accept"] = (onnx.TensorProto.BOOL, [batch])
     if record.ood is not None:
         _ood_flag(g, scores, record.ood.score, record.ood.threshold)
-        shapes["ood_flag"] = (TensorProto.BOOL, [batch])
+        shapes["ood_flag"] = (onnx.TensorProto.BOOL, [batch])
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out.graph.node.extend(g.nodes)
     out.graph.initializer.extend(g.initializers.values())
     out.graph.output.extend(
-        helper.make_tensor_value_info(name, elem, shape) for name, (elem, shape) in shapes.items()
+        onnx.helper.make_tensor_value_info(name, elem, shape)
+        for name, (elem, shape) in shapes.items()
     )
     return out
 

@@ -21,11 +21,13 @@ from onnx import TensorProto, helper
 from hydra_deploy.decisions import (
     apply_decisions,
     calibrated_scores,
-    class_room,
+    class_scores,
+    conformal_quantile,
     decision_margin,
     fit_decisions,
     prediction_sets,
     set_floor,
+    split_rows,
 )
 from hydra_deploy.errors import ExportError
 from hydra_deploy.export.decision_graph import (
@@ -38,18 +40,23 @@ from hydra_deploy.export.decision_graph import (
     remove_decisions,
 )
 from hydra_deploy.export_folder import DecisionRecord, OodRule, SelectiveRule, SetRule
+from hydra_deploy.set_scores import SET_METHODS, SET_SCORES, RapsParams
 from hydra_deploy.uncertainty.metrics import ood_score
 
 HASHES = {"onnx_sha256": "0" * 64, "data_sha256": "1" * 64}
 TOL = 1e-5  # relative (absolute below 1): a float32 score against float64 near a threshold
 ROOM_TOL = 1e-5  # relative: a float32 class room against float64 near the set's floor
-METHODS = ("lac", "aps", "raps")
+#: every registered set score: each property below runs over each (a new entry is tested here)
+METHODS = SET_METHODS
 # (accept score, OOD score) per set method: each score is used by both rules somewhere
-SCORES = {
-    "lac": ("msp", "predictive_entropy"),
-    "aps": ("predictive_entropy", "mutual_information"),
-    "raps": ("mutual_information", "msp"),
-}
+PAIRS = (
+    ("msp", "predictive_entropy"),
+    ("predictive_entropy", "mutual_information"),
+    ("mutual_information", "msp"),
+)
+SCORES = {method: PAIRS[i % len(PAIRS)] for i, method in enumerate(METHODS)}
+#: hand-set parameters where a score's defaults would leave a part of it out (RAPS: no penalty)
+PARAMS = {"raps": RapsParams(lam=1e-7, k_reg=1)}
 
 
 # --- models, records and running them ---------------------------------------------------------------
@@ -140,38 +147,30 @@ def order_differs(p64: np.ndarray, p32: np.ndarray) -> np.ndarray:
     return differs.any(axis=2) | differs.any(axis=1)
 
 
-def near_floor(room: np.ndarray, floor, penalty: np.ndarray) -> np.ndarray:
+def near_floor(room: np.ndarray, floor, magnitude: np.ndarray) -> np.ndarray:
     """[B, C]: a class room within float32's rounding of the set's floor, relative to the terms it
-    is made of (the mass below the class, RAPS's penalty at its rank)."""
+    is made of (the score's room_magnitude: the mass below the class, RAPS's penalty at its rank;
+    0 where the graph computes the room exactly)."""
     floor = np.asarray(floor, dtype=np.float64)
-    scale = np.abs(room) + 2.0 * penalty + np.abs(floor)
-    return np.abs(room - floor) <= ROOM_TOL * scale + 1e-30
-
-
-def rank_penalty(probs: np.ndarray, rule) -> np.ndarray:
-    """[B, C]: RAPS's penalty at each class's rank (0 for LAC and APS)."""
-    if rule.method != "raps":
-        return np.zeros_like(probs)
-    ranks = np.empty_like(probs)
-    order = np.argsort(-probs, axis=1, kind="stable")
-    np.put_along_axis(ranks, order, np.arange(1, probs.shape[1] + 1, dtype=np.float64), axis=1)
-    return rule.lam * np.maximum(0.0, ranks - rule.k_reg)
+    scale = magnitude + np.abs(floor)
+    return (magnitude > 0) & (np.abs(room - floor) <= ROOM_TOL * scale + 1e-30)
 
 
 def ambiguous(x: np.ndarray, record: DecisionRecord, got: dict) -> dict[str, np.ndarray]:
     """Per bool output, where float32 may rightly differ from float64: the defining score within
     TOL of the value it is compared with (tau or the OOD threshold moved by decision_margin), a
-    class's room within ROOM_TOL of the set's floor, and for APS/RAPS a rank that float32 sees
-    differently."""
+    class's room within ROOM_TOL of the set's floor, and for a score that ranks the classes a rank
+    that float32 sees differently."""
     scores = calibrated_scores(x, record.temperature)
     out = {}
     if record.sets is not None:
         rule = record.sets
+        score = SET_SCORES[rule.method]
         qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
-        room = class_room(scores["probs"], rule.method, lam=rule.lam, k_reg=rule.k_reg)
-        penalty = rank_penalty(scores["probs"], rule)
-        out["prediction_set"] = near_floor(room, set_floor(qhat), penalty)
-        if rule.method != "lac":
+        room = score.room(scores["probs"], rule.params)
+        magnitude = score.room_magnitude(scores["probs"], rule.params)
+        out["prediction_set"] = near_floor(room, set_floor(qhat), magnitude)
+        if score.sorts:
             out["prediction_set"] |= order_differs(scores["probs"], got["calibrated_probs"])
     if record.selective is not None:
         rule = record.selective
@@ -257,25 +256,26 @@ def test_confident_inputs_get_the_numpy_set(method, qhat, x):
     """Issue 34: with qhat near 1, the graph's sets equal numpy's wherever no class's room (its
     probability, or the mass ranked below it) is within float32 rounding of 1 - qhat; a set never
     takes in a class whose room is clearly below the floor (what 1 - cumulative lost in float32)."""
-    rule = SetRule(method, 0.1, (qhat,), lam=1e-7 if method == "raps" else 0.0, k_reg=1)
-    record = record_with(1.0, 5, sets=rule)
+    record = record_with(1.0, 5, sets=SetRule(method, 0.1, (qhat,), params=PARAMS.get(method)))
     assert_matches(x, record, run(decided_session(record), x))
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_confident_inputs_are_rarely_ambiguous(method):
     """On 3000 confident examples at each qhat near 1 no set entry is within float32's rounding
-    of the floor, and many sets hold more than one class: the comparison is exercised."""
+    of the floor, and (for a score whose room is a probability or a mass: a rank score's qhat
+    near 1 is k = 1) many sets hold more than one class: the comparison is exercised."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-4.0, 0.0, size=(3000, 3, 5)).astype(np.float32)
     lift = rng.uniform(8.0, 25.0, 3000).astype(np.float32)
     x[np.arange(3000), :, rng.integers(0, 5, 3000)] += lift[:, None]
+    score, params = SET_SCORES[method], PARAMS.get(method)
+    probs = calibrated_scores(x, 1.0)["probs"]
     for qhat in QHATS:
-        rule = SetRule(method, 0.1, (qhat,), lam=1e-7 if method == "raps" else 0.0, k_reg=1)
-        record = record_with(1.0, 5, sets=rule)
+        record = record_with(1.0, 5, sets=SetRule(method, 0.1, (qhat,), params=params))
         counts = assert_matches(x, record, run(decided_session(record), x))
         assert counts["prediction_set"] <= 3  # of 15000 entries
-        if qhat < 0.9999:
+        if qhat < 0.9999 or not score.room_magnitude(probs, record.sets.params).any():
             continue
         assert (apply_decisions(x, record)["prediction_set"].sum(axis=1) > 1).mean() > 0.2
 
@@ -442,6 +442,47 @@ def test_tied_classes_rank_by_lower_index(method):
     np.testing.assert_array_equal(apply_decisions(x, record)["prediction_set"], expected)
     np.testing.assert_array_equal(got["prediction_set"], expected)
     assert set(got) == {"member_logits", "calibrated_probs", "prediction_set"}
+
+
+def test_topk_sets_are_the_k_top_ranked_classes_in_numpy_and_in_the_graph():
+    """The top-k score, one registry entry: a class's score is its rank (1 + the classes with a
+    larger p, + the tied ones of lower index), qhat the conformal quantile of the true classes'
+    ranks on the quantile part is a whole k, and the set is the k top-ranked classes: numpy and
+    the graph in ONNX Runtime give the same sets."""
+    logits, labels = labelled_logits(600, 3, 5)
+    record = fit_decisions(logits, labels, **HASHES, sets="topk", risk=0.3)
+    assert record.sets.method == "topk" and record.sets.to_dict()["qhat"] == record.sets.qhat[0]
+    # the numpy half against the definition, one class at a time
+    probs = calibrated_scores(logits, record.temperature)["probs"]
+    ranks = np.array(
+        [[1 + sum(q > row[y] or (q == row[y] and j < y) for j, q in enumerate(row))
+          for y in range(len(row))] for row in probs]
+    )  # fmt: skip
+    np.testing.assert_array_equal(class_scores(probs, "topk"), ranks)
+    quantile_rows = split_rows(600, record.holdout, record.seed)[1]
+    k = conformal_quantile(ranks[quantile_rows, labels[quantile_rows]], 0.1)
+    assert record.sets.qhat == (k,) and k == int(k) and 1 < k < 5
+    np.testing.assert_array_equal(apply_decisions(logits, record)["prediction_set"], ranks <= k)
+    # the graph: ties of every kind (equal logits give equal float32 and float64 probabilities)
+    tied = np.array(
+        [[[0, 2, 2, 2, 0]] * 3, [[1, 1, 0, -1, -1]] * 3, [[0.0] * 5] * 3, [[3, 0, 0, 0, 3]] * 3],
+        dtype=np.float32,
+    )
+    x = np.concatenate([tied, logits[:200].astype(np.float32)])
+    got = run(decided_session(record), x)
+    expected = apply_decisions(x, record)
+    assert k == 2  # the tied rows' sets, by hand
+    np.testing.assert_array_equal(
+        expected["prediction_set"][:4],
+        [[0, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 1]],
+    )
+    for name in ("prediction_set", "accept", "ood_flag"):
+        np.testing.assert_array_equal(got[name], expected[name])
+    np.testing.assert_allclose(got["calibrated_probs"], expected["calibrated_probs"], atol=TOL)
+    # class-conditional: one k per class, each the quantile of that class's true ranks
+    conditional = fitted("topk", True)
+    assert all(q == int(q) for q in conditional.sets.qhat)
+    assert_matches(x, conditional, run(decided_session(conditional), x))
 
 
 @pytest.mark.parametrize("method", METHODS)
