@@ -18,10 +18,59 @@ import numpy as np
 import torch
 from torch import nn
 
-from hydra_deploy.errors import SpecError
+from hydra_deploy.errors import SpecError, UnsupportedModelError
 
 #: the warning for a backbone built without trained weights (its name, then how to give them)
 RANDOM_WEIGHTS = "%s: random weights (no checkpoint given); pass %s for trained weights"
+
+
+@dataclass(frozen=True)
+class MustMatch:
+    """An entry of a family's architecture signature with its own advice: ``value`` must be equal
+    in every member, ``fix`` says how to make it so (default: copies of one backbone)."""
+
+    value: Any
+    fix: str
+
+
+def weight_shapes(module: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Every state-dict entry's (shape, dtype): the part of an architecture signature that says
+    whether members' weights can be stacked."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
+
+
+def is_identity(module: nn.Module | None) -> bool:
+    return module is None or isinstance(module, nn.Identity)
+
+
+def block_problems(
+    block: nn.Module, where: str, norms: Sequence[str], scales: Sequence[str]
+) -> list[str]:
+    """What a fused pre-norm block cannot express in ``block``'s ``norms`` (LayerNorms only) and
+    layer ``scales`` (identity or a LayerScale's ``gamma``)."""
+    problems = [
+        f"{where}: {name} is not a LayerNorm"
+        for name in norms
+        if not isinstance(getattr(block, name), nn.LayerNorm)
+    ]
+    for name in scales:
+        scale = getattr(block, name)
+        if not (is_identity(scale) or hasattr(scale, "gamma")):
+            problems.append(f"{where}: {name} is {type(scale).__name__}")
+    return problems
+
+
+def refuse_unsupported(problems: list[str], heads: set, blocks: int, what: str, fused: str) -> None:
+    """Raise UnsupportedModelError naming every problem found in ``what`` (blocks of different
+    head geometry and no block at all included); ``fused``: the fused model that lacks them."""
+    if len(heads) > 1:
+        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
+    if blocks == 0:
+        problems.append(f"the {what} has no transformer blocks")
+    if problems:
+        raise UnsupportedModelError(
+            f"this {what} uses features {fused} does not implement: " + "; ".join(problems)
+        )
 
 
 @dataclass(frozen=True)

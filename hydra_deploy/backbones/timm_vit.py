@@ -1,29 +1,35 @@
-"""Adapter over timm's ``VisionTransformer`` (ViT-Ti/S/B/L, DeiT, and friends with standard blocks)."""
+"""Adapter over timm's ``VisionTransformer`` (ViT-Ti/S/B/L, DeiT, and friends with standard blocks),
+and what the vit family declares about it: its architecture signature and its per-head weights."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
-from hydra_deploy.errors import UnsupportedModelError
+from hydra_deploy.backbones.base import (
+    AttentionWeights,
+    BackboneAdapter,
+    block_problems,
+    is_identity,
+    refuse_unsupported,
+    weight_shapes,
+)
+from hydra_deploy.errors import BackboneError, FinetuneError, UnsupportedModelError
+from hydra_deploy.optional import lazy_module
+
+timm = lazy_module("timm", purpose="the vit family (timm Vision Transformers)", error=BackboneError)
 
 SUPPORTED_POOLS = ("token", "avg", "max", "avgmax")
 
 
-def _is_identity(module: nn.Module | None) -> bool:
-    return module is None or isinstance(module, nn.Identity)
-
-
 def check_supported(model: nn.Module) -> None:
     """Raise UnsupportedModelError naming every feature of ``model`` the fused ViT cannot express."""
-    from timm.layers import Mlp
-    from timm.layers.attention import Attention
-    from timm.models.vision_transformer import Block, VisionTransformer
-
-    if not isinstance(model, VisionTransformer):
+    vision_transformer = timm.models.vision_transformer
+    if not isinstance(model, vision_transformer.VisionTransformer):
         raise UnsupportedModelError(
             f"{type(model).__name__} is not a timm VisionTransformer; hydra-deploy's ViT family "
             "supports timm.models.vision_transformer.VisionTransformer models"
@@ -41,62 +47,88 @@ def check_supported(model: nn.Module) -> None:
         problems.append("no linear classifier head (num_classes=0); build it with num_classes > 0")
     for name in ("norm", "fc_norm"):
         sub = getattr(model, name)
-        if not (_is_identity(sub) or isinstance(sub, nn.LayerNorm)):
+        if not (is_identity(sub) or isinstance(sub, nn.LayerNorm)):
             problems.append(f"{name} is {type(sub).__name__}, expected LayerNorm or Identity")
     heads = set()
     for index, block in enumerate(model.blocks):
         where = f"block {index}"
-        if type(block) is not Block:
+        if type(block) is not vision_transformer.Block:
             problems.append(
                 f"{where} is {type(block).__name__}, only the pre-norm timm Block is supported"
             )
             continue
         attn = block.attn
-        if type(attn) is not Attention:
+        if type(attn) is not timm.layers.attention.Attention:
             problems.append(f"{where}: attention {type(attn).__name__} is not timm's Attention")
             continue
-        if not (_is_identity(attn.q_norm) and _is_identity(attn.k_norm)):
+        if not (is_identity(attn.q_norm) and is_identity(attn.k_norm)):
             problems.append(f"{where}: qk_norm is not supported")
-        if not _is_identity(getattr(attn, "norm", None)):
+        if not is_identity(getattr(attn, "norm", None)):
             problems.append(f"{where}: attention scale_norm is not supported")
         if getattr(attn, "gate", None) is not None:
             problems.append(f"{where}: gated attention is not supported")
         if attn.attn_dim != attn.num_heads * attn.head_dim:
             problems.append(f"{where}: attention width {attn.attn_dim} != heads x head_dim")
         heads.add((attn.num_heads, attn.head_dim))
-        if type(block.mlp) is not Mlp or not _is_identity(block.mlp.norm):
+        if type(block.mlp) is not timm.layers.Mlp or not is_identity(block.mlp.norm):
             problems.append(f"{where}: MLP {type(block.mlp).__name__} is not timm's plain Mlp")
-        for norm_name in ("norm1", "norm2"):
-            if not isinstance(getattr(block, norm_name), nn.LayerNorm):
-                problems.append(f"{where}: {norm_name} is not a LayerNorm")
-        for ls_name in ("ls1", "ls2"):
-            ls = getattr(block, ls_name)
-            if not (_is_identity(ls) or hasattr(ls, "gamma")):
-                problems.append(f"{where}: {ls_name} is {type(ls).__name__}")
-    if len(heads) > 1:
-        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
-    if len(model.blocks) == 0:
-        problems.append("the model has no transformer blocks")
-    if problems:
-        raise UnsupportedModelError(
-            "this VisionTransformer uses features the fused Hydra ViT does not implement: "
-            + "; ".join(problems)
+        problems += block_problems(block, where, ("norm1", "norm2"), ("ls1", "ls2"))
+    refuse_unsupported(
+        problems, heads, len(model.blocks), "VisionTransformer", "the fused Hydra ViT"
+    )
+
+
+def architecture_signature(adapter: BackboneAdapter) -> dict[str, Any]:
+    """What members of the vit family must share to be fused (the family registry's
+    ``architecture``): module structure, pooling and prefix tokens, weights' shapes."""
+    model = adapter.module
+    flags = (
+        model.global_pool,
+        model.num_prefix_tokens,
+        model.no_embed_class,
+        getattr(model, "pool_include_prefix", False),
+    )
+    return {
+        "pooling / prefix-token settings": flags,
+        "weights' shapes or dtypes": weight_shapes(model),
+        "module structure": repr(model),
+    }
+
+
+def head_views(module: nn.Module) -> tuple[int, list[list[tuple[torch.Tensor, int]]]]:
+    """(heads per layer, per layer the views of every weight holding one slice per head): a timm
+    ViT's ``attn.qkv`` weight/bias [3, H, hd, ...] (Q, K and V rows) and ``attn.proj.weight``
+    [D, H, hd] (columns), detached views sharing the parameters' storage (the registry's
+    ``head_views``)."""
+    blocks = getattr(module, "blocks", None)
+    if blocks is None:
+        raise FinetuneError(
+            f"{type(module).__name__} has no .blocks: it is not a timm ViT; fine-tuning takes the "
+            "models of a family that declares its head_views (hydra_deploy.families)"
         )
+    views = []
+    for block in blocks:
+        attn = block.attn
+        H, hd = attn.num_heads, attn.head_dim
+        layer = [
+            (attn.qkv.weight.detach().view(3, H, hd, -1), 1),
+            (attn.proj.weight.detach().view(attn.proj.weight.shape[0], H, hd), 1),
+        ]
+        if attn.qkv.bias is not None:
+            layer.append((attn.qkv.bias.detach().view(3, H, hd), 1))
+        views.append(layer)
+    return blocks[0].attn.num_heads, views
 
 
 def build_vit(kwargs: dict) -> nn.Module:
     """A random-weight VisionTransformer from ``TimmVitAdapter.constructor_kwargs()``."""
-    from functools import partial
-
-    from timm.models.vision_transformer import VisionTransformer
-
     kwargs = dict(kwargs)
     eps = kwargs.pop("layer_norm_eps", 1e-6)
     approximate = kwargs.pop("gelu_approximate", "none")
     for key in ("img_size", "patch_size"):
         kwargs[key] = tuple(kwargs[key])
     try:
-        return VisionTransformer(
+        return timm.models.vision_transformer.VisionTransformer(
             **kwargs,
             norm_layer=partial(nn.LayerNorm, eps=eps),
             act_layer=partial(nn.GELU, approximate=approximate),
@@ -228,9 +260,7 @@ class TimmVitAdapter(BackboneAdapter):
         224-pixel RGB default for a model built with img_size=16 or in_chans=1): the backbone's own
         input shape wins, and a single-channel model takes the first entry of a 3-channel mean/std.
         """
-        from timm.data import resolve_data_config
-
-        config = resolve_data_config({}, model=self.module)
+        config = timm.data.resolve_data_config({}, model=self.module)
         config["input_size"] = (self.in_chans, *self.img_size)
         for key in ("mean", "std"):
             values = tuple(float(v) for v in config[key])

@@ -4,6 +4,7 @@ over a :class:`~hydra_deploy.backbones.openclip.zero_shot.ZeroShotClassifier`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -11,10 +12,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.base import (
+    AttentionWeights,
+    BackboneAdapter,
+    MustMatch,
+    block_problems,
+    is_identity,
+    refuse_unsupported,
+    weight_shapes,
+)
 from hydra_deploy.backbones.openclip.attention import GatedMultiheadAttention, install_gates
 from hydra_deploy.backbones.openclip.zero_shot import ZeroShotClassifier
 from hydra_deploy.errors import BackboneError, UnsupportedModelError
+from hydra_deploy.optional import lazy_module
+
+open_clip = lazy_module("open_clip", purpose="the openclip family", error=BackboneError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -23,15 +35,10 @@ _CROP_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
 SUPPORTED_POOLS = ("tok", "avg")
 
 
-def _is_identity(module: nn.Module | None) -> bool:
-    return module is None or isinstance(module, nn.Identity)
-
-
 def check_supported(visual: nn.Module) -> None:
     """Raise UnsupportedModelError naming every feature of the image tower the fused model lacks."""
-    from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
-
-    if not isinstance(visual, VisionTransformer):
+    transformer = open_clip.transformer
+    if not isinstance(visual, transformer.VisionTransformer):
         kind = type(visual).__name__
         hint = {
             "ModifiedResNet": "ResNet image towers (RN50, ...) have no attention heads to prune",
@@ -47,14 +54,14 @@ def check_supported(visual: nn.Module) -> None:
         problems.append("no output projection (proj=None)")
     if not getattr(visual.transformer, "batch_first", True):
         problems.append("a sequence-first (batch_first=False) transformer; update open_clip")
-    if not (_is_identity(visual.ln_pre) or isinstance(visual.ln_pre, nn.LayerNorm)):
+    if not (is_identity(visual.ln_pre) or isinstance(visual.ln_pre, nn.LayerNorm)):
         problems.append(f"ln_pre is {type(visual.ln_pre).__name__}")
     if not isinstance(visual.ln_post, nn.LayerNorm):
         problems.append(f"ln_post is {type(visual.ln_post).__name__}")
     heads = set()
     for index, block in enumerate(visual.transformer.resblocks):
         where = f"block {index}"
-        if type(block) is not ResidualAttentionBlock:
+        if type(block) is not transformer.ResidualAttentionBlock:
             problems.append(
                 f"{where} is {type(block).__name__} (custom blocks: qk_norm, scaled cosine "
                 "attention, head scaling); only ResidualAttentionBlock is supported"
@@ -67,13 +74,7 @@ def check_supported(visual: nn.Module) -> None:
             problems.append(f"{where}: attention {type(attn).__name__}")
             continue
         heads.add((attn.num_heads, attn.head_dim))
-        for norm_name in ("ln_1", "ln_2"):
-            if not isinstance(getattr(block, norm_name), nn.LayerNorm):
-                problems.append(f"{where}: {norm_name} is not a LayerNorm")
-        for ls_name in ("ls_1", "ls_2"):
-            ls = getattr(block, ls_name)
-            if not (_is_identity(ls) or hasattr(ls, "gamma")):
-                problems.append(f"{where}: {ls_name} is {type(ls).__name__}")
+        problems += block_problems(block, where, ("ln_1", "ln_2"), ("ls_1", "ls_2"))
         mlp = block.mlp
         if not (
             isinstance(getattr(mlp, "c_fc", None), nn.Linear)
@@ -81,15 +82,32 @@ def check_supported(visual: nn.Module) -> None:
             and len(mlp) == 3
         ):
             problems.append(f"{where}: the MLP is not c_fc -> activation -> c_proj")
-    if len(heads) > 1:
-        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
-    if len(visual.transformer.resblocks) == 0:
-        problems.append("the image tower has no transformer blocks")
-    if problems:
-        raise UnsupportedModelError(
-            "this OpenCLIP image tower uses features the fused Hydra model does not implement: "
-            + "; ".join(problems)
-        )
+    blocks = len(visual.transformer.resblocks)
+    refuse_unsupported(problems, heads, blocks, "OpenCLIP image tower", "the fused Hydra model")
+
+
+#: how members that differ in their zero-shot classifier are made fusable
+_SHARED_TEXT_SIDE = (
+    "Hydra members share the text side: build them with the same classes, templates and text tower"
+)
+
+
+def architecture_signature(adapter: BackboneAdapter) -> dict[str, Any]:
+    """What members of the openclip family must share to be fused (the family registry's
+    ``architecture``): the image tower's structure, pooling and weights' shapes, and the zero-shot
+    classifier itself (class weights, logit scale and bias: every member uses the same)."""
+    classifier = adapter.module
+    visual = classifier.visual
+    flags = (visual.pool_type, bool(visual.final_ln_after_pool), classifier.logit_bias is None)
+    signature: dict[str, Any] = {
+        "pooling settings": flags,
+        "weights' shapes or dtypes": weight_shapes(classifier),
+        "module structure": repr(visual),
+    }
+    for name in ("class_weights", "logit_scale", "logit_bias"):
+        value = getattr(classifier, name)
+        signature[f"zero-shot classifier ({name})"] = MustMatch(value, _SHARED_TEXT_SIDE)
+    return signature
 
 
 class OpenClipAdapter(BackboneAdapter):
@@ -194,11 +212,7 @@ class OpenClipAdapter(BackboneAdapter):
     # ---------------------------------------------------------------------------------------------
     def preprocess_cfg(self) -> dict[str, Any]:
         """open_clip's preprocessing config of the model (its defaults where the model has none)."""
-        from dataclasses import asdict
-
-        from open_clip.transform import PreprocessCfg
-
-        config = asdict(PreprocessCfg())
+        config = dataclasses.asdict(open_clip.transform.PreprocessCfg())
         config.update(getattr(self.visual, "preprocess_cfg", None) or {})
         config["size"] = self.img_size
         return config
@@ -233,12 +247,10 @@ class OpenClipAdapter(BackboneAdapter):
 
         Weights are not included: the rebuilt model has placeholder weights to load a state dict into.
         """
-        from open_clip.transformer import QuickGELU
-
         visual = self.visual
         block = visual.transformer.resblocks[0]
         act = block.mlp[1]
-        if isinstance(act, QuickGELU):
+        if isinstance(act, open_clip.transformer.QuickGELU):
             quick_gelu, approximate = True, "none"
         elif type(act) is nn.GELU:
             quick_gelu, approximate = False, act.approximate
@@ -260,7 +272,7 @@ class OpenClipAdapter(BackboneAdapter):
             "output_dim": self.output_dim,
             "pool_type": visual.pool_type,
             "final_ln_after_pool": bool(visual.final_ln_after_pool),
-            "no_ln_pre": _is_identity(visual.ln_pre),
+            "no_ln_pre": is_identity(visual.ln_pre),
             "quick_gelu": quick_gelu,
             "gelu_approximate": approximate,
             "layer_norm_eps": float(block.ln_1.eps),
