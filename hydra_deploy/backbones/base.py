@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from hydra_deploy.errors import SpecError, UnsupportedModelError
+from hydra_deploy.specs import HydraSpec
 
 #: the warning for a backbone built without trained weights (its name, then how to give them)
 RANDOM_WEIGHTS = "%s: random weights (no checkpoint given); pass %s for trained weights"
@@ -90,6 +91,32 @@ class AttentionWeights:
     proj: torch.Tensor
     proj_bias: torch.Tensor | None
 
+    @classmethod
+    def from_packed(
+        cls,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        proj: torch.Tensor,
+        proj_bias: torch.Tensor | None,
+        num_heads: int,
+    ) -> AttentionWeights:
+        """From one packed Q/K/V projection (weight [3 * H * hd, D], bias [3 * H * hd]) and the
+        output projection (weight [D, H * hd]), as timm's ``qkv`` and torch's ``in_proj`` hold them."""
+        D = proj.shape[0]
+        hd = qkv.shape[0] // (3 * num_heads)
+        q, k, v = qkv.detach().view(3, num_heads, hd, -1)
+        biases = (None,) * 3 if qkv_bias is None else qkv_bias.detach().view(3, num_heads, hd)
+        return cls(
+            q=q,
+            k=k,
+            v=v,
+            q_bias=biases[0],
+            k_bias=biases[1],
+            v_bias=biases[2],
+            proj=proj.detach().view(D, num_heads, hd),
+            proj_bias=None if proj_bias is None else proj_bias.detach(),
+        )
+
 
 class BackboneAdapter(abc.ABC):
     """Uniform view over a Transformer classifier. Subclasses set the attributes below."""
@@ -147,8 +174,6 @@ class BackboneAdapter(abc.ABC):
 
     def check_spec(self, spec: Any, user: str = "this call") -> None:
         """Raise SpecError unless ``spec`` is a HydraSpec for this backbone's layers and heads."""
-        from hydra_deploy.specs import HydraSpec
-
         if not isinstance(spec, HydraSpec):
             raise SpecError(
                 f"{user} expects a HydraSpec, got {type(spec).__name__}; see HydraSpec.from_json"

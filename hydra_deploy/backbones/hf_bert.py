@@ -73,6 +73,19 @@ LOAD_KWARGS = ("seq_len", "seed", "tokenizer_dir", "new_classifier")
 ADAPTER_SETTINGS = "hydra_adapter_settings"
 
 TextInputs = Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
+#: the inputs of a BERT, in their order (a stacked tensor's channels, a tuple's items)
+TEXT_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def check_text_keys(inputs: Mapping[str, Any], error: type[Exception], where: str = "") -> None:
+    """Refuse (with ``error``, ``where`` before the message) a mapping of text inputs without
+    ``input_ids`` or with other keys than :data:`TEXT_INPUT_NAMES`."""
+    unknown = sorted(set(inputs) - set(TEXT_INPUT_NAMES))
+    if unknown or "input_ids" not in inputs:
+        raise error(
+            f"{where}text inputs need 'input_ids' (and optionally 'attention_mask', "
+            f"'token_type_ids'); got keys {sorted(inputs)}"
+        )
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -481,14 +494,9 @@ class HfBertAdapter(BackboneAdapter):
     # --- inputs ------------------------------------------------------------------------------------
     def text_inputs(self, inputs: TextInputs) -> dict[str, torch.Tensor]:
         """Any accepted input form -> {"input_ids", "attention_mask", "token_type_ids"} [B, N]."""
-        names = ("input_ids", "attention_mask", "token_type_ids")
+        names = TEXT_INPUT_NAMES
         if isinstance(inputs, Mapping):
-            unknown = sorted(set(inputs) - set(names))
-            if unknown or "input_ids" not in inputs:
-                raise BackboneError(
-                    f"text inputs need 'input_ids' (and optionally 'attention_mask', "
-                    f"'token_type_ids'); got keys {sorted(inputs)}"
-                )
+            check_text_keys(inputs, BackboneError)
             given = {k: v for k, v in inputs.items() if v is not None}
         elif isinstance(inputs, torch.Tensor) and inputs.dim() == 3:
             if inputs.shape[1] not in (2, 3):

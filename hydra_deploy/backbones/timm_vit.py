@@ -198,20 +198,8 @@ class TimmVitAdapter(BackboneAdapter):
 
     def attention_weights(self, layer: int) -> AttentionWeights:
         attn = self.module.blocks[layer].attn
-        H, hd, D = self.num_heads, self.head_dim, self.embed_dim
-        qkv_w = attn.qkv.weight.detach().view(3, H, hd, D)
-        qkv_b = None if attn.qkv.bias is None else attn.qkv.bias.detach().view(3, H, hd)
-        proj_w = attn.proj.weight.detach().view(D, H, hd)
-        proj_b = None if attn.proj.bias is None else attn.proj.bias.detach()
-        return AttentionWeights(
-            q=qkv_w[0],
-            k=qkv_w[1],
-            v=qkv_w[2],
-            q_bias=None if qkv_b is None else qkv_b[0],
-            k_bias=None if qkv_b is None else qkv_b[1],
-            v_bias=None if qkv_b is None else qkv_b[2],
-            proj=proj_w,
-            proj_bias=proj_b,
+        return AttentionWeights.from_packed(
+            attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias, self.num_heads
         )
 
     def constructor_kwargs(self) -> dict:

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from hydra_deploy.arrays import read_array_file
+from hydra_deploy.backbones.hf_bert import TEXT_INPUT_NAMES, check_text_keys
 from hydra_deploy.errors import DataError, spelled
 from hydra_deploy.labels import label_indices
 from hydra_deploy.optional import lazy_module
@@ -70,7 +71,7 @@ pil_image = lazy_module("PIL.Image", purpose="reading images", error=DataError)
 logger = logging.getLogger("hydra_deploy")
 
 #: The text inputs, in the order of the stacked [N, 2|3, L] form.
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEXT_KEYS = TEXT_INPUT_NAMES
 #: Keys of a dict item/batch that hold its labels (Hugging Face datasets use "label"/"labels").
 LABEL_KEYS = ("labels", "label", "y")
 
@@ -438,12 +439,7 @@ def _int_tensor(value: Any, key: str, name: str) -> torch.Tensor:
 def _stack_text(inputs: Any, name: str, backbone: Any = None) -> torch.Tensor:
     """Any text input form with a batch axis -> the stacked int64 tensor [N, 2|3, L]."""
     if isinstance(inputs, Mapping):
-        unknown = sorted(set(inputs) - set(TEXT_KEYS))
-        if unknown or "input_ids" not in inputs:
-            raise DataError(
-                f"{name}: text inputs need 'input_ids' (and optionally 'attention_mask', "
-                f"'token_type_ids'); got keys {sorted(inputs)}"
-            )
+        check_text_keys(inputs, DataError, f"{name}: ")
         ids = _int_tensor(inputs["input_ids"], "input_ids", name)
         if ids.dim() != 2:
             raise DataError(f"{name}: input_ids must be [examples, tokens], got {list(ids.shape)}")

@@ -190,19 +190,9 @@ class OpenClipAdapter(BackboneAdapter):
 
     def attention_weights(self, layer: int) -> AttentionWeights:
         attn = self.visual.transformer.resblocks[layer].attn
-        H, hd, D = self.num_heads, self.head_dim, self.embed_dim
-        qkv_w = attn.in_proj_weight.detach().view(3, H, hd, D)
-        qkv_b = None if attn.in_proj_bias is None else attn.in_proj_bias.detach().view(3, H, hd)
-        proj_b = attn.out_proj.bias
-        return AttentionWeights(
-            q=qkv_w[0],
-            k=qkv_w[1],
-            v=qkv_w[2],
-            q_bias=None if qkv_b is None else qkv_b[0],
-            k_bias=None if qkv_b is None else qkv_b[1],
-            v_bias=None if qkv_b is None else qkv_b[2],
-            proj=attn.out_proj.weight.detach().view(D, H, hd),
-            proj_bias=None if proj_b is None else proj_b.detach(),
+        out = attn.out_proj
+        return AttentionWeights.from_packed(
+            attn.in_proj_weight, attn.in_proj_bias, out.weight, out.bias, self.num_heads
         )
 
     def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
