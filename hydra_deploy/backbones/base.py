@@ -40,6 +40,12 @@ def weight_shapes(module: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.d
     return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
 
 
+def random_pixel_values(batch_size: int, seed: int, input_size: Sequence[int]) -> torch.Tensor:
+    """Seeded random ``pixel_values`` [batch, C, H, W] (an image model's example inputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch_size, *input_size, generator=generator)
+
+
 def is_identity(module: nn.Module | None) -> bool:
     return module is None or isinstance(module, nn.Identity)
 
@@ -276,3 +282,36 @@ class BackboneAdapter(abc.ABC):
             f"heads={self.num_heads}x{self.head_dim}, dim={self.embed_dim}, "
             f"classes={self.num_classes}, weights={self.weights!r})"
         )
+
+
+class ImageBackbone(BackboneAdapter):
+    """An adapter of an image family: ``pixel_values`` [B, in_chans, *img_size] cut into
+    ``num_patches`` patches of ``patch_size`` by the patch embedding; ``num_tokens`` with the
+    prefix tokens. Subclasses give :meth:`head_macs`."""
+
+    in_chans: int
+    img_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    num_patches: int
+    num_tokens: int
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        return random_pixel_values(batch_size, seed, (self.in_chans, *self.img_size))
+
+    @abc.abstractmethod
+    def head_macs(self) -> int:
+        """Multiply-accumulates of one stream's head per image (after pooling)."""
+        raise NotImplementedError
+
+    def macs(
+        self,
+        layer_heads: Sequence[Sequence[int]] | None = None,
+        embed_streams: int = 1,
+        head_streams: int = 1,
+    ) -> int:
+        """Multiply-accumulates per image: the layers' (:meth:`encoder_macs`, ``layer_heads``),
+        ``embed_streams`` patch embeddings and ``head_streams`` heads (:meth:`head_macs`)."""
+        ph, pw = self.patch_size
+        patch = self.num_patches * self.in_chans * ph * pw * self.embed_dim
+        total = embed_streams * patch + head_streams * self.head_macs()
+        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)

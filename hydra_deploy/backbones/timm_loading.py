@@ -23,7 +23,7 @@ from hydra_deploy.backbones.checkpoint import (
     load_into,
     read_state_dict,
 )
-from hydra_deploy.backbones.timm_vit import TimmVitAdapter
+from hydra_deploy.backbones.timm_vit import TimmVitAdapter, timm
 from hydra_deploy.errors import BackboneError, CheckpointError, said
 from hydra_deploy.export_folder import (
     DECISIVE_PREPROCESSING,
@@ -32,9 +32,6 @@ from hydra_deploy.export_folder import (
     default_preprocessing_warning,
 )
 from hydra_deploy.families import get_family
-from hydra_deploy.optional import lazy_module
-
-timm = lazy_module("timm", purpose="the vit family (timm Vision Transformers)", error=BackboneError)
 
 logger = logging.getLogger("hydra_deploy")
 

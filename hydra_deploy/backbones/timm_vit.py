@@ -3,7 +3,6 @@ and what the vit family declares about it: its architecture signature and its pe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -13,6 +12,7 @@ from torch import nn
 from hydra_deploy.backbones.base import (
     AttentionWeights,
     BackboneAdapter,
+    ImageBackbone,
     block_problems,
     is_identity,
     refuse_unsupported,
@@ -21,6 +21,7 @@ from hydra_deploy.backbones.base import (
 from hydra_deploy.errors import BackboneError, FinetuneError, UnsupportedModelError
 from hydra_deploy.optional import lazy_module
 
+#: the vit family's one import of timm (its loading module uses this one too)
 timm = lazy_module("timm", purpose="the vit family (timm Vision Transformers)", error=BackboneError)
 
 SUPPORTED_POOLS = ("token", "avg", "max", "avgmax")
@@ -137,7 +138,7 @@ def build_vit(kwargs: dict) -> nn.Module:
         raise UnsupportedModelError(f"cannot rebuild the ViT from {kwargs}: {err}") from err
 
 
-class TimmVitAdapter(BackboneAdapter):
+class TimmVitAdapter(ImageBackbone):
     """A timm VisionTransformer seen through the common adapter interface."""
 
     family = "vit"
@@ -179,6 +180,7 @@ class TimmVitAdapter(BackboneAdapter):
         self.num_tokens = self.num_patches + self.num_prefix_tokens
         self.img_size = tuple(model.patch_embed.img_size)
         self.in_chans = model.patch_embed.proj.in_channels
+        self.patch_size = tuple(int(s) for s in model.patch_embed.proj.kernel_size)
 
     # ---------------------------------------------------------------------------------------------
     def _gate_targets(self) -> list[nn.Module]:
@@ -261,21 +263,6 @@ class TimmVitAdapter(BackboneAdapter):
         architecture because the checkpoint recorded none (the fused model's record keeps them)."""
         return tuple(getattr(self.module, "preprocessing_defaulted", ()))
 
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)
-
-    # ---------------------------------------------------------------------------------------------
-    def macs(
-        self,
-        layer_heads: Sequence[Sequence[int]] | None = None,
-        embed_streams: int = 1,
-        head_streams: int = 1,
-    ) -> int:
-        """Multiply-accumulates per image: the layers' (:meth:`encoder_macs`, ``layer_heads``),
-        ``embed_streams`` patch embeddings and ``head_streams`` classifiers."""
-        D = self.embed_dim
-        proj = self.module.patch_embed.proj
-        patch = self.num_patches * proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * D
-        total = embed_streams * patch + head_streams * D * self.num_classes
-        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)
+    def head_macs(self) -> int:
+        """The classifier's multiply-accumulates per image."""
+        return self.embed_dim * self.num_classes

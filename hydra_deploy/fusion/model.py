@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.backbones.base import MustMatch
+from hydra_deploy.backbones.base import MustMatch, random_pixel_values
 from hydra_deploy.errors import BackboneError, FusionError, SpecError
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion.grouped import DEFAULT_LOWERING
@@ -198,6 +198,11 @@ class HydraModel(nn.Module):
         for block in self.blocks:
             x = block(x, **block_kwargs)  # [M, B, N, D]
         return x
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> Any:
+        """Vision models: random ``pixel_values`` [batch, *input_size] (seeded), for tracing and
+        validation (a text model gives its own inputs)."""
+        return random_pixel_values(batch_size, seed, self.input_size)
 
     def check_pixel_values(self, pixel_values: torch.Tensor) -> None:
         """Vision models: ``pixel_values`` must be [batch, *input_size]."""

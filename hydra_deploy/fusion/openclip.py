@@ -113,11 +113,6 @@ class HydraOpenClip(HydraModel):
         }
         self._count_macs(first, stack, embed_shared, final_streams)
 
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        """Random ``pixel_values`` [batch, 3, H, W] (seeded), for tracing and validation."""
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, *self.input_size, generator=generator)
-
     def _pooled(self, x: torch.Tensor) -> torch.Tensor:
         """[S, B, N, D] -> [S, B, D], ln_post included (it is per token, so the class token can be
         taken first and normalised alone: the same numbers as open_clip's normalise-then-take)."""

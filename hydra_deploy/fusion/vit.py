@@ -31,11 +31,6 @@ class VitEmbedding(nn.Module):
         self.no_embed_class = bool(model.no_embed_class)
         self.norm_pre = copy.deepcopy(model.norm_pre)
 
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, *self.input_size, generator=generator)
-
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(pixel_values)  # [B, P, D]
         prefix = [
@@ -106,11 +101,6 @@ class HydraViT(HydraModel):
             "classifier": head_kind,
         }
         self._count_macs(members[0], stack, embed_shared, final_streams)
-
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, *self.input_size, generator=generator)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         M = self.num_members

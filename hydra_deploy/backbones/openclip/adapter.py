@@ -15,6 +15,7 @@ from torch import nn
 from hydra_deploy.backbones.base import (
     AttentionWeights,
     BackboneAdapter,
+    ImageBackbone,
     MustMatch,
     block_problems,
     is_identity,
@@ -26,6 +27,7 @@ from hydra_deploy.backbones.openclip.zero_shot import ZeroShotClassifier
 from hydra_deploy.errors import BackboneError, UnsupportedModelError
 from hydra_deploy.optional import lazy_module
 
+#: the openclip family's one import of open_clip (its loading module uses this one too)
 open_clip = lazy_module("open_clip", purpose="the openclip family", error=BackboneError)
 
 logger = logging.getLogger("hydra_deploy")
@@ -110,7 +112,7 @@ def architecture_signature(adapter: BackboneAdapter) -> dict[str, Any]:
     return signature
 
 
-class OpenClipAdapter(BackboneAdapter):
+class OpenClipAdapter(ImageBackbone):
     """An OpenCLIP image tower with a zero-shot classifier, seen through the common interface.
 
     Build it with :func:`load_openclip` (a model name) or :func:`wrap_openclip` (a built model).
@@ -194,10 +196,6 @@ class OpenClipAdapter(BackboneAdapter):
         return AttentionWeights.from_packed(
             attn.in_proj_weight, attn.in_proj_bias, out.weight, out.bias, self.num_heads
         )
-
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)
 
     # ---------------------------------------------------------------------------------------------
     def preprocess_cfg(self) -> dict[str, Any]:
@@ -284,21 +282,7 @@ class OpenClipAdapter(BackboneAdapter):
             "vision": self.constructor_kwargs(),
         }
 
-    # ---------------------------------------------------------------------------------------------
-    def macs(
-        self,
-        layer_heads: Sequence[Sequence[int]] | None = None,
-        embed_streams: int = 1,
-        head_streams: int = 1,
-    ) -> int:
-        """Multiply-accumulates per image (the text side is computed once, offline: not counted).
-
-        The layers' (:meth:`encoder_macs`, ``layer_heads``), ``embed_streams`` patch embeddings and
-        ``head_streams`` heads (projection to the joint space and the class-weight product).
-        """
-        D = self.embed_dim
-        ph, pw = self.patch_size
-        patch = self.num_patches * self.in_chans * ph * pw * D
-        head = D * self.output_dim + self.output_dim * self.num_classes
-        total = embed_streams * patch + head_streams * head
-        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)
+    def head_macs(self) -> int:
+        """The projection to the joint space and the class-weight product, per image (the text
+        side is computed once, offline: not counted)."""
+        return self.embed_dim * self.output_dim + self.output_dim * self.num_classes

@@ -18,7 +18,7 @@ from torch import nn
 
 from hydra_deploy.backbones.base import RANDOM_WEIGHTS
 from hydra_deploy.backbones.checkpoint import HUB_HOST, hub_unreachable_reason
-from hydra_deploy.backbones.openclip.adapter import OpenClipAdapter, check_supported
+from hydra_deploy.backbones.openclip.adapter import OpenClipAdapter, check_supported, open_clip
 from hydra_deploy.backbones.openclip.zero_shot import (
     DEFAULT_TEMPLATES,
     ZeroShotClassifier,
@@ -27,9 +27,6 @@ from hydra_deploy.backbones.openclip.zero_shot import (
     read_names,
 )
 from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError, said
-from hydra_deploy.optional import lazy_module
-
-open_clip = lazy_module("open_clip", purpose="the openclip family", error=BackboneError)
 
 logger = logging.getLogger("hydra_deploy")
 
