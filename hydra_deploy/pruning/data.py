@@ -317,17 +317,9 @@ def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledDat
             _refuse_floats_for_text(x, backbone, name)
         x = _stack_text(x, name, backbone)
         return LabelledData(TensorDataset(x, _labels_tensor(y, x.shape[0], name)), name)
-    y = torch.as_tensor(np.asarray(y) if isinstance(y, np.ndarray) else y)
-    if x.shape[0] != y.shape[0]:
-        raise DataError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
-    if y.dim() != 1:
-        raise DataError(
-            f"{name}: labels must be a 1-D array of class indices, got shape {list(y.shape)}"
-        )
-    if y.is_floating_point() and not bool((y == y.round()).all()):
-        raise DataError(f"{name}: labels must be integer class indices, got fractional values")
+    y = _labels_tensor(y, x.shape[0], name)
     _refuse_unpreprocessed(x, name, backbone)
-    return LabelledData(TensorDataset(x.float(), y.long()), name)
+    return LabelledData(TensorDataset(x.float(), y), name)
 
 
 def _refuse_unpreprocessed(x: torch.Tensor, name: str, backbone: Any = None) -> None:
