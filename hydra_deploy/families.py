@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_FAMILY",
     "Family",
     "families",
+    "family_for_alias",
     "family_for_folder",
     "family_for_model_type",
     "family_for_prefix",
@@ -77,7 +78,8 @@ class Family:
     #: ``load_backbone`` options only this family takes
     takes_new_classifier: bool = False
     takes_preprocessing: bool = False
-    #: short names -> the model names the loader builds (``vit_b16`` -> ``vit_base_patch16_224``)
+    #: short names -> the model names the loader builds (``vit_b16`` -> ``vit_base_patch16_224``);
+    #: ``load_backbone(alias)`` hands the alias to this family's loader, which resolves it
     aliases: Mapping[str, str] = field(default_factory=dict)
     #: Hugging Face ``config.json`` ``model_type`` values of the folders this family loads
     model_types: tuple[str, ...] = ()
@@ -125,12 +127,15 @@ def register(family: Family, *, replace: bool = False) -> Family:
     ]
     if clash:
         raise BackboneError(f"family {family.name!r}: prefix {family.prefix!r} is {clash[0]!r}'s")
-    owners = {t: other.name for other in _REGISTRY.values() for t in other.model_types}
-    taken = [t for t in family.model_types if owners.get(t, family.name) != family.name]
-    if taken:
-        raise BackboneError(
-            f"family {family.name!r}: model_type {taken[0]!r} is {owners[taken[0]]!r}'s"
-        )
+    claims = (("model_type", family.model_types, family_for_model_type),)
+    claims += (("alias", tuple(family.aliases), family_for_alias),)
+    for what, names, owner_of in claims:
+        for claimed in names:
+            owner = owner_of(claimed)
+            if owner is not None and owner.name != family.name:
+                raise BackboneError(
+                    f"family {family.name!r}: {what} {claimed!r} is {owner.name!r}'s"
+                )
     if family.name in _REGISTRY and not replace:
         raise BackboneError(f"family {family.name!r} is registered already; pass replace=True")
     _REGISTRY[family.name] = family
@@ -160,6 +165,11 @@ def get_family(name: Any) -> Family:
 def family_for_prefix(prefix: str) -> Family | None:
     """The family a ``"<prefix>:..."`` backbone name belongs to, if any."""
     return next((f for f in _REGISTRY.values() if f.prefix and f.prefix == prefix), None)
+
+
+def family_for_alias(name: str) -> Family | None:
+    """The family that declares ``name`` among its short aliases, if any."""
+    return next((f for f in _REGISTRY.values() if name in f.aliases), None)
 
 
 def family_for_model_type(model_type: str) -> Family | None:

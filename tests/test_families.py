@@ -213,6 +213,17 @@ def test_a_new_hugging_face_family_is_recognised_from_its_registration(scratch_r
     assert family_of_name(folder) is bert
 
 
+def test_an_alias_belongs_to_the_family_declaring_it(scratch_registry):
+    openclip = get_family("openclip")
+    assert family_of_name("clip_b32").name == "vit"  # no family claims it: a timm name
+    aliased = register(
+        dataclasses.replace(openclip, aliases={"clip_b32": "ViT-B-32"}), replace=True
+    )
+    assert family_of_name("clip_b32") is aliased
+    with pytest.raises(BackboneError, match="alias 'vit_b16' is 'vit'"):
+        register(dataclasses.replace(openclip, aliases={"vit_b16": "ViT-B-16"}), replace=True)
+
+
 def test_the_architecture_check_is_the_familys_declared_signature(scratch_registry):
     """Fusion compares what the family's registration declares, nothing else: a signature that
     only reads a tag refuses members whose tags differ, naming the entry."""

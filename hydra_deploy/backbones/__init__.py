@@ -27,6 +27,7 @@ from hydra_deploy.families import (
     DEFAULT_FAMILY,
     Family,
     families,
+    family_for_alias,
     family_for_folder,
     family_for_prefix,
     family_of_module,
@@ -57,8 +58,8 @@ def _family_and_source(name: str) -> tuple[Family | None, str]:
     """The family that builds ``name`` and what its loader gets.
 
     ``<prefix>:<rest>``: the prefix's family and ``rest`` (a Hugging Face folder goes to the
-    family its ``model_type`` names); a folder: the family its ``config.json`` names; else the
-    family of plain names. (None, name): an unknown prefix.
+    family its ``model_type`` names); a folder: the family its ``config.json`` names; an alias:
+    the family declaring it; else the family of plain names. (None, name): an unknown prefix.
     """
     prefix, sep, rest = name.partition(":")
     exists = Path(name).expanduser().exists()
@@ -73,7 +74,7 @@ def _family_and_source(name: str) -> tuple[Family | None, str]:
         recognised = family_for_folder(Path(name).expanduser())
         if recognised is not None:
             return recognised, name
-    return get_family(DEFAULT_FAMILY), name
+    return family_for_alias(name) or get_family(DEFAULT_FAMILY), name
 
 
 def load_backbone(
