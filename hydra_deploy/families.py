@@ -1,12 +1,15 @@
 """The model families, each declared once: what differs between a timm ViT, a BERT and an OpenCLIP.
 
-A :class:`Family` says how a backbone of the family is named (``hf:<folder>``), what its inputs are
-(images or text, their names, the dynamic axes), which functions load, wrap and rebuild it, which
-class fuses it, and which components of an exported fused model are per member (reload). Every
-stage asks the registry (:func:`get_family`, :func:`family_for_prefix`,
+A :class:`Family` says how a backbone of the family is named (``hf:<folder>``, its short aliases)
+and how a model folder of it is recognised (a Hugging Face ``config.json``'s ``model_type``), what
+its inputs are (images or text, their names, the dynamic axes), which functions load, wrap and
+rebuild it, which class fuses it, what members must share to be fused (its architecture
+signature), which weights hold one slice per head (fine-tuning zeroes pruned heads there), and
+which components of an exported fused model are per member (reload). Every stage asks the
+registry (:func:`get_family`, :func:`family_for_prefix`, :func:`family_for_folder`,
 :func:`family_of_module`) instead of testing family names itself, so adding a family (a RoBERTa, a
-SigLIP) is one :func:`register` call here or in the backbone module that implements it; the
-tests run over every registered family.
+SigLIP) is one :func:`register` call here or in the backbone module that implements it, naming the
+functions that module defines; the tests run over every registered family.
 
 The functions and classes are named as ``"module:attribute"`` strings and imported when first
 used: this module imports the standard library only, so the edge runtime (engines, scoring) can
@@ -17,6 +20,7 @@ per-architecture ``OnnxConfig`` and timm's ``@register_model`` are the models fo
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +28,12 @@ from typing import Any
 from hydra_deploy.errors import BackboneError
 
 __all__ = [
+    "DEFAULT_FAMILY",
     "Family",
     "families",
+    "family_for_alias",
+    "family_for_folder",
+    "family_for_model_type",
     "family_for_prefix",
     "family_names",
     "family_of_module",
@@ -34,6 +42,8 @@ __all__ = [
 ]
 
 IMAGES, TEXT = "images", "text"
+#: the family of a plain model name (no ``<prefix>:``) and of a module no family claims
+DEFAULT_FAMILY = "vit"
 
 
 @dataclass(frozen=True)
@@ -44,12 +54,13 @@ class Family:
     description: str
     input_kind: str  # "images" or "text"
     input_names: tuple[str, ...]
-    #: ``load_backbone("<prefix>:<rest>")`` builds one (None: plain timm names and folders)
+    #: ``load_backbone("<prefix>:<rest>")`` builds one (None: plain names, see DEFAULT_FAMILY)
     prefix: str | None
     #: module-name prefixes of the model classes of this family (``load_backbone(module)``)
     module_origins: tuple[str, ...]
     #: "module:function" strings, imported when used:
-    #: loader(rest, checkpoint, num_classes, **kwargs) -> adapter (for ``prefix`` names)
+    #: loader(rest, checkpoint, num_classes, **kwargs) -> adapter (``prefix`` names, the family's
+    #: folders, and for DEFAULT_FAMILY plain names)
     loader: str | None
     #: wrapper(module, checkpoint, num_classes, **kwargs) -> adapter (a built model)
     wrapper: str
@@ -67,6 +78,18 @@ class Family:
     #: ``load_backbone`` options only this family takes
     takes_new_classifier: bool = False
     takes_preprocessing: bool = False
+    #: short names -> the model names the loader builds (``vit_b16`` -> ``vit_base_patch16_224``);
+    #: ``load_backbone(alias)`` hands the alias to this family's loader, which resolves it
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    #: Hugging Face ``config.json`` ``model_type`` values of the folders this family loads
+    model_types: tuple[str, ...] = ()
+    #: architecture(adapter) -> {what: value}: fusion refuses members that differ in any entry
+    #: (:func:`hydra_deploy.fusion.model.check_same_architecture`; what names it in the error)
+    architecture: str | None = None
+    #: head_views(module) -> (heads per layer, per layer [(a view of a weight, its head axis)]):
+    #: the weights holding one slice per head, where fine-tuning zeroes the pruned heads (None:
+    #: members of this family are not fine-tuned)
+    head_views: str | None = None
 
     @property
     def text(self) -> bool:
@@ -79,7 +102,7 @@ class Family:
 
     def resolve(self, what: str) -> Any:
         """The function or class a field names (``"loader"``, ``"wrapper"``, ``"fused_class"``,
-        ``"rebuild"``), imported now."""
+        ``"rebuild"``, ``"architecture"``, ``"head_views"``), imported now."""
         target = getattr(self, what)
         if not isinstance(target, str):
             raise BackboneError(f"the {self.name} family has no {what}")
@@ -104,6 +127,15 @@ def register(family: Family, *, replace: bool = False) -> Family:
     ]
     if clash:
         raise BackboneError(f"family {family.name!r}: prefix {family.prefix!r} is {clash[0]!r}'s")
+    claims = (("model_type", family.model_types, family_for_model_type),)
+    claims += (("alias", tuple(family.aliases), family_for_alias),)
+    for what, names, owner_of in claims:
+        for claimed in names:
+            owner = owner_of(claimed)
+            if owner is not None and owner.name != family.name:
+                raise BackboneError(
+                    f"family {family.name!r}: {what} {claimed!r} is {owner.name!r}'s"
+                )
     if family.name in _REGISTRY and not replace:
         raise BackboneError(f"family {family.name!r} is registered already; pass replace=True")
     _REGISTRY[family.name] = family
@@ -135,14 +167,43 @@ def family_for_prefix(prefix: str) -> Family | None:
     return next((f for f in _REGISTRY.values() if f.prefix and f.prefix == prefix), None)
 
 
+def family_for_alias(name: str) -> Family | None:
+    """The family that declares ``name`` among its short aliases, if any."""
+    return next((f for f in _REGISTRY.values() if name in f.aliases), None)
+
+
+def family_for_model_type(model_type: str) -> Family | None:
+    """The family that claims a Hugging Face ``model_type`` (``"bert"``), if any."""
+    return next((f for f in _REGISTRY.values() if model_type in f.model_types), None)
+
+
+def family_for_folder(folder: Any) -> Family | None:
+    """The family that loads a model folder, recognised from its ``config.json``.
+
+    A Hugging Face folder (its config has ``model_type``) belongs to the family whose
+    ``model_types`` claim that type; an unclaimed type to the first family that loads Hugging Face
+    folders, whose loader names the types it takes. None: no config, or not a Hugging Face one (a
+    timm hub folder names its ``architecture``: DEFAULT_FAMILY's loader reads it).
+    """
+    try:
+        with open(f"{folder}/config.json", encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "model_type" not in config:
+        return None
+    claimed = family_for_model_type(str(config["model_type"]))
+    return claimed or next((f for f in _REGISTRY.values() if f.model_types), None)
+
+
 def family_of_module(module: Any) -> Family:
-    """The family of a built model, from the library that defines its class (timm ViT when no
-    other family claims it: the adapter then says whether it is one)."""
+    """The family of a built model, from the library that defines its class (DEFAULT_FAMILY when
+    no other family claims it: its adapter then says whether it is one)."""
     origin = type(module).__module__
     for family in _REGISTRY.values():
         if any(origin == o or origin.startswith(o + ".") for o in family.module_origins):
             return family
-    return get_family("vit")
+    return get_family(DEFAULT_FAMILY)
 
 
 # --- the families this version implements ----------------------------------------------------------
@@ -154,8 +215,8 @@ register(
         input_names=("pixel_values",),
         prefix=None,
         module_origins=("timm",),
-        loader=None,  # timm names, aliases and folders: load_backbone's own path
-        wrapper="hydra_deploy.backbones:wrap_vit",
+        loader="hydra_deploy.backbones.timm_loading:load_vit",  # timm names, aliases, folders
+        wrapper="hydra_deploy.backbones.timm_loading:wrap_vit",
         fused_class="hydra_deploy.fusion.vit:HydraViT",
         rebuild="hydra_deploy.backbones.timm_vit:build_vit",
         member_layout={
@@ -176,6 +237,14 @@ register(
             "final": {"norm": ("norm", 2), "fc_norm": ("fc_norm", 2), "head": ("head", 3)},
         },
         takes_preprocessing=True,
+        aliases={
+            "vit_ti16": "vit_tiny_patch16_224",
+            "vit_s16": "vit_small_patch16_224",
+            "vit_b16": "vit_base_patch16_224",
+            "vit_l16": "vit_large_patch16_224",
+        },
+        architecture="hydra_deploy.backbones.timm_vit:architecture_signature",
+        head_views="hydra_deploy.backbones.timm_vit:head_views",
     )
 )
 register(
@@ -209,6 +278,9 @@ register(
             },
         },
         takes_new_classifier=True,
+        model_types=("bert",),
+        architecture="hydra_deploy.backbones.hf_bert:architecture_signature",
+        head_views="hydra_deploy.backbones.hf_bert:head_views",
     )
 )
 register(
@@ -246,5 +318,6 @@ register(
             },
             "final": {"ln_post": ("visual.ln_post", 2), "proj": ("visual.proj", 3)},
         },
+        architecture="hydra_deploy.backbones.openclip.adapter:architecture_signature",
     )
 )

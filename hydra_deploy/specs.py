@@ -634,28 +634,7 @@ class HydraSpec:
         L = _check_count("num_layers", num_layers)
         H = _check_count("num_heads", num_heads)
         M = _check_count("members", members)
-        if _is_int(heads_per_member):
-            raw_counts: list[object] = [heads_per_member] * M
-        elif _is_sequence(heads_per_member):
-            raw_counts = list(heads_per_member)  # type: ignore[arg-type]
-            if len(raw_counts) != M:
-                raise SpecError(
-                    f"heads_per_member has {len(raw_counts)} entries, expected one per member "
-                    f"(members={M})"
-                )
-        else:
-            raise SpecError(
-                f"heads_per_member must be an int or one int per member, "
-                f"got {_describe(heads_per_member)}"
-            )
-        counts: list[int] = []
-        for m, k in enumerate(raw_counts):
-            if not _is_int(k) or not 0 <= int(k) <= H:  # type: ignore[call-overload]
-                raise SpecError(
-                    f"heads_per_member for member {m} must be an int in 0..{H} "
-                    f"(num_heads={H}), got {_describe(k)}"
-                )
-            counts.append(int(k))  # type: ignore[call-overload]
+        counts = _head_counts(heads_per_member, M, H)
         if not _is_int(shared_layers) or not 0 <= int(shared_layers) <= L:
             raise SpecError(
                 f"shared_layers must be an int in 0..{L} (num_layers={L}), "
@@ -674,41 +653,7 @@ class HydraSpec:
             )
         if M > 1:
             cls._check_can_differ(counts, H, free, shared, bool(disjoint))
-
-        rng = np.random.default_rng(seed)
-
-        def draw(k: int) -> tuple[int, ...]:
-            return tuple(sorted(rng.choice(H, size=k, replace=False).tolist()))
-
-        heads: list[list[tuple[int, ...]]] = [[() for _ in range(L)] for _ in range(M)]
-        for layer in range(shared):
-            kept = draw(counts[0])
-            for m in range(M):
-                heads[m][layer] = kept
-        if disjoint:
-            for layer in range(shared, L):
-                perm = rng.permutation(H).tolist()
-                start = 0
-                for m, k in enumerate(counts):
-                    heads[m][layer] = tuple(sorted(perm[start : start + k]))
-                    start += k
-        else:
-            for m, k in enumerate(counts):
-                for layer in range(shared, L):
-                    heads[m][layer] = draw(k)
-            # Resample a member that equals an earlier one (possible only for equal counts).
-            for m in range(1, M):
-                tries = 0
-                while any(heads[m] == heads[j] for j in range(m)):
-                    tries += 1
-                    if tries > _MAX_RESAMPLES:
-                        raise SpecError(
-                            f"could not draw {M} distinct members in {_MAX_RESAMPLES} tries "
-                            f"(member {m} keeps repeating an earlier one); use more heads, more "
-                            f"non-shared layers or fewer members"
-                        )
-                    for layer in range(shared, L):
-                        heads[m][layer] = draw(counts[m])
+        heads = _RandomHeads(np.random.default_rng(seed), counts, L, H, shared).draw(disjoint)
         return cls(
             backbone=backbone,
             num_layers=L,
@@ -753,3 +698,82 @@ class HydraSpec:
                     f"{capacity} distinct choice{'s' if capacity != 1 else ''}; give them "
                     f"different heads_per_member, or use fewer members or shared layers"
                 )
+
+
+def _head_counts(heads_per_member: Any, M: int, H: int) -> list[int]:
+    """``heads_per_member`` (one int for all, or one per member) as one count in 0..H per member."""
+    if _is_int(heads_per_member):
+        raw_counts: list[object] = [heads_per_member] * M
+    elif _is_sequence(heads_per_member):
+        raw_counts = list(heads_per_member)
+        if len(raw_counts) != M:
+            raise SpecError(
+                f"heads_per_member has {len(raw_counts)} entries, expected one per member "
+                f"(members={M})"
+            )
+    else:
+        raise SpecError(
+            f"heads_per_member must be an int or one int per member, "
+            f"got {_describe(heads_per_member)}"
+        )
+    counts: list[int] = []
+    for m, k in enumerate(raw_counts):
+        if not _is_int(k) or not 0 <= int(k) <= H:  # type: ignore[call-overload]
+            raise SpecError(
+                f"heads_per_member for member {m} must be an int in 0..{H} "
+                f"(num_heads={H}), got {_describe(k)}"
+            )
+        counts.append(int(k))  # type: ignore[call-overload]
+    return counts
+
+
+@dataclass
+class _RandomHeads:
+    """The draws of :meth:`HydraSpec.random` (checked arguments), in its seeded order."""
+
+    rng: np.random.Generator
+    counts: list[int]
+    L: int
+    H: int
+    shared: int
+
+    def subset(self, k: int) -> tuple[int, ...]:
+        return tuple(sorted(self.rng.choice(self.H, size=k, replace=False).tolist()))
+
+    def draw(self, disjoint: bool) -> list[list[tuple[int, ...]]]:
+        """Per member the heads kept in every layer: the shared layers keep member 0's draw, the
+        others disjoint slices of one permutation, or independent draws (members kept distinct)."""
+        M, L = len(self.counts), self.L
+        heads: list[list[tuple[int, ...]]] = [[() for _ in range(L)] for _ in range(M)]
+        for layer in range(self.shared):
+            kept = self.subset(self.counts[0])
+            for m in range(M):
+                heads[m][layer] = kept
+        if disjoint:
+            for layer in range(self.shared, L):
+                perm = self.rng.permutation(self.H).tolist()
+                start = 0
+                for m, k in enumerate(self.counts):
+                    heads[m][layer] = tuple(sorted(perm[start : start + k]))
+                    start += k
+            return heads
+        for m, k in enumerate(self.counts):
+            for layer in range(self.shared, L):
+                heads[m][layer] = self.subset(k)
+        for m in range(1, M):
+            self._resample_repeats(heads, m)
+        return heads
+
+    def _resample_repeats(self, heads: list[list[tuple[int, ...]]], m: int) -> None:
+        """Redraw member ``m`` while it equals an earlier one (possible only for equal counts)."""
+        tries = 0
+        while any(heads[m] == heads[j] for j in range(m)):
+            tries += 1
+            if tries > _MAX_RESAMPLES:
+                raise SpecError(
+                    f"could not draw {len(heads)} distinct members in {_MAX_RESAMPLES} tries "
+                    f"(member {m} keeps repeating an earlier one); use more heads, more "
+                    f"non-shared layers or fewer members"
+                )
+            for layer in range(self.shared, self.L):
+                heads[m][layer] = self.subset(self.counts[m])

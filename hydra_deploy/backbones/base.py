@@ -18,10 +18,66 @@ import numpy as np
 import torch
 from torch import nn
 
-from hydra_deploy.errors import SpecError
+from hydra_deploy.errors import SpecError, UnsupportedModelError
+from hydra_deploy.specs import HydraSpec
 
 #: the warning for a backbone built without trained weights (its name, then how to give them)
 RANDOM_WEIGHTS = "%s: random weights (no checkpoint given); pass %s for trained weights"
+
+
+@dataclass(frozen=True)
+class MustMatch:
+    """An entry of a family's architecture signature with its own advice: ``value`` must be equal
+    in every member, ``fix`` says how to make it so (default: copies of one backbone)."""
+
+    value: Any
+    fix: str
+
+
+def weight_shapes(module: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Every state-dict entry's (shape, dtype): the part of an architecture signature that says
+    whether members' weights can be stacked."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
+
+
+def random_pixel_values(batch_size: int, seed: int, input_size: Sequence[int]) -> torch.Tensor:
+    """Seeded random ``pixel_values`` [batch, C, H, W] (an image model's example inputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch_size, *input_size, generator=generator)
+
+
+def is_identity(module: nn.Module | None) -> bool:
+    return module is None or isinstance(module, nn.Identity)
+
+
+def block_problems(
+    block: nn.Module, where: str, norms: Sequence[str], scales: Sequence[str]
+) -> list[str]:
+    """What a fused pre-norm block cannot express in ``block``'s ``norms`` (LayerNorms only) and
+    layer ``scales`` (identity or a LayerScale's ``gamma``)."""
+    problems = [
+        f"{where}: {name} is not a LayerNorm"
+        for name in norms
+        if not isinstance(getattr(block, name), nn.LayerNorm)
+    ]
+    for name in scales:
+        scale = getattr(block, name)
+        if not (is_identity(scale) or hasattr(scale, "gamma")):
+            problems.append(f"{where}: {name} is {type(scale).__name__}")
+    return problems
+
+
+def refuse_unsupported(problems: list[str], heads: set, blocks: int, what: str, fused: str) -> None:
+    """Raise UnsupportedModelError naming every problem found in ``what`` (blocks of different
+    head geometry and no block at all included); ``fused``: the fused model that lacks them."""
+    if len(heads) > 1:
+        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
+    if blocks == 0:
+        problems.append(f"the {what} has no transformer blocks")
+    if problems:
+        raise UnsupportedModelError(
+            f"this {what} uses features {fused} does not implement: " + "; ".join(problems)
+        )
 
 
 @dataclass(frozen=True)
@@ -40,6 +96,32 @@ class AttentionWeights:
     v_bias: torch.Tensor | None
     proj: torch.Tensor
     proj_bias: torch.Tensor | None
+
+    @classmethod
+    def from_packed(
+        cls,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        proj: torch.Tensor,
+        proj_bias: torch.Tensor | None,
+        num_heads: int,
+    ) -> AttentionWeights:
+        """From one packed Q/K/V projection (weight [3 * H * hd, D], bias [3 * H * hd]) and the
+        output projection (weight [D, H * hd]), as timm's ``qkv`` and torch's ``in_proj`` hold them."""
+        D = proj.shape[0]
+        hd = qkv.shape[0] // (3 * num_heads)
+        q, k, v = qkv.detach().view(3, num_heads, hd, -1)
+        biases = (None,) * 3 if qkv_bias is None else qkv_bias.detach().view(3, num_heads, hd)
+        return cls(
+            q=q,
+            k=k,
+            v=v,
+            q_bias=biases[0],
+            k_bias=biases[1],
+            v_bias=biases[2],
+            proj=proj.detach().view(D, num_heads, hd),
+            proj_bias=None if proj_bias is None else proj_bias.detach(),
+        )
 
 
 class BackboneAdapter(abc.ABC):
@@ -98,8 +180,6 @@ class BackboneAdapter(abc.ABC):
 
     def check_spec(self, spec: Any, user: str = "this call") -> None:
         """Raise SpecError unless ``spec`` is a HydraSpec for this backbone's layers and heads."""
-        from hydra_deploy.specs import HydraSpec
-
         if not isinstance(spec, HydraSpec):
             raise SpecError(
                 f"{user} expects a HydraSpec, got {type(spec).__name__}; see HydraSpec.from_json"
@@ -202,3 +282,36 @@ class BackboneAdapter(abc.ABC):
             f"heads={self.num_heads}x{self.head_dim}, dim={self.embed_dim}, "
             f"classes={self.num_classes}, weights={self.weights!r})"
         )
+
+
+class ImageBackbone(BackboneAdapter):
+    """An adapter of an image family: ``pixel_values`` [B, in_chans, *img_size] cut into
+    ``num_patches`` patches of ``patch_size`` by the patch embedding; ``num_tokens`` with the
+    prefix tokens. Subclasses give :meth:`head_macs`."""
+
+    in_chans: int
+    img_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    num_patches: int
+    num_tokens: int
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
+        return random_pixel_values(batch_size, seed, (self.in_chans, *self.img_size))
+
+    @abc.abstractmethod
+    def head_macs(self) -> int:
+        """Multiply-accumulates of one stream's head per image (after pooling)."""
+        raise NotImplementedError
+
+    def macs(
+        self,
+        layer_heads: Sequence[Sequence[int]] | None = None,
+        embed_streams: int = 1,
+        head_streams: int = 1,
+    ) -> int:
+        """Multiply-accumulates per image: the layers' (:meth:`encoder_macs`, ``layer_heads``),
+        ``embed_streams`` patch embeddings and ``head_streams`` heads (:meth:`head_macs`)."""
+        ph, pw = self.patch_size
+        patch = self.num_patches * self.in_chans * ph * pw * self.embed_dim
+        total = embed_streams * patch + head_streams * self.head_macs()
+        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)

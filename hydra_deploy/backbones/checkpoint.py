@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hydra_deploy.errors import CheckpointError
+from hydra_deploy.optional import lazy_module
+
+timm = lazy_module("timm", purpose="reading checkpoints", error=CheckpointError)
+
+#: where timm's and open_clip's pretrained weights come from
+HUB_HOST = "huggingface.co"
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.pt")
 STATE_DICT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
@@ -39,6 +46,18 @@ def weights_file(checkpoint: str | os.PathLike) -> Path:
     return path
 
 
+def hub_unreachable_reason(host: str = HUB_HOST, timeout_s: float = 3.0) -> str | None:
+    """Why a download from ``host`` cannot work now (``HF_HUB_OFFLINE``, no connection), found in
+    seconds rather than after minutes of retries; None when it is reachable."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        return "HF_HUB_OFFLINE is set"
+    try:
+        socket.create_connection((host, 443), timeout=timeout_s).close()
+        return None
+    except OSError as err:
+        return f"{host} is unreachable ({err})"
+
+
 def folder_config(checkpoint: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` beside a checkpoint folder (timm hub layout), or {} when there is none."""
     path = Path(checkpoint).expanduser()
@@ -53,8 +72,6 @@ def folder_config(checkpoint: str | os.PathLike) -> dict[str, Any]:
 
 def read_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Load a state dict from a local checkpoint (unwrapping ``state_dict``/``model``/EMA keys)."""
-    from timm.models import load_state_dict
-
     path = weights_file(checkpoint)
     try:  # safetensors reports an unreadable file as "No such file or directory"
         path.open("rb").close()
@@ -64,7 +81,9 @@ def read_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
             "permissions"
         ) from err
     try:
-        state_dict = load_state_dict(str(path), use_ema=True, device="cpu", weights_only=True)
+        state_dict = timm.models.load_state_dict(
+            str(path), use_ema=True, device="cpu", weights_only=True
+        )
     except Exception as err:  # corrupt file, pickle refused by weights_only, truncated safetensors
         raise CheckpointError(
             f"cannot read checkpoint {str(path)!r} ({type(err).__name__}: {err}); is the file complete "

@@ -36,15 +36,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter, weight_shapes
 from hydra_deploy.backbones.checkpoint import load_into, read_state_dict
-from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError, spelled
+from hydra_deploy.errors import (
+    BackboneError,
+    CheckpointError,
+    FinetuneError,
+    UnsupportedModelError,
+    spelled,
+)
+from hydra_deploy.families import get_family
 from hydra_deploy.labels import class_names_from_id2label
+from hydra_deploy.optional import lazy_module
+
+transformers = lazy_module(
+    "transformers", purpose="the bert family (Hugging Face BERT models)", error=BackboneError
+)
 
 logger = logging.getLogger("hydra_deploy")
 
-#: ``config.model_type`` values the adapter (and the fused model) implement.
-SUPPORTED_MODEL_TYPES = ("bert",)
+#: ``config.model_type`` values the adapter (and the fused model) implement: the bert family's
+#: ``model_types`` in the registry (a folder of one of them is loaded by this module).
+SUPPORTED_MODEL_TYPES = get_family("bert").model_types
 #: Sequence length ``macs()`` counts (and ``example_inputs`` uses) unless told otherwise.
 DEFAULT_SEQ_LEN = 128
 #: Files of a tokenizer that an export copies beside the model.
@@ -60,6 +73,19 @@ LOAD_KWARGS = ("seq_len", "seed", "tokenizer_dir", "new_classifier")
 ADAPTER_SETTINGS = "hydra_adapter_settings"
 
 TextInputs = Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | torch.Tensor
+#: the inputs of a BERT, in their order (a stacked tensor's channels, a tuple's items)
+TEXT_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def check_text_keys(inputs: Mapping[str, Any], error: type[Exception], where: str = "") -> None:
+    """Refuse (with ``error``, ``where`` before the message) a mapping of text inputs without
+    ``input_ids`` or with other keys than :data:`TEXT_INPUT_NAMES`."""
+    unknown = sorted(set(inputs) - set(TEXT_INPUT_NAMES))
+    if unknown or "input_ids" not in inputs:
+        raise error(
+            f"{where}text inputs need 'input_ids' (and optionally 'attention_mask', "
+            f"'token_type_ids'); got keys {sorted(inputs)}"
+        )
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -94,10 +120,8 @@ def load_bert(
             f"folder {str(folder)!r} is not a Hugging Face model folder: it has no config.json. Pass "
             "the folder that model.save_pretrained() wrote (config.json + model.safetensors)"
         )
-    from transformers import AutoConfig
-
     try:
-        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except Exception as err:  # unknown model_type, malformed JSON, ...
         raise BackboneError(
             f"cannot read {str(folder / 'config.json')!r} as a transformers config "
@@ -137,8 +161,6 @@ def wrap_bert(
     tokenizer folder and ``seq_len`` unless the keyword arguments say otherwise.
     """
     _check_kwargs(kwargs)
-    from transformers import BertForSequenceClassification, BertModel
-
     config = getattr(module, "config", None)
     if config is None:
         raise UnsupportedModelError(
@@ -146,12 +168,12 @@ def wrap_bert(
         )
     _check_model_type(config, type(module).__name__)
     new_classifier = bool(kwargs.get("new_classifier"))
-    if isinstance(module, BertForSequenceClassification) and new_classifier:
+    if isinstance(module, transformers.BertForSequenceClassification) and new_classifier:
         _need_num_classes(num_classes)
         model = _classifier_from_encoder(
             module.bert, num_classes, kwargs.get("seed", 0), keep_names=False
         )
-    elif isinstance(module, BertForSequenceClassification):
+    elif isinstance(module, transformers.BertForSequenceClassification):
         if num_classes is not None and num_classes != module.num_labels:
             raise BackboneError(
                 f"the model's classifier has {module.num_labels} classes, not "
@@ -159,7 +181,7 @@ def wrap_bert(
                 "new_classifier=True for a new random classifier of num_classes classes"
             )
         model = module
-    elif isinstance(module, BertModel):
+    elif isinstance(module, transformers.BertModel):
         model = _classifier_from_encoder(module, num_classes, kwargs.get("seed", 0))
     else:
         raise UnsupportedModelError(
@@ -219,8 +241,6 @@ def _load_folder(
     folder: Path, config: Any, num_classes: int | None, seed: int, new_classifier: bool = False
 ) -> nn.Module:
     """The folder's model as a classifier (its own, or a new one over its encoder)."""
-    from transformers import BertForSequenceClassification, BertModel
-
     if new_classifier:
         _need_num_classes(num_classes)
     if num_classes is not None:
@@ -236,8 +256,9 @@ def _load_folder(
         )
     try:
         if is_classifier and not new_classifier:
-            return _from_pretrained(BertForSequenceClassification, folder).eval()
-        encoder = _from_pretrained(BertModel, folder)
+            classifier = transformers.BertForSequenceClassification
+            return _from_pretrained(classifier, folder).eval()
+        encoder = _from_pretrained(transformers.BertModel, folder)
     except (OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(
             f"cannot load the weights of {str(folder)!r} ({type(err).__name__}: {str(err)[:300]}); "
@@ -255,8 +276,7 @@ def _from_pretrained(cls: Any, folder: Path) -> nn.Module:
     """``cls.from_pretrained(folder)`` without transformers' "Loading weights" progress bar and its
     load-report table: weights the checkpoint lacks (left random) are one warning line, weights
     it holds beyond the model one info line."""
-    from transformers.utils import logging as hf_logging
-
+    hf_logging = transformers.utils.logging
     bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -298,8 +318,6 @@ def _classifier_from_encoder(
     ``keep_names``: keep the class names of the encoder's config (an encoder-only folder may name
     its classes in ``id2label``); False when the encoder's classifier is being replaced.
     """
-    from transformers import BertForSequenceClassification
-
     if num_classes is None:
         raise BackboneError(
             f"{type(encoder).__name__} has no classifier; pass num_classes to add a random one"
@@ -311,7 +329,7 @@ def _classifier_from_encoder(
         config.id2label = {i: f"LABEL_{i}" for i in range(num_classes)}
         config.label2id = {name: i for i, name in config.id2label.items()}
     config.architectures = ["BertForSequenceClassification"]
-    model = BertForSequenceClassification(config)
+    model = transformers.BertForSequenceClassification(config)
     missing, _ = model.bert.load_state_dict(encoder.state_dict(), strict=False)
     if missing:  # a BertModel built with add_pooling_layer=False has no pooler
         logger.warning("%s: no weights for %s; they stay random", type(encoder).__name__, missing)
@@ -349,17 +367,15 @@ def rebuild_bert(backbone_kwargs: Mapping[str, Any]) -> HfBertAdapter:
 
     For reloading an export folder: build, fuse, then load the saved state dict.
     """
-    from transformers import BertConfig, BertForSequenceClassification
-
     try:
-        config = BertConfig.from_dict(dict(backbone_kwargs["config"]))
+        config = transformers.BertConfig.from_dict(dict(backbone_kwargs["config"]))
     except (KeyError, TypeError, ValueError) as err:
         raise BackboneError(
             f"cannot rebuild a BERT from {str(backbone_kwargs)[:200]}: {err}"
         ) from err
     _check_model_type(config, "the recorded backbone")
     torch_dtype = getattr(torch, str(backbone_kwargs.get("dtype", "float32")), torch.float32)
-    model = BertForSequenceClassification(config).to(torch_dtype)
+    model = transformers.BertForSequenceClassification(config).to(torch_dtype)
     return HfBertAdapter(
         model,
         name=backbone_kwargs.get("name"),
@@ -370,10 +386,7 @@ def rebuild_bert(backbone_kwargs: Mapping[str, Any]) -> HfBertAdapter:
 
 def check_supported(model: nn.Module) -> None:
     """Raise UnsupportedModelError naming what the fused BERT cannot express in ``model``."""
-    from transformers import BertForSequenceClassification
-    from transformers.models.bert.modeling_bert import BertSelfAttention
-
-    if not isinstance(model, BertForSequenceClassification):
+    if not isinstance(model, transformers.BertForSequenceClassification):
         raise UnsupportedModelError(
             f"{type(model).__name__} is not a BertForSequenceClassification; use load_backbone / "
             "wrap_bert, which turn a BertModel into one"
@@ -389,7 +402,8 @@ def check_supported(model: nn.Module) -> None:
         problems.append(f"position_embedding_type={position!r} (only absolute)")
     for index, layer in enumerate(model.bert.encoder.layer):
         attn = layer.attention.self
-        if type(attn) is not BertSelfAttention or hasattr(attn, "distance_embedding"):
+        self_attention = transformers.models.bert.modeling_bert.BertSelfAttention
+        if type(attn) is not self_attention or hasattr(attn, "distance_embedding"):
             problems.append(f"layer {index}: attention {type(attn).__name__} is not BERT's")
         if getattr(layer, "crossattention", None) is not None:
             problems.append(f"layer {index}: cross-attention")
@@ -480,14 +494,9 @@ class HfBertAdapter(BackboneAdapter):
     # --- inputs ------------------------------------------------------------------------------------
     def text_inputs(self, inputs: TextInputs) -> dict[str, torch.Tensor]:
         """Any accepted input form -> {"input_ids", "attention_mask", "token_type_ids"} [B, N]."""
-        names = ("input_ids", "attention_mask", "token_type_ids")
+        names = TEXT_INPUT_NAMES
         if isinstance(inputs, Mapping):
-            unknown = sorted(set(inputs) - set(names))
-            if unknown or "input_ids" not in inputs:
-                raise BackboneError(
-                    f"text inputs need 'input_ids' (and optionally 'attention_mask', "
-                    f"'token_type_ids'); got keys {sorted(inputs)}"
-                )
+            check_text_keys(inputs, BackboneError)
             given = {k: v for k, v in inputs.items() if v is not None}
         elif isinstance(inputs, torch.Tensor) and inputs.dim() == 3:
             if inputs.shape[1] not in (2, 3):
@@ -560,10 +569,8 @@ class HfBertAdapter(BackboneAdapter):
 
     def run_layers(self, hidden: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """Packed hidden entering layer ``start`` -> packed hidden leaving layer ``stop - 1``."""
-        from transformers.masking_utils import create_bidirectional_mask
-
         states, mask = self._unpack(hidden)
-        extended = create_bidirectional_mask(
+        extended = transformers.masking_utils.create_bidirectional_mask(
             config=self.config, inputs_embeds=states, attention_mask=mask
         )
         for layer in self.module.bert.encoder.layer[start:stop]:
@@ -611,14 +618,7 @@ class HfBertAdapter(BackboneAdapter):
         (``attention_mask`` 0, ``input_ids`` the pad id). ``token_type_ids`` (two segments) when the
         model uses them. ``seq_len`` defaults to the adapter's ``seq_len``.
         """
-        return random_text_inputs(
-            batch_size,
-            seed=seed,
-            seq_len=self.seq_len if seq_len is None else seq_len,
-            vocab_size=self.vocab_size,
-            pad_token_id=self.pad_token_id,
-            with_token_types=self.type_vocab_size > 1,
-        )
+        return example_text_inputs(self, batch_size, seed, seq_len)
 
     # --- cost --------------------------------------------------------------------------------------
     def macs(
@@ -642,6 +642,21 @@ class HfBertAdapter(BackboneAdapter):
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f", seq_len={self.seq_len})"
+
+
+def example_text_inputs(
+    model: Any, batch_size: int, seed: int, seq_len: int | None = None
+) -> dict[str, torch.Tensor]:
+    """:func:`random_text_inputs` for a BERT adapter or fused BERT ``model`` (its ``seq_len``,
+    ``vocab_size``, ``pad_token_id``; token types when its ``type_vocab_size`` is over 1)."""
+    return random_text_inputs(
+        batch_size,
+        seed=seed,
+        seq_len=model.seq_len if seq_len is None else seq_len,
+        vocab_size=model.vocab_size,
+        pad_token_id=model.pad_token_id,
+        with_token_types=model.type_vocab_size > 1,
+    )
 
 
 def random_text_inputs(
@@ -673,3 +688,56 @@ def random_text_inputs(
         split = (torch.rand(batch_size, 1, generator=generator) * lengths.unsqueeze(1)).long()
         out["token_type_ids"] = ((positions >= split) & mask.bool()).long()
     return out
+
+
+# --- what the bert family declares (hydra_deploy.families) ------------------------------------------
+#: config entries that name, label or place a model rather than shape it
+_NOT_ARCHITECTURE = (
+    "_name_or_path",
+    "transformers_version",
+    "architectures",
+    "id2label",
+    "label2id",
+    "torch_dtype",
+    "dtype",
+    "problem_type",
+    "_attn_implementation_autoset",
+    "_attn_implementation",
+)
+
+
+def architecture_signature(adapter: BackboneAdapter) -> dict[str, Any]:
+    """What members of the bert family must share to be fused (the family registry's
+    ``architecture``): the config (less names, labels and dtype) and the weights' shapes."""
+    config = adapter.module.config.to_dict()
+    for key in _NOT_ARCHITECTURE:
+        config.pop(key, None)
+    return {"configs": config, "weights' shapes or dtypes": weight_shapes(adapter.module)}
+
+
+def head_views(module: nn.Module) -> tuple[int, list[list[tuple[torch.Tensor, int]]]]:
+    """(heads per layer, per layer the views of every weight holding one slice per head): a BERT's
+    ``attention.self.query/key/value`` weight/bias [H, hd, ...] and ``attention.output.dense
+    .weight`` [D, H, hd], detached views sharing the parameters' storage (the registry's
+    ``head_views``)."""
+    encoder = getattr(getattr(module, "bert", None), "encoder", None)
+    if encoder is None:
+        raise FinetuneError(
+            f"{type(module).__name__} has no .bert.encoder: it is not a transformers BERT "
+            "classifier; fine-tuning takes the models of a family that declares its head_views "
+            "(hydra_deploy.families)"
+        )
+    H = module.config.num_attention_heads
+    hd = module.config.hidden_size // H
+    views = []
+    for block in encoder.layer:
+        attention = block.attention
+        layer = []
+        for linear in (attention.self.query, attention.self.key, attention.self.value):
+            layer.append((linear.weight.detach().view(H, hd, -1), 0))
+            if linear.bias is not None:
+                layer.append((linear.bias.detach().view(H, hd), 0))
+        dense = attention.output.dense.weight.detach()
+        layer.append((dense.view(dense.shape[0], H, hd), 1))
+        views.append(layer)
+    return H, views

@@ -1,29 +1,36 @@
-"""Adapter over timm's ``VisionTransformer`` (ViT-Ti/S/B/L, DeiT, and friends with standard blocks)."""
+"""Adapter over timm's ``VisionTransformer`` (ViT-Ti/S/B/L, DeiT, and friends with standard blocks),
+and what the vit family declares about it: its architecture signature and its per-head weights."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
-from hydra_deploy.errors import UnsupportedModelError
+from hydra_deploy.backbones.base import (
+    AttentionWeights,
+    BackboneAdapter,
+    ImageBackbone,
+    block_problems,
+    is_identity,
+    refuse_unsupported,
+    weight_shapes,
+)
+from hydra_deploy.errors import BackboneError, FinetuneError, UnsupportedModelError
+from hydra_deploy.optional import lazy_module
+
+#: the vit family's one import of timm (its loading module uses this one too)
+timm = lazy_module("timm", purpose="the vit family (timm Vision Transformers)", error=BackboneError)
 
 SUPPORTED_POOLS = ("token", "avg", "max", "avgmax")
 
 
-def _is_identity(module: nn.Module | None) -> bool:
-    return module is None or isinstance(module, nn.Identity)
-
-
 def check_supported(model: nn.Module) -> None:
     """Raise UnsupportedModelError naming every feature of ``model`` the fused ViT cannot express."""
-    from timm.layers import Mlp
-    from timm.layers.attention import Attention
-    from timm.models.vision_transformer import Block, VisionTransformer
-
-    if not isinstance(model, VisionTransformer):
+    vision_transformer = timm.models.vision_transformer
+    if not isinstance(model, vision_transformer.VisionTransformer):
         raise UnsupportedModelError(
             f"{type(model).__name__} is not a timm VisionTransformer; hydra-deploy's ViT family "
             "supports timm.models.vision_transformer.VisionTransformer models"
@@ -41,62 +48,88 @@ def check_supported(model: nn.Module) -> None:
         problems.append("no linear classifier head (num_classes=0); build it with num_classes > 0")
     for name in ("norm", "fc_norm"):
         sub = getattr(model, name)
-        if not (_is_identity(sub) or isinstance(sub, nn.LayerNorm)):
+        if not (is_identity(sub) or isinstance(sub, nn.LayerNorm)):
             problems.append(f"{name} is {type(sub).__name__}, expected LayerNorm or Identity")
     heads = set()
     for index, block in enumerate(model.blocks):
         where = f"block {index}"
-        if type(block) is not Block:
+        if type(block) is not vision_transformer.Block:
             problems.append(
                 f"{where} is {type(block).__name__}, only the pre-norm timm Block is supported"
             )
             continue
         attn = block.attn
-        if type(attn) is not Attention:
+        if type(attn) is not timm.layers.attention.Attention:
             problems.append(f"{where}: attention {type(attn).__name__} is not timm's Attention")
             continue
-        if not (_is_identity(attn.q_norm) and _is_identity(attn.k_norm)):
+        if not (is_identity(attn.q_norm) and is_identity(attn.k_norm)):
             problems.append(f"{where}: qk_norm is not supported")
-        if not _is_identity(getattr(attn, "norm", None)):
+        if not is_identity(getattr(attn, "norm", None)):
             problems.append(f"{where}: attention scale_norm is not supported")
         if getattr(attn, "gate", None) is not None:
             problems.append(f"{where}: gated attention is not supported")
         if attn.attn_dim != attn.num_heads * attn.head_dim:
             problems.append(f"{where}: attention width {attn.attn_dim} != heads x head_dim")
         heads.add((attn.num_heads, attn.head_dim))
-        if type(block.mlp) is not Mlp or not _is_identity(block.mlp.norm):
+        if type(block.mlp) is not timm.layers.Mlp or not is_identity(block.mlp.norm):
             problems.append(f"{where}: MLP {type(block.mlp).__name__} is not timm's plain Mlp")
-        for norm_name in ("norm1", "norm2"):
-            if not isinstance(getattr(block, norm_name), nn.LayerNorm):
-                problems.append(f"{where}: {norm_name} is not a LayerNorm")
-        for ls_name in ("ls1", "ls2"):
-            ls = getattr(block, ls_name)
-            if not (_is_identity(ls) or hasattr(ls, "gamma")):
-                problems.append(f"{where}: {ls_name} is {type(ls).__name__}")
-    if len(heads) > 1:
-        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
-    if len(model.blocks) == 0:
-        problems.append("the model has no transformer blocks")
-    if problems:
-        raise UnsupportedModelError(
-            "this VisionTransformer uses features the fused Hydra ViT does not implement: "
-            + "; ".join(problems)
+        problems += block_problems(block, where, ("norm1", "norm2"), ("ls1", "ls2"))
+    refuse_unsupported(
+        problems, heads, len(model.blocks), "VisionTransformer", "the fused Hydra ViT"
+    )
+
+
+def architecture_signature(adapter: BackboneAdapter) -> dict[str, Any]:
+    """What members of the vit family must share to be fused (the family registry's
+    ``architecture``): module structure, pooling and prefix tokens, weights' shapes."""
+    model = adapter.module
+    flags = (
+        model.global_pool,
+        model.num_prefix_tokens,
+        model.no_embed_class,
+        getattr(model, "pool_include_prefix", False),
+    )
+    return {
+        "pooling / prefix-token settings": flags,
+        "weights' shapes or dtypes": weight_shapes(model),
+        "module structure": repr(model),
+    }
+
+
+def head_views(module: nn.Module) -> tuple[int, list[list[tuple[torch.Tensor, int]]]]:
+    """(heads per layer, per layer the views of every weight holding one slice per head): a timm
+    ViT's ``attn.qkv`` weight/bias [3, H, hd, ...] (Q, K and V rows) and ``attn.proj.weight``
+    [D, H, hd] (columns), detached views sharing the parameters' storage (the registry's
+    ``head_views``)."""
+    blocks = getattr(module, "blocks", None)
+    if blocks is None:
+        raise FinetuneError(
+            f"{type(module).__name__} has no .blocks: it is not a timm ViT; fine-tuning takes the "
+            "models of a family that declares its head_views (hydra_deploy.families)"
         )
+    views = []
+    for block in blocks:
+        attn = block.attn
+        H, hd = attn.num_heads, attn.head_dim
+        layer = [
+            (attn.qkv.weight.detach().view(3, H, hd, -1), 1),
+            (attn.proj.weight.detach().view(attn.proj.weight.shape[0], H, hd), 1),
+        ]
+        if attn.qkv.bias is not None:
+            layer.append((attn.qkv.bias.detach().view(3, H, hd), 1))
+        views.append(layer)
+    return blocks[0].attn.num_heads, views
 
 
 def build_vit(kwargs: dict) -> nn.Module:
     """A random-weight VisionTransformer from ``TimmVitAdapter.constructor_kwargs()``."""
-    from functools import partial
-
-    from timm.models.vision_transformer import VisionTransformer
-
     kwargs = dict(kwargs)
     eps = kwargs.pop("layer_norm_eps", 1e-6)
     approximate = kwargs.pop("gelu_approximate", "none")
     for key in ("img_size", "patch_size"):
         kwargs[key] = tuple(kwargs[key])
     try:
-        return VisionTransformer(
+        return timm.models.vision_transformer.VisionTransformer(
             **kwargs,
             norm_layer=partial(nn.LayerNorm, eps=eps),
             act_layer=partial(nn.GELU, approximate=approximate),
@@ -105,7 +138,7 @@ def build_vit(kwargs: dict) -> nn.Module:
         raise UnsupportedModelError(f"cannot rebuild the ViT from {kwargs}: {err}") from err
 
 
-class TimmVitAdapter(BackboneAdapter):
+class TimmVitAdapter(ImageBackbone):
     """A timm VisionTransformer seen through the common adapter interface."""
 
     family = "vit"
@@ -147,6 +180,7 @@ class TimmVitAdapter(BackboneAdapter):
         self.num_tokens = self.num_patches + self.num_prefix_tokens
         self.img_size = tuple(model.patch_embed.img_size)
         self.in_chans = model.patch_embed.proj.in_channels
+        self.patch_size = tuple(int(s) for s in model.patch_embed.proj.kernel_size)
 
     # ---------------------------------------------------------------------------------------------
     def _gate_targets(self) -> list[nn.Module]:
@@ -166,20 +200,8 @@ class TimmVitAdapter(BackboneAdapter):
 
     def attention_weights(self, layer: int) -> AttentionWeights:
         attn = self.module.blocks[layer].attn
-        H, hd, D = self.num_heads, self.head_dim, self.embed_dim
-        qkv_w = attn.qkv.weight.detach().view(3, H, hd, D)
-        qkv_b = None if attn.qkv.bias is None else attn.qkv.bias.detach().view(3, H, hd)
-        proj_w = attn.proj.weight.detach().view(D, H, hd)
-        proj_b = None if attn.proj.bias is None else attn.proj.bias.detach()
-        return AttentionWeights(
-            q=qkv_w[0],
-            k=qkv_w[1],
-            v=qkv_w[2],
-            q_bias=None if qkv_b is None else qkv_b[0],
-            k_bias=None if qkv_b is None else qkv_b[1],
-            v_bias=None if qkv_b is None else qkv_b[2],
-            proj=proj_w,
-            proj_bias=proj_b,
+        return AttentionWeights.from_packed(
+            attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias, self.num_heads
         )
 
     def constructor_kwargs(self) -> dict:
@@ -228,9 +250,7 @@ class TimmVitAdapter(BackboneAdapter):
         224-pixel RGB default for a model built with img_size=16 or in_chans=1): the backbone's own
         input shape wins, and a single-channel model takes the first entry of a 3-channel mean/std.
         """
-        from timm.data import resolve_data_config
-
-        config = resolve_data_config({}, model=self.module)
+        config = timm.data.resolve_data_config({}, model=self.module)
         config["input_size"] = (self.in_chans, *self.img_size)
         for key in ("mean", "std"):
             values = tuple(float(v) for v in config[key])
@@ -243,21 +263,6 @@ class TimmVitAdapter(BackboneAdapter):
         architecture because the checkpoint recorded none (the fused model's record keeps them)."""
         return tuple(getattr(self.module, "preprocessing_defaulted", ()))
 
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)
-
-    # ---------------------------------------------------------------------------------------------
-    def macs(
-        self,
-        layer_heads: Sequence[Sequence[int]] | None = None,
-        embed_streams: int = 1,
-        head_streams: int = 1,
-    ) -> int:
-        """Multiply-accumulates per image: the layers' (:meth:`encoder_macs`, ``layer_heads``),
-        ``embed_streams`` patch embeddings and ``head_streams`` classifiers."""
-        D = self.embed_dim
-        proj = self.module.patch_embed.proj
-        patch = self.num_patches * proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1] * D
-        total = embed_streams * patch + head_streams * D * self.num_classes
-        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)
+    def head_macs(self) -> int:
+        """The classifier's multiply-accumulates per image."""
+        return self.embed_dim * self.num_classes

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter
+from hydra_deploy.backbones.hf_bert import example_text_inputs
 from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import FusedAttention, all_equal
@@ -94,47 +95,6 @@ def _tracing() -> bool:
     )
 
 
-def _architecture_signature(adapter: BackboneAdapter) -> tuple:
-    config = adapter.module.config.to_dict()
-    for key in (
-        "_name_or_path",
-        "transformers_version",
-        "architectures",
-        "id2label",
-        "label2id",
-        "torch_dtype",
-        "dtype",
-        "problem_type",
-        "_attn_implementation_autoset",
-        "_attn_implementation",
-    ):
-        config.pop(key, None)
-    shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in adapter.module.state_dict().items())
-    return config, shapes
-
-
-def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
-    """Members must be the same BERT architecture (they may differ in weight values only)."""
-    reference = _architecture_signature(members[0])
-    for index, member in enumerate(members[1:], start=1):
-        signature = _architecture_signature(member)
-        if signature == reference:
-            continue
-        if signature[0] != reference[0]:
-            keys = sorted(
-                k
-                for k in set(signature[0]) | set(reference[0])
-                if signature[0].get(k) != reference[0].get(k)
-            )
-            what = f"configs ({', '.join(keys[:4])})"
-        else:
-            what = "weights' shapes or dtypes"
-        raise FusionError(
-            f"member {index} is not the same architecture as member 0: their {what} differ; members "
-            "must be copies of one backbone that differ only in weight values"
-        )
-
-
 def _embedding_tensors(embeddings: nn.Module) -> list[torch.Tensor]:
     return [
         embeddings.word_embeddings.weight,
@@ -152,8 +112,6 @@ class HydraBert(HydraModel):
     """
 
     family = "bert"
-
-    check_members = staticmethod(check_same_architecture)
 
     def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
         M, lowering = self.num_members, self.lowering
@@ -202,16 +160,7 @@ class HydraBert(HydraModel):
 
         ``seq_len`` defaults to the backbone's ``seq_len`` (the length the MACs count).
         """
-        from hydra_deploy.backbones.hf_bert import random_text_inputs
-
-        inputs = random_text_inputs(
-            batch_size,
-            seed=seed,
-            seq_len=self.seq_len if seq_len is None else seq_len,
-            vocab_size=self.vocab_size,
-            pad_token_id=self.pad_token_id,
-            with_token_types=self.type_vocab_size > 1,
-        )
+        inputs = example_text_inputs(self, batch_size, seed, seq_len)
         return tuple(inputs[name] for name in self.input_names)
 
     def _check_inputs(self, input_ids, attention_mask, token_type_ids) -> None:

@@ -7,6 +7,7 @@ broadcast over streams) and *per-stream* otherwise (a leading S axis on its weig
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any
@@ -160,8 +161,6 @@ def merge_mlps(
     lowering: str,
 ) -> tuple[nn.Module, str]:
     """The fused MLP of one layer and how it was merged ("shared", "average" or "grouped")."""
-    import copy
-
     act = copy.deepcopy(acts[0])
     params = [
         [m.weight for m in fc1s],

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
+from hydra_deploy.backbones.base import MustMatch, random_pixel_values
 from hydra_deploy.errors import BackboneError, FusionError, SpecError
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion.grouped import DEFAULT_LOWERING
@@ -20,6 +21,56 @@ from hydra_deploy.specs import HydraSpec
 _TRUNK_ROLES = ("norm1", "norm2", "ls1", "ls2")
 
 
+def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
+    """Members must be one architecture (they may differ in weight values only).
+
+    Compares every member's architecture signature, as its family declares it (the registry's
+    ``architecture``: {what: value}), with member 0's; the first entry that differs is named in
+    the error, with the keys that differ when it is a mapping (config entries, weight names).
+    """
+    family = get_family(members[0].family)
+    signature = family.resolve("architecture")
+    reference = signature(members[0])
+    for index, member in enumerate(members[1:], start=1):
+        for what, value in signature(member).items():
+            expected = reference.get(what)
+            fix = f"members must be copies of one {family.name} backbone that differ only in weight values"
+            if isinstance(value, MustMatch):
+                fix, value = value.fix, value.value
+                expected = expected.value if isinstance(expected, MustMatch) else expected
+            if not _same(value, expected):
+                raise FusionError(
+                    f"member {index} is not the same architecture as member 0: its {what} "
+                    f"differ{_differing_keys(value, expected)}; {fix}"
+                )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality of signature values: tensors by shape, dtype and values, containers by entry."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _differing_keys(value: Any, expected: Any) -> str:
+    """`` (key, key, ...)``: the first entries two mappings differ in ("" for other values)."""
+    if not (isinstance(value, Mapping) and isinstance(expected, Mapping)):
+        return ""
+    keys = [k for k in value if k not in expected or not _same(value[k], expected[k])]
+    keys += [k for k in expected if k not in value]
+    return f" ({', '.join(map(str, keys[:4]))})"
+
+
 class HydraModel(nn.Module):
     """Base of the fused networks: forward(...) -> member logits [B, M, C].
 
@@ -28,9 +79,10 @@ class HydraModel(nn.Module):
     (how non-attention weights were merged, per component) and the analytic multiply-accumulate
     counts in ``macs`` ("hydra", "single", "deep_ensemble"; per example).
 
-    A family's fused model fills in :meth:`check_members` and :meth:`_fuse`, with the steps below
-    (:meth:`_fuse_embeddings`, :meth:`_fuse_layers` from the family registry's block layout,
-    :meth:`_count_macs`); this constructor does the rest.
+    A family's fused model fills in :meth:`_fuse`, with the steps below (:meth:`_fuse_embeddings`,
+    :meth:`_fuse_layers` from the family registry's block layout, :meth:`_count_macs`); members
+    are checked by :func:`check_same_architecture` against the family's declared signature, and
+    this constructor does the rest.
     """
 
     spec: HydraSpec
@@ -59,10 +111,8 @@ class HydraModel(nn.Module):
         self._fuse(members, shared_trunk)
         self.eval()
 
-    @staticmethod
-    def check_members(members: Sequence[BackboneAdapter]) -> None:
-        """Raise FusionError unless the members can be fused (one architecture, ...)."""
-        raise NotImplementedError
+    #: raise FusionError unless the members can be fused (one architecture, what they share)
+    check_members = staticmethod(check_same_architecture)
 
     def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
         """Build the family's components from the members (``spec``, ``lowering`` are set)."""
@@ -148,6 +198,11 @@ class HydraModel(nn.Module):
         for block in self.blocks:
             x = block(x, **block_kwargs)  # [M, B, N, D]
         return x
+
+    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> Any:
+        """Vision models: random ``pixel_values`` [batch, *input_size] (seeded), for tracing and
+        validation (a text model gives its own inputs)."""
+        return random_pixel_values(batch_size, seed, self.input_size)
 
     def check_pixel_values(self, pixel_values: torch.Tensor) -> None:
         """Vision models: ``pixel_values`` must be [batch, *input_size]."""

@@ -18,7 +18,6 @@ from torch import nn
 
 from hydra_deploy.backbones.base import BackboneAdapter
 from hydra_deploy.backbones.openclip.zero_shot import zero_shot_logits
-from hydra_deploy.errors import FusionError
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import all_equal, stream_norm, token_mean
 from hydra_deploy.fusion.model import HydraModel
@@ -66,40 +65,10 @@ def _embedding_tensors(visual: nn.Module) -> list[torch.Tensor | None]:
     return tensors + list(visual.conv1.parameters()) + list(visual.ln_pre.parameters())
 
 
-def _architecture_signature(member: BackboneAdapter) -> tuple:
-    visual = member.module.visual
-    shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in member.module.state_dict().items())
-    flags = (visual.pool_type, bool(visual.final_ln_after_pool), member.module.logit_bias is None)
-    return repr(visual), flags, shapes
-
-
-def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
-    """Members must be one architecture (weights may differ) sharing one zero-shot classifier."""
-    reference = _architecture_signature(members[0])
-    for index, member in enumerate(members[1:], start=1):
-        signature = _architecture_signature(member)
-        if signature != reference:
-            what = {True: "module structure", False: "pooling or weight shapes"}[
-                signature[0] != reference[0]
-            ]
-            raise FusionError(
-                f"member {index} is not the same architecture as member 0 (its {what} differ); "
-                "members must be copies of one OpenCLIP backbone that differ only in weight values"
-            )
-    for name in ("class_weights", "logit_scale", "logit_bias"):
-        if not all_equal([getattr(m.module, name) for m in members]):
-            raise FusionError(
-                f"members differ in their zero-shot classifier ({name}); Hydra members share the "
-                "text side: build them with the same classes, templates and text tower"
-            )
-
-
 class HydraOpenClip(HydraModel):
     """Fused Hydra OpenCLIP. forward(pixel_values [B, 3, H, W]) -> member logits [B, M, C]."""
 
     family = "openclip"
-
-    check_members = staticmethod(check_same_architecture)
 
     def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
         M, lowering = self.num_members, self.lowering
@@ -143,11 +112,6 @@ class HydraOpenClip(HydraModel):
             "classifier": "shared (zero-shot text embeddings)",
         }
         self._count_macs(first, stack, embed_shared, final_streams)
-
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        """Random ``pixel_values`` [batch, 3, H, W] (seeded), for tracing and validation."""
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, *self.input_size, generator=generator)
 
     def _pooled(self, x: torch.Tensor) -> torch.Tensor:
         """[S, B, N, D] -> [S, B, D], ln_post included (it is per token, so the class token can be

@@ -14,6 +14,9 @@ from hydra_deploy.export_folder import DEFAULTED
 from hydra_deploy.fusion.grouped import GroupedLinear
 from hydra_deploy.fusion.layers import all_equal, stream_norm, token_mean
 from hydra_deploy.fusion.model import HydraModel
+from hydra_deploy.optional import lazy_module
+
+timm = lazy_module("timm", purpose="the vit family (timm Vision Transformers)", error=FusionError)
 
 
 class VitEmbedding(nn.Module):
@@ -27,11 +30,6 @@ class VitEmbedding(nn.Module):
         self.pos_embed = _copy_param(model.pos_embed)
         self.no_embed_class = bool(model.no_embed_class)
         self.norm_pre = copy.deepcopy(model.norm_pre)
-
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, *self.input_size, generator=generator)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(pixel_values)  # [B, P, D]
@@ -57,44 +55,10 @@ def _embedding_tensors(model: nn.Module) -> list[torch.Tensor | None]:
     return tensors
 
 
-def _architecture_signature(model: nn.Module) -> tuple:
-    shapes = tuple((k, tuple(v.shape), v.dtype) for k, v in model.state_dict().items())
-    flags = (
-        model.global_pool,
-        model.num_prefix_tokens,
-        model.no_embed_class,
-        getattr(model, "pool_include_prefix", False),
-    )
-    return repr(model), flags, shapes
-
-
-def check_same_architecture(members: Sequence[BackboneAdapter]) -> None:
-    """Members must be the same architecture (they may differ in weights only)."""
-    reference = _architecture_signature(members[0].module)
-    for index, member in enumerate(members[1:], start=1):
-        signature = _architecture_signature(member.module)
-        if signature == reference:
-            continue
-        what = "module structure"
-        if signature[1] != reference[1]:
-            what = "pooling / prefix-token settings"
-        elif signature[2] != reference[2]:
-            ref_shapes = dict((k, (s, d)) for k, s, d in reference[2])
-            diffs = [k for k, s, d in signature[2] if ref_shapes.get(k) != (s, d)]
-            diffs += [k for k in ref_shapes if k not in {e[0] for e in signature[2]}]
-            what = f"weights' shapes or dtypes (e.g. {', '.join(diffs[:3])})"
-        raise FusionError(
-            f"member {index} is not the same architecture as member 0: its {what} differ; members "
-            "must be copies of one backbone that differ only in weight values"
-        )
-
-
 class HydraViT(HydraModel):
     """Fused Hydra ViT. forward(pixel_values [B, C, H, W]) -> member logits [B, M, C]."""
 
     family = "vit"
-
-    check_members = staticmethod(check_same_architecture)
 
     def _fuse(self, members: Sequence[BackboneAdapter], shared_trunk: bool) -> None:
         M, lowering = self.num_members, self.lowering
@@ -138,14 +102,7 @@ class HydraViT(HydraModel):
         }
         self._count_macs(members[0], stack, embed_shared, final_streams)
 
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        """Random ``pixel_values`` [batch, C, H, W] (seeded), for tracing and validation."""
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, *self.input_size, generator=generator)
-
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        from timm.layers import global_pool_nlc
-
         M = self.num_members
         self.check_pixel_values(pixel_values)
         x = self.encode(pixel_values)  # [S, B, N, D]
@@ -155,7 +112,7 @@ class HydraViT(HydraModel):
             tokens = x if self.pool_include_prefix else x[:, :, self.num_prefix_tokens :]
             pooled = token_mean(tokens, dim=2)  # [S, B, D]
         else:
-            pooled = global_pool_nlc(
+            pooled = timm.layers.global_pool_nlc(
                 x.reshape(S * B, N, D),
                 pool_type=self.global_pool,
                 num_prefix_tokens=self.num_prefix_tokens,

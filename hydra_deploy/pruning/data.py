@@ -56,14 +56,22 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from hydra_deploy.arrays import read_array_file
+from hydra_deploy.backbones.hf_bert import TEXT_INPUT_NAMES, check_text_keys
 from hydra_deploy.errors import DataError, spelled
 from hydra_deploy.labels import label_indices
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.userdata import class_folders, read_text_file
+
+transformers = lazy_module("transformers", purpose="tokenizing text data", error=DataError)
+timm = lazy_module("timm", purpose="preprocessing images", error=DataError)
+torchvision = lazy_module("torchvision", purpose="reading image folders", error=DataError)
+pil_image = lazy_module("PIL.Image", purpose="reading images", error=DataError)
 
 logger = logging.getLogger("hydra_deploy")
 
 #: The text inputs, in the order of the stacked [N, 2|3, L] form.
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+TEXT_KEYS = TEXT_INPUT_NAMES
 #: Keys of a dict item/batch that hold its labels (Hugging Face datasets use "label"/"labels").
 LABEL_KEYS = ("labels", "label", "y")
 
@@ -309,17 +317,9 @@ def _from_arrays(x: Any, y: Any, name: str, backbone: Any = None) -> LabelledDat
             _refuse_floats_for_text(x, backbone, name)
         x = _stack_text(x, name, backbone)
         return LabelledData(TensorDataset(x, _labels_tensor(y, x.shape[0], name)), name)
-    y = torch.as_tensor(np.asarray(y) if isinstance(y, np.ndarray) else y)
-    if x.shape[0] != y.shape[0]:
-        raise DataError(f"{name}: {x.shape[0]} inputs but {y.shape[0]} labels")
-    if y.dim() != 1:
-        raise DataError(
-            f"{name}: labels must be a 1-D array of class indices, got shape {list(y.shape)}"
-        )
-    if y.is_floating_point() and not bool((y == y.round()).all()):
-        raise DataError(f"{name}: labels must be integer class indices, got fractional values")
+    y = _labels_tensor(y, x.shape[0], name)
     _refuse_unpreprocessed(x, name, backbone)
-    return LabelledData(TensorDataset(x.float(), y.long()), name)
+    return LabelledData(TensorDataset(x.float(), y), name)
 
 
 def _refuse_unpreprocessed(x: torch.Tensor, name: str, backbone: Any = None) -> None:
@@ -368,8 +368,6 @@ def _from_path(path: Path, backbone: Any, name: str) -> LabelledData:
 
 def _npz_arrays(path: Path, name: str, text: bool, need_labels: bool) -> tuple[Any, Any]:
     """(inputs, labels or None) of a .npz: ``x`` (any backbone) or the text keys (text)."""
-    from hydra_deploy.arrays import read_array_file
-
     archive = read_array_file(
         path,
         error=DataError,
@@ -433,12 +431,7 @@ def _int_tensor(value: Any, key: str, name: str) -> torch.Tensor:
 def _stack_text(inputs: Any, name: str, backbone: Any = None) -> torch.Tensor:
     """Any text input form with a batch axis -> the stacked int64 tensor [N, 2|3, L]."""
     if isinstance(inputs, Mapping):
-        unknown = sorted(set(inputs) - set(TEXT_KEYS))
-        if unknown or "input_ids" not in inputs:
-            raise DataError(
-                f"{name}: text inputs need 'input_ids' (and optionally 'attention_mask', "
-                f"'token_type_ids'); got keys {sorted(inputs)}"
-            )
+        check_text_keys(inputs, DataError, f"{name}: ")
         ids = _int_tensor(inputs["input_ids"], "input_ids", name)
         if ids.dim() != 2:
             raise DataError(f"{name}: input_ids must be [examples, tokens], got {list(ids.shape)}")
@@ -548,10 +541,10 @@ def _load_tokenizer(backbone: Any, name: str, source: str) -> Any:
             "(tokenizer.json / vocab.txt) or pass tokenizer_dir=... to load_backbone, or give "
             "token ids (a .npz with input_ids, attention_mask and y)"
         )
-    from transformers import AutoTokenizer
-
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(tokenizer_dir), local_files_only=True
+        )
     except Exception as err:  # missing files, unknown tokenizer class, ...
         raise DataError(
             f"{name}: cannot load the tokenizer in {str(tokenizer_dir)!r} "
@@ -663,11 +656,9 @@ class _ImageLoader:
         self.name = name
 
     def __call__(self, path: str) -> Any:
-        from PIL import Image
-
         try:
             with open(path, "rb") as file:
-                return Image.open(file).convert(self.mode)
+                return pil_image.open(file).convert(self.mode)
         except Exception as err:
             raise DataError(
                 f"{self.name}: cannot read image {path!r} ({type(err).__name__}: {err}); replace "
@@ -677,8 +668,6 @@ class _ImageLoader:
 
 def _image_transform(backbone: Any, name: str) -> tuple[str, Any]:
     """(PIL mode, timm eval transform) giving ``[in_chans, *img_size]`` tensors for ``backbone``."""
-    import timm.data
-
     in_chans = int(backbone.in_chans)
     if in_chans not in (1, 3):
         raise DataError(
@@ -691,11 +680,11 @@ def _image_transform(backbone: Any, name: str) -> tuple[str, Any]:
 
 
 def _empty_class_folders(path: Path, classes: list[str]) -> list[str]:
-    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
+    folder_module = torchvision.datasets.folder
 
     def has_images(folder: Path) -> bool:
         return any(
-            has_file_allowed_extension(file, IMG_EXTENSIONS)
+            folder_module.has_file_allowed_extension(file, folder_module.IMG_EXTENSIONS)
             for _, _, files in os.walk(folder, followlinks=True)
             for file in files
         )
@@ -704,9 +693,6 @@ def _empty_class_folders(path: Path, classes: list[str]) -> list[str]:
 
 
 def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
-    from torchvision.datasets import ImageFolder
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
     if backbone is None:
         raise DataError(
             f"{name}: {str(path)!r} is an image folder, which needs the backbone to know the "
@@ -716,14 +702,16 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
     classes = class_folders(path, name=name, error=DataError)
     mode, transform = _image_transform(backbone, name)
     try:
-        dataset = ImageFolder(str(path), transform=transform, loader=_ImageLoader(mode, name))
+        dataset = torchvision.datasets.ImageFolder(
+            str(path), transform=transform, loader=_ImageLoader(mode, name)
+        )
     except FileNotFoundError as err:  # some class folder holds no image file
         empty = _empty_class_folders(path, classes)
         if not empty:
             raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err
         raise DataError(
             f"{name}: class folder(s) {empty} in {str(path)!r} hold no image files (extensions: "
-            f"{', '.join(IMG_EXTENSIONS)}); add images or remove the folder(s)"
+            f"{', '.join(torchvision.datasets.folder.IMG_EXTENSIONS)}); add images or remove the folder(s)"
         ) from err
     except OSError as err:
         raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,10 +40,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from hydra_deploy.atomic import atomic_write_json
+from hydra_deploy.atomic import atomic_path, atomic_write_json
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import CheckpointError, FinetuneError, ParameterError, SpecError
 from hydra_deploy.export_folder import file_sha256
+from hydra_deploy.families import families, family_of_module
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import SHARED_PARTS, FinetuneOptions
 from hydra_deploy.pruning.data import LabelledData, load_data
 from hydra_deploy.specs import HydraSpec
@@ -56,6 +59,11 @@ __all__ = [
     "finetune_members",
     "zero_pruned_heads",
 ]
+
+safetensors_torch = lazy_module(
+    "safetensors.torch", purpose="saving fine-tuned members", error=CheckpointError
+)
+tqdm = lazy_module("tqdm.auto", purpose="progress bars of training", error=FinetuneError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -91,48 +99,19 @@ HeadView = tuple[torch.Tensor, int]
 
 
 def _head_views(module: nn.Module) -> tuple[int, list[list[HeadView]]]:
-    """(heads per layer, per layer the views of every weight that holds one slice per head).
-
-    timm ViT: ``attn.qkv`` weight/bias [3, H, hd, ...] (Q, K and V rows) and ``attn.proj.weight``
-    [D, H, hd] (columns). Hugging Face BERT: ``attention.self.query/key/value`` weight/bias
-    [H, hd, ...] and ``attention.output.dense.weight`` [D, H, hd]. The views share storage with the
-    parameters (detached), so writing into them writes the weights.
-    """
-    blocks = getattr(module, "blocks", None)
-    if blocks is not None:
-        attn0 = blocks[0].attn
-        views = []
-        for block in blocks:
-            attn = block.attn
-            H, hd = attn.num_heads, attn.head_dim
-            layer = [
-                (attn.qkv.weight.detach().view(3, H, hd, -1), 1),
-                (attn.proj.weight.detach().view(attn.proj.weight.shape[0], H, hd), 1),
-            ]
-            if attn.qkv.bias is not None:
-                layer.append((attn.qkv.bias.detach().view(3, H, hd), 1))
-            views.append(layer)
-        return attn0.num_heads, views
-    encoder = getattr(getattr(module, "bert", None), "encoder", None)
-    if encoder is not None:
-        H = module.config.num_attention_heads
-        hd = module.config.hidden_size // H
-        views = []
-        for block in encoder.layer:
-            attention = block.attention
-            layer = []
-            for linear in (attention.self.query, attention.self.key, attention.self.value):
-                layer.append((linear.weight.detach().view(H, hd, -1), 0))
-                if linear.bias is not None:
-                    layer.append((linear.bias.detach().view(H, hd), 0))
-            dense = attention.output.dense.weight.detach()
-            layer.append((dense.view(dense.shape[0], H, hd), 1))
-            views.append(layer)
-        return H, views
-    raise FinetuneError(
-        f"{type(module).__name__} has neither .blocks (a timm ViT) nor .bert.encoder (a "
-        "transformers BERT classifier); fine-tuning supports those two"
-    )
+    """(heads per layer, per layer the views of every weight that holds one slice per head), as
+    the module's family declares them (the registry's ``head_views``: a timm ViT's ``attn.qkv``
+    and ``attn.proj``, a BERT's ``attention.self.query/key/value`` and ``attention.output.dense``).
+    The views share storage with the parameters (detached), so writing into them writes the
+    weights."""
+    family = family_of_module(module)
+    if family.head_views is None:
+        raise FinetuneError(
+            f"{type(module).__name__} is a {family.name} model, whose family declares no "
+            "head_views; fine-tuning supports the families that do: "
+            + ", ".join(f.name for f in families() if f.head_views)
+        )
+    return family.resolve("head_views")(module)
 
 
 def _head_slice(axis: int, heads: list[int]) -> tuple:
@@ -265,8 +244,6 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]
 
 def _is_terminal() -> bool:
     """Whether stderr is a terminal (progress bars there; none in log files)."""
-    import sys
-
     isatty = getattr(sys.stderr, "isatty", None)
     return bool(isatty and isatty())
 
@@ -294,8 +271,6 @@ def _train_member(
     progress: bool,
 ) -> None:
     """Train ``adapter.module`` in place for ``total_steps`` AdamW steps with ``mask`` applied."""
-    from tqdm.auto import tqdm
-
     module = adapter.module
     device = _device_of(module)
     optimizer = torch.optim.AdamW(
@@ -309,7 +284,7 @@ def _train_member(
     step = 0
     torch.manual_seed(seed)  # dropout (the caller's RNG state is restored by finetune_members)
     with (
-        tqdm(
+        tqdm.tqdm(
             total=total_steps, desc=desc, disable=not (progress and _is_terminal()), leave=False
         ) as bar,  # a log file gets the one-line summary per member instead
         adapter.head_gates(mask),
@@ -346,13 +321,9 @@ def _train_member(
 
 def _save_weights(module: nn.Module, path: Path) -> None:
     """``safetensors.torch.save_file`` to a temporary name in the folder, fsync, ``os.replace``."""
-    from safetensors.torch import save_file
-
-    from hydra_deploy.atomic import atomic_path
-
     state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata={"format": FORMAT})
+        safetensors_torch.save_file(state, str(tmp), metadata={"format": FORMAT})
 
 
 def _delete_hint(path: Path) -> str:
@@ -408,8 +379,6 @@ def _load_member(
     record: dict[str, Any],
     kept_heads: Sequence[Sequence[int]],
 ) -> nn.Module:
-    from safetensors.torch import load_file
-
     try:
         sha = file_sha256(weights_path)
         if sha != record.get("weights_sha256"):
@@ -417,7 +386,7 @@ def _load_member(
                 f"saved member {str(weights_path)!r} does not match the SHA-256 recorded in its "
                 f"json (the file is corrupt or was replaced); {_delete_hint(weights_path)}"
             )
-        state = load_file(str(weights_path))
+        state = safetensors_torch.load_file(str(weights_path))
         module = copy.deepcopy(backbone.module)
         module.load_state_dict(state, strict=True)
     except CheckpointError:

@@ -36,6 +36,7 @@ from hydra_deploy.pruning.data import (
     load_data,
     load_inputs,
 )
+from hydra_deploy.uncertainty.metrics import auroc
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -237,8 +238,6 @@ CONDITIONINGS = ("member", "headmap")
 
 def _objective(objective: str, y: torch.Tensor, ensemble_probs) -> Callable[[list], float]:
     """A "badness" of logits (higher is worse): mean cross-entropy, or minus the OOD AUROC."""
-    from hydra_deploy.uncertainty.metrics import auroc
-
     if objective == "loss":
         return lambda logits: float(F.cross_entropy(logits[0], y))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from math import comb, prod
 from typing import Any
 
 import numpy as np
@@ -367,8 +368,6 @@ def _choose_member(
 
 def _refuse_too_many(members: int, num_heads: int, counts: Sequence[int]) -> None:
     """SpecError when fewer distinct head subsets exist than ``members`` asks for."""
-    from math import comb, prod
-
     distinct = prod(comb(num_heads, k) for k in counts)
     if members > distinct:
         raise SpecError(

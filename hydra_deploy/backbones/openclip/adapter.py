@@ -4,6 +4,7 @@ over a :class:`~hydra_deploy.backbones.openclip.zero_shot.ZeroShotClassifier`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -11,10 +12,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from hydra_deploy.backbones.base import AttentionWeights, BackboneAdapter
+from hydra_deploy.backbones.base import (
+    AttentionWeights,
+    BackboneAdapter,
+    ImageBackbone,
+    MustMatch,
+    block_problems,
+    is_identity,
+    refuse_unsupported,
+    weight_shapes,
+)
 from hydra_deploy.backbones.openclip.attention import GatedMultiheadAttention, install_gates
 from hydra_deploy.backbones.openclip.zero_shot import ZeroShotClassifier
 from hydra_deploy.errors import BackboneError, UnsupportedModelError
+from hydra_deploy.optional import lazy_module
+
+#: the openclip family's one import of open_clip (its loading module uses this one too)
+open_clip = lazy_module("open_clip", purpose="the openclip family", error=BackboneError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -23,15 +37,10 @@ _CROP_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
 SUPPORTED_POOLS = ("tok", "avg")
 
 
-def _is_identity(module: nn.Module | None) -> bool:
-    return module is None or isinstance(module, nn.Identity)
-
-
 def check_supported(visual: nn.Module) -> None:
     """Raise UnsupportedModelError naming every feature of the image tower the fused model lacks."""
-    from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
-
-    if not isinstance(visual, VisionTransformer):
+    transformer = open_clip.transformer
+    if not isinstance(visual, transformer.VisionTransformer):
         kind = type(visual).__name__
         hint = {
             "ModifiedResNet": "ResNet image towers (RN50, ...) have no attention heads to prune",
@@ -47,14 +56,14 @@ def check_supported(visual: nn.Module) -> None:
         problems.append("no output projection (proj=None)")
     if not getattr(visual.transformer, "batch_first", True):
         problems.append("a sequence-first (batch_first=False) transformer; update open_clip")
-    if not (_is_identity(visual.ln_pre) or isinstance(visual.ln_pre, nn.LayerNorm)):
+    if not (is_identity(visual.ln_pre) or isinstance(visual.ln_pre, nn.LayerNorm)):
         problems.append(f"ln_pre is {type(visual.ln_pre).__name__}")
     if not isinstance(visual.ln_post, nn.LayerNorm):
         problems.append(f"ln_post is {type(visual.ln_post).__name__}")
     heads = set()
     for index, block in enumerate(visual.transformer.resblocks):
         where = f"block {index}"
-        if type(block) is not ResidualAttentionBlock:
+        if type(block) is not transformer.ResidualAttentionBlock:
             problems.append(
                 f"{where} is {type(block).__name__} (custom blocks: qk_norm, scaled cosine "
                 "attention, head scaling); only ResidualAttentionBlock is supported"
@@ -67,13 +76,7 @@ def check_supported(visual: nn.Module) -> None:
             problems.append(f"{where}: attention {type(attn).__name__}")
             continue
         heads.add((attn.num_heads, attn.head_dim))
-        for norm_name in ("ln_1", "ln_2"):
-            if not isinstance(getattr(block, norm_name), nn.LayerNorm):
-                problems.append(f"{where}: {norm_name} is not a LayerNorm")
-        for ls_name in ("ls_1", "ls_2"):
-            ls = getattr(block, ls_name)
-            if not (_is_identity(ls) or hasattr(ls, "gamma")):
-                problems.append(f"{where}: {ls_name} is {type(ls).__name__}")
+        problems += block_problems(block, where, ("ln_1", "ln_2"), ("ls_1", "ls_2"))
         mlp = block.mlp
         if not (
             isinstance(getattr(mlp, "c_fc", None), nn.Linear)
@@ -81,18 +84,35 @@ def check_supported(visual: nn.Module) -> None:
             and len(mlp) == 3
         ):
             problems.append(f"{where}: the MLP is not c_fc -> activation -> c_proj")
-    if len(heads) > 1:
-        problems.append(f"blocks differ in heads x head_dim: {sorted(heads)}")
-    if len(visual.transformer.resblocks) == 0:
-        problems.append("the image tower has no transformer blocks")
-    if problems:
-        raise UnsupportedModelError(
-            "this OpenCLIP image tower uses features the fused Hydra model does not implement: "
-            + "; ".join(problems)
-        )
+    blocks = len(visual.transformer.resblocks)
+    refuse_unsupported(problems, heads, blocks, "OpenCLIP image tower", "the fused Hydra model")
 
 
-class OpenClipAdapter(BackboneAdapter):
+#: how members that differ in their zero-shot classifier are made fusable
+_SHARED_TEXT_SIDE = (
+    "Hydra members share the text side: build them with the same classes, templates and text tower"
+)
+
+
+def architecture_signature(adapter: BackboneAdapter) -> dict[str, Any]:
+    """What members of the openclip family must share to be fused (the family registry's
+    ``architecture``): the image tower's structure, pooling and weights' shapes, and the zero-shot
+    classifier itself (class weights, logit scale and bias: every member uses the same)."""
+    classifier = adapter.module
+    visual = classifier.visual
+    flags = (visual.pool_type, bool(visual.final_ln_after_pool), classifier.logit_bias is None)
+    signature: dict[str, Any] = {
+        "pooling settings": flags,
+        "weights' shapes or dtypes": weight_shapes(classifier),
+        "module structure": repr(visual),
+    }
+    for name in ("class_weights", "logit_scale", "logit_bias"):
+        value = getattr(classifier, name)
+        signature[f"zero-shot classifier ({name})"] = MustMatch(value, _SHARED_TEXT_SIDE)
+    return signature
+
+
+class OpenClipAdapter(ImageBackbone):
     """An OpenCLIP image tower with a zero-shot classifier, seen through the common interface.
 
     Build it with :func:`load_openclip` (a model name) or :func:`wrap_openclip` (a built model).
@@ -172,33 +192,15 @@ class OpenClipAdapter(BackboneAdapter):
 
     def attention_weights(self, layer: int) -> AttentionWeights:
         attn = self.visual.transformer.resblocks[layer].attn
-        H, hd, D = self.num_heads, self.head_dim, self.embed_dim
-        qkv_w = attn.in_proj_weight.detach().view(3, H, hd, D)
-        qkv_b = None if attn.in_proj_bias is None else attn.in_proj_bias.detach().view(3, H, hd)
-        proj_b = attn.out_proj.bias
-        return AttentionWeights(
-            q=qkv_w[0],
-            k=qkv_w[1],
-            v=qkv_w[2],
-            q_bias=None if qkv_b is None else qkv_b[0],
-            k_bias=None if qkv_b is None else qkv_b[1],
-            v_bias=None if qkv_b is None else qkv_b[2],
-            proj=attn.out_proj.weight.detach().view(D, H, hd),
-            proj_bias=None if proj_b is None else proj_b.detach(),
+        out = attn.out_proj
+        return AttentionWeights.from_packed(
+            attn.in_proj_weight, attn.in_proj_bias, out.weight, out.bias, self.num_heads
         )
-
-    def example_inputs(self, batch_size: int = 2, seed: int = 0) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        return torch.randn(batch_size, self.in_chans, *self.img_size, generator=generator)
 
     # ---------------------------------------------------------------------------------------------
     def preprocess_cfg(self) -> dict[str, Any]:
         """open_clip's preprocessing config of the model (its defaults where the model has none)."""
-        from dataclasses import asdict
-
-        from open_clip.transform import PreprocessCfg
-
-        config = asdict(PreprocessCfg())
+        config = dataclasses.asdict(open_clip.transform.PreprocessCfg())
         config.update(getattr(self.visual, "preprocess_cfg", None) or {})
         config["size"] = self.img_size
         return config
@@ -233,12 +235,10 @@ class OpenClipAdapter(BackboneAdapter):
 
         Weights are not included: the rebuilt model has placeholder weights to load a state dict into.
         """
-        from open_clip.transformer import QuickGELU
-
         visual = self.visual
         block = visual.transformer.resblocks[0]
         act = block.mlp[1]
-        if isinstance(act, QuickGELU):
+        if isinstance(act, open_clip.transformer.QuickGELU):
             quick_gelu, approximate = True, "none"
         elif type(act) is nn.GELU:
             quick_gelu, approximate = False, act.approximate
@@ -260,7 +260,7 @@ class OpenClipAdapter(BackboneAdapter):
             "output_dim": self.output_dim,
             "pool_type": visual.pool_type,
             "final_ln_after_pool": bool(visual.final_ln_after_pool),
-            "no_ln_pre": _is_identity(visual.ln_pre),
+            "no_ln_pre": is_identity(visual.ln_pre),
             "quick_gelu": quick_gelu,
             "gelu_approximate": approximate,
             "layer_norm_eps": float(block.ln_1.eps),
@@ -282,21 +282,7 @@ class OpenClipAdapter(BackboneAdapter):
             "vision": self.constructor_kwargs(),
         }
 
-    # ---------------------------------------------------------------------------------------------
-    def macs(
-        self,
-        layer_heads: Sequence[Sequence[int]] | None = None,
-        embed_streams: int = 1,
-        head_streams: int = 1,
-    ) -> int:
-        """Multiply-accumulates per image (the text side is computed once, offline: not counted).
-
-        The layers' (:meth:`encoder_macs`, ``layer_heads``), ``embed_streams`` patch embeddings and
-        ``head_streams`` heads (projection to the joint space and the class-weight product).
-        """
-        D = self.embed_dim
-        ph, pw = self.patch_size
-        patch = self.num_patches * self.in_chans * ph * pw * D
-        head = D * self.output_dim + self.output_dim * self.num_classes
-        total = embed_streams * patch + head_streams * head
-        return int(total) + self.encoder_macs(layer_heads, self.num_tokens)
+    def head_macs(self) -> int:
+        """The projection to the joint space and the class-weight product, per image (the text
+        side is computed once, offline: not counted)."""
+        return self.embed_dim * self.output_dim + self.output_dim * self.num_classes

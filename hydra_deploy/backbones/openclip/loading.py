@@ -7,7 +7,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import socket
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -18,7 +17,8 @@ import torch
 from torch import nn
 
 from hydra_deploy.backbones.base import RANDOM_WEIGHTS
-from hydra_deploy.backbones.openclip.adapter import OpenClipAdapter, check_supported
+from hydra_deploy.backbones.checkpoint import HUB_HOST, hub_unreachable_reason
+from hydra_deploy.backbones.openclip.adapter import OpenClipAdapter, check_supported, open_clip
 from hydra_deploy.backbones.openclip.zero_shot import (
     DEFAULT_TEMPLATES,
     ZeroShotClassifier,
@@ -30,26 +30,12 @@ from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModel
 
 logger = logging.getLogger("hydra_deploy")
 
-HUB_HOST = "huggingface.co"
-
-
-def _hub_unreachable_reason(host: str, timeout_s: float = 3.0) -> str | None:
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
-        return "HF_HUB_OFFLINE is set"
-    try:
-        socket.create_connection((host, 443), timeout=timeout_s).close()
-        return None
-    except OSError as err:
-        return f"{host} is unreachable ({err})"
-
 
 def _check_model_name(model_name: str) -> None:
-    import open_clip
-
     if model_name.startswith("local-dir:"):
         return
     if model_name.startswith("hf-hub:"):
-        reason = _hub_unreachable_reason(HUB_HOST)
+        reason = hub_unreachable_reason(HUB_HOST)
         if reason:
             raise CheckpointError(
                 f"openclip:{model_name} needs a download but {reason}; use a built-in model name "
@@ -66,8 +52,6 @@ def _check_model_name(model_name: str) -> None:
 
 def _check_pretrained(model_name: str, pretrained: str) -> str:
     """A pretrained tag must be known and downloadable now."""
-    import open_clip
-
     cfg = open_clip.get_pretrained_cfg(model_name, pretrained)
     if not cfg:
         tags = open_clip.list_pretrained_tags_by_model(model_name)
@@ -76,7 +60,7 @@ def _check_pretrained(model_name: str, pretrained: str) -> str:
             f"(tags: {', '.join(tags) or 'none'}); pass checkpoint='path/to/weights' for local weights"
         )
     host = HUB_HOST if cfg.get("hf_hub") else (urlparse(cfg.get("url", "")).hostname or HUB_HOST)
-    reason = _hub_unreachable_reason(host)
+    reason = hub_unreachable_reason(host)
     if reason:
         raise CheckpointError(
             f"pretrained={pretrained!r} of {model_name!r} needs a download but {reason}; download "
@@ -87,8 +71,6 @@ def _check_pretrained(model_name: str, pretrained: str) -> str:
 
 
 def _tokenizer_for(model_name: str | None, clip: nn.Module) -> Callable[[list[str]], torch.Tensor]:
-    import open_clip
-
     context_length = getattr(clip, "context_length", None)
     if model_name is None:
         return open_clip.SimpleTokenizer(context_length=context_length or 77)
@@ -182,8 +164,6 @@ def _check_num_classes(num_classes: int | None, actual: int) -> None:
 
 
 def _load_checkpoint(clip: nn.Module, checkpoint: str | os.PathLike) -> None:
-    import open_clip
-
     path = Path(checkpoint).expanduser()
     if str(checkpoint) == "hub":
         raise CheckpointError(
@@ -222,8 +202,6 @@ def load_openclip(
     ``tokenizer`` may be passed in ``kwargs``; the rest goes to ``open_clip.create_model``
     (e.g. ``force_image_size``).
     """
-    import open_clip
-
     tokenizer = kwargs.pop("tokenizer", None)
     if classes is None:
         raise BackboneError(
@@ -265,8 +243,7 @@ def load_openclip(
 
 def build_visual(kwargs: dict[str, Any]) -> nn.Module:
     """A placeholder-weight open_clip VisionTransformer from ``constructor_kwargs()["vision"]``."""
-    from open_clip.transformer import LayerNorm, QuickGELU, VisionTransformer
-
+    transformer = open_clip.transformer
     kwargs = dict(kwargs)
     eps = kwargs.pop("layer_norm_eps", 1e-5)
     quick_gelu = kwargs.pop("quick_gelu", False)
@@ -274,16 +251,16 @@ def build_visual(kwargs: dict[str, Any]) -> nn.Module:
     preprocess = kwargs.pop("preprocess_cfg", None)
     for key in ("num_classes", "logit_bias"):
         kwargs.pop(key, None)
-    act = QuickGELU if quick_gelu else partial(nn.GELU, approximate=approximate)
+    act = transformer.QuickGELU if quick_gelu else partial(nn.GELU, approximate=approximate)
     try:
-        visual = VisionTransformer(
+        visual = transformer.VisionTransformer(
             **{
                 **kwargs,
                 "image_size": tuple(kwargs["image_size"]),
                 "patch_size": tuple(kwargs["patch_size"]),
             },
             act_layer=act,
-            norm_layer=partial(LayerNorm, eps=eps),
+            norm_layer=partial(transformer.LayerNorm, eps=eps),
         )
     except (TypeError, AssertionError, KeyError) as err:
         raise UnsupportedModelError(
