@@ -22,7 +22,12 @@ from hydra_deploy.export.int8 import calibration_rows, quantize_export
 from hydra_deploy.export.precision import check_precision, compute_types
 from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
-from hydra_deploy.export.validate import validate_int8, validate_onnx, validation_batches
+from hydra_deploy.export.validate import (
+    feed_batches,
+    validate_int8,
+    validate_onnx,
+    validation_batches,
+)
 from hydra_deploy.export_folder import (
     GRAPH_PRECISIONS,
     MODEL_FILE,
@@ -350,7 +355,7 @@ def _int8_validation(
     """The FP32 graph's validation, with the INT8 file's drift from it (on the calibration
     data, else the model's example inputs)."""
     if calibration is not None:
-        feeds = _chunks(calibration, batch[2])
+        feeds = feed_batches(calibration, batch[2])
         inputs = "the calibration data"
     else:
         feeds = _example_feeds(hydra, batch)
@@ -363,14 +368,6 @@ def _int8_validation(
         "drift": validate_int8(model_path, fp32_path, feeds, inputs=inputs),
         "drift_within_tolerance": True,
     }
-
-
-def _chunks(arrays: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
-    count = len(next(iter(arrays.values())))
-    return [
-        {name: np.ascontiguousarray(a[start : start + size]) for name, a in arrays.items()}
-        for start in range(0, count, size)
-    ]
 
 
 def _example_feeds(hydra, batch: Sequence[int]) -> list[dict[str, np.ndarray]]:
