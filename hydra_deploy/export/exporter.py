@@ -118,29 +118,18 @@ def export_onnx(
         validation = None
         if validate:
             validation = _validate(hydra, graph_module, model_path, batch, atol, graph_precision)
-        safetensors_torch.save_file(
-            {k: v.contiguous() for k, v in hydra.state_dict().items()}, str(staging / WEIGHTS_FILE)
-        )
-        if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
-            class_names = getattr(hydra, "class_names", None)
-        info = ExportInfo.new(
+        info = _stage_record(
+            hydra,
             staging,
-            **_model_entries(hydra, class_names),
-            inputs=[tensor_info(v) for v in model.graph.input],
-            outputs=[tensor_info(v) for v in model.graph.output],
-            batch_profile=batch,
-            opset=opset,
+            model,
             exporter=used,
-            onnx_sha256=file_sha256(model_path),
+            surgery=surgery,
             validation=validation,
-            tokenizer=_copy_tokenizer(hydra, staging),
+            class_names=class_names,
+            opset=opset,
+            batch=batch,
             precision=graph_precision,
-            graph_passes={k: v for k, v in surgery.items() if k != "precision"},
-            precision_report=None
-            if graph_precision == "fp32"
-            else {**surgery["precision"], "compute_types": compute_types(model)},
             uq_outputs=uq_outputs,
-            package_version=hydra_deploy.__version__,
         )
         if int8 is not None:
             write_info(staging, info)  # the staged FP32 export: what a calibration reader runs
@@ -153,6 +142,48 @@ def export_onnx(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return read_info(out)
+
+
+def _stage_record(
+    hydra,
+    staging: Path,
+    model,
+    *,
+    exporter: str,
+    surgery: Mapping[str, Any],
+    validation: Mapping[str, Any] | None,
+    class_names: Sequence[str] | None,
+    opset: int,
+    batch: tuple[int, int, int],
+    precision: str,
+    uq_outputs: bool,
+) -> ExportInfo:
+    """Write the weights (and a text model's tokenizer) beside the staged ``model.onnx``; the
+    folder's record."""
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in hydra.state_dict().items()}, str(staging / WEIGHTS_FILE)
+    )
+    if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
+        class_names = getattr(hydra, "class_names", None)
+    return ExportInfo.new(
+        staging,
+        **_model_entries(hydra, class_names),
+        inputs=[tensor_info(v) for v in model.graph.input],
+        outputs=[tensor_info(v) for v in model.graph.output],
+        batch_profile=batch,
+        opset=opset,
+        exporter=exporter,
+        onnx_sha256=file_sha256(staging / MODEL_FILE),
+        validation=validation,
+        tokenizer=_copy_tokenizer(hydra, staging),
+        precision=precision,
+        graph_passes={k: v for k, v in surgery.items() if k != "precision"},
+        precision_report=None
+        if precision == "fp32"
+        else {**surgery["precision"], "compute_types": compute_types(model)},
+        uq_outputs=uq_outputs,
+        package_version=hydra_deploy.__version__,
+    )
 
 
 def _write_graph(
