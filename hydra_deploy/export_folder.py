@@ -15,8 +15,11 @@ file, a file that is not UTF-8 JSON, not a JSON object, of another format (a mis
 included), or with a malformed field that consumers interpret (``batch_profile``, ``onnx_sha256``,
 ``precision``, ``class_names``, ``uq_outputs``, a ``family`` that is not registered in
 :mod:`hydra_deploy.families`) is refused with an
-:class:`ExportFolderError` that says what to do. The exporter writes through :func:`write_info`,
-which refuses a record the reader would refuse.
+:class:`ExportFolderError` that says what to do. The exporter makes its record from typed entries
+(:meth:`ExportInfo.new` and :meth:`ExportInfo.replace`: :class:`TensorInfo`,
+:class:`TokenizerEntry`, :class:`Preprocessing`, :class:`MergeRecord`, :class:`Int8Record`, each
+checked by the ``from_dict`` that checks it when read) and writes it through :func:`write_info`,
+which refuses a record the reader would refuse; a record read and written again is the same file.
 
 It owns the engine's JSON sidecar too (:class:`EngineInfo`, :func:`read_engine_info`,
 :func:`write_engine_info`: ``hydra-build`` writes it, the runner, the Triton repository and
