@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -728,34 +729,15 @@ class ExportInfo:
         )
 
 
-#: The entries :meth:`ExportInfo.new` and :meth:`ExportInfo.replace` write (``decisions``: only
-#: :func:`write_decisions`).
+#: The entries :meth:`ExportInfo.replace` puts in: :meth:`ExportInfo.new`'s (``decisions``: only
+#: :func:`write_decisions`), and ``strongly_typed``, which follows ``precision``.
 _RECORD_ENTRIES = (
-    "family",
-    "backbone",
-    "spec",
-    "merge",
-    "macs_per_example",
-    "parameters",
-    "inputs",
-    "outputs",
-    "batch_profile",
-    "preprocessing",
-    "backbone_kwargs",
-    "backbone_config",
-    "class_names",
-    "opset",
-    "exporter",
-    "onnx_sha256",
-    "validation",
-    "tokenizer",
-    "precision",
+    *(
+        name
+        for name, parameter in inspect.signature(ExportInfo.new).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ),
     "strongly_typed",
-    "graph_passes",
-    "precision_report",
-    "uq_outputs",
-    "package_version",
-    "int8",
 )
 #: ExportInfo's typed views of entries (checked when read): :meth:`ExportInfo.new` reads each
 _TYPED_ENTRIES = (
