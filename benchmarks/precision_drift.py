@@ -64,6 +64,7 @@ from hydra_deploy.backbones import load_backbone
 from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
 from hydra_deploy.export.precision import reference_model
 from hydra_deploy.export.validate import DRIFT_TOLERANCE
+from hydra_deploy.export_folder import ExportInfo
 from hydra_deploy.fusion import HydraModel, fuse
 from hydra_deploy.specs import HydraSpec
 from hydra_deploy.uncertainty import ensemble_scores
@@ -367,7 +368,7 @@ def ort_session(path: Path, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def export_file(hydra: HydraModel, folder: Path, precision: str, batch: int) -> dict[str, Any]:
+def export_file(hydra: HydraModel, folder: Path, precision: str, batch: int) -> ExportInfo:
     from hydra_deploy.export import export_onnx
 
     logger = logging.getLogger("hydra_deploy")
@@ -732,12 +733,12 @@ def measure(setup: Setup, args: argparse.Namespace, threads: int, progress: Any)
                 continue
             info = timed(f"{precision}/export", export_file, setup.hydra, folder, precision, batch)
             try:
-                session = ort_session(folder / "model.onnx", threads)
+                session = ort_session(info.onnx_path, threads)
             except Exception as err:  # onnxruntime raises its own exception types
                 message = str(err).strip().splitlines()[0][:300]
                 ort_notes[precision] = f"not run: ONNX Runtime cannot load the file: {message}"
                 continue
-            report = info.get("precision_report", {})
+            report = info.precision_report or {}
             ort_notes[precision] = {
                 "low_precision_nodes": report.get("low_precision_nodes"),
                 "fp32_nodes": report.get("fp32_nodes"),

@@ -114,12 +114,12 @@ def build_export(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     )
     return {
         "backbone": backbone.name,
-        "img_size": info["preprocessing"]["input_size"][1:],
+        "img_size": list(info.preprocessing_config.input_size[1:]),
         "members": args.members,
         "heads_per_member": args.heads_per_member,
         "layers": backbone.num_layers,
         "heads": backbone.num_heads,
-        "macs_per_example": info["macs_per_example"]["hydra"],
+        "macs_per_example": info.macs_per_example["hydra"],
     }
 
 

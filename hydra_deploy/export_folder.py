@@ -15,8 +15,11 @@ file, a file that is not UTF-8 JSON, not a JSON object, of another format (a mis
 included), or with a malformed field that consumers interpret (``batch_profile``, ``onnx_sha256``,
 ``precision``, ``class_names``, ``uq_outputs``, a ``family`` that is not registered in
 :mod:`hydra_deploy.families`) is refused with an
-:class:`ExportFolderError` that says what to do. The exporter writes through :func:`write_info`,
-which refuses a record the reader would refuse.
+:class:`ExportFolderError` that says what to do. The exporter makes its record from typed entries
+(:meth:`ExportInfo.new` and :meth:`ExportInfo.replace`: :class:`TensorInfo`,
+:class:`TokenizerEntry`, :class:`Preprocessing`, :class:`MergeRecord`, :class:`Int8Record`, each
+checked by the ``from_dict`` that checks it when read) and writes it through :func:`write_info`,
+which refuses a record the reader would refuse; a record read and written again is the same file.
 
 It owns the engine's JSON sidecar too (:class:`EngineInfo`, :func:`read_engine_info`,
 :func:`write_engine_info`: ``hydra-build`` writes it, the runner, the Triton repository and
@@ -32,9 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -46,6 +50,7 @@ from hydra_deploy.set_scores import SET_METHODS, SET_SCORES, set_score
 
 __all__ = [
     "CALIBRATION_METHODS",
+    "CROP_MODES",
     "DECISIONS_FORMAT",
     "DECISION_OUTPUTS",
     "DECISION_SCORES",
@@ -59,16 +64,23 @@ __all__ = [
     "INTERPOLATIONS",
     "MODEL_FILE",
     "RECORD_BACKENDS",
+    "TOKENIZER_CONFIG_FILE",
     "TOKENIZER_DIR",
+    "TOKENIZER_FILE",
+    "TOKENIZER_FILES",
     "WEIGHTS_FILE",
     "DecisionRecord",
     "EngineInfo",
     "ExportFolderError",
     "ExportInfo",
     "Int8Record",
+    "MergeRecord",
     "OodRule",
+    "Preprocessing",
     "SelectiveRule",
     "SetRule",
+    "TensorInfo",
+    "TokenizerEntry",
     "engine_info_path",
     "file_sha256",
     "parse_batch_profile",
@@ -170,12 +182,233 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+# --- the typed entries of hydra.json (what the exporter writes, checked as the readers check) ----
+#: The files of a text model's tokenizer that hydra-export copies into ``tokenizer/`` (those present).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
+#: The tokenizer file a text export cannot run without (a fast tokenizer's, read by ``tokenizers``).
+TOKENIZER_FILE = "tokenizer.json"
+#: The tokenizer's own settings (its ``model_max_length``), beside it.
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+#: How a static crop may be taken (timm's ``crop_mode``).
+CROP_MODES = ("center", "squash", "border")
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _entry_error(where: str, key: str, value: Any, expected: str) -> ExportFolderError:
+    return ExportFolderError(
+        f"{where} has a malformed {key} {value!r:.100} (expected {expected}); {_REDO}"
+    )
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output as ``hydra.json`` records it (``inputs`` / ``outputs``): its name,
+    its shape (a size, or the name of a dynamic axis such as ``"batch"``) and its numpy dtype
+    (absent in records written by hand)."""
+
+    name: str
+    shape: tuple[int | str | None, ...]
+    dtype: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "shape": list(self.shape)}
+        if self.dtype is not None:
+            entry["dtype"] = self.dtype
+        return entry
+
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "a tensor entry") -> TensorInfo:
+        """Check a parsed entry (``where`` names the record in errors)."""
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("name"), str)
+            and isinstance(entry.get("shape"), list)
+            and isinstance(entry.get("dtype", ""), str)
+        ):
+            raise _entry_error(
+                where, "tensor", entry, '{"name": ..., "shape": [...], "dtype": ...}'
+            )
+        return cls(entry["name"], tuple(entry["shape"]), entry.get("dtype"))
+
+
+@dataclass(frozen=True)
+class TokenizerEntry:
+    """A text export's ``tokenizer`` entry: the folder beside ``model.onnx`` that holds the
+    tokenizer (``dir``, :data:`TOKENIZER_DIR`), the files copied there, the longest sequence it
+    makes (``max_length``: the tokenizer's ``model_max_length``, at most the model's position
+    embeddings) and the model's vocabulary size (None: unknown)."""
+
+    dir: str
+    max_length: int
+    vocab_size: int | None = None
+    files: tuple[str, ...] | None = None  # None: not recorded (records written by hand)
+
+    def to_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"dir": self.dir}
+        if self.files is not None:
+            entry["files"] = list(self.files)
+        return {**entry, "max_length": self.max_length, "vocab_size": self.vocab_size}
+
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "the tokenizer entry") -> TokenizerEntry:
+        """Check a parsed entry (``where`` names the record in errors)."""
+
+        def bad(expected: str) -> ExportFolderError:
+            return _entry_error(where, "'tokenizer' entry", entry, expected)
+
+        if not isinstance(entry, dict):
+            raise bad('{"dir": ..., "max_length": ...}')
+        directory, files = entry.get("dir"), entry.get("files")
+        if not isinstance(directory, str) or not directory:
+            raise bad('"dir": the name of the folder beside model.onnx')
+        if not _is_int(entry.get("max_length"), 1):
+            raise bad('"max_length": a positive integer')
+        if not (entry.get("vocab_size") is None or _is_int(entry["vocab_size"], 1)):
+            raise bad('"vocab_size": a positive integer or null')
+        if files is not None and not (
+            isinstance(files, list) and all(isinstance(f, str) for f in files)
+        ):
+            raise bad('"files": a list of file names')
+        return cls(
+            dir=directory,
+            max_length=entry["max_length"],
+            vocab_size=entry.get("vocab_size"),
+            files=None if files is None else tuple(files),
+        )
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """A vision export's ``preprocessing`` entry: timm's data config of the model (how an image
+    becomes its input: :mod:`hydra_deploy.engines.preprocess`), and ``defaulted``, the decisive
+    entries that were taken from timm's default for the architecture rather than the model's own.
+    Entries of the config this version does not interpret are kept in ``other``."""
+
+    input_size: tuple[int, ...]  # (C, H, W)
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    interpolation: str | None = None
+    crop_pct: float | None = None
+    crop_mode: str | None = None
+    defaulted: tuple[str, ...] = ()
+    other: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"input_size": list(self.input_size)}
+        if self.interpolation is not None:
+            entry["interpolation"] = self.interpolation
+        entry["mean"], entry["std"] = list(self.mean), list(self.std)
+        for key in ("crop_pct", "crop_mode"):
+            if getattr(self, key) is not None:
+                entry[key] = getattr(self, key)
+        entry.update(self.other or {})
+        if self.defaulted:
+            entry[DEFAULTED] = list(self.defaulted)
+        return entry
+
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "the preprocessing entry") -> Preprocessing:
+        """Check a parsed entry (tuples are taken for lists: a model's own data config)."""
+        if not isinstance(entry, Mapping):
+            raise _entry_error(where, "preprocessing", entry, "timm's data config, an object")
+        size = entry.get("input_size")
+        if not (
+            isinstance(size, (list, tuple)) and len(size) == 3 and all(_is_int(v, 1) for v in size)
+        ):
+            raise _entry_error(where, "input_size", size, "[C, H, W], positive integers")
+        for key in ("mean", "std"):
+            value = entry.get(key)
+            if not (
+                isinstance(value, (list, tuple))
+                and len(value) == size[0]
+                and all(_is_number(v) for v in value)
+            ):
+                raise _entry_error(where, key, value, f"{size[0]} numbers, one per channel")
+        choices = {"interpolation": INTERPOLATIONS, "crop_mode": CROP_MODES}
+        for key, allowed in choices.items():
+            if entry.get(key) is not None and entry[key] not in allowed:
+                raise _entry_error(where, key, entry[key], f"one of {', '.join(allowed)}")
+        crop = entry.get("crop_pct")
+        if crop is not None and not (_is_number(crop) and crop > 0):
+            raise _entry_error(where, "crop_pct", crop, "a positive number (1.0: no crop)")
+        defaulted = entry.get(DEFAULTED) or ()
+        if not (
+            isinstance(defaulted, (list, tuple))
+            and all(k in DECISIVE_PREPROCESSING for k in defaulted)
+        ):
+            raise _entry_error(where, DEFAULTED, defaulted, f"names among {DECISIVE_PREPROCESSING}")
+        known = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", DEFAULTED)
+        other = {k: v for k, v in entry.items() if k not in known}
+        return cls(
+            input_size=tuple(size),
+            mean=tuple(entry["mean"]),
+            std=tuple(entry["std"]),
+            interpolation=entry.get("interpolation"),
+            crop_pct=crop,
+            crop_mode=entry.get("crop_mode"),
+            defaulted=tuple(defaulted),
+            other=other or None,
+        )
+
+
+@dataclass(frozen=True)
+class MergeRecord:
+    """The ``merge`` entry: how the members' weights outside attention were merged, part by part
+    (``embeddings``, ``norms``, ``mlp``, ``classifier``, ...: ``shared``, ``per-member``,
+    ``average``, ``grouped``, ...), and counts (``trunk_layers``, ``padded_heads``). Which parts
+    there are is the family's (a BERT ``pooler``, an OpenCLIP ``projection``): ``parts`` keeps
+    them in the family's order."""
+
+    parts: tuple[tuple[str, str | int], ...]
+
+    def __getitem__(self, part: str) -> str | int:
+        return dict(self.parts)[part]
+
+    def get(self, part: str, default: Any = None) -> Any:
+        return dict(self.parts).get(part, default)
+
+    def to_dict(self) -> dict[str, str | int]:
+        return dict(self.parts)
+
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "the merge entry") -> MergeRecord:
+        """Check a parsed entry: part -> how (text) or a count."""
+        if not (
+            isinstance(entry, Mapping)
+            and entry
+            and all(
+                isinstance(k, str) and (isinstance(v, str) or _is_int(v)) for k, v in entry.items()
+            )
+        ):
+            raise _entry_error(where, "merge", entry, "part -> how it was merged, or a count")
+        return cls(tuple(entry.items()))
+
+
 @dataclass(frozen=True)
 class ExportInfo:
     """A checked ``hydra.json``: the fields consumers interpret, typed, and the whole record.
 
-    ``record`` is the JSON object as written (the spec, inputs, outputs, preprocessing, tokenizer
-    and the rest, which the stage that uses them checks); the typed fields are checked here.
+    ``record`` is the JSON object as written; the typed fields are checked here, and the typed
+    entries (:attr:`input_tensors`, :attr:`output_tensors`, :attr:`tokenizer_entry`,
+    :attr:`preprocessing_config`, :attr:`merge_record`) are checked when read, by the same
+    ``from_dict`` that checks them when the exporter writes them. The exporter makes its record
+    with :meth:`new` and :meth:`replace` (typed values in, the record's JSON out, checked as
+    :func:`read_info` checks it) and writes it with :func:`write_info`; a record read and written
+    again is the same JSON.
     """
 
     path: Path
@@ -201,7 +434,73 @@ class ExportInfo:
     def weights_path(self) -> Path:
         return self.folder / WEIGHTS_FILE
 
-    # --- entries that one consumer interprets, and checks with its own advice -------------------
+    # --- entries the exporter reports (no consumer interprets them) -------------------------------
+    @property
+    def exporter(self) -> str | None:
+        """The torch -> ONNX exporter that wrote the graph (``dynamo`` or ``torchscript``)."""
+        return self.record.get("exporter")
+
+    @property
+    def opset(self) -> int | None:
+        return self.record.get("opset")
+
+    @property
+    def strongly_typed(self) -> bool:
+        """Whether the graph is strongly typed (FP16/BF16: explicit casts, TensorRT's
+        ``--stronglyTyped``)."""
+        return bool(self.record.get("strongly_typed", False))
+
+    @property
+    def validation(self) -> Mapping[str, Any] | None:
+        """What validation against PyTorch found (None: not validated): per batch, and the drift
+        from FP32 of an FP16/BF16/INT8 export (:mod:`hydra_deploy.export.validate`)."""
+        return self.record.get("validation")
+
+    @property
+    def graph_passes(self) -> Mapping[str, Any] | None:
+        """What each graph-surgery pass did (:mod:`hydra_deploy.export.surgery`)."""
+        return self.record.get("graph_passes")
+
+    @property
+    def precision_report(self) -> Mapping[str, Any] | None:
+        """An FP16/BF16 graph's conversion: nodes per precision, casts, compute types."""
+        return self.record.get("precision_report")
+
+    @property
+    def macs_per_example(self) -> Mapping[str, Any] | None:
+        """Multiply-accumulates per example: ``{"single", "hydra", ...}``."""
+        return self.record.get("macs_per_example")
+
+    # --- typed entries, checked when read as when written ----------------------------------------
+    @property
+    def input_tensors(self) -> tuple[TensorInfo, ...]:
+        """The graph inputs, typed (checked; empty when not recorded)."""
+        return self._typed_tensors("inputs")
+
+    @property
+    def output_tensors(self) -> tuple[TensorInfo, ...]:
+        """The graph outputs, typed (checked; empty when not recorded)."""
+        return self._typed_tensors("outputs")
+
+    @property
+    def tokenizer_entry(self) -> TokenizerEntry | None:
+        """A text export's tokenizer entry, typed (checked); None when there is none."""
+        entry = self.record.get("tokenizer")
+        return None if not entry else TokenizerEntry.from_dict(entry, str(self.path))
+
+    @property
+    def preprocessing_config(self) -> Preprocessing | None:
+        """A vision export's preprocessing, typed (checked); None when there is none."""
+        entry = self.record.get("preprocessing")
+        return None if entry is None else Preprocessing.from_dict(entry, str(self.path))
+
+    @property
+    def merge_record(self) -> MergeRecord | None:
+        """How the members' weights were merged, typed (checked); None when not recorded."""
+        entry = self.record.get("merge")
+        return None if entry is None else MergeRecord.from_dict(entry, str(self.path))
+
+    # --- entries as written, for consumers that check them with their own advice ----------------
     @property
     def spec(self) -> Any:
         """The HydraSpec as written (a dict; the runners and :func:`HydraSpec.from_dict` check it)."""
@@ -260,18 +559,107 @@ class ExportInfo:
         return [e.get("name") if isinstance(e, dict) else e for e in entries]
 
     def _tensors(self, key: str) -> tuple[dict[str, Any], ...]:
+        self._typed_tensors(key)  # checked
+        return tuple(dict(e) for e in self.record.get(key) or ())
+
+    def _typed_tensors(self, key: str) -> tuple[TensorInfo, ...]:
         entries = self.record.get(key)
         if entries is None or entries == []:
             return ()
-        if not isinstance(entries, list) or not all(
-            isinstance(e, dict)
-            and isinstance(e.get("name"), str)
-            and isinstance(e.get("shape"), list)
-            and isinstance(e.get("dtype", ""), str)
-            for e in entries
-        ):
+        if not isinstance(entries, list):
             raise self.malformed_tensors(key)
-        return tuple(dict(e) for e in entries)
+        try:
+            return tuple(TensorInfo.from_dict(e, str(self.path)) for e in entries)
+        except ExportFolderError:
+            raise self.malformed_tensors(key) from None
+
+    # --- the writer's side: typed values in, the record's JSON out ------------------------------
+    @classmethod
+    def new(
+        cls,
+        folder: str | os.PathLike,
+        *,
+        family: str,
+        backbone: str,
+        spec: Mapping[str, Any],
+        merge: MergeRecord,
+        macs_per_example: Mapping[str, Any],
+        parameters: Any,
+        inputs: Sequence[TensorInfo],
+        outputs: Sequence[TensorInfo],
+        batch_profile: tuple[int, int, int],
+        onnx_sha256: str,
+        opset: int,
+        exporter: str,
+        preprocessing: Preprocessing | None = None,
+        backbone_kwargs: Mapping[str, Any] | None = None,
+        backbone_config: Mapping[str, Any] | None = None,
+        class_names: Sequence[str] | None = None,
+        validation: Mapping[str, Any] | None = None,
+        tokenizer: TokenizerEntry | None = None,
+        precision: str = "fp32",
+        graph_passes: Mapping[str, Any] | None = None,
+        precision_report: Mapping[str, Any] | None = None,
+        uq_outputs: bool = False,
+        package_version: str | None = None,
+        int8: Int8Record | None = None,
+    ) -> ExportInfo:
+        """The record of a new export in ``folder`` (what :func:`write_info` writes there), from
+        typed values, checked as :func:`read_info` checks it. Its entries come in the order this
+        version has always written them; ``strongly_typed`` follows ``precision``."""
+        entries: dict[str, Any] = {
+            "format": FORMAT,
+            "family": family,
+            "backbone": backbone,
+            "spec": spec,
+            "merge": merge,
+            "macs_per_example": macs_per_example,
+            "parameters": parameters,
+            "inputs": inputs,
+            "outputs": outputs,
+            "batch_profile": batch_profile,
+            "preprocessing": preprocessing,
+            "backbone_kwargs": backbone_kwargs,
+            "backbone_config": backbone_config,
+            "class_names": class_names,
+            "opset": opset,
+            "exporter": exporter,
+            "onnx_sha256": onnx_sha256,
+            "weights": WEIGHTS_FILE,
+            "validation": validation,
+            "tokenizer": tokenizer,
+            "precision": precision,
+            "strongly_typed": precision in _STRONGLY_TYPED,
+            "graph_passes": graph_passes or {},
+            "precision_report": precision_report,
+            "uq_outputs": bool(uq_outputs),
+            "package_version": package_version,
+            "int8": int8,
+        }
+        optional = ("tokenizer", "precision_report", "int8")  # absent rather than null
+        kept = {k: v for k, v in entries.items() if v is not None or k not in optional}
+        return cls._checked(_record_json(kept), Path(folder) / INFO_FILE)
+
+    def replace(self, **entries: Any) -> ExportInfo:
+        """This record with ``entries`` (the names of :meth:`new`, typed values) put in, checked
+        as :func:`read_info` checks it: an entry keeps its place, a new one goes last; a new
+        ``precision`` sets ``strongly_typed`` too."""
+        unknown = sorted(set(entries) - set(_RECORD_ENTRIES))
+        if unknown:
+            raise TypeError(f"hydra.json has no entries {unknown}; it has {_RECORD_ENTRIES}")
+        if "precision" in entries:
+            entries.setdefault("strongly_typed", entries["precision"] in _STRONGLY_TYPED)
+        record = dict(self.record)
+        record.update(_record_json(entries))
+        return self._checked(record, self.path)
+
+    @classmethod
+    def _checked(cls, record: dict[str, Any], path: Path) -> ExportInfo:
+        """The record as JSON, checked as read, its typed entries as their readers check them."""
+        info = cls.from_record(json.loads(json.dumps(record)), path)
+        for entry in _TYPED_ENTRIES:
+            getattr(info, entry)
+        return info
 
     @classmethod
     def from_record(cls, record: Any, path: str | os.PathLike) -> ExportInfo:
@@ -343,6 +731,50 @@ class ExportInfo:
         )
 
 
+#: The entries :meth:`ExportInfo.replace` puts in: :meth:`ExportInfo.new`'s (``decisions``: only
+#: :func:`write_decisions`), and ``strongly_typed``, which follows ``precision``.
+_RECORD_ENTRIES = (
+    *(
+        name
+        for name, parameter in inspect.signature(ExportInfo.new).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ),
+    "strongly_typed",
+)
+#: ExportInfo's typed views of entries (checked when read): :meth:`ExportInfo.new` reads each
+_TYPED_ENTRIES = (
+    "input_tensors",
+    "output_tensors",
+    "tokenizer_entry",
+    "preprocessing_config",
+    "merge_record",
+)
+#: precisions whose graph is strongly typed (explicit casts: :mod:`hydra_deploy.export.precision`)
+_STRONGLY_TYPED = ("fp16", "bf16")
+
+
+def _record_json(entries: Mapping[str, Any]) -> dict[str, Any]:
+    """hydra.json's form of typed entries: a typed entry's ``to_dict``, a batch profile as
+    ``{"min", "opt", "max"}``, tensor entries as a list; the rest as it is (JSON-able)."""
+    out: dict[str, Any] = {}
+    for key, value in entries.items():
+        if key == "batch_profile" and isinstance(value, (tuple, list)):
+            value = dict(zip(("min", "opt", "max"), value, strict=True))
+        elif key in ("inputs", "outputs", "class_names") and value is not None:
+            value = [_entry_json(v) for v in value]
+        else:
+            value = _entry_json(value)
+        out[key] = value
+    return out
+
+
+def _entry_json(value: Any) -> Any:
+    """A typed entry as JSON (its ``to_dict``), a mapping as a dict, the rest as it is."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return dict(value) if isinstance(value, Mapping) else value
+
+
 def parse_batch_profile(
     profile: Any, where: str | os.PathLike, fix: str = _REDO
 ) -> tuple[int, int, int] | None:
@@ -395,10 +827,13 @@ def read_info(path: str | os.PathLike, *, required: bool = True) -> ExportInfo |
     return ExportInfo.from_record(_settled(record, path), path)
 
 
-def write_info(folder: str | os.PathLike, record: dict[str, Any]) -> ExportInfo:
-    """Write ``record`` as ``folder/hydra.json`` (atomically), after checking it as
-    :func:`read_info` would: what the exporter writes, every consumer reads."""
+def write_info(folder: str | os.PathLike, record: ExportInfo | Mapping[str, Any]) -> ExportInfo:
+    """Write ``record`` (an :class:`ExportInfo`, or the JSON object) as ``folder/hydra.json``
+    (atomically), after checking it as :func:`read_info` would: what the exporter writes, every
+    consumer reads."""
     path = Path(folder) / INFO_FILE
+    if isinstance(record, ExportInfo):
+        record = record.record
     if _REPLACING in record:
         raise ExportFolderError(
             f"{INFO_FILE}'s {_REPLACING!r} entry is written by write_decisions only; drop it"
@@ -1159,7 +1594,7 @@ def write_decisions(
     decisions: DecisionRecord | None,
     *,
     model: str | os.PathLike | None = None,
-    outputs: list[dict[str, Any]] | None = None,
+    outputs: Sequence[TensorInfo | Mapping[str, Any]] | None = None,
 ) -> ExportInfo:
     """Store ``decisions`` (None: remove them) in ``folder/hydra.json``, atomically; the rest of
     the record is kept as it is.
@@ -1193,7 +1628,7 @@ def write_decisions(
             )
         record["onnx_sha256"] = sha
         if outputs is not None:
-            record["outputs"] = list(outputs)
+            record["outputs"] = _record_json({"outputs": outputs})["outputs"]
         with open(staged, "rb") as handle:  # on disk before any name points at it
             os.fsync(handle.fileno())
         with contextlib.suppress(OSError):  # the mode of the file it replaces

@@ -33,14 +33,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
+
+from hydra_deploy.backbones import load_backbone
 from hydra_deploy.errors import ParameterError, SpecError, said
 from hydra_deploy.families import family_for_prefix
+from hydra_deploy.fusion import fuse as fuse_members  # build_hydra's ``fuse`` is its options
 from hydra_deploy.options import (
     FinetuneOptions,
     FuseOptions,
     LoadOptions,
     SelectionOptions,
 )
+from hydra_deploy.pruning import finetune_members, select_members
+from hydra_deploy.pruning.finetune import FinetunedMembers
+from hydra_deploy.specs import HydraSpec
 
 __all__ = ["Built", "build_hydra", "choose_spec", "resolve_members"]
 
@@ -99,9 +106,6 @@ def choose_spec(
     """The HydraSpec ``options`` ask for (its fields may also be given as keywords, which win):
     read from ``spec`` (a JSON file), drawn at random (no ``calib``), or selected on ``calib``
     data by ``importance`` (default taylor when data is given)."""
-    from hydra_deploy.pruning import select_members
-    from hydra_deploy.specs import HydraSpec
-
     options = dataclasses.replace(options or SelectionOptions(), **keywords)
     if options.spec is not None:
         return _read_spec(options.spec, backbone, backbone_name or backbone.name)
@@ -153,8 +157,6 @@ def choose_spec(
 
 def _read_spec(path: Any, backbone: Any, name: str):
     """The spec file ``path``, refused unless it fits ``backbone``'s geometry."""
-    from hydra_deploy.specs import HydraSpec
-
     loaded = HydraSpec.from_json(path)
     wrong = [
         f"{k}={getattr(loaded, k)} (backbone has {getattr(backbone, k)})"
@@ -264,10 +266,6 @@ def build_hydra(
     from ``keywords`` (the groups' fields, see the module docstring; ``finetune`` may be the
     data itself), else their defaults; ``seed`` seeds random weights too.
     """
-    import torch
-
-    from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.fusion import fuse as fuse_members
 
     if finetune is not None and not isinstance(finetune, FinetuneOptions):
         keywords, finetune = {"finetune": finetune, **keywords}, None  # the data, as before
@@ -286,8 +284,6 @@ def build_hydra(
     chosen = choose_spec(model, select, backbone_name=str(backbone))
     fused_members = model
     if tune.given:
-        from hydra_deploy.pruning import finetune_members
-
         fused_members = finetune_members(model, chosen, options=tune, progress=progress)
     elif _tuning_without_data(tune) or tune.shared_parts != "per-member":
         raise ParameterError(
@@ -351,11 +347,6 @@ def _fuse_checkpoints(
     """A deep ensemble fused into one network: one member per checkpoint, heads chosen on each
     checkpoint's own model (:func:`choose_spec` with one member, seed ``seed + m``), fine-tuned on
     its own when asked, fused with per-member MLPs."""
-    from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.fusion import fuse
-    from hydra_deploy.pruning.finetune import FinetunedMembers
-    from hydra_deploy.specs import HydraSpec
-
     _check_ensemble(tune, fusing)
     models = [load_backbone(backbone, checkpoint=c, **load.load_kwargs()) for c in checkpoints]
     _check_same_architecture(checkpoints, models)
@@ -371,8 +362,6 @@ def _fuse_checkpoints(
         heads.append(own_spec.members[0])
         member = model
         if tune.given:
-            from hydra_deploy.pruning import finetune_members
-
             save_dir = None if tune.save_dir is None else Path(tune.save_dir) / f"checkpoint{m}"
             own_tune = dataclasses.replace(tune, seed=tune.seed + m, save_dir=save_dir)
             tuned = finetune_members(model, own_spec, options=own_tune, progress=progress)
@@ -390,6 +379,6 @@ def _fuse_checkpoints(
         seed=select.seed,
         meta={"checkpoints": [str(c) for c in checkpoints]},
     )
-    hydra = fuse(members, spec, "grouped", lowering=fusing.lowering)
+    hydra = fuse_members(members, spec, "grouped", lowering=fusing.lowering)
     tuned_members = FinetunedMembers([getattr(m, "module", m) for m in members], history)
     return Built(first, hydra.spec, tuned_members if tune.given else first, hydra)

@@ -12,6 +12,8 @@ import json
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hydra_deploy.distributed.ray_score import DriverExport
 from hydra_deploy.engines.build_source import load_source
@@ -20,11 +22,20 @@ from hydra_deploy.errors import EngineError, ExportError, RunnerError, ServeErro
 from hydra_deploy.evaluation.compare import compare_export
 from hydra_deploy.export import load_export
 from hydra_deploy.export_folder import (
+    CROP_MODES,
+    DECISIVE_PREPROCESSING,
     FORMAT,
     INFO_FILE,
+    INTERPOLATIONS,
     MODEL_FILE,
+    TOKENIZER_DIR,
+    TOKENIZER_FILES,
     ExportFolderError,
     ExportInfo,
+    MergeRecord,
+    Preprocessing,
+    TensorInfo,
+    TokenizerEntry,
     file_sha256,
     parse_batch_profile,
     read_info,
@@ -290,3 +301,131 @@ def test_a_hydra_json_left_mid_switch_reads_as_the_record_of_the_model_it_finds(
     (folder / INFO_FILE).write_text(json.dumps({**new, "replacing": [1]}))
     with pytest.raises(ExportFolderError, match="malformed 'replacing' entry"):
         read_info(folder)
+
+
+# --- typed entries: written as read, the same JSON ------------------------------------------------
+names = st.text(st.characters(codec="ascii", categories=("L", "N")), min_size=1, max_size=8)
+dims = st.one_of(st.integers(0, 4096), names)
+tensors = st.builds(
+    TensorInfo,
+    names,
+    st.lists(dims, max_size=4).map(tuple),
+    st.one_of(st.none(), st.sampled_from(["float32", "float16", "int64"])),
+)
+tokenizers = st.builds(
+    TokenizerEntry,
+    dir=st.just(TOKENIZER_DIR),
+    max_length=st.integers(1, 4096),
+    vocab_size=st.one_of(st.none(), st.integers(1, 250_000)),
+    files=st.one_of(st.none(), st.lists(st.sampled_from(TOKENIZER_FILES), unique=True).map(tuple)),
+)
+
+
+@st.composite
+def preprocessings(draw):
+    channels = draw(st.sampled_from([1, 3]))
+    numbers = st.lists(
+        st.floats(0.01, 1, allow_nan=False), min_size=channels, max_size=channels
+    ).map(tuple)
+    maybe = lambda strategy: draw(st.one_of(st.none(), strategy))  # noqa: E731
+    return Preprocessing(
+        input_size=(channels, draw(st.integers(1, 512)), draw(st.integers(1, 512))),
+        mean=draw(numbers),
+        std=draw(numbers),
+        interpolation=maybe(st.sampled_from(INTERPOLATIONS)),
+        crop_pct=maybe(st.floats(0.1, 1.5)),
+        crop_mode=maybe(st.sampled_from(CROP_MODES)),
+        defaulted=tuple(draw(st.lists(st.sampled_from(DECISIVE_PREPROCESSING), unique=True))),
+    )
+
+
+merges = st.dictionaries(
+    names, st.one_of(st.sampled_from(["shared", "per-member", "grouped"]), st.integers(0, 9)),
+    min_size=1, max_size=6,
+).map(lambda parts: MergeRecord(tuple(parts.items())))  # fmt: skip
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    inputs=st.lists(tensors, min_size=1, max_size=3),
+    outputs=st.lists(tensors, min_size=1, max_size=3),
+    tokenizer=st.one_of(st.none(), tokenizers),
+    preprocessing=st.one_of(st.none(), preprocessings()),
+    merge=merges,
+)
+def test_typed_entries_are_written_as_read_and_rewritten_as_the_same_json(
+    export_dir, tmp_path_factory, inputs, outputs, tokenizer, preprocessing, merge
+):
+    """A record made from typed entries reads back as those entries, and a record read and
+    written again is the same file, byte for byte."""
+    made = read_info(export_dir).replace(
+        inputs=inputs,
+        outputs=outputs,
+        tokenizer=tokenizer,
+        preprocessing=preprocessing,
+        merge=merge,
+    )
+    folder = tmp_path_factory.mktemp("typed")
+    written = write_info(folder, made)
+    read = read_info(folder)
+    assert read == written == ExportInfo.from_record(made.record, folder / INFO_FILE)
+    assert read.input_tensors == tuple(inputs) and read.output_tensors == tuple(outputs)
+    assert read.tokenizer_entry == tokenizer and read.merge_record == merge
+    assert read.preprocessing_config == preprocessing
+    text = (folder / INFO_FILE).read_bytes()
+    again = tmp_path_factory.mktemp("again")
+    write_info(again, read)
+    assert (again / INFO_FILE).read_bytes() == text
+
+
+def test_an_export_read_and_written_again_is_the_same_file(export_dir, tmp_path):
+    write_info(tmp_path, read_info(export_dir))
+    assert (tmp_path / INFO_FILE).read_bytes() == (export_dir / INFO_FILE).read_bytes()
+    info = read_info(export_dir)
+    assert [t.to_dict() for t in info.input_tensors] == list(info.inputs)
+    assert info.preprocessing_config.to_dict() == info.preprocessing
+    assert info.merge_record.to_dict() == info.merge
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "said"),
+    [
+        ("inputs", [{"name": "x", "shape": "batch"}], "malformed inputs"),
+        ("tokenizer", {"dir": "", "max_length": 8}, "malformed 'tokenizer' entry.*dir"),
+        (
+            "tokenizer",
+            {"dir": "tokenizer", "max_length": 0},
+            "malformed 'tokenizer' entry.*max_length",
+        ),
+        ("preprocessing", {"input_size": [3, 8], "mean": [0], "std": [1]}, "malformed input_size"),
+        (
+            "preprocessing",
+            {"input_size": [3, 8, 8], "mean": [0], "std": [1, 1, 1]},
+            "malformed mean",
+        ),
+        ("merge", {"mlp": True}, "malformed merge"),
+    ],
+)
+def test_a_typed_entry_is_checked_on_write_as_on_read(export_dir, tmp_path, entry, value, said):
+    info = read_info(export_dir)
+    with pytest.raises(ExportFolderError, match=said):
+        info.replace(**{entry: value})
+    record = {**info.record, entry: value}
+    (tmp_path / INFO_FILE).write_text(json.dumps(record))
+    read = read_info(tmp_path)  # the record is readable: the entry's reader refuses it
+    view = {
+        "inputs": "input_tensors",
+        "tokenizer": "tokenizer_entry",
+        "preprocessing": "preprocessing_config",
+        "merge": "merge_record",
+    }[entry]
+    with pytest.raises(ExportFolderError, match=said):
+        getattr(read, view)
+
+
+def test_replace_names_the_entries_a_record_has(export_dir):
+    with pytest.raises(TypeError, match="no entries \\['colour'\\]"):
+        read_info(export_dir).replace(colour="blue")
+    fp16 = read_info(export_dir).replace(precision="fp16")
+    assert fp16.precision == "fp16" and fp16.strongly_typed
+    assert list(fp16.record) == list(read_info(export_dir).record)  # each entry in its place

@@ -113,8 +113,8 @@ def test_onnx_reload_and_runner_equal_pytorch(name, tmp_path):
     hydra = fuse(perturbed_members(backbone, 2, seed=3), _spec(backbone, 2, seed=4), "grouped")
     out = tmp_path / name
     info = export_onnx(hydra.eval(), out, batch=(1, 2, 4))
-    assert info["family"] == name and info["validation"]["passed"]
-    assert [i["name"] for i in info["inputs"]] == list(get_family(name).input_names)
+    assert info.family == name and info.validation["passed"]
+    assert [i["name"] for i in info.record["inputs"]] == list(get_family(name).input_names)
     x = _inputs(hydra, 3, seed=5)
     with torch.no_grad():
         expected = hydra(*x).numpy()

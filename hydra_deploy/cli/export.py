@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import logging
 import re
 import sys
 import time
@@ -10,7 +13,27 @@ from pathlib import Path
 
 from hydra_deploy.cli import common, triton
 from hydra_deploy.cli import model_options as build
+from hydra_deploy.engines.trtexec import command_lines, trtexec_commands
+from hydra_deploy.errors import HydraError, ParameterError
+from hydra_deploy.export_folder import (
+    INFO_FILE,
+    MODEL_FILE,
+    WEIGHTS_FILE,
+    ExportInfo,
+    read_info,
+)
+from hydra_deploy.families import get_family
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import Int8Options, add_options, from_args
+
+# the stages this command runs, imported when it runs them (``--help`` imports no torch)
+backbones = lazy_module("hydra_deploy.backbones")
+calibrate = lazy_module("hydra_deploy.evaluation.calibrate")
+int8_data = lazy_module("hydra_deploy.evaluation.int8_data")
+exporter = lazy_module("hydra_deploy.export.exporter")
+export_load = lazy_module("hydra_deploy.export.load")
+
+log = logging.getLogger("hydra_deploy")
 
 EXAMPLES = """\
   hydra-export --backbone vit_b16                  # writes export/vit_b16-m3
@@ -90,11 +113,6 @@ def int8_options(args: argparse.Namespace) -> Int8Options | None:
     """``--precision int8``'s options from the INT8 flags (refused without it); ``--int8-calib``
     becomes the reader of that data (:func:`hydra_deploy.evaluation.int8_data.int8_calibration`),
     run on the staged FP32 export with the model's own preprocessing or tokenizer."""
-    import dataclasses
-    import logging
-
-    from hydra_deploy.errors import HydraError, ParameterError
-
     flags = {f.metadata["flag"]: f.default for f in dataclasses.fields(Int8Options)}
     given = [flag for flag, default in flags.items() if getattr(args, _dest(flag)) != default]
     if args.precision != "int8":
@@ -108,7 +126,7 @@ def int8_options(args: argparse.Namespace) -> Int8Options | None:
         raise
     if options.calib is None:
         if args.int8_method is None:
-            logging.getLogger("hydra_deploy").info(
+            log.info(
                 "--precision int8 without --int8-calib: dynamic quantization (int8 weights, "
                 "activations quantized at run time; ONNX Runtime on a CPU). For static QDQ "
                 "(TensorRT, and no run-time quantization) give --int8-calib DATA"
@@ -119,23 +137,16 @@ def int8_options(args: argparse.Namespace) -> Int8Options | None:
             f"--int8-calib {str(options.calib)!r} does not exist; give an image folder, a .npz of "
             "the model's inputs, or a .txt/.tsv for a text model"
         )
-    from hydra_deploy.evaluation.int8_data import int8_calibration, refuse_wrong_kind
-
-    refuse_wrong_kind(options.calib, _family_to_build(args), "--int8-calib")
-    reader = int8_calibration(options.calib, max_examples=options.calib_size)
+    int8_data.refuse_wrong_kind(options.calib, _family_to_build(args), "--int8-calib")
+    reader = int8_data.int8_calibration(options.calib, max_examples=options.calib_size)
     return dataclasses.replace(options, calib=reader)
 
 
 def _family_to_build(args: argparse.Namespace):
     """The family ``--backbone`` builds or ``--from``'s folder holds (a vision model when the
     folder cannot be read: the re-export says why, later)."""
-    from hydra_deploy.backbones import family_of_name
-    from hydra_deploy.errors import HydraError
-    from hydra_deploy.export_folder import read_info
-    from hydra_deploy.families import get_family
-
     if args.from_dir is None:
-        return family_of_name(args.backbone)
+        return backbones.family_of_name(args.backbone)
     try:
         return get_family(read_info(args.from_dir).family or "vit")
     except HydraError:
@@ -153,13 +164,11 @@ def default_name(backbone: str) -> str:
     return Path(str(backbone).rstrip("/")).name
 
 
-def trtexec_lines(info: dict, out: Path) -> list[str]:
+def trtexec_lines(info: ExportInfo | None, out: Path) -> list[str]:
     """The trtexec lines that build an engine from the export written to ``out``: per TensorRT
     generation what ``hydra-build EXPORT_DIR --trtexec`` prints, without its blank lines (both
     come from :func:`hydra_deploy.engines.trtexec.trtexec_commands`, which reads the folder, so
     ``info`` is not needed). An export no TensorRT can build gets one line saying why."""
-    from hydra_deploy.engines.trtexec import command_lines, trtexec_commands
-
     results = trtexec_commands(out)
     if all(result.command is None for result in results):
         return [f"# no TensorRT can build this export: {results[0].error}"]
@@ -201,64 +210,15 @@ def validation_line(validation: dict) -> str:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    import json
-    import logging
-
-    from hydra_deploy.errors import HydraError
-    from hydra_deploy.export import export_onnx
-    from hydra_deploy.export.exporter import check_profile
-
-    log = logging.getLogger("hydra_deploy")
-    if (args.backbone is None) == (args.from_dir is None):
-        raise HydraError(
-            "give --backbone NAME (build a model) or --from EXPORT_DIR (re-export one)"
-        )
-    if args.out is None:
-        if args.from_dir is not None:
-            raise HydraError("--from needs --out (a new folder for the re-export)")
-        args.out = Path("export") / f"{default_name(args.backbone)}-m{build.resolve_members(args)}"
-    common.refuse_existing(args.out, args.overwrite)
-    int8 = int8_options(args)  # before the build: a wrong flag costs nothing
-    triton.check_unused(args)
-    if args.triton is not None:
-        triton.preflight(args, args.out, with_engine=False)
-        if not args.uq_outputs:
-            log.info(
-                "--triton: the ensemble head goes in the graph (--uq-outputs), so Triton "
-                "answers the uncertainty scores itself"
-            )
-            args.uq_outputs = True
-    opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
-    batch = check_profile(args.opset, (args.min_batch, opt, args.max_batch))  # before the build
+    int8, batch = _check_request(args)  # before the build: a wrong flag costs nothing
     started = time.perf_counter()
-    if args.from_dir is not None:
-        from hydra_deploy.export.load import load_export, warn_default_preprocessing
-
-        if args.model_arg:
-            raise HydraError("--model-arg builds a backbone; --from re-exports a built model as is")
-        hydra = load_export(args.from_dir, warn_preprocessing=False)  # warned once, below
-        spec = hydra.spec
-        log.info("rebuilt the model saved in %s", args.from_dir)
-        preprocessing = build.preprocessing_from_args(args)
-        if preprocessing:  # correct the recorded preprocessing of an image export
-            hydra.preprocessing = build.override_preprocessing(hydra, preprocessing)
-        warn_default_preprocessing(hydra, args.from_dir)
-    else:
-        _, spec, _, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
-    macs = hydra.macs
-    heads = ", ".join(
-        f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
-        for n in spec.heads_per_layer().sum(1)
+    hydra = (
+        _rebuild(args)
+        if args.from_dir is not None
+        else build.build_hydra(args, progress=not (args.quiet or args.json))[3]
     )
-    log.info(
-        "built %d member%s (%s), %s, %.2f x the single model's MACs",
-        spec.num_members,
-        "s" * (spec.num_members != 1),
-        heads,
-        hydra.parameters_line(),
-        macs["hydra"] / macs["single"],
-    )
-    info = export_onnx(
+    _say_built(hydra)
+    info = exporter.export_onnx(
         hydra,
         args.out,
         opset=args.opset,
@@ -271,37 +231,96 @@ def main_body(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     if args.from_dir is not None:
-        _carry_decisions(args.from_dir, args.out, hydra, log)
+        _carry_decisions(args.from_dir, args.out, hydra)
     repository = triton.write(args, args.out) if args.triton is not None else None
     if args.json:
-        print(json.dumps(info if repository is None else {**info, "triton": repository}, indent=2))
-        return 0
-    if not args.quiet:
+        record = dict(info.record)
         print(
-            f"wrote {args.out}/model.onnx, hydra.json, weights.safetensors "
-            f"({time.perf_counter() - started:.0f} s, opset {info['opset']}, {info['exporter']} exporter)"
+            json.dumps(record if repository is None else {**record, "triton": repository}, indent=2)
         )
-        if info["validation"]:
-            print(validation_line(info["validation"]))
-        print("build a TensorRT engine with:")
-        for line in trtexec_lines(info, args.out):
-            print("  " + line)
+    elif not args.quiet:
+        _report(info, args.out, time.perf_counter() - started)
     return 0
 
 
-def _carry_decisions(source: Path, out: Path, hydra, log) -> None:
+def _check_request(args: argparse.Namespace) -> tuple[Int8Options | None, tuple[int, int, int]]:
+    """The flags checked before anything is built (``--out`` filled in): the INT8 options and
+    the batch profile."""
+    if (args.backbone is None) == (args.from_dir is None):
+        raise HydraError(
+            "give --backbone NAME (build a model) or --from EXPORT_DIR (re-export one)"
+        )
+    if args.out is None:
+        if args.from_dir is not None:
+            raise HydraError("--from needs --out (a new folder for the re-export)")
+        args.out = Path("export") / f"{default_name(args.backbone)}-m{build.resolve_members(args)}"
+    common.refuse_existing(args.out, args.overwrite)
+    int8 = int8_options(args)
+    triton.check_unused(args)
+    if args.triton is not None:
+        triton.preflight(args, args.out, with_engine=False)
+        if not args.uq_outputs:
+            log.info(
+                "--triton: the ensemble head goes in the graph (--uq-outputs), so Triton "
+                "answers the uncertainty scores itself"
+            )
+            args.uq_outputs = True
+    opt = args.opt_batch if args.opt_batch is not None else min(8, args.max_batch)
+    return int8, exporter.check_profile(args.opset, (args.min_batch, opt, args.max_batch))
+
+
+def _rebuild(args: argparse.Namespace):
+    """``--from``: the model saved in an export folder, its preprocessing corrected by the
+    flags."""
+    if args.model_arg:
+        raise HydraError("--model-arg builds a backbone; --from re-exports a built model as is")
+    hydra = export_load.load_export(args.from_dir, warn_preprocessing=False)  # warned once, below
+    log.info("rebuilt the model saved in %s", args.from_dir)
+    preprocessing = build.preprocessing_from_args(args)
+    if preprocessing:  # correct the recorded preprocessing of an image export
+        hydra.preprocessing = build.override_preprocessing(hydra, preprocessing)
+    export_load.warn_default_preprocessing(hydra, args.from_dir)
+    return hydra
+
+
+def _say_built(hydra) -> None:
+    spec, macs = hydra.spec, hydra.macs
+    heads = ", ".join(
+        f"{int(n)} of {spec.num_layers * spec.num_heads} heads"
+        for n in spec.heads_per_layer().sum(1)
+    )
+    log.info(
+        "built %d member%s (%s), %s, %.2f x the single model's MACs",
+        spec.num_members,
+        "s" * (spec.num_members != 1),
+        heads,
+        hydra.parameters_line(),
+        macs["hydra"] / macs["single"],
+    )
+
+
+def _report(info: ExportInfo, out: Path, seconds: float) -> None:
+    print(
+        f"wrote {out}/{MODEL_FILE}, {INFO_FILE}, {WEIGHTS_FILE} "
+        f"({seconds:.0f} s, opset {info.opset}, {info.exporter} exporter)"
+    )
+    if info.validation:
+        print(validation_line(info.validation))
+    print("build a TensorRT engine with:")
+    for line in trtexec_lines(info, out):
+        print("  " + line)
+
+
+def _carry_decisions(source: Path, out: Path, hydra) -> None:
     """Keep the source's hydra-calibrate decisions when the re-export computes the same member
     logits (same precision and graph arithmetic), else say they must be fitted again."""
-    from hydra_deploy.evaluation.calibrate import carry_decisions
-    from hydra_deploy.export_folder import read_info
-
     if read_info(source).decisions is None:
         return
     example = hydra.example_inputs(4, 0)
     example = example if isinstance(example, tuple) else (example,)
-    names = [entry["name"] for entry in read_info(out).inputs]
+    names = [tensor.name for tensor in read_info(out).input_tensors]
     inputs = {name: t.numpy() for name, t in zip(names, example, strict=False)}
-    if carry_decisions(source, out, inputs) is not None:
+    if calibrate.carry_decisions(source, out, inputs) is not None:
         log.info("kept the decisions of %s: the re-export computes the same member logits", source)
     else:
         log.warning(

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from hydra_deploy.cli import common
 from hydra_deploy.cli import model_options as build
+from hydra_deploy.errors import HydraError
+from hydra_deploy.optional import lazy_module
+
+torch = lazy_module("torch", purpose="hydra-fuse", error=HydraError)  # not for --help
 
 EXAMPLES = """\
   hydra-fuse --backbone vit_b16 --members 3 --heads-per-member 4
@@ -43,9 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    import torch
-
-    from hydra_deploy.errors import HydraError
 
     if args.batch < 1:
         raise HydraError(f"--batch must be at least 1, got {args.batch}")
@@ -82,8 +84,6 @@ def main_body(args: argparse.Namespace) -> int:
         "forward_ms": round(latency_ms, 2),
     }
     if args.json:
-        import json
-
         print(json.dumps(report, indent=2))
         return 0
     if args.quiet:

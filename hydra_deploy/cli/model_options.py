@@ -15,6 +15,7 @@ from typing import Any
 from hydra_deploy.errors import HydraError, ParameterError
 from hydra_deploy.export_folder import DEFAULTED, INTERPOLATIONS
 from hydra_deploy.families import get_family
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import (
     CROP_MODES,
     DEFAULT_LOWERING,
@@ -29,6 +30,10 @@ from hydra_deploy.options import (
     from_args,
     parse_model_args,
 )
+
+# the stages, imported when a command builds (``--help`` imports no torch)
+backbones = lazy_module("hydra_deploy.backbones")
+pipeline = lazy_module("hydra_deploy.pipeline")
 
 __all__ = [
     "CROP_MODES",
@@ -72,8 +77,6 @@ def preprocessing_from_args(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def override_preprocessing(hydra: Any, preprocessing: dict[str, Any]) -> dict[str, Any]:
     """A rebuilt image model's recorded preprocessing with the flags' entries put in."""
-    from hydra_deploy.backbones import check_preprocessing
-
     recorded = getattr(hydra, "preprocessing", None)
     family = getattr(hydra, "family", None)
     if not (family and get_family(family).takes_preprocessing) or not isinstance(recorded, dict):
@@ -81,7 +84,7 @@ def override_preprocessing(hydra: Any, preprocessing: dict[str, Any]) -> dict[st
             "--mean, --std, --interpolation, --crop-pct and --crop-mode apply to timm ViT exports"
         )
     channels = int(recorded["input_size"][0])
-    values = check_preprocessing(preprocessing, channels)
+    values = backbones.check_preprocessing(preprocessing, channels)
     for key in ("mean", "std"):
         if key in values and len(values[key]) == 1:
             values[key] = values[key] * channels
@@ -107,8 +110,6 @@ def _flagged(call):
 def resolve_members(args: argparse.Namespace) -> int:
     """``args.members`` filled in: the number of checkpoints when several are given (a differing
     ``--members`` is refused), else 3 by default."""
-    from hydra_deploy import pipeline
-
     args.members = _flagged(
         lambda: pipeline.resolve_members(args.checkpoint or None, args.members, args.spec)
     )
@@ -118,7 +119,6 @@ def resolve_members(args: argparse.Namespace) -> int:
 def build_hydra(args: argparse.Namespace, progress: bool = True):
     """:func:`hydra_deploy.pipeline.build_hydra` with the flags' values: (backbone, spec, members,
     hydra)."""
-    from hydra_deploy import pipeline
 
     def build():
         load = from_args(LoadOptions, args)  # --model-arg parsed first, as before

@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.errors import RunnerError
-from hydra_deploy.export_folder import INFO_FILE, TOKENIZER_DIR, ExportInfo
+from hydra_deploy.export_folder import INFO_FILE, TOKENIZER_DIR, TOKENIZER_FILE, ExportInfo
 from hydra_deploy.optional import require
 
-TOKENIZER_FILE = "tokenizer.json"
 #: The inputs a text export may take, in the order of its graph.
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 RESTORE = (

@@ -170,7 +170,7 @@ def compare_export(
         raise HydraError("the PyTorch reference returns NaN/inf for these inputs; check the inputs")
 
     reports = []
-    ort_report = BackendReport("onnxruntime", str(folder / "model.onnx"), precision, "skipped")
+    ort_report = BackendReport("onnxruntime", str(folder / MODEL_FILE), precision, "skipped")
     if precision == "bf16":
         ort_report.reason = (
             "ONNX Runtime's CPU kernels do not implement BF16 MatMul/Softmax "

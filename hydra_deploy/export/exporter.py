@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import hydra_deploy
 from hydra_deploy.atomic import staging_dir
 from hydra_deploy.errors import ExportError, spelled
 from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
@@ -21,16 +22,38 @@ from hydra_deploy.export.int8 import calibration_rows, quantize_export
 from hydra_deploy.export.precision import check_precision, compute_types
 from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
 from hydra_deploy.export.torch_onnx import export_module
-from hydra_deploy.export.validate import validate_int8, validate_onnx, validation_batches
+from hydra_deploy.export.validate import (
+    feed_batches,
+    validate_int8,
+    validate_onnx,
+    validation_batches,
+)
 from hydra_deploy.export_folder import (
-    FORMAT,
     GRAPH_PRECISIONS,
     MODEL_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_DIR,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
     WEIGHTS_FILE,
+    ExportInfo,
+    Int8Record,
+    MergeRecord,
+    Preprocessing,
+    TensorInfo,
+    TokenizerEntry,
     file_sha256,
+    read_info,
     write_info,
 )
+from hydra_deploy.fusion import HydraModel
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import Int8Options
+
+onnx = lazy_module("onnx", purpose="exporting models to ONNX", error=ExportError)
+safetensors_torch = lazy_module(
+    "safetensors.torch", purpose="saving the fused weights", error=ExportError
+)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -54,8 +77,10 @@ def export_onnx(
     precision: str = "fp32",
     int8: Int8Options | None = None,
     overwrite: bool = False,
-) -> dict[str, Any]:
-    """Export ``hydra`` to ``out_dir`` and return the contents of its ``hydra.json``.
+) -> ExportInfo:
+    """Export ``hydra`` to ``out_dir`` and return its ``hydra.json``, checked
+    (:class:`~hydra_deploy.export_folder.ExportInfo`, as :func:`~hydra_deploy.export_folder.read_info`
+    reads it; ``.record`` is the JSON object).
 
     ``batch`` is the (min, opt, max) batch profile; validation runs ONNX Runtime at the minimum,
     an odd size between and the maximum against PyTorch (``atol`` per output, 1e-4 for member
@@ -78,11 +103,6 @@ def export_onnx(
     and refuses a file that moves the outputs beyond parity's INT8 tolerances from FP32 (on the
     calibration data, or the example inputs of a dynamic file).
     """
-    import onnx
-    from safetensors.torch import save_file
-
-    from hydra_deploy import __version__
-
     out = Path(out_dir)
     batch = _check_arguments(hydra, out, opset, batch, overwrite)
     int8 = _check_int8(precision, int8)
@@ -90,107 +110,185 @@ def export_onnx(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_dir(out.parent, out.name)
     try:
-        started = time.perf_counter()
-        model_path = staging / MODEL_FILE
-        example = hydra.example_inputs(max(2, batch[1]))
         graph_module = WithEnsembleHead(hydra) if uq_outputs else hydra
-        output_names = ["member_logits", *(UQ_OUTPUTS if uq_outputs else ())]
-        used = export_module(
-            graph_module,
-            example,
-            model_path,
-            input_names=hydra.input_names,
-            output_names=output_names,
-            opset=opset,
-            max_batch=batch[2],
-            exporter=exporter,
-            dynamic_axes=getattr(hydra, "dynamic_axes", None),
+        model_path = staging / MODEL_FILE
+        model, used, surgery = _write_graph(
+            hydra, graph_module, model_path, opset, batch, exporter, passes, graph_precision
         )
-        logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
-
-        surgery = run_passes(model_path, passes, precision=graph_precision)
-        logger.info(
-            "graph passes: %s",
-            ", ".join(f"{k} {v}" for k, v in surgery.items() if k != "precision"),
-        )
-        if graph_precision != "fp32":
-            converted = surgery["precision"]
-            logger.info(
-                "%s graph: %d nodes in %s, %d kept in float32 (LayerNorm, ensemble head%s), "
-                "%d casts",
-                precision,
-                converted["low_precision_nodes"],
-                precision,
-                converted["fp32_nodes"],
-                "".join(f", {op}" for op in converted["fp32_for_lack_of_kernels"]),
-                converted["casts"],
-            )
-        model = onnx.load(str(model_path))
-        _set_metadata(model, hydra.spec.to_json(indent=None), __version__, graph_precision)
-        onnx.save(model, str(model_path))
-        onnx.checker.check_model(str(model_path), full_check=True)
-        einsums = [n.name for n in model.graph.node if n.op_type == "Einsum"]
-        if einsums:
-            logger.warning(
-                "the graph holds %d Einsum node(s) (lowering=einsum?); TensorRT and "
-                "ONNX Runtime run MatMul faster",
-                len(einsums),
-            )
-
         validation = None
         if validate:
-            started = time.perf_counter()
-            validation = validate_onnx(
-                model_path,
-                graph_module,
-                hydra.example_inputs,
-                validation_batches(batch),
-                atol=atol,
-                precision=graph_precision,
-                sequence_lengths=_sequence_lengths(hydra),
-            )
-            validation["seconds"] = round(time.perf_counter() - started, 2)
-            logger.debug(
-                "validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
-                ", ".join(validation["batches"]),
-                max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()),
-            )
-
-        save_file(
-            {k: v.contiguous() for k, v in hydra.state_dict().items()}, str(staging / WEIGHTS_FILE)
+            validation = _validate(hydra, graph_module, model_path, batch, atol, graph_precision)
+        info = _stage_record(
+            hydra,
+            staging,
+            model,
+            exporter=used,
+            surgery=surgery,
+            validation=validation,
+            class_names=class_names,
+            opset=opset,
+            batch=batch,
+            precision=graph_precision,
+            uq_outputs=uq_outputs,
         )
-        if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
-            class_names = getattr(hydra, "class_names", None)
-        info = _export_info(hydra, model, model_path, opset, batch, used, validation, class_names)
-        tokenizer = _copy_tokenizer(hydra, staging)
-        if tokenizer is not None:
-            info["tokenizer"] = tokenizer
-        info["precision"] = graph_precision
-        info["strongly_typed"] = graph_precision != "fp32"
-        info["graph_passes"] = {k: v for k, v in surgery.items() if k != "precision"}
-        if graph_precision != "fp32":
-            info["precision_report"] = {
-                **surgery["precision"],
-                "compute_types": compute_types(model),
-            }
-        info["uq_outputs"] = bool(uq_outputs)
-        info["package_version"] = __version__
         if int8 is not None:
             write_info(staging, info)  # the staged FP32 export: what a calibration reader runs
-            info = _to_int8(staging, hydra, info, int8, batch, validate, __version__)
-        drift = (info["validation"] or {}).get("drift")
-        if drift:  # the precision's verdict, said once
-            say = logger.info if drift["passed"] else logger.warning
-            say("%s vs fp32 on %d examples: %s", precision, drift["examples"], drift["verdict"])
+            info = _to_int8(staging, hydra, info, int8, batch, validate)
+        _say_drift(precision, info.validation)
         write_info(staging, info)
-        folder_mode = staging.stat().st_mode & 0o777  # the umask's, set by staging_dir
-        for path in staging.rglob("*"):  # ordinary file modes (safetensors writes 0600)
-            path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
+        _ordinary_modes(staging)
         _move_into_place(staging, out, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return info
+    return read_info(out)
+
+
+def _stage_record(
+    hydra,
+    staging: Path,
+    model,
+    *,
+    exporter: str,
+    surgery: Mapping[str, Any],
+    validation: Mapping[str, Any] | None,
+    class_names: Sequence[str] | None,
+    opset: int,
+    batch: tuple[int, int, int],
+    precision: str,
+    uq_outputs: bool,
+) -> ExportInfo:
+    """Write the weights (and a text model's tokenizer) beside the staged ``model.onnx``; the
+    folder's record."""
+    safetensors_torch.save_file(
+        {k: v.contiguous() for k, v in hydra.state_dict().items()}, str(staging / WEIGHTS_FILE)
+    )
+    if class_names is None:  # zero-shot models and BERT classifiers (id2label) know theirs
+        class_names = getattr(hydra, "class_names", None)
+    return ExportInfo.new(
+        staging,
+        **_model_entries(hydra, class_names),
+        inputs=[tensor_info(v) for v in model.graph.input],
+        outputs=[tensor_info(v) for v in model.graph.output],
+        batch_profile=batch,
+        opset=opset,
+        exporter=exporter,
+        onnx_sha256=file_sha256(staging / MODEL_FILE),
+        validation=validation,
+        tokenizer=_copy_tokenizer(hydra, staging),
+        precision=precision,
+        graph_passes={k: v for k, v in surgery.items() if k != "precision"},
+        precision_report=None
+        if precision == "fp32"
+        else {**surgery["precision"], "compute_types": compute_types(model)},
+        uq_outputs=uq_outputs,
+        package_version=hydra_deploy.__version__,
+    )
+
+
+def _write_graph(
+    hydra,
+    graph_module: torch.nn.Module,
+    model_path: Path,
+    opset: int,
+    batch: tuple[int, int, int],
+    exporter: str,
+    passes: Sequence[str],
+    precision: str,
+) -> tuple[Any, str, dict[str, Any]]:
+    """Export ``graph_module`` to ``model_path``, run the graph passes, stamp the metadata and
+    check the file: (the ONNX model, the exporter used, what the passes did)."""
+    started = time.perf_counter()
+    used = export_module(
+        graph_module,
+        hydra.example_inputs(max(2, batch[1])),
+        model_path,
+        input_names=hydra.input_names,
+        output_names=["member_logits", *(UQ_OUTPUTS if graph_module is not hydra else ())],
+        opset=opset,
+        max_batch=batch[2],
+        exporter=exporter,
+        dynamic_axes=getattr(hydra, "dynamic_axes", None),
+    )
+    logger.info("exported with the %s exporter in %.1f s", used, time.perf_counter() - started)
+    surgery = run_passes(model_path, passes, precision=precision)
+    logger.info(
+        "graph passes: %s", ", ".join(f"{k} {v}" for k, v in surgery.items() if k != "precision")
+    )
+    if precision != "fp32":
+        converted = surgery["precision"]
+        logger.info(
+            "%s graph: %d nodes in %s, %d kept in float32 (LayerNorm, ensemble head%s), %d casts",
+            precision,
+            converted["low_precision_nodes"],
+            precision,
+            converted["fp32_nodes"],
+            "".join(f", {op}" for op in converted["fp32_for_lack_of_kernels"]),
+            converted["casts"],
+        )
+    model = _stamp(model_path, hydra, precision)
+    einsums = [n.name for n in model.graph.node if n.op_type == "Einsum"]
+    if einsums:
+        logger.warning(
+            "the graph holds %d Einsum node(s) (lowering=einsum?); TensorRT and "
+            "ONNX Runtime run MatMul faster",
+            len(einsums),
+        )
+    return model, used, surgery
+
+
+def _stamp(model_path: Path, hydra, precision: str):
+    """Write the spec, the package version and the precision into the file's metadata; check
+    the file (ONNX's full check) and return it loaded."""
+    model = onnx.load(str(model_path))
+    _set_metadata(model, hydra.spec.to_json(indent=None), hydra_deploy.__version__, precision)
+    onnx.save(model, str(model_path))
+    onnx.checker.check_model(str(model_path), full_check=True)
+    return model
+
+
+def _validate(
+    hydra,
+    graph_module: torch.nn.Module,
+    model_path: Path,
+    batch: tuple[int, int, int],
+    atol: dict[str, float] | None,
+    precision: str,
+) -> dict[str, Any]:
+    """The file against PyTorch in ONNX Runtime (:func:`validate_onnx`), timed."""
+    started = time.perf_counter()
+    validation = validate_onnx(
+        model_path,
+        graph_module,
+        hydra.example_inputs,
+        validation_batches(batch),
+        atol=atol,
+        precision=precision,
+        sequence_lengths=_sequence_lengths(hydra),
+    )
+    validation["seconds"] = round(time.perf_counter() - started, 2)
+    logger.debug(
+        "validated in ONNX Runtime at batch %s (max member-logit difference %.2g)",
+        ", ".join(validation["batches"]),
+        max(b["member_logits"]["max_abs_diff"] for b in validation["batches"].values()),
+    )
+    return validation
+
+
+def _say_drift(precision: str, validation: Mapping[str, Any] | None) -> None:
+    """The precision's verdict on its drift from FP32, said once."""
+    drift = (validation or {}).get("drift")
+    if drift:
+        say = logger.info if drift["passed"] else logger.warning
+        say("%s vs fp32 on %d examples: %s", precision, drift["examples"], drift["verdict"])
+
+
+def _ordinary_modes(staging: Path) -> None:
+    """The staged files get the folder's mode (the umask's, set by staging_dir), not the 0600
+    safetensors writes."""
+    folder_mode = staging.stat().st_mode & 0o777
+    for path in staging.rglob("*"):
+        path.chmod(folder_mode if path.is_dir() else folder_mode & 0o666)
 
 
 def _check_int8(precision: str, int8: Int8Options | None) -> Int8Options | None:
@@ -233,19 +331,16 @@ def _calibration_inputs(
 def _to_int8(
     staging: Path,
     hydra,
-    info: dict[str, Any],
+    info: ExportInfo,
     int8: Int8Options,
     batch: Sequence[int],
     validate: bool,
-    version: str,
-) -> dict[str, Any]:
+) -> ExportInfo:
     """Quantize the staged, validated FP32 ``model.onnx`` in place, validate it against the FP32
-    file on the calibration data (static) or the example inputs (dynamic), and return hydra.json's
-    record of the INT8 export."""
-    import onnx
-
+    file on the calibration data (static) or the example inputs (dynamic), and return the record
+    of the INT8 export."""
     model_path = staging / MODEL_FILE
-    dtypes = {entry["name"]: entry["dtype"] for entry in info["inputs"]}
+    dtypes = {tensor.name: tensor.dtype for tensor in info.input_tensors}
     calibration = _calibration_inputs(int8.calib, staging, dtypes, int8.calib_size)
     fp32_path = staging / f".{MODEL_FILE}.fp32"
     os.replace(model_path, fp32_path)
@@ -257,52 +352,53 @@ def _to_int8(
         calibration=calibration,
         calibrate_method=int8.calib_method or "minmax",
     )
+    done = Int8Record.from_dict(record, "the quantizer's record")
     logger.info(
         "int8 (%s): quantized %s in %.1f s; kept in float: %s",
         int8.method,
-        ", ".join(f"{n} {op}" for op, n in record["quantized_ops"].items()),
+        ", ".join(f"{n} {op}" for op, n in done.quantized_ops.items()),
         time.perf_counter() - started,
-        ", ".join(f"{v['nodes']} {op}" for op, v in record["kept_float"].items()),
+        ", ".join(f"{v['nodes']} {op}" for op, v in done.kept_float.items()),
     )
-    validation = info.get("validation")
+    validation = info.validation
     if validate:
-        if calibration is not None:
-            feeds = _chunks(calibration, batch[2])
-            inputs = "the calibration data"
-        else:
-            feeds = _example_feeds(hydra, batch)
-            inputs = "the model's example inputs (random)"
-        validation = {
-            **(validation or {}),
-            "precision": "int8",
-            "checked": "onnxruntime (the fp32 graph, before quantization)",
-            "drift_measured_in": "onnxruntime (int8 file)",
-            "drift": validate_int8(model_path, fp32_path, feeds, inputs=inputs),
-            "drift_within_tolerance": True,
-        }
+        validation = _int8_validation(hydra, model_path, fp32_path, calibration, batch, validation)
     fp32_path.unlink()
-    model = onnx.load(str(model_path))
-    _set_metadata(model, hydra.spec.to_json(indent=None), version, "int8")
-    onnx.save(model, str(model_path))
-    onnx.checker.check_model(str(model_path), full_check=True)
+    model = _stamp(model_path, hydra, "int8")
+    return info.replace(
+        inputs=[tensor_info(v) for v in model.graph.input],
+        outputs=[tensor_info(v) for v in model.graph.output],
+        onnx_sha256=file_sha256(model_path),
+        validation=validation,
+        precision="int8",
+        int8=record,  # as the quantizer wrote it (Int8Record checks it)
+    )
+
+
+def _int8_validation(
+    hydra,
+    model_path: Path,
+    fp32_path: Path,
+    calibration: Mapping[str, np.ndarray] | None,
+    batch: Sequence[int],
+    validation: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The FP32 graph's validation, with the INT8 file's drift from it (on the calibration
+    data, else the model's example inputs)."""
+    if calibration is not None:
+        feeds = feed_batches(calibration, batch[2])
+        inputs = "the calibration data"
+    else:
+        feeds = _example_feeds(hydra, batch)
+        inputs = "the model's example inputs (random)"
     return {
-        **info,
-        "inputs": [tensor_info(v) for v in model.graph.input],
-        "outputs": [tensor_info(v) for v in model.graph.output],
-        "onnx_sha256": file_sha256(model_path),
-        "validation": validation,
+        **(validation or {}),
         "precision": "int8",
-        "strongly_typed": False,
-        "int8": record,
+        "checked": "onnxruntime (the fp32 graph, before quantization)",
+        "drift_measured_in": "onnxruntime (int8 file)",
+        "drift": validate_int8(model_path, fp32_path, feeds, inputs=inputs),
+        "drift_within_tolerance": True,
     }
-
-
-def _chunks(arrays: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
-    count = len(next(iter(arrays.values())))
-    return [
-        {name: np.ascontiguousarray(a[start : start + size]) for name, a in arrays.items()}
-        for start in range(0, count, size)
-    ]
 
 
 def _example_feeds(hydra, batch: Sequence[int]) -> list[dict[str, np.ndarray]]:
@@ -317,46 +413,38 @@ def _example_feeds(hydra, batch: Sequence[int]) -> list[dict[str, np.ndarray]]:
     return feeds
 
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-)
-
-
-def _copy_tokenizer(hydra, staging: Path) -> dict[str, Any] | None:
+def _copy_tokenizer(hydra, staging: Path) -> TokenizerEntry | None:
     """Copy a text model's tokenizer files into ``<export>/tokenizer``; its hydra.json entry."""
     source = getattr(hydra, "tokenizer_dir", None)
     if source is None:
         return None
     source = Path(source)
     files = [name for name in TOKENIZER_FILES if (source / name).is_file()]
-    if "tokenizer.json" not in files:
+    if TOKENIZER_FILE not in files:
         logger.warning(
-            "%s has no tokenizer.json (a fast tokenizer); the export cannot tokenize "
+            "%s has no %s (a fast tokenizer); the export cannot tokenize "
             "text: give hydra-run token ids in a .npz",
             source,
+            TOKENIZER_FILE,
         )
         return None
-    (staging / "tokenizer").mkdir()
+    (staging / TOKENIZER_DIR).mkdir()
     for name in files:
-        shutil.copyfile(source / name, staging / "tokenizer" / name)
+        shutil.copyfile(source / name, staging / TOKENIZER_DIR / name)
     config = getattr(hydra, "backbone_config", None) or {}
     limit = config.get("max_position_embeddings", 512)
     try:
-        wanted = json.loads((source / "tokenizer_config.json").read_text()).get("model_max_length")
+        settings = json.loads((source / TOKENIZER_CONFIG_FILE).read_text())
+        wanted = settings.get("model_max_length")
     except (OSError, ValueError):
         wanted = None
     max_length = min(int(wanted), limit) if isinstance(wanted, (int, float)) else limit
-    return {
-        "dir": "tokenizer",
-        "files": files,
-        "max_length": max_length,
-        "vocab_size": config.get("vocab_size"),
-    }
+    return TokenizerEntry(
+        dir=TOKENIZER_DIR,
+        files=tuple(files),
+        max_length=max_length,
+        vocab_size=config.get("vocab_size"),
+    )
 
 
 def _sequence_lengths(hydra) -> tuple[int, ...]:
@@ -381,8 +469,6 @@ def check_profile(opset: int, batch: Sequence[int]) -> tuple[int, int, int]:
 
 
 def _check_arguments(hydra, out: Path, opset: int, batch: Sequence[int], overwrite: bool):
-    from hydra_deploy.fusion import HydraModel
-
     if not isinstance(hydra, HydraModel):
         raise ExportError(
             f"export_onnx expects a HydraModel (from fuse), got {type(hydra).__name__}"
@@ -404,46 +490,30 @@ def _set_metadata(model, spec_json: str, version: str, precision: str = "fp32") 
     model.producer_name = "hydra-deploy"
 
 
-def tensor_info(value) -> dict[str, Any]:
+def tensor_info(value) -> TensorInfo:
     """hydra.json's entry of a graph input or output: name, shape (dim names or sizes), dtype."""
-    import onnx
-
     dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
-    return {"name": value.name, "shape": dims, "dtype": dtype}
+    return TensorInfo(value.name, tuple(dims), dtype)
 
 
-def _export_info(hydra, model, path: Path, opset, batch, exporter, validation, class_names):
-    digest = file_sha256(path)
+def _model_entries(hydra, class_names: Sequence[str] | None) -> dict[str, Any]:
+    """The record's entries that describe the fused model (not its graph)."""
+    preprocessing = getattr(hydra, "preprocessing", None)
     return {
-        "format": FORMAT,
         "family": hydra.family,
         "backbone": hydra.spec.backbone,
         "spec": hydra.spec.to_dict(),
-        "merge": hydra.merge,
+        "merge": MergeRecord.from_dict(hydra.merge, "the fused model's merge report"),
         "macs_per_example": hydra.macs,
         "parameters": hydra.num_parameters(),
-        "inputs": [tensor_info(v) for v in model.graph.input],
-        "outputs": [tensor_info(v) for v in model.graph.output],
-        "batch_profile": {"min": batch[0], "opt": batch[1], "max": batch[2]},
-        "preprocessing": _jsonable(getattr(hydra, "preprocessing", None)),
+        "preprocessing": None
+        if preprocessing is None
+        else Preprocessing.from_dict(preprocessing, "the model's preprocessing"),
         "backbone_kwargs": getattr(hydra, "backbone_kwargs", None),
         "backbone_config": getattr(hydra, "backbone_config", None),
         "class_names": list(class_names) if class_names is not None else None,
-        "opset": opset,
-        "exporter": exporter,
-        "onnx_sha256": digest,
-        "weights": WEIGHTS_FILE,
-        "validation": validation,
     }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:

@@ -57,7 +57,12 @@ import numpy as np
 
 from hydra_deploy.errors import ExportError, spelled
 from hydra_deploy.export.surgery import plain_shapes, unique_name
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import CALIBRATION_METHODS, INT8_METHODS, MIN_CALIBRATION_EXAMPLES
+
+onnx = lazy_module("onnx", purpose="INT8 export", error=ExportError)
+onnxruntime = lazy_module("onnxruntime", purpose="INT8 export", error=ExportError)
+quantization = lazy_module("onnxruntime.quantization", purpose="INT8 export", error=ExportError)
 
 __all__ = [
     "CALIBRATION_METHODS",
@@ -136,9 +141,6 @@ def quantize_export(
     ``activations`` (the schemes), ``bias_kept_apart`` (static: the 2-D products whose bias is kept
     out of ONNX Runtime's float Gemm fusion), ``onnxruntime_version``.
     """
-    import onnx
-    import onnxruntime
-
     if method not in INT8_METHODS:
         raise ExportError(f"unknown INT8 method {method!r}; choose one of {INT8_METHODS}")
     if calibrate_method not in CALIBRATION_METHODS:
@@ -160,6 +162,33 @@ def quantize_export(
             "dynamic INT8 quantizes weights only and takes no calibration data; drop it, or "
             f"quantize statically ({_static_advice()})"
         )
+    record = _quantize_file(
+        fp32_onnx, out_onnx, model, method, feeds, chosen, excluded, kept, calibrate_method
+    )
+    if feeds is not None:
+        record.update(
+            calibration_method=calibrate_method,
+            num_calibration=len(next(iter(feeds.values()))),
+            calibration_sha256=calibration_sha256(feeds),
+        )
+    record["onnxruntime_version"] = onnxruntime.__version__
+    return record
+
+
+def _quantize_file(
+    fp32_onnx: Path,
+    out_onnx: Path,
+    model,
+    method: str,
+    feeds: Mapping[str, np.ndarray] | None,
+    chosen: list[str],
+    excluded: list[str],
+    kept: dict[str, dict[str, Any]],
+    calibrate_method: str,
+) -> dict[str, Any]:
+    """Run ONNX Runtime's quantizer on ``fp32_onnx`` (``model``) into a temporary file, make its
+    Shapes plain (and, static, its 2-D products' biases apart), move it to ``out_onnx``; the
+    record of the file."""
     temporary = out_onnx.with_name(f".{out_onnx.name}.int8-{os.getpid()}.tmp")
     try:
         with _quiet_onnxruntime():
@@ -182,6 +211,7 @@ def quantize_export(
         if changed:
             onnx.save(quantized, str(temporary))
         os.replace(temporary, out_onnx)
+        return record
     except ExportError:
         raise
     except Exception as err:  # onnxruntime's and onnx's own error types
@@ -191,14 +221,6 @@ def quantize_export(
         ) from err
     finally:
         temporary.unlink(missing_ok=True)
-    if feeds is not None:
-        record.update(
-            calibration_method=calibrate_method,
-            num_calibration=len(next(iter(feeds.values()))),
-            calibration_sha256=calibration_sha256(feeds),
-        )
-    record["onnxruntime_version"] = onnxruntime.__version__
-    return record
 
 
 # --- what the graph holds ---------------------------------------------------------------------------
@@ -353,8 +375,6 @@ def _record(fp32, quantized, method: str, kept: dict[str, dict[str, Any]]) -> di
 def _input_ranks(model, nodes: set[str]) -> dict[str, int]:
     """node name -> the rank of its first input, for the named nodes, from ONNX shape inference
     on a copy of ``model`` without its large weights (their dims are all inference needs)."""
-    import onnx
-
     light = onnx.ModelProto()
     light.CopyFrom(model)
     for tensor in light.graph.initializer:
@@ -382,9 +402,6 @@ def _keep_bias_apart(fp32, quantized) -> int:
     (then ``Squeeze`` back to [R, out]), the fusion does not match (a 2-D Gemm's bias is [out] or
     [1, out]); the DQ-MatMul pair becomes ``MatMulIntegerToFloat``, as in a one-model graph,
     and TensorRT reads the same standard operators. The values are unchanged."""
-    import onnx
-    from onnx import helper, numpy_helper
-
     producers = {out: n for n in quantized.graph.node for out in n.output}
     consumers: dict[str, list] = {}
     for node in quantized.graph.node:
@@ -418,20 +435,21 @@ def _keep_bias_apart(fp32, quantized) -> int:
         if add.op_type != "Add" or bias not in initializers or len(initializers[bias].dims) != 1:
             continue
         if bias not in widened:
-            wide = numpy_helper.from_array(
-                numpy_helper.to_array(initializers[bias]).reshape(1, 1, -1), fresh(f"{bias}_1x1")
+            wide = onnx.numpy_helper.from_array(
+                onnx.numpy_helper.to_array(initializers[bias]).reshape(1, 1, -1),
+                fresh(f"{bias}_1x1"),
             )
             quantized.graph.initializer.append(wide)
             widened[bias] = wide.name
         if axes is None:
             axes = fresh("int8_bias_squeeze_axes")
             quantized.graph.initializer.append(
-                numpy_helper.from_array(np.array([0], dtype=np.int64), axes)
+                onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), axes)
             )
         result, broadcast = add.output[0], fresh(f"{add.output[0]}_1xR")
         add.input[list(add.input).index(bias)] = widened[bias]
         add.output[0] = broadcast
-        squeeze = helper.make_node(
+        squeeze = onnx.helper.make_node(
             "Squeeze", [broadcast, axes], [result], name=fresh(f"{add.name or result}_squeeze")
         )
         nodes.insert(nodes.index(add) + 1, squeeze)
@@ -450,8 +468,6 @@ def _keep_bias_apart(fp32, quantized) -> int:
 # --- running ONNX Runtime's quantizer ----------------------------------------------------------------
 def _check_calibration(model, calibration: Any) -> dict[str, np.ndarray]:
     """The calibration inputs by graph input name, as the graph's types; enough, finite rows."""
-    import onnx
-
     data = spelled("int8 calibration data (Int8Options(calib=...))", "--int8-calib DATA")
     if calibration is None:
         raise ExportError(
@@ -527,9 +543,8 @@ def _calibration_batches(model, feeds: Mapping[str, np.ndarray]) -> list[dict[st
 def _feed_reader(batches: list[dict[str, np.ndarray]]):
     """ORT's CalibrationDataReader over ``batches``, with the ``set_range`` ORT uses to collect
     one batch at a time (memory: one batch's intermediate tensors)."""
-    from onnxruntime.quantization import CalibrationDataReader
 
-    class Feeds(CalibrationDataReader):
+    class Feeds(quantization.CalibrationDataReader):
         def __init__(self) -> None:
             self.range = (0, len(batches))
             self.pending: Iterator[dict[str, np.ndarray]] | None = None
@@ -568,23 +583,21 @@ def _quantize_static(
     batched: list[str],
     calibrate_method: str,
 ) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
     methods = {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-        "percentile": CalibrationMethod.Percentile,
+        "minmax": quantization.CalibrationMethod.MinMax,
+        "entropy": quantization.CalibrationMethod.Entropy,
+        "percentile": quantization.CalibrationMethod.Percentile,
     }
-    quantize_static(
+    quantization.quantize_static(
         str(source),
         str(target),
         _feed_reader(batches),
-        quant_format=QuantFormat.QDQ,
+        quant_format=quantization.QuantFormat.QDQ,
         op_types_to_quantize=list(QUANTIZED_OP_TYPES),
         per_channel=True,
         reduce_range=False,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
+        activation_type=quantization.QuantType.QInt8,
+        weight_type=quantization.QuantType.QInt8,
         nodes_to_quantize=list(chosen),
         nodes_to_exclude=list(excluded),
         calibrate_method=methods[calibrate_method],
@@ -612,15 +625,13 @@ def _quantize_dynamic(
 ) -> None:
     """``per_channel``: one scale per output channel of each weight (axis -1 of a MatMul's
     [in, out]); ORT's default is one per tensor."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
+    quantization.quantize_dynamic(
         str(source),
         str(target),
         op_types_to_quantize=list(QUANTIZED_OP_TYPES),
         per_channel=per_channel,
         reduce_range=False,
-        weight_type=QuantType.QInt8,
+        weight_type=quantization.QuantType.QInt8,
         nodes_to_quantize=list(chosen),
         nodes_to_exclude=list(excluded),
         extra_options={"MatMulConstBOnly": True},

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 
+from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import ExportError, HydraError
+from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
+from hydra_deploy.export.validate import check_int8_against_model, validate_onnx
 from hydra_deploy.export_folder import (
     DECISION_OUTPUTS,
     WEIGHTS_FILE,
@@ -28,14 +31,24 @@ from hydra_deploy.export_folder import (
     read_info,
 )
 from hydra_deploy.families import get_family
+from hydra_deploy.fusion import fuse
+from hydra_deploy.optional import lazy_module
+from hydra_deploy.specs import HydraSpec
+
+onnx = lazy_module(
+    "onnx", purpose="checking a rebuilt model against its model.onnx", error=ExportError
+)
+# imports onnx at its top: for folders with in-graph decisions only
+decision_graph = lazy_module("hydra_deploy.export.decision_graph")
+safetensors_torch = lazy_module(
+    "safetensors.torch", purpose="reading an export's weights", error=ExportError
+)
 
 logger = logging.getLogger("hydra_deploy")
 
 
 def _rebuild_base(info: ExportInfo):
     """One member of the recorded architecture (weights to be replaced), as a module."""
-    from hydra_deploy.backbones import BackboneAdapter
-
     built = get_family(info.family).resolve("rebuild")(info.backbone_kwargs)
     return built.module if isinstance(built, BackboneAdapter) else built
 
@@ -48,12 +61,6 @@ def load_export(
     An image export whose preprocessing came from timm's default (the checkpoint recorded none)
     is warned about, as when the checkpoint was loaded (``warn_preprocessing=False``: the caller
     corrects the record first, then calls :func:`warn_default_preprocessing`)."""
-    from safetensors.torch import load_file
-
-    from hydra_deploy.backbones import load_backbone
-    from hydra_deploy.fusion import fuse
-    from hydra_deploy.specs import HydraSpec
-
     folder = Path(export_dir)
     if not folder.exists():
         raise ExportError(
@@ -67,7 +74,7 @@ def load_export(
             "folder hydra-export wrote (--out DIR)"
         )
     try:
-        weights = load_file(str(checked.weights_path))
+        weights = safetensors_torch.load_file(str(checked.weights_path))
     except Exception as err:
         raise ExportError(
             f"cannot read the export in {str(folder)!r}: {err}; restore its files or export the "
@@ -76,11 +83,10 @@ def load_export(
     family = get_family(checked.family)  # known: read_info checks it against the registry
     if not isinstance(checked.backbone_kwargs, dict) or not checked.backbone_kwargs:
         raise ExportError(f"{info_path} does not record the backbone's constructor arguments")
-    if not isinstance(checked.merge, dict):
+    merge = checked.merge_record
+    if merge is None:
         raise ExportError(f"{info_path} has no 'merge' record; restore it or re-export the model")
-    tokenizer = checked.tokenizer
-    if tokenizer and not (isinstance(tokenizer, dict) and isinstance(tokenizer.get("dir"), str)):
-        raise ExportError(f"{info_path} has a malformed 'tokenizer' entry (no 'dir'); re-export")
+    tokenizer = checked.tokenizer_entry
     spec = HydraSpec.from_dict(checked.spec)
     try:
         base = _rebuild_base(checked)
@@ -98,13 +104,13 @@ def load_export(
         hydra.load_state_dict(weights, strict=True)
     except RuntimeError as err:
         raise ExportError(f"the saved weights do not fit the rebuilt model: {err}") from err
-    hydra.merge = checked.merge
+    hydra.merge = merge.to_dict()
     if isinstance(checked.preprocessing, dict):  # the export's, not the rebuilt ViT's default
-        hydra.preprocessing = checked.preprocessing
+        hydra.preprocessing = checked.preprocessing  # as written (a re-export writes it again)
     if checked.class_names is not None:  # a re-export keeps them (hydra.json's, checked)
         hydra.class_names = list(checked.class_names)
     if tokenizer:  # a re-export copies the folder's own tokenizer
-        hydra.tokenizer_dir = str(folder / tokenizer["dir"])
+        hydra.tokenizer_dir = str(folder / tokenizer.dir)
     if check and checked.onnx_path.is_file():
         _check_against_onnx(hydra, checked.onnx_path, checked)
     if warn_preprocessing:
@@ -173,9 +179,6 @@ def _parameters(module: torch.nn.Module, name: str) -> list[torch.Tensor]:
 
 def _check_against_onnx(hydra, path: Path, info: ExportInfo) -> None:
     """The rebuilt model must compute what the folder's file computes (in the file's precision)."""
-    from hydra_deploy.export.heads import UQ_OUTPUTS, WithEnsembleHead
-    from hydra_deploy.export.validate import validate_onnx
-
     module = WithEnsembleHead(hydra) if info.uq_outputs else hydra
     try:  # ONNX Runtime reports an unreadable file as "system error number 13"
         path.open("rb").close()
@@ -217,8 +220,6 @@ def _check_against_onnx(hydra, path: Path, info: ExportInfo) -> None:
 def _check_int8(path: Path, module, example_inputs) -> None:
     """An INT8 file has no exact float twin: it must stay within parity's INT8 tolerances of the
     rebuilt FP32 model on its example inputs (weights from another model are far outside)."""
-    from hydra_deploy.export.validate import check_int8_against_model
-
     report = check_int8_against_model(path, module, example_inputs)
     if not report.passed:
         raise ExportError(
@@ -234,20 +235,14 @@ def _without_decisions(path: Path, in_graph: bool) -> Iterator[Path]:
     if not in_graph:
         yield path
         return
-    import onnx
-
-    from hydra_deploy.export.decision_graph import remove_decisions
-
     with tempfile.TemporaryDirectory() as folder:
         stripped = Path(folder) / path.name
-        onnx.save(remove_decisions(onnx.load(str(path))), str(stripped))
+        onnx.save(decision_graph.remove_decisions(onnx.load(str(path))), str(stripped))
         yield stripped
 
 
 def _onnx_output_names(path: Path) -> list[str] | None:
     """The graph's output names; None when the file does not parse (ONNX Runtime reports it)."""
-    import onnx
-
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # a truncated or foreign file: the session below says what is wrong

@@ -32,6 +32,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hydra_deploy.errors import ExportError
+from hydra_deploy.fusion.layers import StreamLayerNorm
+from hydra_deploy.optional import lazy_module
+
+onnx = lazy_module("onnx", purpose="low-precision export", error=ExportError)
+gs = lazy_module("onnx_graphsurgeon", purpose="low-precision export", error=ExportError)
+ml_dtypes = lazy_module("ml_dtypes", purpose="bfloat16 weights", error=ExportError)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 FP32_OPS = ("LayerNormalization",)
@@ -56,8 +62,6 @@ def check_precision(precision: str) -> str:
 
 
 def _numpy_type(elem_type: int):
-    import ml_dtypes
-
     return {_FLOAT: np.float32, _FLOAT16: np.float16, _BFLOAT16: ml_dtypes.bfloat16}[elem_type]
 
 
@@ -65,8 +69,6 @@ def _to_type(values: np.ndarray, elem_type: int) -> np.ndarray:
     """float32 values in ``elem_type``, rounded to nearest; beyond its range they saturate at its
     largest finite value (an additive mask's float32 minimum would become -inf in FP16, and an
     all-masked row NaN), so the file holds no infinity it was not given."""
-    import ml_dtypes
-
     kind = _numpy_type(elem_type)
     info = ml_dtypes.finfo(kind)
     finite = np.isfinite(values)
@@ -76,9 +78,6 @@ def _to_type(values: np.ndarray, elem_type: int) -> np.ndarray:
 
 def _elem_type(tensor) -> int | None:
     """The ONNX element type of a gs tensor (None when unknown)."""
-    import onnx
-    import onnx_graphsurgeon as gs
-
     dtype = tensor.values.dtype if isinstance(tensor, gs.Constant) else tensor.dtype
     if dtype is None:
         return None
@@ -116,8 +115,6 @@ def to_low_precision(
     (transitively) stays float32. Returns counts: low-precision and float32 nodes, casts inserted,
     constants converted. The tensors' types are cleared for shape inference to fill in again.
     """
-    import onnx_graphsurgeon as gs
-
     low = onnx_type(precision)
     if low == _FLOAT:
         return {
@@ -133,6 +130,22 @@ def to_low_precision(
             "the graph holds sub-graphs (If/Loop); low-precision export needs a flat graph"
         )
     graph.toposort()
+    fp32_nodes, unsupported = _fp32_nodes(graph, low, fp32_ops, fp32_after)
+    retyping = _Retyping(graph)
+    for node in list(graph.nodes):
+        retyping.retype(node, _FLOAT if id(node) in fp32_nodes else low)
+    graph.nodes.extend(retyping.new_nodes)
+    graph.cleanup().toposort()
+    report = dict(retyping.report)
+    report["fp32_for_lack_of_kernels"] = sorted(unsupported)  # the opset has no such typed op
+    return report
+
+
+def _fp32_nodes(
+    graph, low: int, fp32_ops: Sequence[str], fp32_after: Sequence[str]
+) -> tuple[set[int], set[str]]:
+    """ids of the nodes that stay float32 (``fp32_ops``, everything after ``fp32_after``, ops
+    the opset has no ``low`` kernel of), and those ops."""
     tensors = graph.tensors()
     anchors = [tensors[name] for name in fp32_after if name in tensors]
     fp32_nodes = _downstream(anchors) | {id(n) for n in graph.nodes if n.op in fp32_ops}
@@ -140,34 +153,69 @@ def to_low_precision(
     unsupported = {
         n.op for n in graph.nodes if id(n) not in fp32_nodes and not _allows(n.op, opset, low)
     }
-    fp32_nodes |= {id(n) for n in graph.nodes if n.op in unsupported}
-    versions: dict[tuple[str, int], Any] = {}  # (tensor name, type) -> tensor holding it
-    types: dict[str, int] = {}  # float variable -> its type after the rewrite
-    for tensor in graph.inputs:
-        if _elem_type(tensor) in _FLOAT_TYPES:
-            types[tensor.name] = _elem_type(tensor)
-    report = Counter()
-    new_nodes = []
+    return fp32_nodes | {id(n) for n in graph.nodes if n.op in unsupported}, unsupported
 
-    def as_type(tensor, target: int):
+
+class _Retyping:
+    """The rewrite of one graph, node by node in topological order: each float variable's type
+    after the rewrite, the converted constants and the casts made (one per tensor and type,
+    shared by its consumers), the new Cast nodes and the counts reported."""
+
+    def __init__(self, graph) -> None:
+        self.versions: dict[tuple[str, int], Any] = {}  # (tensor name, type) -> tensor holding it
+        self.types: dict[str, int] = {}  # float variable -> its type after the rewrite
+        for tensor in graph.inputs:
+            if _elem_type(tensor) in _FLOAT_TYPES:
+                self.types[tensor.name] = _elem_type(tensor)
+        self.report: Counter = Counter()
+        self.new_nodes: list = []
+        self.graph_outputs = {t.name for t in graph.outputs}
+
+    def retype(self, node, target: int) -> None:
+        """``node`` computing in ``target``: its float inputs cast (or converted) to it, its
+        attributes and outputs following; a graph output stays float32 behind a Cast."""
+        self.report["fp32_nodes" if target == _FLOAT else "low_precision_nodes"] += 1
+        if node.op not in TYPE_AGNOSTIC_OPS:
+            for index, tensor in enumerate(node.inputs):
+                if tensor is not None and tensor.name and _is_float(tensor, self.types):
+                    node.inputs[index] = self.as_type(tensor, target)
+        _retarget_attributes(node, target)
+        for index, out in enumerate(node.outputs):
+            if not _produces_float(node, out):
+                continue
+            self.types[out.name] = target
+            is_output = out.name in self.graph_outputs
+            out.dtype, out.shape = (out.dtype, out.shape) if is_output else (None, None)
+            if is_output and target != _FLOAT:
+                # graph outputs stay float32: the node writes a low-precision copy, a Cast the output
+                low_out = gs.Variable(f"{out.name}_{_NAMES[target]}")
+                node.outputs[index] = low_out
+                self.new_nodes.append(
+                    gs.Node("Cast", f"{out.name}_to_float", {"to": _FLOAT}, [low_out], [out])
+                )
+                self.types[low_out.name], self.types[out.name] = target, _FLOAT
+                self.versions[(out.name, target)] = low_out
+                self.report["casts"] += 1
+
+    def as_type(self, tensor, target: int):
         """``tensor`` holding ``target``: itself, a converted constant, or a (shared) Cast."""
         if isinstance(tensor, gs.Constant):
             source = _elem_type(tensor)
             if source not in _FLOAT_TYPES or source == target:
                 return tensor
             key = (tensor.name, target)
-            if key not in versions:
+            if key not in self.versions:
                 values = _to_type(np.asarray(tensor.values, dtype=np.float32), target)
-                versions[key] = gs.Constant(f"{tensor.name}_{_NAMES[target]}", values)
-                report["constants"] += 1
-            return versions[key]
-        source = types.get(tensor.name)
+                self.versions[key] = gs.Constant(f"{tensor.name}_{_NAMES[target]}", values)
+                self.report["constants"] += 1
+            return self.versions[key]
+        source = self.types.get(tensor.name)
         if source is None or source == target:
             return tensor
         key = (tensor.name, target)
-        if key not in versions:
+        if key not in self.versions:
             cast_out = gs.Variable(f"{tensor.name}_{_NAMES[target]}")
-            new_nodes.append(
+            self.new_nodes.append(
                 gs.Node(
                     "Cast",
                     f"{tensor.name}_to_{_NAMES[target]}",
@@ -176,48 +224,14 @@ def to_low_precision(
                     [cast_out],
                 )
             )
-            types[cast_out.name] = target
-            versions[key] = cast_out
-            report["casts"] += 1
-        return versions[key]
-
-    graph_outputs = {t.name for t in graph.outputs}
-    for node in list(graph.nodes):
-        target = _FLOAT if id(node) in fp32_nodes else low
-        report["fp32_nodes" if target == _FLOAT else "low_precision_nodes"] += 1
-        if node.op not in TYPE_AGNOSTIC_OPS:
-            for index, tensor in enumerate(node.inputs):
-                if tensor is not None and tensor.name and _is_float(tensor, types):
-                    node.inputs[index] = as_type(tensor, target)
-        _retarget_attributes(node, target)
-        for index, out in enumerate(node.outputs):
-            if not _produces_float(node, out):
-                continue
-            types[out.name] = target
-            out.dtype, out.shape = (
-                (None, None) if out.name not in graph_outputs else (out.dtype, out.shape)
-            )
-            if out.name in graph_outputs and target != _FLOAT:
-                # graph outputs stay float32: the node writes a low-precision copy, a Cast the output
-                low_out = gs.Variable(f"{out.name}_{_NAMES[target]}")
-                node.outputs[index] = low_out
-                new_nodes.append(
-                    gs.Node("Cast", f"{out.name}_to_float", {"to": _FLOAT}, [low_out], [out])
-                )
-                types[low_out.name], types[out.name] = target, _FLOAT
-                versions[(out.name, target)] = low_out
-                report["casts"] += 1
-    graph.nodes.extend(new_nodes)
-    graph.cleanup().toposort()
-    report = dict(report)
-    report["fp32_for_lack_of_kernels"] = sorted(unsupported)  # the opset has no such typed op
-    return report
+            self.types[cast_out.name] = target
+            self.versions[key] = cast_out
+            self.report["casts"] += 1
+        return self.versions[key]
 
 
 def _allows(op: str, opset: int, elem_type: int) -> bool:
     """Whether op ``op`` at ``opset`` accepts ``elem_type`` for its first input (ONNX schema)."""
-    import onnx
-
     if op in TYPE_AGNOSTIC_OPS:
         return True
     try:
@@ -242,8 +256,6 @@ _NAMES = {_FLOAT: "fp32", _FLOAT16: "fp16", _BFLOAT16: "bf16"}
 
 
 def _is_float(tensor, types: dict[str, int]) -> bool:
-    import onnx_graphsurgeon as gs
-
     if isinstance(tensor, gs.Constant):
         return _elem_type(tensor) in _FLOAT_TYPES
     return tensor.name in types and types[tensor.name] in _FLOAT_TYPES
@@ -278,8 +290,6 @@ def _produces_float(node, out) -> bool:
 
 def _retarget_attributes(node, target: int) -> None:
     """Type-carrying attributes follow the node's precision (Cast's ``to``, constants' values)."""
-    import onnx_graphsurgeon as gs
-
     if node.op == "Cast" and node.attrs.get("to") in _FLOAT_TYPES:
         node.attrs["to"] = target
     elif node.op in ("ConstantOfShape", "Constant"):
@@ -293,8 +303,6 @@ def _retarget_attributes(node, target: int) -> None:
 # --- checking what a file computes in ------------------------------------------------------------
 def compute_types(model) -> dict[str, dict[str, int]]:
     """Per op type, how many nodes compute in each float type (from their first float input)."""
-    import onnx
-
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {
         v.name: v.type.tensor_type.elem_type
@@ -351,23 +359,20 @@ def upcast_model(model):
     ONNX Runtime's CPU kernels do not run BF16 MatMul/Softmax; the widened copy runs there and
     computes with the file's own (rounded) weights and constants, which checks the file's wiring.
     """
-    import onnx
-    from onnx import numpy_helper
-
     model = copy.deepcopy(model)
     graph = model.graph
     for index, init in enumerate(graph.initializer):
         if init.data_type in (_FLOAT16, _BFLOAT16):
-            wide = numpy_helper.to_array(init).astype(np.float32)
-            graph.initializer[index].CopyFrom(numpy_helper.from_array(wide, init.name))
+            wide = onnx.numpy_helper.to_array(init).astype(np.float32)
+            graph.initializer[index].CopyFrom(onnx.numpy_helper.from_array(wide, init.name))
     for node in graph.node:
         for attr in node.attribute:
             if node.op_type == "Cast" and attr.name == "to" and attr.i in (_FLOAT16, _BFLOAT16):
                 attr.i = _FLOAT
             if attr.name == "value" and attr.t.data_type in (_FLOAT16, _BFLOAT16):
                 attr.t.CopyFrom(
-                    numpy_helper.from_array(
-                        numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name
+                    onnx.numpy_helper.from_array(
+                        onnx.numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name
                     )
                 )
     del graph.value_info[:]
@@ -400,8 +405,6 @@ def reference_model(
     kept in float32 for lack of a typed kernel, ``"Conv"`` for BF16 below opset 22), keep float32
     weights and compute in float32; the input is cast in and every output is float32.
     """
-    from hydra_deploy.fusion.layers import StreamLayerNorm
-
     low, run = torch_dtype(precision), torch_dtype(compute or precision)
     inner = copy.deepcopy(module).eval()
     kept = (

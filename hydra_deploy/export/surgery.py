@@ -35,6 +35,14 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.errors import ExportError
+from hydra_deploy.export.precision import check_precision, to_low_precision
+from hydra_deploy.optional import lazy_module
+
+onnx = lazy_module("onnx", purpose="graph surgery on exported models", error=ExportError)
+gs = lazy_module("onnx_graphsurgeon", purpose="graph surgery on exported models", error=ExportError)
+onnxruntime = lazy_module("onnxruntime", purpose="folding constants", error=ExportError)
+
 
 def _producer(tensor):
     return tensor.inputs[0] if getattr(tensor, "inputs", None) else None
@@ -42,8 +50,6 @@ def _producer(tensor):
 
 def _scalar_constant(node) -> tuple[int, np.ndarray] | None:
     """(index, value) of the single-element constant input of a binary node, if it has one."""
-    import onnx_graphsurgeon as gs
-
     for index, tensor in enumerate(node.inputs):
         if isinstance(tensor, gs.Constant) and tensor.values.size == 1:
             return index, tensor.values
@@ -52,8 +58,6 @@ def _scalar_constant(node) -> tuple[int, np.ndarray] | None:
 
 def fold_attention_scale(graph) -> int:
     """Put the attention scale on Q only: MatMul(q*a, kT*b) -> Softmax becomes MatMul(q*(a*b), kT)."""
-    import onnx_graphsurgeon as gs
-
     changed = 0
     for softmax in [n for n in graph.nodes if n.op == "Softmax"]:
         scores = _producer(softmax.inputs[0])
@@ -153,25 +157,7 @@ def plain_shapes(model) -> int:
     New nodes and initializers get names no other node, tensor or initializer has, free of ',' and
     ':' (trtexec's ``--layerPrecisions`` separators), and so does a ``Shape`` that had none.
     """
-    import onnx
-    from onnx import helper, numpy_helper
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # an unusual graph: the ranks are then the ones the file states
-        inferred = model
-    ranks: dict[str, int] = {}
-    taken: set[str] = set()
-    for graph in _graphs(inferred.graph):
-        for value in (*graph.input, *graph.output, *graph.value_info):
-            if value.type.tensor_type.HasField("shape"):
-                ranks[value.name] = len(value.type.tensor_type.shape.dim)
-        ranks.update((t.name, len(t.dims)) for t in graph.initializer)
-    for graph in _graphs(model.graph):
-        taken.update(n.name for n in graph.node)
-        taken.update(t.name for t in graph.initializer)
-        taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
-        taken.update(name for n in graph.node for name in (*n.input, *n.output))
+    ranks, taken = _ranks_and_names(model)
 
     def fresh(base: str) -> str:
         return unique_name(base.replace(",", "_").replace(":", "_") or "shape", taken)
@@ -191,46 +177,71 @@ def plain_shapes(model) -> int:
             node.attribute.extend(kept)
             if not node.name:
                 node.name = fresh("Shape")
-            start, end = attributes.get("start", 0), attributes.get("end")
-            rank = ranks.get(node.input[0])
-            if rank is not None:  # opset 15: negative counts from the back, then clamp to [0, r]
-                start, end = (
-                    min(max(v + rank if v < 0 else v, 0), rank)
-                    for v in (start, rank if end is None else end)
-                )
-                end = max(start, end)
-                if (start, end) == (0, rank):
-                    changed += 1
-                    continue
-            elif start == 0 and end is None:
-                changed += 1
-                continue
-            result = node.output[0]
-            node.output[0] = fresh(f"{result}_whole")
-            bounds = []
-            for what, value in (
-                ("starts", start),
-                ("ends", _INT64_MAX if end is None else end),
-                ("axes", 0),
-            ):
-                tensor = numpy_helper.from_array(
-                    np.array([value], dtype=np.int64), fresh(f"{node.name}_slice_{what}")
-                )
-                graph.initializer.append(tensor)
-                bounds.append(tensor.name)
-            nodes.append(
-                helper.make_node(
-                    "Slice",
-                    [node.output[0], *bounds],
-                    [result],
-                    name=fresh(f"{node.name}_slice"),
-                )
-            )
             changed += 1
+            bounds = _slice_bounds(attributes, ranks.get(node.input[0]))
+            if bounds is not None:  # None: the whole shape
+                nodes.append(_slice_after(graph, node, *bounds, fresh))
         if len(nodes) != len(graph.node):
             del graph.node[:]
             graph.node.extend(nodes)
     return changed
+
+
+def _ranks_and_names(model) -> tuple[dict[str, int], set[str]]:
+    """The rank of every tensor whose rank is known (shape inference, else the graph's value
+    infos and initializers), and every name the model uses (nodes, tensors, initializers)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # an unusual graph: the ranks are then the ones the file states
+        inferred = model
+    ranks: dict[str, int] = {}
+    taken: set[str] = set()
+    for graph in _graphs(inferred.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.tensor_type.HasField("shape"):
+                ranks[value.name] = len(value.type.tensor_type.shape.dim)
+        ranks.update((t.name, len(t.dims)) for t in graph.initializer)
+    for graph in _graphs(model.graph):
+        taken.update(n.name for n in graph.node)
+        taken.update(t.name for t in graph.initializer)
+        taken.update(v.name for v in (*graph.input, *graph.output, *graph.value_info))
+        taken.update(name for n in graph.node for name in (*n.input, *n.output))
+    return ranks, taken
+
+
+def _slice_bounds(attributes: dict[str, int], rank: int | None) -> tuple[int, int | None] | None:
+    """A ``Shape``'s ``start``/``end`` as the ``Slice`` bounds of its output, resolved to
+    ``0 <= start <= end <= rank`` where the rank is known (opset 15: negative counts from the
+    back, then clamp to [0, rank]); None when they take the whole shape."""
+    start, end = attributes.get("start", 0), attributes.get("end")
+    if rank is None:
+        return None if (start == 0 and end is None) else (start, end)
+    start, end = (
+        min(max(v + rank if v < 0 else v, 0), rank) for v in (start, rank if end is None else end)
+    )
+    end = max(start, end)
+    return None if (start, end) == (0, rank) else (start, end)
+
+
+def _slice_after(graph, node, start: int, end: int | None, fresh: Callable[[str], str]):
+    """``node`` (a ``Shape``) writes the whole shape under a new name; the returned ``Slice``
+    writes its original output from it, its bounds as INT64 initializers of ``graph``."""
+    result = node.output[0]
+    node.output[0] = fresh(f"{result}_whole")
+    bounds = []
+    for what, value in (
+        ("starts", start),
+        ("ends", _INT64_MAX if end is None else end),
+        ("axes", 0),
+    ):
+        tensor = onnx.numpy_helper.from_array(
+            np.array([value], dtype=np.int64), fresh(f"{node.name}_slice_{what}")
+        )
+        graph.initializer.append(tensor)
+        bounds.append(tensor.name)
+    return onnx.helper.make_node(
+        "Slice", [node.output[0], *bounds], [result], name=fresh(f"{node.name}_slice")
+    )
 
 
 def _graphs(graph) -> Iterator:
@@ -250,8 +261,7 @@ def quiet_graphsurgeon() -> Iterator[None]:
     "Large tensors" warning and the "colored module is not installed" note that comes with any
     warning are noise a user can do nothing about.
     """
-    from onnx_graphsurgeon.logger import G_LOGGER
-
+    G_LOGGER = gs.logger.G_LOGGER
     severity, colors = G_LOGGER.severity, G_LOGGER.colors
     G_LOGGER.severity, G_LOGGER.colors = G_LOGGER.ERROR, False
     try:
@@ -262,8 +272,6 @@ def quiet_graphsurgeon() -> Iterator[None]:
 
 def cleanup(graph) -> int:
     """Fold constants, drop dead nodes, sort topologically and give nodes stable names."""
-    import onnxruntime
-
     before = len(graph.nodes)
     onnxruntime.set_default_logger_severity(3)  # constant folding runs ORT; keep its notes quiet
     with quiet_graphsurgeon():
@@ -299,11 +307,6 @@ def run_passes(
     With ``precision`` "fp16" or "bf16" the graph is then rewritten strongly typed in that
     precision (:func:`hydra_deploy.export.precision.to_low_precision`; report key ``precision``).
     """
-    import onnx
-    import onnx_graphsurgeon as gs
-
-    from hydra_deploy.errors import ExportError
-    from hydra_deploy.export.precision import check_precision, to_low_precision
 
     unknown = [p for p in passes if p not in PASSES]
     if unknown:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import warnings
 from collections.abc import Sequence
@@ -20,7 +21,9 @@ from pathlib import Path
 import torch
 
 from hydra_deploy.errors import ExportError
-from hydra_deploy.optional import missing, missing_message
+from hydra_deploy.optional import lazy_module, missing, missing_message
+
+onnx = lazy_module("onnx", purpose="exporting models to ONNX", error=ExportError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -87,64 +90,34 @@ def export_module(
 def _export_with(
     exporter, module, example, path, input_names, output_names, opset, max_batch, axes
 ):
-    import onnx
-
+    """One try: trace ``module`` with ``exporter``, bring the file to ``opset``, pin its axes."""
     if example[0].shape[0] < 2:
         raise ExportError("trace the export with a batch of at least 2 (a batch of 1 specialises)")
     params = sum(p.numel() * p.element_size() for p in module.parameters())
-    external = params > PROTOBUF_LIMIT
+    if exporter == "dynamo":
+        options = {
+            "dynamo": True,
+            "dynamic_shapes": _dynamo_shapes(module, example, input_names, axes, max_batch),
+            "external_data": params > PROTOBUF_LIMIT,
+            "verbose": False,
+        }
+    else:
+        dynamic = {name: dict(axes.get(name, {})) for name in input_names}
+        dynamic.update({name: {0: "batch"} for name in output_names})
+        options = {"dynamo": False, "dynamic_axes": dynamic, "do_constant_folding": True}
     module = module.eval()
     with torch.no_grad(), warnings.catch_warnings(), _quiet_loggers("torch.onnx", "onnxscript"):
         warnings.simplefilter("ignore")  # tracer and exporter chatter; the file is validated after
         try:
-            if exporter == "dynamo":
-                dims = {}  # one torch.export.Dim per symbolic name, shared across inputs
-                for name, tensor in zip(input_names, example, strict=True):
-                    for axis, symbol in axes.get(name, {}).items():
-                        high = max(max_batch, 2) if symbol == "batch" else None
-                        if symbol not in dims:
-                            dims[symbol] = (
-                                torch.export.Dim(symbol, min=1, max=high)
-                                if high
-                                else torch.export.Dim(symbol, min=2)
-                            )
-                        if symbol != "batch" and tensor.shape[axis] < 2:
-                            raise ExportError(f"trace {name} with {symbol} >= 2")
-                # positional (a tuple in input order): wrappers take ``*inputs``, not the names
-                shapes = tuple(
-                    {axis: dims[symbol] for axis, symbol in axes.get(name, {}).items()}
-                    for name in input_names
-                )
-                if _takes_var_positional(module):  # forward(*inputs): one entry holding them all
-                    shapes = (shapes,)
-                torch.onnx.export(
-                    module,
-                    example,
-                    str(path),
-                    dynamo=True,
-                    opset_version=opset,
-                    input_names=list(input_names),
-                    output_names=output_names,
-                    dynamic_shapes=shapes,
-                    external_data=external,
-                    verbose=False,
-                )
-            else:
-                dynamic = {name: dict(axes.get(name, {})) for name in input_names}
-                dynamic.update({name: {0: "batch"} for name in output_names})
-                torch.onnx.export(
-                    module,
-                    example,
-                    str(path),
-                    dynamo=False,
-                    opset_version=opset,
-                    input_names=list(input_names),
-                    output_names=output_names,
-                    dynamic_axes=dynamic,
-                    do_constant_folding=True,
-                )
-        except ExportError:
-            raise
+            torch.onnx.export(
+                module,
+                example,
+                str(path),
+                opset_version=opset,
+                input_names=list(input_names),
+                output_names=output_names,
+                **options,
+            )
         except Exception as err:
             raise ExportError(
                 f"the {exporter} exporter failed ({type(err).__name__}: {str(err)[:300]}); try "
@@ -152,15 +125,7 @@ def _export_with(
             ) from err
     model = onnx.load(str(path), load_external_data=False)
     if _default_opset(model) != opset:
-        written = _default_opset(model)
-        try:
-            model = onnx.version_converter.convert_version(model, opset)
-            onnx.checker.check_model(model)  # the converter can write ops the opset lacks
-        except Exception as err:
-            raise ExportError(
-                f"the {exporter} exporter wrote opset {written} and it does not convert to "
-                f"{opset} ({type(err).__name__}: {str(err)[:200]}); ask for opset={written}"
-            ) from err
+        model = _convert_opset(model, opset, exporter)
         onnx.save(model, str(path))
     pinned = {
         **{name: axes.get(name, {}) for name in input_names},
@@ -171,9 +136,43 @@ def _export_with(
     return exporter
 
 
-def _takes_var_positional(module: torch.nn.Module) -> bool:
-    import inspect
+def _dynamo_shapes(module, example, input_names, axes, max_batch) -> tuple:
+    """The dynamo exporter's ``dynamic_shapes``: one ``torch.export.Dim`` per symbolic name,
+    shared across inputs (the batch up to ``max_batch``, other axes traced at >= 2), positional
+    (a tuple in input order: wrappers take ``*inputs``, not the names)."""
+    dims = {}
+    for name, tensor in zip(input_names, example, strict=True):
+        for axis, symbol in axes.get(name, {}).items():
+            high = max(max_batch, 2) if symbol == "batch" else None
+            if symbol not in dims:
+                dims[symbol] = (
+                    torch.export.Dim(symbol, min=1, max=high)
+                    if high
+                    else torch.export.Dim(symbol, min=2)
+                )
+            if symbol != "batch" and tensor.shape[axis] < 2:
+                raise ExportError(f"trace {name} with {symbol} >= 2")
+    shapes = tuple(
+        {axis: dims[symbol] for axis, symbol in axes.get(name, {}).items()} for name in input_names
+    )
+    return (shapes,) if _takes_var_positional(module) else shapes  # forward(*inputs): one entry
 
+
+def _convert_opset(model, opset: int, exporter: str):
+    """``model`` converted to ``opset`` (the dynamo exporter writes 18 and converts), checked."""
+    written = _default_opset(model)
+    try:
+        model = onnx.version_converter.convert_version(model, opset)
+        onnx.checker.check_model(model)  # the converter can write ops the opset lacks
+    except Exception as err:
+        raise ExportError(
+            f"the {exporter} exporter wrote opset {written} and it does not convert to "
+            f"{opset} ({type(err).__name__}: {str(err)[:200]}); ask for opset={written}"
+        ) from err
+    return model
+
+
+def _takes_var_positional(module: torch.nn.Module) -> bool:
     parameters = inspect.signature(module.forward).parameters.values()
     return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
 

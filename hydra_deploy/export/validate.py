@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,22 @@ import numpy as np
 import torch
 
 from hydra_deploy.errors import ExportError
+from hydra_deploy.export.precision import (
+    check_precision,
+    compute_types,
+    reference_model,
+    upcast_model,
+)
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.parity import (
     PRECISION_TOLERANCES,
     BackendReport,
     compare_outputs,
     tolerance_for,
 )
+
+onnx = lazy_module("onnx", purpose="validating exported models", error=ExportError)
+ort = lazy_module("onnxruntime", purpose="validating exported models", error=ExportError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -92,8 +103,6 @@ def validation_batches(batch: Sequence[int]) -> list[int]:
 
 
 def _session(model_or_path):
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.log_severity_level = 3
     source = (
@@ -114,9 +123,6 @@ def _as_tuple(out) -> tuple[torch.Tensor, ...]:
 
 def _low_precision_plan(path: Path, model: torch.nn.Module, precision: str):
     """(widened session, its reference, drift session or None, drift reference or None)."""
-    import onnx
-
-    from hydra_deploy.export.precision import compute_types, reference_model, upcast_model
 
     proto = onnx.load(str(path))
     fp32_ops = [
@@ -158,35 +164,22 @@ def validate_onnx(
     ExportError naming the worst output, its difference and the member where it occurs when a
     difference exceeds its tolerance.
     """
-    import onnxruntime as ort
-
-    from hydra_deploy.export.precision import check_precision
-
     path = Path(path)
     if precision == "int8":
         raise ExportError(
             "an INT8 file has no exact float twin: check it with validate_int8 (against the FP32 "
             "file it was quantized from) or check_int8_against_model"
         )
-    check_precision(precision)
-    drift_session = drift_model = None
-    if precision == "fp32":
-        session, reference = _session(path), model
-        checked = "onnxruntime"
-    else:
-        session, reference, drift_session, drift_model = _low_precision_plan(path, model, precision)
-        checked = "float32 widening in onnxruntime"
-    input_names = [i.name for i in session.get_inputs()]
-    output_names = [o.name for o in session.get_outputs()]
+    plan = _Plan.of(path, model, check_precision(precision))
     report: dict[str, Any] = {
         "runtime": f"onnxruntime {ort.__version__} CPU",
         "precision": precision,
-        "checked": checked,
+        "checked": plan.checked,
         "batches": {},
     }
     if precision != "fp32":
         report["drift_measured_in"] = (
-            f"onnxruntime ({precision} file)" if drift_session else f"PyTorch in {precision}"
+            f"onnxruntime ({precision} file)" if plan.drift_session else f"PyTorch in {precision}"
         )
     cases = [(batch, None) for batch in batches]
     cases += [(batches[len(batches) // 2], n) for n in sequence_lengths]
@@ -197,28 +190,9 @@ def validate_onnx(
             if length is None
             else example_inputs(batch, seed + batch, seq_len=length)
         )
-        x = _as_tuple(made)
-        feed = {name: t.numpy() for name, t in zip(input_names, x, strict=True)}
-        with torch.inference_mode():
-            expected = dict(zip(output_names, _as_tuple(reference(*x)), strict=True))
-        got = dict(zip(output_names, session.run(None, feed), strict=True))
-        entry = {
-            name: _compare(name, got[name], expected[name].float().numpy(), batch, precision, atol)
-            for name in output_names
-        }
-        if precision != "fp32":
-            with torch.inference_mode():
-                fp32 = dict(zip(output_names, _as_tuple(model(*x)), strict=True))
-                if drift_session is not None:
-                    low = dict(zip(output_names, drift_session.run(None, feed), strict=True))
-                else:
-                    low = {
-                        k: v.numpy()
-                        for k, v in zip(output_names, _as_tuple(drift_model(*x)), strict=True)
-                    }
-            fp32 = {k: v.float().numpy() for k, v in fp32.items()}
-            entry["drift_vs_fp32"] = _drift(low, fp32)
-            drifted.append((low, fp32))
+        entry, drift = plan.compare(_as_tuple(made), batch, atol)
+        if drift is not None:
+            drifted.append(drift)
         report["batches"][str(batch) if length is None else f"{batch}x{length}"] = entry
     report["passed"] = True
     if precision != "fp32":
@@ -231,6 +205,62 @@ def validate_onnx(
         report["drift"] = {"examples": _rows(drifted), **judged.summary()}
         report["drift_within_tolerance"] = judged.passed
     return report
+
+
+@dataclass
+class _Plan:
+    """What :func:`validate_onnx` runs: the file's session and the PyTorch module it must equal
+    (for FP16/BF16 the widened file and the reference under the same policy), and where the
+    precision's drift from FP32 is measured (the file itself, else PyTorch in that precision)."""
+
+    model: torch.nn.Module  # the FP32 module
+    precision: str
+    session: Any
+    reference: torch.nn.Module
+    drift_session: Any = None
+    drift_model: torch.nn.Module | None = None
+
+    @classmethod
+    def of(cls, path: Path, model: torch.nn.Module, precision: str) -> _Plan:
+        if precision == "fp32":
+            return cls(model, precision, _session(path), model)
+        return cls(model, precision, *_low_precision_plan(path, model, precision))
+
+    @property
+    def checked(self) -> str:
+        return "onnxruntime" if self.precision == "fp32" else "float32 widening in onnxruntime"
+
+    def compare(
+        self, x: tuple[torch.Tensor, ...], batch: int, atol: dict[str, float] | None
+    ) -> tuple[dict[str, Any], tuple[dict, dict] | None]:
+        """One case: each output against the reference, and (FP16/BF16) the low-precision and
+        FP32 outputs whose drift is judged over every case."""
+        input_names = [i.name for i in self.session.get_inputs()]
+        output_names = [o.name for o in self.session.get_outputs()]
+        feed = {name: t.numpy() for name, t in zip(input_names, x, strict=True)}
+        with torch.inference_mode():
+            expected = dict(zip(output_names, _as_tuple(self.reference(*x)), strict=True))
+        got = dict(zip(output_names, self.session.run(None, feed), strict=True))
+        entry = {
+            name: _compare(
+                name, got[name], expected[name].float().numpy(), batch, self.precision, atol
+            )
+            for name in output_names
+        }
+        if self.precision == "fp32":
+            return entry, None
+        with torch.inference_mode():
+            fp32 = dict(zip(output_names, _as_tuple(self.model(*x)), strict=True))
+            if self.drift_session is not None:
+                low = dict(zip(output_names, self.drift_session.run(None, feed), strict=True))
+            else:
+                low = {
+                    k: v.numpy()
+                    for k, v in zip(output_names, _as_tuple(self.drift_model(*x)), strict=True)
+                }
+        fp32 = {k: v.float().numpy() for k, v in fp32.items()}
+        entry["drift_vs_fp32"] = _drift(low, fp32)
+        return entry, (low, fp32)
 
 
 def _rows(drifted: Sequence[tuple[dict, dict]]) -> int:
@@ -309,7 +339,8 @@ def _drift(low: Mapping[str, np.ndarray], fp32: Mapping[str, np.ndarray]) -> dic
 
 
 # --- INT8 ------------------------------------------------------------------------------------------
-def _chunks(feeds: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+def feed_batches(feeds: Mapping[str, np.ndarray], size: int) -> list[dict[str, np.ndarray]]:
+    """Named arrays cut into batches of ``size`` rows (the last may be shorter)."""
     count = len(next(iter(feeds.values())))
     return [
         {name: np.ascontiguousarray(a[start : start + size]) for name, a in feeds.items()}

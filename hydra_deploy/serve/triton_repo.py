@@ -515,7 +515,7 @@ def _assemble(model: TritonModel, staging: Path, export_dir: Path, engine: Path 
     version = staging / "1"
     version.mkdir(parents=True)
     if model.platform == PLATFORMS["onnx"]:
-        shutil.copy2(export_dir / "model.onnx", version / "model.onnx")
+        shutil.copy2(export_dir / MODEL_FILE, version / "model.onnx")
     else:
         shutil.copy2(engine, version / "model.plan")
         sidecar = engine_info_path(engine)

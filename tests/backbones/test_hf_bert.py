@@ -522,7 +522,7 @@ def test_class_names_come_from_id2label_and_reach_the_export(tmp_path):
     hydra = fuse(backbone, spec)
     assert hydra.class_names == list(SHUFFLED_NAMES.values())
     info = export_onnx(hydra, tmp_path / "export", batch=(1, 2, 2), validate=False)
-    assert info["class_names"] == list(SHUFFLED_NAMES.values())
+    assert info.record["class_names"] == list(SHUFFLED_NAMES.values())
     saved = json.loads((tmp_path / "export" / "hydra.json").read_text())
     assert saved["class_names"] == list(SHUFFLED_NAMES.values())
     assert load_export(tmp_path / "export", check=False).class_names == saved["class_names"]

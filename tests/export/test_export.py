@@ -54,25 +54,25 @@ def test_export_folder_contract(exported, hydra):
         "model.onnx",
         "weights.safetensors",
     ]
-    assert json.loads((out / "hydra.json").read_text()) == info
+    assert json.loads((out / "hydra.json").read_text()) == info.record
     model = onnx.load(str(out / "model.onnx"))
     onnx.checker.check_model(model, full_check=True)
     assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 17
     assert "Einsum" not in {n.op_type for n in model.graph.node}
     metadata = {p.key: p.value for p in model.metadata_props}
     assert HydraSpec.from_json(metadata["hydra_spec"]) == hydra.spec
-    assert info["inputs"] == [
+    assert info.record["inputs"] == [
         {"name": "pixel_values", "shape": ["batch", 3, 16, 16], "dtype": "float32"}
     ]
-    assert info["outputs"] == [
+    assert info.record["outputs"] == [
         {"name": "member_logits", "shape": ["batch", 3, 5], "dtype": "float32"}
     ]
-    assert info["spec"] == hydra.spec.to_dict() and info["opset"] == 17
-    assert info["preprocessing"]["input_size"] == [3, 16, 16]
+    assert info.spec == hydra.spec.to_dict() and info.opset == 17
+    assert info.preprocessing["input_size"] == [3, 16, 16]
     import hashlib
 
-    assert info["onnx_sha256"] == hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
-    assert set(info["validation"]["batches"]) == {"1", "3", "6"}
+    assert info.onnx_sha256 == hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
+    assert set(info.validation["batches"]) == {"1", "3", "6"}
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5, 9])
@@ -104,10 +104,10 @@ def test_gelu_is_written_as_onnx_runtime_fuses_it(exported, hydra, tmp_path):
     import onnxruntime as ort
 
     folder, info = exported
-    if info["exporter"] != "dynamo":
-        assert info["graph_passes"]["order_gelu"] == 0  # TorchScript's form is already fused
+    if info.exporter != "dynamo":
+        assert info.graph_passes["order_gelu"] == 0  # TorchScript's form is already fused
         return
-    assert info["graph_passes"]["order_gelu"] == 3  # one per layer
+    assert info.graph_passes["order_gelu"] == 3  # one per layer
     raw = tmp_path / "raw"
     unordered = ("cleanup", "fold_attention_scale")  # every default pass but order_gelu
     export_onnx(hydra, raw, exporter="dynamo", passes=unordered, batch=(1, 2, 2), validate=False)
@@ -137,13 +137,13 @@ def test_attention_scale_is_folded_into_q(exported, hydra, tmp_path):
     import onnx_graphsurgeon as gs
 
     folded, info = exported
-    if info["exporter"] != "dynamo":
-        assert info["graph_passes"]["fold_attention_scale"] == 0  # the scale is not a constant
+    if info.exporter != "dynamo":
+        assert info.graph_passes["fold_attention_scale"] == 0  # the scale is not a constant
         return
     raw = tmp_path / "raw"
     export_onnx(hydra, raw, exporter="dynamo", passes=(), batch=(1, 2, 2), validate=False)
     assert all(q.op == "Mul" and k.op == "Mul" for q, k in attention_matmuls(raw / "model.onnx"))
-    assert info["graph_passes"]["fold_attention_scale"] == 3  # one per layer, validated vs PyTorch
+    assert info.graph_passes["fold_attention_scale"] == 3  # one per layer, validated vs PyTorch
     for q, k in attention_matmuls(folded / "model.onnx"):
         assert k is None or k.op != "Mul"
         scale = [t for t in q.inputs if isinstance(t, gs.Constant)]
@@ -156,7 +156,7 @@ def test_attention_scale_is_folded_into_q(exported, hydra, tmp_path):
 def test_cleanup_gives_stable_names_and_no_dead_nodes(exported, hydra, tmp_path):
     first, info = exported
     again = tmp_path / "again"
-    export_onnx(hydra, again, exporter=info["exporter"], batch=(1, 4, 6), validate=False)
+    export_onnx(hydra, again, exporter=info.exporter, batch=(1, 4, 6), validate=False)
     names = []
     for folder in (first, again):
         model = onnx.load(str(folder / "model.onnx"))
@@ -304,8 +304,8 @@ def test_average_pooling_exports_with_dynamo_at_opset_17(tmp_path):
     backbone = tiny_vit("avg_reg_ls")
     hydra = fuse(backbone, HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2))
     info = export_onnx(hydra, tmp_path / "avg", batch=(1, 2, 3))  # validated against PyTorch
-    assert info["opset"] == 17 and info["validation"]["passed"]
-    assert info["exporter"] == "dynamo" and info["graph_passes"]["fold_attention_scale"] == 3
+    assert info.opset == 17 and info.validation["passed"]
+    assert info.exporter == "dynamo" and info.graph_passes["fold_attention_scale"] == 3
 
 
 def test_auto_exporter_falls_back_when_dynamo_cannot_reach_the_opset(tmp_path, caplog):
@@ -347,7 +347,7 @@ def test_polygraphy_runs_the_export(exported):
     tool = shutil.which("polygraphy", path=str(Path(sys.executable).parent))
     if tool is None:
         pytest.skip(reason="polygraphy is not installed (it comes with the [dev] extra)")
-    batch = info["batch_profile"]["max"]
+    batch = info.batch_profile[2]
     result = subprocess.run(
         [
             tool,

@@ -27,11 +27,13 @@ def test_openclip_exports_and_reloads(config, finetuned, tmp_path):
     out = tmp_path / "clip"
     info = export_onnx(hydra, out, batch=(1, 2, 4), uq_outputs=True, exporter="auto")
     assert (
-        info["exporter"] == "dynamo"
-        and info["graph_passes"]["fold_attention_scale"] == backbone.num_layers
+        info.exporter == "dynamo"
+        and info.graph_passes["fold_attention_scale"] == backbone.num_layers
     )
-    assert info["family"] == "openclip" and info["validation"]["passed"]
-    assert info["class_names"] == hydra.class_names and len(hydra.class_names) == hydra.num_classes
+    assert info.family == "openclip" and info.validation["passed"]
+    assert (
+        list(info.class_names) == hydra.class_names and len(hydra.class_names) == hydra.num_classes
+    )
     rebuilt = load_export(out)  # rebuilt from the folder alone, checked against model.onnx
     x = hydra.example_inputs(3, seed=4)
     with torch.no_grad():
@@ -57,12 +59,12 @@ def test_bert_exports_with_padding_and_reloads(precision, finetuned, tmp_path):
     hydra = fuse(members, spec, "grouped" if finetuned else "average")
     out = tmp_path / "bert"
     info = export_onnx(hydra, out, batch=(1, 2, 4), precision=precision, uq_outputs=True)
-    assert info["validation"]["passed"] and info["exporter"] == "dynamo"
-    assert list(info["validation"]["batches"]) == ["1", "3", "4", "3x5", "3x23"]
-    assert info["graph_passes"]["fold_attention_scale"] == backbone.num_layers  # through the mask
-    assert [i["name"] for i in info["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert info.validation["passed"] and info.exporter == "dynamo"
+    assert list(info.validation["batches"]) == ["1", "3", "4", "3x5", "3x23"]
+    assert info.graph_passes["fold_attention_scale"] == backbone.num_layers  # through the mask
+    assert [t.name for t in info.input_tensors] == ["input_ids", "attention_mask", "token_type_ids"]
     assert all(
-        i["shape"] == ["batch", "sequence"] and i["dtype"] == "int64" for i in info["inputs"]
+        i["shape"] == ["batch", "sequence"] and i["dtype"] == "int64" for i in info.record["inputs"]
     )
     model = onnx.load(str(out / "model.onnx"))
     assert attention_casts(model) == 0

@@ -121,8 +121,8 @@ def test_static_graph_is_qdq_on_every_weight_product_and_float_elsewhere(exports
     ]
     # every product with a weight takes int8 weights and activations; none is left with a float one
     assert len(quantized) == weight_matmuls(exports["fp32"]) and weight_matmuls(folder) == 0
-    assert info["int8"]["quantized_ops"] == {"MatMul": len(quantized)}
-    assert info["int8"]["integer_ops"] == {
+    assert info.int8.quantized_ops == {"MatMul": len(quantized)}
+    assert info.int8.integer_ops == {
         "QuantizeLinear": found["QuantizeLinear"],
         "DequantizeLinear": found["DequantizeLinear"],
     }
@@ -141,7 +141,7 @@ def test_static_graph_is_qdq_on_every_weight_product_and_float_elsewhere(exports
             assert all(
                 getattr(made_by.get(i), "op_type", "") != "DequantizeLinear" for i in node.input
             ), node.name
-    kept = info["int8"]["kept_float"]
+    kept = info.int8.kept_float
     assert kept["LayerNormalization"]["nodes"] == found["LayerNormalization"] == 7
     assert kept["Softmax"]["nodes"] == 3 and kept["attention MatMul"]["nodes"] == 6
     assert kept["ensemble head"]["nodes"] > 5 and kept["Conv"]["nodes"] == 1
@@ -155,8 +155,8 @@ def test_onnx_runtime_runs_every_static_product_as_an_integer_kernel(exports, tm
     import onnxruntime as ort
 
     folder, info = exports["static"]
-    quantized = info["int8"]["quantized_ops"]["MatMul"]
-    assert 0 < info["int8"]["bias_kept_apart"] < quantized  # the trunk's products are 3-D
+    quantized = info.int8.quantized_ops["MatMul"]
+    assert 0 < info.int8.bias_kept_apart < quantized  # the trunk's products are 3-D
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -178,7 +178,7 @@ def test_dynamic_graph_quantizes_weights_and_activations_at_run_time(exports):
     assert found["MatMulInteger"] == weight_matmuls(exports["fp32"]) > 0
     assert found["DynamicQuantizeLinear"] > 0 and "QuantizeLinear" not in found
     assert found["LayerNormalization"] == 7 and found["Softmax"] == 3
-    record = info["int8"]
+    record = info.int8.to_dict()
     assert record["method"] == "dynamic" and record["quantized_ops"] == {
         "MatMul": found["MatMulInteger"]
     }
@@ -195,7 +195,7 @@ def test_dynamic_weights_get_one_scale_per_output_channel(exports):
     from onnx import numpy_helper
 
     folder, info = exports["dynamic"]
-    assert info["int8"]["weights"] == "int8, symmetric, per output channel"
+    assert info.int8.weights == "int8, symmetric, per output channel"
     model = onnx.load(str(folder / "model.onnx"))
     arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     by_name = {n.name: n for n in model.graph.node}
@@ -218,8 +218,8 @@ def test_metadata_and_record_say_int8(exports):
         model = onnx.load(str(folder / "model.onnx"))
         metadata = {p.key: p.value for p in model.metadata_props}
         assert metadata["hydra_precision"] == "int8" and "hydra_spec" in metadata
-        assert info["precision"] == "int8" and info["strongly_typed"] is False
-        assert [o["dtype"] for o in info["outputs"]] == ["float32"] * len(info["outputs"])
+        assert info.precision == "int8" and info.strongly_typed is False
+        assert {tensor.dtype for tensor in info.output_tensors} == {"float32"}
 
 
 # --- hydra.json -----------------------------------------------------------------------------------
@@ -272,11 +272,11 @@ def test_both_methods_run_in_onnx_runtime_within_the_int8_tolerances(exports, hy
         members, scores = parity.compare_outputs(reference, outputs, parity.tolerance_for("int8"))
         assert all(c.passed for c in members + scores), method
         assert np.abs(outputs["member_logits"] - reference).max() > 0  # it is quantized
-        drift = info["validation"]["drift"]
+        drift = info.validation["drift"]
         assert drift["passed"] and drift["examples"] > 0 and "within the int8" in drift["verdict"]
-    assert exports["static"][1]["validation"]["drift"]["examples"] == len(CALIBRATION)
-    assert "calibration" in exports["static"][1]["validation"]["drift"]["inputs"]
-    assert "example inputs" in exports["dynamic"][1]["validation"]["drift"]["inputs"]
+    assert exports["static"][1].validation["drift"]["examples"] == len(CALIBRATION)
+    assert "calibration" in exports["static"][1].validation["drift"]["inputs"]
+    assert "example inputs" in exports["dynamic"][1].validation["drift"]["inputs"]
 
 
 def test_hydra_compare_judges_an_int8_export_by_the_int8_tolerances(exports, tmp_path):
@@ -329,7 +329,7 @@ def test_each_calibration_method_is_recorded(hydra, tmp_path, method):
         precision="int8",
         int8=Int8Options(calib=CALIBRATION, calib_method=method),
     )
-    assert info["int8"]["calibration_method"] == method and info["validation"]["drift"]["passed"]
+    assert info.int8.calibration_method == method and info.validation["drift"]["passed"]
 
 
 def test_the_calibration_size_caps_a_seeded_subset(hydra, tmp_path):
@@ -342,7 +342,7 @@ def test_the_calibration_size_caps_a_seeded_subset(hydra, tmp_path):
         validate=False,
         int8=Int8Options(calib=CALIBRATION, calib_size=40),
     )
-    assert info["int8"]["num_calibration"] == 40 and info["validation"] is None
+    assert info.int8.num_calibration == 40 and info.validation is None
 
 
 # --- a text model, its data read through the reader of hydra-export --int8-calib ------------------
@@ -373,8 +373,8 @@ def test_a_text_model_calibrates_on_a_text_file(tmp_path):
         precision="int8",
         int8=Int8Options(calib=int8_calibration(tmp_path / "calib.txt")),
     )
-    assert info["int8"]["num_calibration"] == 40 and info["int8"]["method"] == "static"
-    assert info["validation"]["drift"]["passed"] and info["int8"]["quantized_ops"]["MatMul"] > 0
+    assert info.int8.num_calibration == 40 and info.int8.method == "static"
+    assert info.validation["drift"]["passed"] and info.int8.quantized_ops["MatMul"] > 0
     with load_runner(tmp_path / "text-int8") as runner:
         tokens = runner.text_encoder()(["the cat", "a dog and a tree"])
         assert runner(tokens)["member_logits"].shape == (2, 2, 5)
@@ -444,9 +444,7 @@ def test_the_bmm_lowering_quantizes_its_batched_weights_per_tensor(tmp_path):
     """ONNX Runtime's integer MatMul refuses per-channel scales on [M, in, out] weights (measured:
     "b zero point is not valid" at run time): those get one scale, and the file runs."""
     info = _bmm_int8_export(tmp_path / "bmm", Int8Options(calib=CALIBRATION))
-    assert (
-        info["validation"]["drift"]["passed"] and "one scale per tensor" in info["int8"]["weights"]
-    )
+    assert info.validation["drift"]["passed"] and "one scale per tensor" in info.int8.weights
     model, _ = producers(tmp_path / "bmm")
     weights = {t.name: t for t in model.graph.initializer}
     scales = [
@@ -463,8 +461,8 @@ def test_a_dynamic_bmm_export_is_per_tensor_throughout_and_runs(tmp_path):
     from onnx import numpy_helper
 
     info = _bmm_int8_export(tmp_path / "bmm", Int8Options())
-    assert info["validation"]["drift"]["passed"]
-    assert info["int8"]["weights"].startswith("int8, symmetric, one scale per tensor (the bmm")
+    assert info.validation["drift"]["passed"]
+    assert info.int8.weights.startswith("int8, symmetric, one scale per tensor (the bmm")
     model = onnx.load(str(tmp_path / "bmm" / "model.onnx"))
     arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     points = [arrays[n.input[3]] for n in model.graph.node if n.op_type == "MatMulInteger"]
@@ -567,12 +565,12 @@ def test_cli_refuses_wrong_int8_flags_before_building(tmp_path, flags, expected)
 
 
 def test_cli_refuses_calibration_data_of_the_wrong_kind_before_building(tmp_path, monkeypatch):
-    import hydra_deploy.export
+    from hydra_deploy.export import exporter
 
     def never(*args, **kwargs):
         raise AssertionError("exported before the calibration data was checked")
 
-    monkeypatch.setattr(hydra_deploy.export, "export_onnx", never)
+    monkeypatch.setattr(exporter, "export_onnx", never)  # what hydra-export calls
     (tmp_path / "calib.tsv").write_text("0\tthe cat\n" * 40)
     code, _, err = tiny_export(
         tmp_path, "--precision", "int8", "--int8-calib", str(tmp_path / "calib.tsv")

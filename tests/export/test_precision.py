@@ -84,11 +84,11 @@ def test_types_are_as_intended(low_export):
         assert value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT, value.name
     metadata = {p.key: p.value for p in model.metadata_props}
     assert metadata["hydra_precision"] == precision and "hydra_spec" in metadata
-    assert info["precision"] == precision and info["strongly_typed"]
-    report = info["precision_report"]
+    assert info.precision == precision and info.strongly_typed
+    report = info.precision_report
     assert report["casts"] > 0 and report["compute_types"] == types
     assert ("Conv" in report["fp32_for_lack_of_kernels"]) == (precision == "bf16")
-    assert info["outputs"][0]["dtype"] == "float32"
+    assert info.record["outputs"][0]["dtype"] == "float32"
     assert not any(n.op_type == "Einsum" for n in model.graph.node)
 
 
@@ -111,7 +111,7 @@ def test_weights_are_stored_once_in_the_low_precision(low_export):
 
 def test_validation_report(low_export):
     precision, _, info = low_export
-    validation = info["validation"]
+    validation = info.validation
     assert validation["passed"] and validation["precision"] == precision
     assert validation["checked"] == "float32 widening in onnxruntime"
     assert list(validation["batches"]) == ["1", "3", "6"]
@@ -128,7 +128,7 @@ def test_onnxruntime_runs_fp16_and_says_why_not_bf16(low_export, hydra):
     """ORT's CPU kernels run the FP16 file; BF16 ones they refuse (NOT_IMPLEMENTED)."""
     precision, out, info = low_export
     x = hydra.example_inputs(5, seed=3)
-    module = WithEnsembleHead(hydra) if info["uq_outputs"] else hydra
+    module = WithEnsembleHead(hydra) if info.uq_outputs else hydra
     with torch.no_grad():
         fp32 = module(x)
     fp32 = fp32 if isinstance(fp32, tuple) else (fp32,)
@@ -138,7 +138,7 @@ def test_onnxruntime_runs_fp16_and_says_why_not_bf16(low_export, hydra):
         assert precision == "bf16" and "NOT_IMPLEMENTED" in str(err), err
         got = None
     if got is not None:  # FP16 (or BF16 on an onnxruntime with the kernels): close to FP32
-        names = ["member_logits", *(UQ_OUTPUTS if info["uq_outputs"] else ())]
+        names = ["member_logits", *(UQ_OUTPUTS if info.uq_outputs else ())]
         limits = {
             "member_logits": 0.1,
             "probs": 2e-2,
@@ -172,7 +172,7 @@ def test_validation_catches_a_wrong_low_precision_file(low_export, hydra, tmp_pa
         weights[0].values.dtype
     )
     onnx.save(gs.export_onnx(graph), str(tmp_path / "wrong.onnx"))
-    module = WithEnsembleHead(hydra) if info["uq_outputs"] else hydra
+    module = WithEnsembleHead(hydra) if info.uq_outputs else hydra
     with pytest.raises(ExportError, match=rf"the {precision} file \(widened\) differs"):
         validate_onnx(
             tmp_path / "wrong.onnx", module, hydra.example_inputs, [2], precision=precision
@@ -207,7 +207,7 @@ def test_an_untrained_fp16_export_gets_one_verdict_with_the_reason(tmp_path, cap
     info = export_onnx(hydra, tmp_path / "fp16", batch=(1, 4, 32), precision="fp16")
     verdicts = [r for r in caplog.records if "fp16 tolerances" in r.getMessage()]
     assert len(verdicts) == 1, [r.getMessage() for r in verdicts]  # said once
-    drift = info["validation"]["drift"]
+    drift = info.validation["drift"]
     assert drift["passed"] and drift["looks_untrained"] and drift["examples"] == 36
     assert "within the fp16 tolerances" in verdicts[0].getMessage()
     assert "the model looks untrained (random weights?)" in verdicts[0].getMessage()
@@ -339,7 +339,7 @@ def test_low_precision_export_is_right_for_random_specs(
     hydra = fuse(members, spec, merge)
     out = tmp_path_factory.mktemp("lowprop") / "export"
     info = export_onnx(hydra, out, exporter="torchscript", batch=(1, 2, 3), precision=precision)
-    assert info["validation"]["passed"]  # widened file == PyTorch with rounded weights
+    assert info.validation["passed"]  # widened file == PyTorch with rounded weights
     model = onnx.load(str(out / "model.onnx"))
     assert attention_casts(model) == 0
     assert set(compute_types(model)["LayerNormalization"]) == {"float"}

@@ -165,8 +165,8 @@ def test_every_export_has_plain_shapes_only(exports, family, precision):
     folder, info = exports[family, precision]
     model = onnx.load(str(folder / "model.onnx"))
     assert _sliced_shapes(model) == []
-    assert info["graph_passes"]["plain_shapes"] >= (2 if family == "bert" else 1)
-    validation = info["validation"]
+    assert info.graph_passes["plain_shapes"] >= (2 if family == "bert" else 1)
+    validation = info.validation
     assert validation["passed"] if "passed" in validation else validation["drift_within_tolerance"]
     names = [n.name for n in model.graph.node]
     assert all(names) and len(set(names)) == len(names)

@@ -231,10 +231,10 @@ def test_torch_head_equals_numpy_scores():
 def test_uq_outputs_in_the_exported_graph(tmp_path):
     hydra = fuse(tiny_vit("token"), HydraSpec.random("t", 3, 4, 8, members=3, heads_per_member=2))
     info = export_onnx(hydra, tmp_path / "uq", uq_outputs=True, batch=(1, 2, 4))
-    names = [o["name"] for o in info["outputs"]]
-    assert names == ["member_logits", *UQ_OUTPUTS] and info["uq_outputs"]
-    assert info["exporter"] == "dynamo" and info["graph_passes"]["fold_attention_scale"] == 3
-    assert set(info["validation"]["batches"]["4"]) == set(names)  # every output validated
+    names = [o["name"] for o in info.record["outputs"]]
+    assert names == ["member_logits", *UQ_OUTPUTS] and info.uq_outputs
+    assert info.exporter == "dynamo" and info.graph_passes["fold_attention_scale"] == 3
+    assert set(info.validation["batches"]["4"]) == set(names)  # every output validated
     session = ort.InferenceSession(
         str(tmp_path / "uq" / "model.onnx"), providers=["CPUExecutionProvider"]
     )

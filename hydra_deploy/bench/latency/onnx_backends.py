@@ -67,8 +67,8 @@ def export_variant(
             validate=False,
             precision=precision,
         )
-        done = {"exporter": info.get("exporter", exporter), "passes": info.get("graph_passes")}
-        return [folder / "model.onnx"], done
+        done = {"exporter": info.exporter or exporter, "passes": info.graph_passes}
+        return [info.onnx_path], done
     folder.mkdir(parents=True, exist_ok=True)
     paths, done = [], {}
     example = variants.example_inputs(2)
