@@ -33,7 +33,7 @@ from hydra_deploy.decisions import (
     temperature_at_bound,
 )
 from hydra_deploy.engines.runner_base import Runner
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, ParameterError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
     MODEL_FILE,
@@ -45,6 +45,7 @@ from hydra_deploy.export_folder import (
     read_info,
     write_decisions,
 )
+from hydra_deploy.options import CalibrationOptions
 
 __all__ = [
     "Calibration",
@@ -136,22 +137,31 @@ def _model_sha256(runner: Runner) -> str:
 def calibrate(
     runner: Runner,
     data: Any,
+    options: CalibrationOptions | None = None,
     *,
     ood: Mapping[str, Any] | None = None,
     batch_size: int | None = None,
-    **options: Any,
+    **keywords: Any,
 ) -> Calibration:
     """Fit the decisions of an export on labelled in-distribution ``data``.
 
     ``runner``: a runner of the export (:func:`~hydra_deploy.engines.load_runner`; loaded with
     ``decisions=False``, so an old record does not matter). ``data``: what ``hydra-eval --id``
     takes (a path or in-memory arrays). ``ood``: optional ``{name: data}`` OOD sets, only to
-    report the flag rate on them (they choose nothing). ``options``: the keyword arguments of
-    :func:`~hydra_deploy.decisions.fit_decisions` (``alpha``, ``sets``, ``class_conditional``,
-    ``risk``, ``delta``, ``accept_score``, ``ood_alpha``, ``ood_score``, ``holdout``, ``seed``);
-    the hashes and class names come from the runner and the data, and the record names the
-    numbers it was fitted on (:func:`fitted_numbers`): a runner of another backend, precision or
-    engine file refuses it."""
+    report the flag rate on them (they choose nothing). ``options``: how the decisions are fitted,
+    a :class:`~hydra_deploy.options.CalibrationOptions` (hydra-calibrate's flags), or its fields
+    as keyword arguments (``alpha``, ``sets``, ``class_conditional``, ``risk``, ``delta``,
+    ``accept_score``, ``ood_alpha``, ``ood_score``, ``holdout``, ``seed``: the keyword arguments
+    of :func:`~hydra_deploy.decisions.fit_decisions`); the hashes and class names come from the
+    runner and the data, and the record names the numbers it was fitted on
+    (:func:`fitted_numbers`): a runner of another backend, precision or engine file refuses it."""
+    if options is None:
+        options = CalibrationOptions(**keywords)
+    elif keywords:
+        raise ParameterError(
+            f"give the fitting options as `options` or as keyword arguments, not both (got "
+            f"{', '.join(sorted(keywords))} beside `options`)"
+        )
     numbers = fitted_numbers(runner)
     labelled = load_eval_data(data, runner, name="--data", labelled=True)
     logits = member_logits(runner, labelled, batch_size)
@@ -163,7 +173,7 @@ def calibrate(
         onnx_sha256=_model_sha256(runner),
         data_sha256=data_sha256(labelled),
         class_names=names if names and len(names) == logits.shape[2] else None,
-        **options,
+        **options.fit_kwargs(),
     )
     record = replace(record, **numbers)
     t_rows, q_rows = split_rows(len(logits), record.holdout, record.seed)
