@@ -713,10 +713,11 @@ def _providers(value: Any) -> list[str] | None:
 @dataclasses.dataclass(frozen=True)
 class RunnerOptions:
     """How a command runs an export (``load_runner`` and the batches it is given): what the
-    runtime commands share (hydra-run, hydra-calibrate, hydra-compare, hydra-eval, hydra-serve,
-    hydra-score-dataset; each adds the fields that apply to it). ``providers`` is a list (a
-    comma-separated string is split); ``engine``: a TensorRT engine built from the export, run
-    instead of its model.onnx (then ``providers``, ONNX Runtime's, cannot be given)."""
+        runtime commands share (hydra-run, hydra-calibrate, hydra-compare, hydra-eval, hydra-serve,
+        hydra-score-dataset; each adds the fields that apply to it). ``providers`` is a list (a
+        comma-separated string is split); ``engine``: a TensorRT engine built from the export, run
+        instead of its model.onnx (then ``providers``, ONNX Runtime's, cannot be given); ``raw``: leave
+    out the export's decisions."""
 
     SECTION: ClassVar[str] = "runtime"
 
@@ -740,13 +741,13 @@ class RunnerOptions:
         type=int,
         metavar="N",
     )
-    decisions: bool = option(
-        True,
+    raw: bool = option(
+        False,
         "--raw",
         "scores only: leave out the decisions of hydra-calibrate (calibrated confidence, "
         "prediction set, answer/abstain, OOD flag) even when the export holds them, and do not "
         "check them against the model file",
-        action="store_false",
+        action="store_true",
     )
     allow_decisions_mismatch: bool = option(
         False,
@@ -764,10 +765,16 @@ class RunnerOptions:
         if self.engine is not None and self.providers is not None:
             raise ParameterError("`providers` are ONNX Runtime's; an `engine` runs in TensorRT")
 
+    @property
+    def decisions(self) -> bool:
+        """Whether the export's decisions are applied (not ``raw``)."""
+        return not self.raw
+
     def load_kwargs(self, **changes: Any) -> dict[str, Any]:
         """``load_runner``'s keyword arguments besides the path and backend (``changes`` win)."""
         return {
             "providers": self.providers,
+            "threads": self.threads,
             "decisions": self.decisions,
             "allow_decisions_mismatch": self.allow_decisions_mismatch,
             **changes,
