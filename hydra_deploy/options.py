@@ -983,6 +983,11 @@ def flag_of(group: type, name: str) -> str | None:
     return {f.name: f.metadata["flag"] for f in dataclasses.fields(group)}[name]
 
 
+def _options(group: Any) -> list[dataclasses.Field]:
+    """``group``'s fields declared with :func:`option` (a plain field is a library value)."""
+    return [f for f in dataclasses.fields(group) if "flag" in f.metadata]
+
+
 def _flag(f: dataclasses.Field, prefix: str) -> str | None:
     """Field ``f``'s flag, under ``prefix`` (``triton-``: ``--triton-...``) when one is given."""
     flag = f.metadata["flag"]
@@ -994,7 +999,7 @@ def _flag(f: dataclasses.Field, prefix: str) -> str | None:
 def spelling(group: type, prefix: str = "") -> dict[str, str]:
     """Field name -> the flag that sets it (under ``prefix``): how a command spells ``group``'s
     parameters in a :class:`~hydra_deploy.errors.ParameterError`'s message."""
-    flags = {f.name: _flag(f, prefix) for f in dataclasses.fields(group)}
+    flags = {f.name: _flag(f, prefix) for f in _options(group)}
     return {name: flag for name, flag in flags.items() if flag is not None}
 
 
@@ -1027,7 +1032,7 @@ def add_options(
 
     known = {s for action in parser._actions for s in action.option_strings}
     defaults, helps = dict(defaults or {}), dict(helps or {})
-    for f in dataclasses.fields(group):
+    for f in _options(group):
         meta = f.metadata
         if only is not None and f.name not in only:
             continue
@@ -1057,7 +1062,7 @@ def from_args(group: type, args: argparse.Namespace, *, prefix: str = "", **give
     """The ``group`` the parsed flags give (a flag the parser lacks keeps the field's default);
     ``given``: values of fields no flag of this command sets (a positional argument)."""
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(group):
+    for f in _options(group):
         meta = f.metadata
         if meta["group"] is not None:
             values[f.name] = meta["parse"](from_args(meta["group"], args))
@@ -1074,7 +1079,7 @@ def command_line(options: Any, prefix: str = "") -> list[str]:
     """The flags that give ``options`` again (a group's instance), as strings: each field whose
     ``repeat`` says so (by default: whose value is not its default)."""
     argv: list[str] = []
-    for f in dataclasses.fields(options):
+    for f in _options(options):
         flag, repeat, value = _flag(f, prefix), f.metadata["repeat"], getattr(options, f.name)
         if flag is None or value is None or (repeat is not True and value == f.default):
             continue
