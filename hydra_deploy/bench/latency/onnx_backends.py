@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hydra_deploy.bench import BenchError
-from hydra_deploy.bench.latency.config import LOW_PRECISIONS, OPSET
+from hydra_deploy.bench.config import LOW_PRECISIONS, OPSET
 from hydra_deploy.bench.latency.profiling import precision_breakdown, profile_session
 from hydra_deploy.bench.latency.timing import Backend, Timer
 from hydra_deploy.bench.latency.variants import (

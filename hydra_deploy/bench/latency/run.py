@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from hydra_deploy.backbones import BackboneAdapter
+from hydra_deploy.bench.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.backends import make_backend, resolve_backends, resolve_precisions
-from hydra_deploy.bench.latency.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.machine import environment, load_average, torch_threads
 from hydra_deploy.bench.latency.timing import Backend, summarize, time_rounds
 from hydra_deploy.bench.latency.variants import Variant, VariantSet, build_variants
