@@ -32,6 +32,7 @@ from hydra_deploy.decisions import (
     split_rows,
     temperature_at_bound,
 )
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner
 from hydra_deploy.errors import HydraError, ParameterError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
@@ -45,7 +46,13 @@ from hydra_deploy.export_folder import (
     read_info,
     write_decisions,
 )
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import CalibrationOptions
+
+# --in-graph only: the graph's writers (onnx, and torch through hydra_deploy.export)
+onnx = lazy_module("onnx", purpose="hydra-calibrate --in-graph", error=ExportFolderError)
+decision_graph = lazy_module("hydra_deploy.export.decision_graph", purpose="--in-graph")
+exporter = lazy_module("hydra_deploy.export.exporter", purpose="--in-graph")
 
 __all__ = [
     "Calibration",
@@ -217,14 +224,9 @@ def store_decisions(
     graph_had = bool(info.decisions is not None and info.decisions.in_graph)
     if not in_graph and not graph_had:
         return write_decisions(info.folder, replace(record, in_graph=False))
-    import onnx
-
-    from hydra_deploy.export.decision_graph import add_decisions, remove_decisions
-    from hydra_deploy.export.exporter import tensor_info
-
-    model = remove_decisions(onnx.load(str(info.onnx_path)))
+    model = decision_graph.remove_decisions(onnx.load(str(info.onnx_path)))
     if in_graph:
-        model = add_decisions(model, record)
+        model = decision_graph.add_decisions(model, record)
     fd, staged = tempfile.mkstemp(prefix=f".{MODEL_FILE}.", suffix=".tmp", dir=info.folder)
     os.close(fd)
     try:
@@ -234,7 +236,7 @@ def store_decisions(
         with contextlib.suppress(OSError):
             os.unlink(staged)
         raise
-    outputs = [tensor_info(value) for value in model.graph.output]
+    outputs = [exporter.tensor_info(value) for value in model.graph.output]
     return write_decisions(info.folder, stored, model=staged, outputs=outputs)
 
 
@@ -246,8 +248,6 @@ def carry_decisions(
     TensorRT engine's outputs), and the two files give the same ``member_logits``, bit for bit,
     on ``inputs`` (named model inputs). Returns the record
     stored in ``target`` (in its graph too when it was in the source's), else None."""
-    from hydra_deploy.engines.runner import load_runner
-
     source_info = read_info(source)
     record = source_info.decisions
     if record is None or file_sha256(source_info.onnx_path) != record.onnx_sha256:

@@ -59,9 +59,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from hydra_deploy.engines import scoring
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
 from hydra_deploy.export_folder import INFO_FILE
-from hydra_deploy.optional import require
+from hydra_deploy.optional import lazy_module, require
 from hydra_deploy.options import BatchingOptions, RunnerOptions, check_batching, option, shared
 from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
@@ -70,6 +72,14 @@ if TYPE_CHECKING:
     from hydra_deploy.engines.runner_base import Runner
 
 logger = logging.getLogger("hydra_deploy")
+
+# PyTriton, imported when a server starts (the checks before it need none)
+pytriton = lazy_module("pytriton", purpose="hydra-serve", error=ServeError)
+pytriton_triton = lazy_module("pytriton.triton", purpose="hydra-serve", error=ServeError)
+pytriton_decorators = lazy_module("pytriton.decorators", purpose="hydra-serve", error=ServeError)
+pytriton_model_config = lazy_module(
+    "pytriton.model_config", purpose="hydra-serve", error=ServeError
+)
 
 SCALAR_OUTPUTS = SCALAR_SCORES
 OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
@@ -207,8 +217,6 @@ def _import_pytriton():
 
 
 def _stub_versions() -> list[str]:
-    import pytriton
-
     stubs = Path(pytriton.__file__).parent / "tritonserver" / "python_backend_stubs"
     found = (
         [p.name for p in stubs.iterdir() if (p / "triton_python_backend_stub").is_file()]
@@ -332,9 +340,7 @@ def model_tensors(runner: Runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
 def score_batch(runner: Runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the server answers for a batch: member logits, probs and scores, and the decisions
     when the runner holds them, shaped as served."""
-    from hydra_deploy.engines.scoring import score_batch as scored
-
-    scores = scored(runner, inputs)
+    scores = scoring.score_batch(runner, inputs)
     answer = {
         "member_logits": np.ascontiguousarray(scores["member_logits"], dtype=np.float32),
         "probs": scores["probs"].astype(np.float32),
@@ -362,9 +368,8 @@ def _bad_requests(runner: Runner, requests: Sequence[Any]) -> list[tuple[int, st
 
 def make_infer_func(runner: Runner) -> Callable[[list], list]:
     """The inference callable of one model instance: Triton requests in, responses out."""
-    from pytriton.decorators import batch
 
-    @batch
+    @pytriton_decorators.batch
     def infer_batch(**inputs: np.ndarray) -> dict[str, np.ndarray]:
         return score_batch(runner, inputs)
 
@@ -504,8 +509,6 @@ class HydraServer:
     """
 
     def __init__(self, config: ServeConfig) -> None:
-        from hydra_deploy.engines import load_runner
-
         check_config(config)
         check_ports_free(config.host, config.ports)
         check_python_supported()
@@ -560,10 +563,8 @@ class HydraServer:
 
     # --- running -------------------------------------------------------------------------------
     def _triton_config(self):
-        from pytriton.triton import TritonConfig
-
         host = self.config.host
-        return TritonConfig(
+        return pytriton_triton.TritonConfig(
             http_address=host,
             http_port=self.ports["--port"],
             grpc_address=host,
@@ -575,7 +576,8 @@ class HydraServer:
         )
 
     def _bind(self, triton: Any) -> None:
-        from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+        Tensor, ModelConfig = pytriton_model_config.Tensor, pytriton_model_config.ModelConfig
+        DynamicBatcher = pytriton_model_config.DynamicBatcher
 
         def tensors(infos: list[TensorInfo]) -> list[Any]:
             return [Tensor(name=t.name, dtype=np.dtype(t.dtype).type, shape=t.dims) for t in infos]
