@@ -99,17 +99,6 @@ def options(group: type, args: argparse.Namespace, *, prefix: str = "", **given:
         return from_args(group, args, prefix=prefix, **given)
 
 
-def add_allow_decisions_mismatch(group: Any) -> None:
-    """``--allow-decisions-mismatch``, on every command that applies hydra-calibrate's decisions."""
-    group.add_argument(
-        "--allow-decisions-mismatch",
-        action="store_true",
-        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
-        "on (another backend, precision or engine file), with a warning: their guarantees do "
-        "not cover these numbers (default: refused, with the command that fits them again)",
-    )
-
-
 def refuse_existing(path: Path, overwrite: bool) -> None:
     if path.exists() and not overwrite:
         raise HydraError(f"{str(path)!r} exists; pass --overwrite to replace it")
