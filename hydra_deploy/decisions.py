@@ -135,6 +135,15 @@ def _level(value: Any, name: str) -> float:
     return float(value)
 
 
+def _is_temperature(value: Any) -> bool:
+    low, high = TEMPERATURE_BOUNDS
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float, np.number))
+        and (low <= value <= high)
+    )
+
+
 def _choice(value: Any, name: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ParameterError(f"`{name}` must be one of {', '.join(choices)}, got {value!r}")
@@ -700,13 +709,15 @@ def fit_decisions(
     holdout: float = 0.5,
     seed: int = 0,
     class_names: Sequence[str] | None = None,
+    temperature: float | None = None,
 ) -> DecisionRecord:
     """Fit every decision on labelled in-distribution data and return the record.
 
     T (and RAPS's parameters and the selective grid) are fitted on a ``1 - holdout`` share of
     the examples, every quantile (qhat, tau, the OOD threshold) on the other ``holdout`` share.
     ``alpha`` None: no prediction sets; ``risk`` None: no answer-or-abstain rule; ``ood_alpha``
-    None: no OOD flag. ``onnx_sha256`` / ``data_sha256`` name the model file and the data."""
+    None: no OOD flag. ``onnx_sha256`` / ``data_sha256`` name the model file and the data.
+    ``temperature``: use this T (within :data:`TEMPERATURE_BOUNDS`) instead of fitting one."""
     logits = _logits(member_logits)
     count, _, num_classes = logits.shape
     y = _labels(labels, count, num_classes)
@@ -725,10 +736,15 @@ def fit_decisions(
             f"`class_names` holds {len(class_names)} names for a model of {num_classes} classes"
         )
     t_rows, q_rows = split_rows(count, holdout, seed)
-    temperature = fit_temperature(logits[t_rows], y[t_rows])
-    warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
-    if warning:
-        _log.warning(warning)
+    if temperature is None:
+        temperature = fit_temperature(logits[t_rows], y[t_rows])
+        warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
+        if warning:
+            _log.warning(warning)
+    elif _is_temperature(temperature):
+        temperature = float(temperature)
+    else:
+        raise ParameterError(f"`temperature` must be a number in [0.05, 20], got {temperature!r}")
     tune = calibrated_scores(logits[t_rows], temperature)
     held = calibrated_scores(logits[q_rows], temperature)
     y_tune, y_held = y[t_rows], y[q_rows]

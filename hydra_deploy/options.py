@@ -854,6 +854,15 @@ class CalibrationOptions:
         metavar="F",
     )
     seed: int = option(0, "--seed", "seed of the split, >= 0 (default 0)", type=int)
+    temperature: float | None = option(
+        None,
+        "--temperature",
+        "use this temperature instead of fitting one, in [0.05, 20] (1: the model's own "
+        "probabilities, e.g. where a fitted T lands at a bound of its search); the temperature "
+        "part still fits RAPS's parameters and the answer-or-abstain grid (default: fitted)",
+        type=float,
+        metavar="T",
+    )
 
     def __post_init__(self) -> None:
         _check_least(self, "seed", 0)
