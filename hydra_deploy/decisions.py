@@ -133,6 +133,15 @@ DECISION_MARGIN = 1e-5
 
 
 # --- checks ---------------------------------------------------------------------------------------
+def _is_temperature(value: Any) -> bool:
+    low, high = TEMPERATURE_BOUNDS
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float, np.number))
+        and (low <= value <= high)
+    )
+
+
 def _choice(value: Any, name: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ParameterError(f"`{name}` must be one of {', '.join(choices)}, got {value!r}")
@@ -550,12 +559,28 @@ class _Parts:
     y_held: np.ndarray
 
     @classmethod
-    def split(cls, logits: np.ndarray, y: np.ndarray, holdout: float, seed: int) -> _Parts:
+    def split(
+        cls,
+        logits: np.ndarray,
+        y: np.ndarray,
+        holdout: float,
+        seed: int,
+        temperature: float | None = None,
+    ) -> _Parts:
+        """Split the rows; T fitted on the temperature part, or the given ``temperature``."""
         t_rows, q_rows = split_rows(len(y), holdout, seed)
-        temperature = fit_temperature(logits[t_rows], y[t_rows])
-        warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
-        if warning:
-            _log.warning(warning)
+        if temperature is None:
+            temperature = fit_temperature(logits[t_rows], y[t_rows])
+            warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
+            if warning:
+                _log.warning(warning)
+        elif _is_temperature(temperature):
+            temperature = float(temperature)
+        else:
+            low, high = TEMPERATURE_BOUNDS
+            raise ParameterError(
+                f"`temperature` must be a number in [{low:g}, {high:g}], got {temperature!r}"
+            )
         return cls(
             count=len(y),
             holdout=float(holdout),
@@ -657,6 +682,7 @@ def fit_decisions(
     holdout: float = 0.5,
     seed: int = 0,
     class_names: Sequence[str] | None = None,
+    temperature: float | None = None,
 ) -> DecisionRecord:
     """Fit every decision on labelled in-distribution data and return the record.
 
@@ -664,7 +690,8 @@ def fit_decisions(
     a ``1 - holdout`` share of the examples, every quantile (qhat, tau, the OOD threshold) on the
     other ``holdout`` share. ``alpha`` None: no prediction sets; ``risk`` None: no
     answer-or-abstain rule; ``ood_alpha`` None: no OOD flag. ``onnx_sha256`` / ``data_sha256``
-    name the model file and the data."""
+    name the model file and the data.
+    ``temperature``: use this T (within :data:`TEMPERATURE_BOUNDS`) instead of fitting one."""
     logits = _logits(member_logits)
     count, _, num_classes = logits.shape
     y = _labels(labels, count, num_classes)
@@ -680,7 +707,7 @@ def fit_decisions(
         raise ParameterError(
             f"`class_names` holds {len(class_names)} names for a model of {num_classes} classes"
         )
-    parts = _Parts.split(logits, y, holdout, seed)
+    parts = _Parts.split(logits, y, holdout, seed, temperature)
     set_rule = selective_rule = ood_rule = None
     if alpha is not None:
         set_rule = _fit_sets(parts, sets, alpha, class_conditional, class_names)

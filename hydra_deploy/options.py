@@ -17,10 +17,16 @@ declaration serves the library, the commands and the recorded settings::
 - :class:`FuseOptions` -> ``fuse``.
 
 Beside the build's groups, :class:`Int8Options` is ``hydra-export --precision int8``'s (the
-``int8=`` of ``export_onnx``).
+``int8=`` of ``export_onnx``); the runtime commands share :class:`RunnerOptions` (providers,
+engine, batch size, threads, decisions), hydra-calibrate fits with :class:`CalibrationOptions`
+(``calibrate``'s ``options``), hydra-serve and ``--triton`` batch with :class:`BatchingOptions`.
+A group outside this module (``ServeConfig``, ``BenchConfig``) declares its fields with
+:func:`option` too, and takes a field of one of these with :func:`shared`.
 
 The commands build their flags with :func:`add_options` and read them back with
-:func:`from_args`; :data:`PARAMETER_FLAGS` spells a field as its flag in command-line messages.
+:func:`from_args` (under a ``prefix``: ``--triton-...``); :func:`command_line` writes a group's
+flags back (a benchmark's repeat command); :data:`PARAMETER_FLAGS` and :func:`spelling` spell a
+field as its flag in command-line messages.
 Every check raises :class:`~hydra_deploy.errors.ParameterError` (its message names parameters;
 the commands say their flags). Adding an option is one field in one group: ``option(default,
 "--flag", "help")``; its flag, parsing, check of its type and (fine-tuning) its place in the
@@ -38,7 +44,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hydra_deploy.errors import FinetuneError, HydraError, ParameterError
+from hydra_deploy.decisions import DECISION_SCORES, SET_METHODS
+from hydra_deploy.errors import FinetuneError, HydraError, ParameterError, ServeError
 from hydra_deploy.export_folder import CALIBRATION_METHODS, INT8_METHODS, INTERPOLATIONS
 
 __all__ = [
@@ -53,17 +60,25 @@ __all__ = [
     "MIN_CALIBRATION_EXAMPLES",
     "PARAMETER_FLAGS",
     "SHARED_PARTS",
+    "BatchingOptions",
+    "CalibrationOptions",
     "FinetuneOptions",
     "FuseOptions",
     "Int8Options",
     "LoadOptions",
     "PreprocessingOptions",
+    "RunnerOptions",
     "SelectionOptions",
+    "ServeSettingError",
     "add_options",
+    "check_batching",
+    "command_line",
     "flag_of",
     "from_args",
     "option",
     "parse_model_args",
+    "shared",
+    "spelling",
 ]
 
 # hydra_deploy.fusion.grouped's, repeated so that parsing arguments needs no torch (tested equal)
@@ -101,13 +116,21 @@ def option(
     group: type | None = None,
     recorded: bool = True,
     keyword: str | None = None,
+    section: str | None = None,
+    prefixed: str | None = None,
+    repeat: bool | Callable[[Any], bool] | None = None,
 ) -> Any:
     """A dataclass field declaring one option: ``flag`` (None: a library-only setting) with
     argparse's ``help``, ``type``, ``choices``, ``metavar``, ``nargs``, ``action`` and ``aliases``
     (other spellings of the flag). ``parse`` turns the parsed flag value into the field's value;
     ``group`` makes the field the value of another group's flags (``PreprocessingOptions``).
     ``recorded``: part of a group's :meth:`record` (the settings a saved result is compared on).
-    ``keyword``: ``build_hydra``'s keyword for it where that is not the field's name."""
+    ``keyword``: ``build_hydra``'s keyword for it where that is not the field's name.
+    ``section``: the title of the help section the flag is listed in (default: the group's
+    ``SECTION``). ``prefixed``: the flag's tail under a prefix (:func:`add_options`'s
+    ``prefix``), where not the flag's own (``--model-name`` under ``triton-``: ``--triton-name``).
+    ``repeat``: whether :func:`command_line` writes the flag: True always, a callable of the group
+    when it says so and the value is not the default, None when the value is not the default."""
     metadata = {
         "flag": flag,
         "help": help,
@@ -121,8 +144,20 @@ def option(
         "group": group,
         "recorded": recorded,
         "keyword": keyword,
+        "section": section,
+        "prefixed": prefixed,
+        "repeat": repeat,
     }
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def shared(group: type, name: str, **changes: Any) -> Any:
+    """Field ``name`` of ``group`` declared again in another group (a library entry point's
+    dataclass holds it flat): the same flag, type and check, ``changes`` (``default``, ``help``,
+    ``section``) where they differ. One declaration serves both groups."""
+    f = {f.name: f for f in dataclasses.fields(group)}[name]
+    default = changes.pop("default", f.default)
+    return dataclasses.field(default=default, metadata={**f.metadata, **changes})
 
 
 def _seed() -> Any:  # one option shared by the groups that draw at random
@@ -650,6 +685,271 @@ class Int8Options:
             object.__setattr__(self, "calib_method", "minmax")
 
 
+def _check_least(group: Any, name: str, minimum: int, error: type = ParameterError) -> None:
+    """``name`` None, or an int >= ``minimum`` (the commands' wording: "at least")."""
+    value = getattr(group, name)
+    if value is None:
+        return
+    if not _is_int(value):
+        raise error(f"`{name}` must be an int, got {value!r}")
+    if value < minimum:
+        raise error(f"`{name}` must be at least {minimum}, got {value}")
+
+
+def _providers(value: Any) -> list[str] | None:
+    """ONNX Runtime providers: a comma-separated string (``cuda,cpu``) or a sequence of names."""
+    if value is None:
+        return None
+    names = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(name).strip() for name in names]
+    if not names or not all(names):
+        raise ParameterError(
+            f"`providers` must name ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt), "
+            f"got {value!r}"
+        )
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerOptions:
+    """How a command runs an export (``load_runner`` and the batches it is given): what the
+        runtime commands share (hydra-run, hydra-calibrate, hydra-compare, hydra-eval, hydra-serve,
+        hydra-score-dataset; each adds the fields that apply to it). ``providers`` is a list (a
+        comma-separated string is split); ``engine``: a TensorRT engine built from the export, run
+        instead of its model.onnx (then ``providers``, ONNX Runtime's, cannot be given); ``raw``: leave
+    out the export's decisions."""
+
+    SECTION: ClassVar[str] = "runtime"
+
+    providers: Sequence[str] | None = option(
+        None, "--providers", "ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
+    )
+    engine: object = option(
+        None, "--engine", "a TensorRT engine built from the export", type=Path, metavar="FILE"
+    )
+    batch_size: int | None = option(
+        None,
+        "--batch-size",
+        "examples per forward pass (default: the model's max batch, else 32)",
+        type=int,
+        metavar="N",
+    )
+    threads: int | None = option(
+        None,
+        "--threads",
+        "ONNX Runtime intra-op threads (default: ONNX Runtime's)",
+        type=int,
+        metavar="N",
+    )
+    raw: bool = option(
+        False,
+        "--raw",
+        "scores only: leave out the decisions of hydra-calibrate (calibrated confidence, "
+        "prediction set, answer/abstain, OOD flag) even when the export holds them, and do not "
+        "check them against the model file",
+        action="store_true",
+    )
+    allow_decisions_mismatch: bool = option(
+        False,
+        "--allow-decisions-mismatch",
+        "apply the decisions of hydra-calibrate even on other numbers than they were fitted "
+        "on (another backend, precision or engine file), with a warning: their guarantees do "
+        "not cover these numbers (default: refused, with the command that fits them again)",
+        action="store_true",
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "providers", _providers(self.providers))
+        _check_least(self, "batch_size", 1)
+        _check_least(self, "threads", 1)
+        if self.engine is not None and self.providers is not None:
+            raise ParameterError("`providers` are ONNX Runtime's; an `engine` runs in TensorRT")
+
+    @property
+    def decisions(self) -> bool:
+        """Whether the export's decisions are applied (not ``raw``)."""
+        return not self.raw
+
+    def load_kwargs(self, **changes: Any) -> dict[str, Any]:
+        """``load_runner``'s keyword arguments besides the path and backend (``changes`` win)."""
+        return {
+            "providers": self.providers,
+            "threads": self.threads,
+            "decisions": self.decisions,
+            "allow_decisions_mismatch": self.allow_decisions_mismatch,
+            **changes,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationOptions:
+    """How hydra-calibrate fits an export's decisions (``calibrate``; the keyword arguments of
+    :func:`~hydra_deploy.decisions.fit_decisions` besides the hashes and class names, which come
+    from the runner and the data). ``sets`` ``"none"`` (or ``alpha`` None): no prediction sets;
+    ``risk`` None: no answer-or-abstain rule; ``ood_alpha`` None (``--ood-alpha 0``): no OOD
+    flag. Adding a fitting option is one field here: its flag, parsing and its keyword in
+    :meth:`fit_kwargs` follow."""
+
+    SECTION: ClassVar[str] = "decisions"
+
+    alpha: float | None = option(
+        0.1,
+        "--alpha",
+        "prediction sets hold the true class with probability >= 1 - alpha (default 0.1)",
+        type=float,
+    )
+    sets: str = option(
+        "lac",
+        "--sets",
+        "prediction-set method (default lac: the smallest sets, may be empty; aps/raps "
+        "always hold the top class); none: no sets",
+        choices=(*SET_METHODS, "none"),
+    )
+    class_conditional: bool = option(
+        False,
+        "--class-conditional",
+        "one threshold per class: coverage >= 1 - alpha within every class (needs enough "
+        "examples of each)",
+        action="store_true",
+    )
+    risk: float | None = option(
+        None,
+        "--risk",
+        "fit answer-or-abstain: the largest share answered whose error rate is <= R "
+        "(with probability >= 1 - delta); default: no abstention rule",
+        type=float,
+        metavar="R",
+    )
+    delta: float = option(
+        0.1,
+        "--delta",
+        "the probability that the --risk guarantee fails (default 0.1)",
+        type=float,
+    )
+    accept_score: str = option(
+        "msp",
+        "--accept-score",
+        "what answer-or-abstain thresholds (default msp, the calibrated confidence)",
+        choices=DECISION_SCORES,
+    )
+    ood_alpha: float | None = option(
+        0.05,
+        "--ood-alpha",
+        "the OOD flag flags at most this share of ID inputs (default 0.05; 0: no flag)",
+        type=float,
+        parse=lambda value: None if value == 0 else value,
+    )
+    ood_score: str = option(
+        "msp",
+        "--ood-score",
+        "what the OOD flag thresholds (default msp: a low calibrated confidence)",
+        choices=DECISION_SCORES,
+    )
+    holdout: float = option(
+        0.5,
+        "--holdout",
+        "share of the data the thresholds are fitted on; the rest fits the temperature "
+        "(default 0.5)",
+        type=float,
+        metavar="F",
+    )
+    seed: int = option(0, "--seed", "seed of the split, >= 0 (default 0)", type=int)
+    temperature: float | None = option(
+        None,
+        "--temperature",
+        "use this temperature instead of fitting one, in [0.05, 20] (1: the model's own "
+        "probabilities, e.g. where a fitted T lands at a bound of its search); the temperature "
+        "part still fits RAPS's parameters and the answer-or-abstain grid (default: fitted)",
+        type=float,
+        metavar="T",
+    )
+
+    def __post_init__(self) -> None:
+        _check_least(self, "seed", 0)
+        if self.class_conditional and self.sets == "none":
+            raise ParameterError("`class_conditional` needs prediction sets; drop `sets` none")
+
+    def fit_kwargs(self) -> dict[str, Any]:
+        """:func:`~hydra_deploy.decisions.fit_decisions`' keyword arguments."""
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.sets == "none":
+            kwargs.update(alpha=None, sets="lac")
+        return kwargs
+
+
+class ServeSettingError(ServeError, ParameterError):
+    """A serving setting is invalid (a ServeError that names its parameters)."""
+
+
+def _check_serve_count(group: Any, name: str, minimum: int) -> None:
+    value = getattr(group, name)
+    if value is not None and (not _is_int(value) or value < minimum):
+        raise ServeSettingError(f"`{name}` must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions:
+    """How Triton serves a model (hydra-serve's live server, ``--triton``'s repository entry):
+    its name, the dynamic batcher's batches and queue delay, and the model instances. The
+    repository's flags are these under ``--triton-``."""
+
+    SECTION: ClassVar[str] = "model"
+
+    model_name: str | None = option(
+        None,
+        "--model-name",
+        "Triton model name (default: the export folder's name, in letters, digits, '.', '_', '-')",
+        metavar="NAME",
+        prefixed="name",
+    )
+    max_batch: int | None = option(
+        None,
+        "--max-batch",
+        "largest batch Triton forms or accepts (default: the export's batch_profile max; at "
+        "most that)",
+        type=int,
+        metavar="N",
+    )
+    preferred_batch: Sequence[int] | None = option(
+        None,
+        "--preferred-batch",
+        "batch sizes the dynamic batcher aims for (default: the profile's opt and max)",
+        type=int,
+        nargs="+",
+        metavar="N",
+    )
+    queue_delay_us: int = option(
+        1000,
+        "--queue-delay-us",
+        "longest a request waits for others to batch with, in microseconds (default %(default)s)",
+        type=int,
+        metavar="US",
+    )
+    instances: int = option(
+        1,
+        "--instances",
+        "model instances running batches in parallel (default 1)",
+        type=int,
+        metavar="N",
+    )
+
+    def __post_init__(self) -> None:
+        check_batching(self)
+
+
+def check_batching(group: Any) -> None:
+    """ServeSettingError for a batching setting of ``group`` (a :class:`BatchingOptions`, or a
+    group that holds its fields) that cannot work."""
+    _check_serve_count(group, "instances", 1)
+    _check_serve_count(group, "queue_delay_us", 0)
+    _check_serve_count(group, "max_batch", 1)
+    preferred = group.preferred_batch
+    if preferred is not None and (not preferred or any(not _is_int(b) or b < 1 for b in preferred)):
+        raise ServeSettingError(
+            f"`preferred_batch` sizes must be integers >= 1, got {list(preferred)!r}"
+        )
+
+
 #: The build's groups, in the order the commands show them.
 GROUPS = (LoadOptions, PreprocessingOptions, SelectionOptions, FinetuneOptions, FuseOptions)
 
@@ -692,45 +992,116 @@ def flag_of(group: type, name: str) -> str | None:
     return {f.name: f.metadata["flag"] for f in dataclasses.fields(group)}[name]
 
 
-def add_options(parser: argparse.ArgumentParser, group: type, section: Any = None) -> None:
-    """Add ``group``'s flags to ``parser`` (in ``section``, an argument group, or a new one titled
-    ``group.SECTION``); a flag the parser already has (``--seed``, shared) is not added twice, a
-    field holding another group's value adds that group's flags."""
-    section = section if section is not None else parser.add_argument_group(group.SECTION)
+def _options(group: Any) -> list[dataclasses.Field]:
+    """``group``'s fields declared with :func:`option` (a plain field is a library value)."""
+    return [f for f in dataclasses.fields(group) if "flag" in f.metadata]
+
+
+def _flag(f: dataclasses.Field, prefix: str) -> str | None:
+    """Field ``f``'s flag, under ``prefix`` (``triton-``: ``--triton-...``) when one is given."""
+    flag = f.metadata["flag"]
+    if flag is None or not prefix:
+        return flag
+    return "--" + prefix + (f.metadata["prefixed"] or flag[2:])
+
+
+def spelling(group: type, prefix: str = "") -> dict[str, str]:
+    """Field name -> the flag that sets it (under ``prefix``): how a command spells ``group``'s
+    parameters in a :class:`~hydra_deploy.errors.ParameterError`'s message."""
+    flags = {f.name: _flag(f, prefix) for f in _options(group)}
+    return {name: flag for name, flag in flags.items() if flag is not None}
+
+
+def add_options(
+    parser: argparse.ArgumentParser,
+    group: type,
+    section: Any = None,
+    *,
+    prefix: str = "",
+    only: Sequence[str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """Add ``group``'s flags to ``parser`` (in ``section``, an argument group; else in a new one
+    titled by the field's ``section`` or ``group.SECTION``); a flag the parser already has
+    (``--seed``, shared) is not added twice, a field holding another group's value adds that
+    group's flags. ``prefix`` spells every flag ``--{prefix}...``; ``only`` adds those fields'
+    flags alone; ``defaults`` and ``helps`` replace fields' defaults and help for this command
+    (a help may say ``%(default)s``). A field without a default is a required flag unless
+    ``defaults`` gives it one."""
+    sections: dict[str, Any] = {}
+
+    def section_for(title: str | None) -> Any:
+        if section is not None:
+            return section
+        title = title or group.SECTION
+        if title not in sections:
+            sections[title] = parser.add_argument_group(title)
+        return sections[title]
+
     known = {s for action in parser._actions for s in action.option_strings}
-    for f in dataclasses.fields(group):
+    defaults, helps = dict(defaults or {}), dict(helps or {})
+    for f in _options(group):
         meta = f.metadata
+        if only is not None and f.name not in only:
+            continue
         if meta["group"] is not None:
             add_options(parser, meta["group"])
             continue
-        flag = meta["flag"]
+        flag = _flag(f, prefix)
         if flag is None or flag in known:
             continue
-        kwargs: dict[str, Any] = {"dest": _dest(flag), "help": meta["help"]}
+        default = defaults.get(f.name, f.default)
+        kwargs: dict[str, Any] = {"dest": _dest(flag), "help": helps.get(f.name, meta["help"])}
         if meta["action"] is not None:
             kwargs["action"] = meta["action"]
-            kwargs["default"] = [] if meta["action"] == "append" else f.default
+            kwargs["default"] = [] if meta["action"] == "append" else default
+        elif default is dataclasses.MISSING:
+            kwargs["required"] = True
         else:
-            kwargs["default"] = None if f.default is dataclasses.MISSING else f.default
+            kwargs["default"] = default
         for key in ("type", "choices", "metavar", "nargs"):
             if meta[key] is not None:
                 kwargs[key] = meta[key]
-        section.add_argument(flag, *meta["aliases"], **kwargs)
+        aliases = () if prefix else meta["aliases"]
+        section_for(meta["section"]).add_argument(flag, *aliases, **kwargs)
 
 
-def from_args(group: type, args: argparse.Namespace) -> Any:
-    """The ``group`` the parsed flags give (a flag the parser lacks keeps the field's default)."""
+def from_args(group: type, args: argparse.Namespace, *, prefix: str = "", **given: Any) -> Any:
+    """The ``group`` the parsed flags give (a flag the parser lacks keeps the field's default);
+    ``given``: values of fields no flag of this command sets (a positional argument)."""
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(group):
+    for f in _options(group):
         meta = f.metadata
         if meta["group"] is not None:
             values[f.name] = meta["parse"](from_args(meta["group"], args))
             continue
-        if meta["flag"] is None or not hasattr(args, _dest(meta["flag"])):
+        flag = _flag(f, prefix)
+        if flag is None or not hasattr(args, _dest(flag)):
             continue
-        value = getattr(args, _dest(meta["flag"]))
+        value = getattr(args, _dest(flag))
         values[f.name] = meta["parse"](value) if meta["parse"] is not None else value
-    return group(**values)
+    return group(**{**values, **given})
+
+
+def command_line(options: Any, prefix: str = "") -> list[str]:
+    """The flags that give ``options`` again (a group's instance), as strings: each field whose
+    ``repeat`` says so (by default: whose value is not its default)."""
+    argv: list[str] = []
+    for f in _options(options):
+        flag, repeat, value = _flag(f, prefix), f.metadata["repeat"], getattr(options, f.name)
+        if flag is None or value is None or (repeat is not True and value == f.default):
+            continue
+        if callable(repeat) and not repeat(options):
+            continue
+        action = f.metadata["action"]
+        if action in ("store_true", "store_false"):
+            argv += [flag] if bool(value) == (action == "store_true") else []
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _parameter_flags() -> dict[str, str]:

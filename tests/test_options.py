@@ -17,6 +17,7 @@ from hydra_deploy.options import (
     FuseOptions,
     LoadOptions,
     SelectionOptions,
+    add_options,
     from_args,
 )
 
@@ -216,3 +217,83 @@ def test_build_hydra_takes_the_groups_or_their_keywords():
         build_hydra("vit_tiny_patch16_224", select=SelectionOptions(), members=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_steps'"):
         build_hydra("vit_tiny_patch16_224", max_steps=2)
+
+
+# --- the runtime commands' groups ------------------------------------------------------------------
+def test_runner_options_parse_providers_once_and_check_their_fields():
+    from hydra_deploy.options import RunnerOptions
+
+    assert RunnerOptions(providers="cuda, cpu").providers == ["cuda", "cpu"]
+    assert RunnerOptions(providers=("cpu",)).providers == ["cpu"]
+    for bad, message in (
+        (dict(providers="cpu,,cuda"), "providers must name ONNX Runtime providers"),
+        (dict(batch_size=0), "batch_size must be at least 1, got 0"),
+        (dict(threads=1.5), "threads must be an int, got 1.5"),
+        (dict(providers="cpu", engine="m.engine"), "providers are ONNX Runtime's"),
+    ):
+        with pytest.raises(ParameterError, match=message):
+            RunnerOptions(**bad)
+
+
+def test_calibration_options_are_hydra_calibrate_flags():
+    from hydra_deploy.cli import calibrate as command
+    from hydra_deploy.decisions import SET_METHODS
+    from hydra_deploy.options import CalibrationOptions, flag_of
+
+    parser = command.build_parser()
+    flags = {s for action in parser._actions for s in action.option_strings}
+    assert {
+        flag_of(CalibrationOptions, f.name) for f in dataclasses.fields(CalibrationOptions)
+    } <= flags
+    sets = next(a for a in parser._actions if "--sets" in a.option_strings)
+    assert tuple(sets.choices) == (*SET_METHODS, "none")  # follows the registry
+    argv = ["EXPORT", "--data", "d.npz", "--risk", "0.05", "--sets", "none", "--ood-alpha", "0"]
+    options = from_args(CalibrationOptions, parser.parse_args(argv))
+    assert options == CalibrationOptions(risk=0.05, sets="none", ood_alpha=None)
+    kwargs = options.fit_kwargs()
+    assert kwargs["alpha"] is None and kwargs["ood_alpha"] is None and kwargs["risk"] == 0.05
+    assert from_args(CalibrationOptions, parser.parse_args(["E", "--data", "d"])) == (
+        CalibrationOptions()
+    )
+    with pytest.raises(ParameterError) as caught:
+        CalibrationOptions(sets="none", class_conditional=True)
+    assert caught.value.for_command() == (
+        "--class-conditional needs prediction sets; drop --sets none"
+    )
+
+
+def test_calibrate_takes_the_group_or_its_keywords_not_both():
+    from hydra_deploy.evaluation.calibrate import calibrate
+    from hydra_deploy.options import CalibrationOptions
+
+    with pytest.raises(ParameterError, match=r"not both .*risk beside options"):
+        calibrate(None, None, CalibrationOptions(), risk=0.1)  # refused before anything runs
+
+
+def test_command_line_writes_a_group_back():
+    from hydra_deploy.options import CalibrationOptions, command_line
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, CalibrationOptions)
+    options = CalibrationOptions(risk=0.05, sets="aps", class_conditional=True, seed=3)
+    argv = command_line(options)
+    assert argv == ["--sets", "aps", "--class-conditional", "--risk", "0.05", "--seed", "3"]
+    assert from_args(CalibrationOptions, parser.parse_args(argv)) == options
+
+
+def test_a_prefix_spells_every_flag_under_it():
+    from hydra_deploy.options import BatchingOptions, ServeSettingError, spelling
+
+    parser = argparse.ArgumentParser()
+    add_options(parser, BatchingOptions, prefix="triton-", only=("model_name", "instances"))
+    flags = {s for action in parser._actions for s in action.option_strings}
+    assert {"--triton-name", "--triton-instances"} <= flags and "--model-name" not in flags
+    args = parser.parse_args(["--triton-name", "m", "--triton-instances", "2"])
+    assert from_args(BatchingOptions, args, prefix="triton-") == BatchingOptions(
+        model_name="m", instances=2
+    )
+    with pytest.raises(ServeSettingError) as caught:
+        BatchingOptions(instances=0)
+    assert caught.value.for_command(spelling(BatchingOptions, "triton-")) == (
+        "--triton-instances must be an integer >= 1, got 0"
+    )

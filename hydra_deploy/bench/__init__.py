@@ -23,9 +23,9 @@ class BenchError(HydraError, ValueError):
 
 
 _LAZY = {
-    "BenchConfig": "hydra_deploy.bench.latency",
-    "BACKENDS": "hydra_deploy.bench.latency",
-    "VARIANTS": "hydra_deploy.bench.latency",
+    "BenchConfig": "hydra_deploy.bench.config",
+    "BACKENDS": "hydra_deploy.bench.config",
+    "VARIANTS": "hydra_deploy.bench.config",
     "available_backends": "hydra_deploy.bench.latency",
     "build_variants": "hydra_deploy.bench.latency",
     "run_benchmark": "hydra_deploy.bench.latency",

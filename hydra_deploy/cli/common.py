@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.errors import HydraError, command_spelling
-from hydra_deploy.options import PARAMETER_FLAGS
+from hydra_deploy.errors import HydraError, ParameterError, command_spelling
+from hydra_deploy.optional import DEPENDENCIES, missing_message
+from hydra_deploy.options import PARAMETER_FLAGS, from_args, spelling
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -51,8 +53,6 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
     except ModuleNotFoundError as err:  # an extra this command needs is not installed
-        from hydra_deploy.optional import DEPENDENCIES, missing_message
-
         top = (err.name or "").partition(".")[0]
         if args.debug or top not in DEPENDENCIES:
             raise
@@ -67,15 +67,36 @@ def run(main: Callable[[argparse.Namespace], int | None], args: argparse.Namespa
         return EXIT_BROKEN_PIPE
 
 
-def add_allow_decisions_mismatch(group: Any) -> None:
-    """``--allow-decisions-mismatch``, on every command that applies hydra-calibrate's decisions."""
-    group.add_argument(
-        "--allow-decisions-mismatch",
-        action="store_true",
-        help="apply the decisions of hydra-calibrate even on other numbers than they were fitted "
-        "on (another backend, precision or engine file), with a warning: their guarantees do "
-        "not cover these numbers (default: refused, with the command that fits them again)",
-    )
+def entry_point(
+    build_parser: Callable[[], argparse.ArgumentParser],
+    main_body: Callable[[argparse.Namespace], int | None],
+    prog: str,
+) -> Callable[[list[str] | None], int]:
+    """A command's ``main(argv=None)``: parse ``argv`` (None: the command line) with
+    ``build_parser()``, run ``main_body`` through :func:`run`; returns the exit code."""
+
+    def main(argv: list[str] | None = None) -> int:
+        return run(main_body, build_parser().parse_args(argv))
+
+    main.__doc__ = f"Entry point of ``{prog}``; returns the exit code."
+    return main
+
+
+@contextlib.contextmanager
+def flags_named(flags: Mapping[str, str]) -> Iterator[None]:
+    """A ParameterError raised inside names the command's flags (``flags``: parameter -> flag,
+    others ``--name-with-dashes``)."""
+    try:
+        yield
+    except ParameterError as err:
+        err.args = (err.for_command(flags),)
+        raise
+
+
+def options(group: type, args: argparse.Namespace, *, prefix: str = "", **given: Any) -> Any:
+    """:func:`~hydra_deploy.options.from_args`, its ParameterError naming the command's flags."""
+    with flags_named(spelling(group, prefix)):
+        return from_args(group, args, prefix=prefix, **given)
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:

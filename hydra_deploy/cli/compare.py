@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 
 from hydra_deploy.cli import common
+from hydra_deploy.evaluation.compare import compare_export
+from hydra_deploy.options import RunnerOptions, add_options
+
+PROVIDERS_HELP = {"providers": "ONNX Runtime providers, comma-separated (default: CUDA, CPU)"}
 
 EXAMPLES = """\
   hydra-compare export/vit_b16-m3                       # PyTorch vs ONNX Runtime, 8 random inputs
@@ -46,9 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=int, default=8, help="random examples when no --inputs (8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
-    p.add_argument(
-        "--providers", help="ONNX Runtime providers, comma-separated (default: CUDA, CPU)"
-    )
+    add_options(p, RunnerOptions, p, only=("providers",), helps=PROVIDERS_HELP)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -114,16 +116,14 @@ def _agreement(check) -> str:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    from hydra_deploy.evaluation.compare import compare_export
-
-    providers = args.providers.split(",") if args.providers else None
+    runtime = common.options(RunnerOptions, args)
     report = compare_export(
         args.export_dir,
         engine=args.engine,
         inputs=args.inputs,
         batch=args.batch,
         seed=args.seed,
-        providers=providers,
+        providers=runtime.providers,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -136,10 +136,7 @@ def main_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``hydra-compare``; returns the exit code (1 when a tolerance fails)."""
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-compare")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,18 @@ import sys
 from pathlib import Path
 
 from hydra_deploy.cli import common
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError
+from hydra_deploy.evaluation.evaluate import evaluate, write_report
+from hydra_deploy.options import RunnerOptions, add_options
+from hydra_deploy.uncertainty.metrics import MAX_BINS
 
 log = logging.getLogger("hydra_deploy.eval")
+
+RAW_HELP = {
+    "raw": "leave out the decisions of a calibrated export (no decisions section, and they are "
+    "not checked against the model file)"
+}
 
 EXAMPLES = """\
   hydra-eval export/vit-m3 --id test.npz --ood noise=noise.npz --out reports/vit-m3
@@ -66,12 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REPORT_DIR",
         help="report folder to write (refused if it exists, unless --overwrite)",
     )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        metavar="N",
-        help="examples per forward pass (default: the model's max batch, else 32)",
-    )
+    add_options(p, RunnerOptions, p, only=("batch_size",))
     p.add_argument("--bins", type=int, default=15, help="ECE / reliability bins (default 15)")
     p.add_argument(
         "--scores",
@@ -79,12 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated OOD scores (default: msp,predictive_entropy,"
         "mutual_information; also expected_entropy, disagreement)",
     )
-    p.add_argument(
-        "--raw",
-        action="store_true",
-        help="leave out the decisions of a calibrated export (no decisions section, and they "
-        "are not checked against the model file)",
-    )
+    add_options(p, RunnerOptions, p, only=("raw",), helps=RAW_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing REPORT_DIR")
     p.add_argument("--json", action="store_true", help="also print report.json on stdout")
     return p
@@ -107,12 +106,7 @@ def parse_ood(items: list[str]) -> dict[str, Path]:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    from hydra_deploy.engines.runner import load_runner
-    from hydra_deploy.evaluation.evaluate import evaluate, write_report
-    from hydra_deploy.uncertainty.metrics import MAX_BINS
-
-    if args.batch_size is not None and args.batch_size < 1:
-        raise HydraError(f"--batch-size must be at least 1, got {args.batch_size}")
+    runtime = common.options(RunnerOptions, args)
     if not 1 <= args.bins <= MAX_BINS:
         raise HydraError(
             f"--bins must be in 1..{MAX_BINS} (ECE / reliability bins), got {args.bins}"
@@ -120,41 +114,46 @@ def main_body(args: argparse.Namespace) -> int:
     ood = parse_ood(args.ood)
     scores = [s.strip() for s in args.scores.split(",") if s.strip()]
     common.refuse_existing(args.out, args.overwrite)
-    with load_runner(args.model, decisions=not args.raw) as runner:
+    with load_runner(args.model, decisions=runtime.decisions) as runner:
         report, arrays = evaluate(
             runner,
             args.id_data,
             ood,
-            batch_size=args.batch_size,
+            batch_size=runtime.batch_size,
             bins=args.bins,
             scores=scores,
             return_scores=True,
-            decisions=not args.raw,
+            decisions=runtime.decisions,
         )
     report["model"] = str(args.model)
     write_report(report, arrays, args.out, overwrite=args.overwrite)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
     if not args.quiet:
-        c = report["id"]["classification"]
-        log.info(
-            "ID: accuracy %.4f, ECE %.4f (%d bins), NLL %.4f",
-            c["accuracy"],
-            c["ece"],
-            args.bins,
-            c["nll"],
-        )
-        for name, entry in report["ood"].items():
-            parts = ", ".join(
-                f"{s} AUROC {m['auroc']:.4f}"
-                for s, m in entry["scores"].items()
-                if m["auroc"] is not None
-            )  # M = 1: no mutual information
-            log.info("OOD %s: %s", name, parts)
-        if report.get("decisions"):
-            log.info("decisions: %s", _decisions_line(report["decisions"]))
-        log.info("wrote %s", args.out)
+        _log_summary(report, args)
     return 0
+
+
+def _log_summary(report: dict, args: argparse.Namespace) -> None:
+    """The report's headline numbers, one line per part."""
+    c = report["id"]["classification"]
+    log.info(
+        "ID: accuracy %.4f, ECE %.4f (%d bins), NLL %.4f",
+        c["accuracy"],
+        c["ece"],
+        args.bins,
+        c["nll"],
+    )
+    for name, entry in report["ood"].items():
+        parts = ", ".join(
+            f"{s} AUROC {m['auroc']:.4f}"
+            for s, m in entry["scores"].items()
+            if m["auroc"] is not None
+        )  # M = 1: no mutual information
+        log.info("OOD %s: %s", name, parts)
+    if report.get("decisions"):
+        log.info("decisions: %s", _decisions_line(report["decisions"]))
+    log.info("wrote %s", args.out)
 
 
 def _decisions_line(section: dict) -> str:
@@ -175,10 +174,7 @@ def _decisions_line(section: dict) -> str:
     return ", ".join(parts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``hydra-eval``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-eval")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra_deploy.atomic import atomic_write_text
 from hydra_deploy.cli import common
+from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES
+from hydra_deploy.engines.runner import BACKENDS, load_runner
 from hydra_deploy.engines.sources import score_inputs
 from hydra_deploy.errors import HydraError
+from hydra_deploy.options import RunnerOptions, add_options
+from hydra_deploy.uncertainty import SCALAR_SCORES
+
+#: the runtime options hydra-run takes
+RUNNER_OPTIONS = ("providers", "batch_size", "raw", "allow_decisions_mismatch")
 
 EXAMPLES = """\
   hydra-run export/vit_b16-m3 images/                    # every image under images/, a table
@@ -29,21 +37,20 @@ EXAMPLES = """\
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES
+DESCRIPTION = (
+    "Run a Hydra ensemble (export folder, .onnx file or TensorRT engine) on images or "
+    "preprocessed arrays and report, per input, the ensemble prediction and its uncertainty "
+    "scores (msp, predictive and expected entropy, mutual information, disagreement). "
+    f"Images ({', '.join(IMAGE_SUFFIXES)}; folders are searched recursively, sorted) are "
+    "preprocessed as timm's eval transform from the export's hydra.json; .npy/.npz arrays "
+    "(npz key 'x' or the model's input name) are taken as already preprocessed. An export "
+    "calibrated with hydra-calibrate also gives, per input, the calibrated confidence, the "
+    "prediction set, answer or abstain, and the OOD flag (--raw: scores only)."
+)
 
-    p = common.parser(
-        "hydra-run",
-        "Run a Hydra ensemble (export folder, .onnx file or TensorRT engine) on images or "
-        "preprocessed arrays and report, per input, the ensemble prediction and its uncertainty "
-        "scores (msp, predictive and expected entropy, mutual information, disagreement). "
-        f"Images ({', '.join(IMAGE_SUFFIXES)}; folders are searched recursively, sorted) are "
-        "preprocessed as timm's eval transform from the export's hydra.json; .npy/.npz arrays "
-        "(npz key 'x' or the model's input name) are taken as already preprocessed. An export "
-        "calibrated with hydra-calibrate also gives, per input, the calibrated confidence, the "
-        "prediction set, answer or abstain, and the OOD flag (--raw: scores only).",
-        EXAMPLES,
-    )
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser("hydra-run", DESCRIPTION, EXAMPLES)
     p.add_argument("model", type=Path, metavar="MODEL", help="export folder, .onnx or engine file")
     p.add_argument(
         "inputs",
@@ -59,11 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="TEXT",
         help="a text to classify (text models; repeat for more)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        help="examples per forward pass (default: the model's max batch, else 32)",
     )
     out = p.add_mutually_exclusive_group()
     out.add_argument(
@@ -81,20 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=("onnxruntime", "tensorrt"),
+        choices=tuple(BACKENDS),
         help="default: TensorRT for engine files, ONNX Runtime otherwise",
     )
-    p.add_argument(
-        "--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
-    )
+    add_options(p, RunnerOptions, p, only=RUNNER_OPTIONS)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --json/--csv file")
-    p.add_argument(
-        "--raw",
-        action="store_true",
-        help="scores only: leave out the decisions of hydra-calibrate (calibrated confidence, "
-        "prediction set, answer/abstain, OOD flag) even when the export holds them",
-    )
-    common.add_allow_decisions_mismatch(p)
     p.add_argument(
         "--allow-nonfinite",
         action="store_true",
@@ -119,8 +112,6 @@ _DECISION_COLUMNS = {  # field -> (column, how a value is shown)
 
 def _table(results: list[dict[str, Any]]) -> str:
     """The printed table: the prediction, the decisions the export holds, then the scores."""
-    from hydra_deploy.uncertainty import SCALAR_SCORES
-
     decided = [f for f in _DECISION_COLUMNS if f in results[0]]
     scores = [s for s in SCALAR_SCORES if s != "expected_entropy"]
     header = ["input", "prediction", *(_DECISION_COLUMNS[f][0] for f in decided), *scores]
@@ -134,6 +125,14 @@ def _table(results: list[dict[str, Any]]) -> str:
         for r in results
     ]
     return common.print_table(rows, header)
+
+
+def _top_k_line(result: dict[str, Any]) -> str:
+    """One input's K most probable classes (by label where the export names them)."""
+    return f"{result['input']}: " + ", ".join(
+        f"{e['label'] if e['label'] is not None else e['class']} {_fmt(e['prob'])}"
+        for e in result["top_k"]
+    )
 
 
 def _csv_text(results: list[dict[str, Any]]) -> str:
@@ -155,8 +154,6 @@ def _csv_text(results: list[dict[str, Any]]) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    from hydra_deploy.atomic import atomic_write_text
-
     if str(path) == "-":
         sys.stdout.write(text)
         return
@@ -168,31 +165,21 @@ def _write(path: Path, text: str) -> None:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    from hydra_deploy.engines.runner import load_runner
-
+    runtime = common.options(RunnerOptions, args)
     if args.top_k < 1:
         raise HydraError(f"--top-k must be at least 1, got {args.top_k}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise HydraError(f"--batch-size must be at least 1, got {args.batch_size}")
     target = args.json or args.csv
     if target is not None and str(target) != "-":
         common.refuse_existing(target, args.overwrite)
-    providers = args.providers.split(",") if args.providers else None
-    with load_runner(
-        args.model,
-        backend=args.backend,
-        providers=providers,
-        decisions=not args.raw,
-        allow_decisions_mismatch=args.allow_decisions_mismatch,
-    ) as runner:
+    with load_runner(args.model, backend=args.backend, **runtime.load_kwargs()) as runner:
         results = score_inputs(
             runner,
             args.inputs,
-            args.batch_size,
+            runtime.batch_size,
             args.top_k,
             args.text,
             allow_nonfinite=args.allow_nonfinite,
-            decisions=not args.raw,
+            decisions=runtime.decisions,
         )
         meta = {
             "model": str(args.model),
@@ -209,14 +196,7 @@ def main_body(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(_table(results))
             if args.top_k > 1:
-                for r in results:
-                    print(
-                        f"{r['input']}: "
-                        + ", ".join(
-                            f"{e['label'] if e['label'] is not None else e['class']} {_fmt(e['prob'])}"
-                            for e in r["top_k"]
-                        )
-                    )
+                print("\n".join(_top_k_line(r) for r in results))
     elif not args.quiet and str(target) != "-":
         print(
             f"wrote {len(results)} result(s) to {target} ({meta['backend']}, "
@@ -225,10 +205,7 @@ def main_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``hydra-run``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-run")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 from hydra_deploy.cli import common
+from hydra_deploy.distributed import score_dataset
+from hydra_deploy.distributed.ray_score import DEFAULT_SHARD_SIZE, MANIFEST
+from hydra_deploy.options import RunnerOptions, add_options
 
 EXAMPLES = """\
   hydra-score-dataset export/vit_b16-m3 images/ --out scores.parquet        # a local Ray cluster
@@ -20,25 +23,32 @@ EXAMPLES = """\
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from hydra_deploy.distributed.ray_score import DEFAULT_SHARD_SIZE, MANIFEST
+DESCRIPTION = (
+    "Score many images (vision exports) or text lines (text exports) with a Hydra export on "
+    "a Ray cluster, in a pool of actors that each run one ONNX Runtime session, and write "
+    "OUT as a folder of Parquet parts (one per shard of --shard-size consecutive inputs) "
+    "that pandas.read_parquet(OUT) reads as one table in input order. Columns: item (the "
+    "path, or file:line for text), shard, prediction, label, msp, predictive_entropy, "
+    "expected_entropy, mutual_information, disagreement, probs (and member_logits); an "
+    "export calibrated with hydra-calibrate adds confidence, prediction_set (class indices), "
+    "accept and ood_flag for the rules it holds, and prediction is then the calibrated "
+    "argmax (--raw: scores only). "
+    f"OUT/{MANIFEST} records the model, inputs and options; a part file exists only when "
+    "complete, so --resume after a crash scores only the missing shards. An input that "
+    "cannot be read (an undecodable image) stops the run; the parts finished before are kept."
+)
 
-    p = common.parser(
-        "hydra-score-dataset",
-        "Score many images (vision exports) or text lines (text exports) with a Hydra export on "
-        "a Ray cluster, in a pool of actors that each run one ONNX Runtime session, and write "
-        "OUT as a folder of Parquet parts (one per shard of --shard-size consecutive inputs) "
-        "that pandas.read_parquet(OUT) reads as one table in input order. Columns: item (the "
-        "path, or file:line for text), shard, prediction, label, msp, predictive_entropy, "
-        "expected_entropy, mutual_information, disagreement, probs (and member_logits); an "
-        "export calibrated with hydra-calibrate adds confidence, prediction_set (class indices), "
-        "accept and ood_flag for the rules it holds, and prediction is then the calibrated "
-        "argmax (--raw: scores only). "
-        f"OUT/{MANIFEST} records the model, inputs and options; a part file exists only when "
-        "complete, so --resume after a crash scores only the missing shards. An input that "
-        "cannot be read (an undecodable image) stops the run; the parts finished before are kept.",
-        EXAMPLES,
-    )
+#: this command's wording of the runtime options it takes
+RUNNER_HELP = {
+    "threads": "ONNX Runtime intra-op threads per actor, also the CPUs each actor reserves "
+    "(default: the cluster's CPUs / actors, at least 1)",
+    "batch_size": "examples per forward pass (default: the export's batch_profile opt from "
+    "hydra.json, capped at its max; at most that max)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.parser("hydra-score-dataset", DESCRIPTION, EXAMPLES)
     p.add_argument(
         "export_dir", type=Path, metavar="EXPORT_DIR", help="export folder (hydra-export --out)"
     )
@@ -57,6 +67,40 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT",
         help="output folder of part-NNNNN.parquet files (e.g. scores.parquet)",
     )
+    _add_ray_arguments(p)
+    add_options(p, RunnerOptions, p, only=("batch_size", "raw"), helps=RUNNER_HELP)
+    p.add_argument(
+        "--shard-size",
+        type=int,
+        default=DEFAULT_SHARD_SIZE,
+        metavar="N",
+        help=f"inputs per shard and part file (default {DEFAULT_SHARD_SIZE}); text "
+        "lines are sharded the same way, across .txt files",
+    )
+    p.add_argument(
+        "--member-logits",
+        action="store_true",
+        help="also store every member's logits (list<list<float32>>: members x classes)",
+    )
+    add_options(p, RunnerOptions, p, only=("allow_decisions_mismatch",))
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an existing OUT: keep its parts, score the missing shards (the "
+        "model, inputs, shard size, columns and decisions must match its manifest)",
+    )
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON summary on stdout (items, shards done/skipped, seconds, items/s)",
+    )
+    return p
+
+
+def _add_ray_arguments(p: argparse.ArgumentParser) -> None:
+    """The cluster: where it is, its CPUs, the actors and their threads."""
     ray_args = p.add_argument_group("Ray")
     ray_args.add_argument(
         "--address",
@@ -81,59 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="scoring actors, one ONNX Runtime session each (default: one per 2 "
         "CPUs of the cluster, at least 1)",
     )
-    ray_args.add_argument(
-        "--threads",
-        type=int,
-        metavar="N",
-        help="ONNX Runtime intra-op threads per actor, also the CPUs each actor "
-        "reserves (default: the cluster's CPUs / actors, at least 1)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        metavar="B",
-        help="examples per forward pass (default: the export's batch_profile opt from "
-        "hydra.json, capped at its max; at most that max)",
-    )
-    p.add_argument(
-        "--shard-size",
-        type=int,
-        default=DEFAULT_SHARD_SIZE,
-        metavar="N",
-        help=f"inputs per shard and part file (default {DEFAULT_SHARD_SIZE}); text "
-        "lines are sharded the same way, across .txt files",
-    )
-    p.add_argument(
-        "--member-logits",
-        action="store_true",
-        help="also store every member's logits (list<list<float32>>: members x classes)",
-    )
-    p.add_argument(
-        "--raw",
-        action="store_true",
-        help="scores only: leave out the decisions of a calibrated export (hydra-calibrate) "
-        "and do not check them against the model file",
-    )
-    common.add_allow_decisions_mismatch(p)
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--resume",
-        action="store_true",
-        help="finish an existing OUT: keep its parts, score the missing shards (the "
-        "model, inputs, shard size, columns and decisions must match its manifest)",
-    )
-    mode.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print a JSON summary on stdout (items, shards done/skipped, seconds, items/s)",
-    )
-    return p
+    add_options(p, RunnerOptions, ray_args, only=("threads",), helps=RUNNER_HELP)
 
 
 def main_body(args: argparse.Namespace) -> int:
-    from hydra_deploy.distributed import score_dataset
-
+    runtime = common.options(RunnerOptions, args)
     report = score_dataset(
         args.export_dir,
         args.inputs,
@@ -141,17 +137,17 @@ def main_body(args: argparse.Namespace) -> int:
         address=args.address,
         num_cpus=args.num_cpus,
         actors=args.actors,
-        threads=args.threads,
-        batch_size=args.batch_size,
+        threads=runtime.threads,
+        batch_size=runtime.batch_size,
         shard_size=args.shard_size,
         member_logits=args.member_logits,
-        allow_decisions_mismatch=args.allow_decisions_mismatch,
+        allow_decisions_mismatch=runtime.allow_decisions_mismatch,
         resume=args.resume,
         overwrite=args.overwrite,
         progress=not args.quiet,
         quiet=args.quiet,
         debug=args.debug,
-        decisions=not args.raw,
+        decisions=runtime.decisions,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -167,10 +163,7 @@ def main_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``hydra-score-dataset``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-score-dataset")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from typing import TextIO
 from hydra_deploy.cli import common
 from hydra_deploy.errors import ServeError
 from hydra_deploy.optional import install_hint
+from hydra_deploy.options import RunnerOptions, add_options, spelling
+from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
 
 EXAMPLES = """\
   hydra-serve export/vit_b16-m3                      # HTTP :8000, gRPC :8001, metrics :8002
@@ -24,92 +26,35 @@ EXAMPLES = """\
 """
 
 
+DESCRIPTION = (
+    "Serve a Hydra export with NVIDIA Triton Inference Server (through PyTriton) until "
+    "Ctrl-C / SIGTERM. One model, named after the export folder, answers every example's "
+    "member_logits [M, C], probs [C], msp, predictive_entropy, expected_entropy, "
+    "mutual_information, disagreement ([1] float32 each) and prediction ([1] int64), computed "
+    "by ONNX Runtime (or TensorRT for an engine file) and hydra-deploy's ensemble scores. "
+    "An export calibrated with hydra-calibrate also answers its decisions: calibrated_probs "
+    "[C] and confidence [1] (float32), and for the rules it holds prediction_set [C], accept "
+    "[1] and ood_flag [1] (bool); prediction is then the calibrated argmax (--raw: scores "
+    "only). Triton's dynamic batcher gathers concurrent requests into batches up to "
+    f"--max-batch. Needs {install_hint('pytriton')}. Triton's own log goes to stderr."
+)
+
+RAW_HELP = {
+    "raw": "serve the scores only: leave out the decisions of a calibrated export "
+    "(hydra-calibrate), and do not check them against the model file"
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = common.parser(
-        "hydra-serve",
-        "Serve a Hydra export with NVIDIA Triton Inference Server (through PyTriton) until "
-        "Ctrl-C / SIGTERM. One model, named after the export folder, answers every example's "
-        "member_logits [M, C], probs [C], msp, predictive_entropy, expected_entropy, "
-        "mutual_information, disagreement ([1] float32 each) and prediction ([1] int64), computed "
-        "by ONNX Runtime (or TensorRT for an engine file) and hydra-deploy's ensemble scores. "
-        "An export calibrated with hydra-calibrate also answers its decisions: calibrated_probs "
-        "[C] and confidence [1] (float32), and for the rules it holds prediction_set [C], accept "
-        "[1] and ood_flag [1] (bool); prediction is then the calibrated argmax (--raw: scores "
-        "only). Triton's dynamic batcher gathers concurrent requests into batches up to "
-        "--max-batch. "
-        f"Needs {install_hint('pytriton')}. Triton's own log goes to stderr.",
-        EXAMPLES,
-    )
+    p = common.parser("hydra-serve", DESCRIPTION, EXAMPLES)
     p.add_argument(
         "export_dir",
         type=Path,
         metavar="EXPORT_DIR",
         help="export folder (hydra-export --out), or a .onnx / engine file",
     )
-    net = p.add_argument_group("network")
-    net.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)",
-    )
-    net.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    net.add_argument("--grpc-port", type=int, help="gRPC port (default: --port + 1)")
-    net.add_argument(
-        "--metrics-port", type=int, help="Prometheus metrics port (default: --port + 2)"
-    )
-    model = p.add_argument_group("model")
-    model.add_argument(
-        "--model-name",
-        metavar="NAME",
-        help="Triton model name (default: the export folder's name, in letters, "
-        "digits, '.', '_', '-')",
-    )
-    model.add_argument(
-        "--max-batch",
-        type=int,
-        metavar="N",
-        help="largest batch Triton forms or accepts (default: the export's "
-        "batch_profile max; at most that)",
-    )
-    model.add_argument(
-        "--preferred-batch",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="batch sizes the dynamic batcher aims for (default: the profile's opt and max)",
-    )
-    model.add_argument(
-        "--queue-delay-us",
-        type=int,
-        default=1000,
-        metavar="US",
-        help="longest a request waits for others to batch with (default 1000)",
-    )
-    model.add_argument(
-        "--instances",
-        type=int,
-        default=1,
-        metavar="N",
-        help="model instances running batches in parallel, each its own ONNX "
-        "Runtime session (default 1)",
-    )
-    model.add_argument(
-        "--threads",
-        type=int,
-        metavar="N",
-        help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's; "
-        "with --instances > 1: cores / instances)",
-    )
-    model.add_argument(
-        "--providers", help="ONNX Runtime providers, comma-separated (cpu,cuda,tensorrt)"
-    )
-    model.add_argument(
-        "--raw",
-        action="store_true",
-        help="serve the scores only: leave out the decisions of a calibrated export "
-        "(hydra-calibrate), and do not check them against the model file",
-    )
-    common.add_allow_decisions_mismatch(model)
+    add_options(p, ServeConfig)
+    add_options(p, RunnerOptions, only=("raw",), helps=RAW_HELP)
     p.add_argument(
         "--json",
         action="store_true",
@@ -181,25 +126,10 @@ def _summary(info: dict) -> str:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
-
-    config = ServeConfig(
-        export_dir=args.export_dir,
-        host=args.host,
-        http_port=args.port,
-        grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port,
-        model_name=args.model_name,
-        max_batch=args.max_batch,
-        preferred_batch=args.preferred_batch,
-        queue_delay_us=args.queue_delay_us,
-        instances=args.instances,
-        threads=args.threads,
-        providers=args.providers.split(",") if args.providers else None,
-        decisions=not args.raw,
-        allow_decisions_mismatch=args.allow_decisions_mismatch,
-    )
-    server = HydraServer(config)  # every check; nothing started yet
+    raw = common.options(RunnerOptions, args).raw
+    config = common.options(ServeConfig, args, export_dir=args.export_dir, decisions=not raw)
+    with common.flags_named(spelling(ServeConfig)):
+        server = HydraServer(config)  # every check; nothing started yet
     log = _TritonLog(quiet=args.quiet)
     try:
         with _triton_log_to(log) as stdout:
@@ -225,10 +155,7 @@ def main_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``hydra-serve``; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-serve")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,30 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from hydra_deploy.cli import common
+from hydra_deploy.errors import ServeError
+from hydra_deploy.options import BatchingOptions, add_options
+from hydra_deploy.serve.triton_repo import (
+    check_name,
+    default_model_name,
+    plan_repository,
+    refuse_existing_models,
+    write_triton_repository,
+)
+
 logger = logging.getLogger("hydra_deploy")
+
+#: the repository's flags: BatchingOptions' under --triton-, with a repository's own defaults
+PREFIX = "triton-"
+BATCHING = ("model_name", "preferred_batch", "queue_delay_us", "instances")
+DEFAULTS = {"queue_delay_us": 100}
+HELPS = {
+    "model_name": "model name in the repository (default: the export folder's name; the "
+    "engine's is NAME-trt)",
+    "preferred_batch": "dynamic batcher's preferred batch sizes (default: the profile's opt and "
+    "max)",
+    "instances": "model instances per device (default 1)",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser, *, engine: bool) -> None:
@@ -23,33 +46,7 @@ def add_arguments(p: argparse.ArgumentParser, *, engine: bool) -> None:
         + ", each with a config.pbtxt (dynamic batching, instance group), and a README on "
         "starting Triton on it",
     )
-    g.add_argument(
-        "--triton-name",
-        metavar="NAME",
-        help="model name in the repository (default: the export folder's name; the "
-        "engine's is NAME-trt)",
-    )
-    g.add_argument(
-        "--triton-preferred-batch",
-        type=int,
-        nargs="+",
-        metavar="N",
-        help="dynamic batcher's preferred batch sizes (default: the profile's opt and max)",
-    )
-    g.add_argument(
-        "--triton-queue-delay-us",
-        type=int,
-        default=100,
-        metavar="US",
-        help="dynamic batcher's max queue delay in microseconds (default 100)",
-    )
-    g.add_argument(
-        "--triton-instances",
-        type=int,
-        default=1,
-        metavar="N",
-        help="model instances per device (default 1)",
-    )
+    add_options(p, BatchingOptions, g, prefix=PREFIX, only=BATCHING, defaults=DEFAULTS, helps=HELPS)
     g.add_argument(
         "--triton-device",
         choices=("auto", "cpu", "gpu"),
@@ -67,20 +64,19 @@ def add_arguments(p: argparse.ArgumentParser, *, engine: bool) -> None:
         )
 
 
+def batching(args: argparse.Namespace) -> BatchingOptions:
+    """The repository's batching settings (checked: errors name the --triton-* flags)."""
+    return common.options(BatchingOptions, args, prefix=PREFIX)
+
+
 def options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        model_name=args.triton_name,
-        preferred_batch=args.triton_preferred_batch,
-        queue_delay_us=args.triton_queue_delay_us,
-        instances=args.triton_instances,
-        kind=args.triton_device,
-    )
+    """``write_triton_repository``'s (and ``plan_repository``'s) settings."""
+    chosen = batching(args)
+    return {name: getattr(chosen, name) for name in BATCHING} | {"kind": args.triton_device}
 
 
 def check_unused(args: argparse.Namespace) -> None:
     """Refuse --triton-* settings given without --triton."""
-    from hydra_deploy.errors import ServeError
-
     if args.triton is not None:
         return
     given = [
@@ -95,31 +91,16 @@ def check_unused(args: argparse.Namespace) -> None:
 
 def preflight(args: argparse.Namespace, export_name: Path, with_engine: bool) -> list[str]:
     """Check the names and the repository before any export or build; returns the model names."""
-    from hydra_deploy.serve.triton_repo import (
-        _check_count,
-        check_name,
-        default_model_name,
-        refuse_existing_models,
-    )
-
-    _check_count("--triton-instances", args.triton_instances)
-    _check_count("--triton-queue-delay-us", args.triton_queue_delay_us, low=0)
-    for size in args.triton_preferred_batch or ():
-        _check_count("--triton-preferred-batch", size)
-    name = check_name(args.triton_name or default_model_name(export_name))
+    name = check_name(batching(args).model_name or default_model_name(export_name))
     names = [name] + ([check_name(f"{name}-trt")] if with_engine else [])
     refuse_existing_models(args.triton, names, args.overwrite)
     if with_engine:  # the export exists already: check it holds what Triton needs, before a build
-        from hydra_deploy.serve.triton_repo import plan_repository
-
         plan_repository(export_name, **options(args))
     return names
 
 
 def write(args: argparse.Namespace, export_dir: Path, engine: Path | None = None) -> dict:
     """Write the repository entries and say where they went."""
-    from hydra_deploy.serve.triton_repo import write_triton_repository
-
     result = write_triton_repository(
         export_dir, args.triton, engine=engine, overwrite=args.overwrite, **options(args)
     )

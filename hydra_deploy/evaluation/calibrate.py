@@ -32,8 +32,9 @@ from hydra_deploy.decisions import (
     split_rows,
     temperature_at_bound,
 )
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, ParameterError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
     MODEL_FILE,
@@ -45,6 +46,13 @@ from hydra_deploy.export_folder import (
     read_info,
     write_decisions,
 )
+from hydra_deploy.optional import lazy_module
+from hydra_deploy.options import CalibrationOptions
+
+# --in-graph only: the graph's writers (onnx, and torch through hydra_deploy.export)
+onnx = lazy_module("onnx", purpose="hydra-calibrate --in-graph", error=ExportFolderError)
+decision_graph = lazy_module("hydra_deploy.export.decision_graph", purpose="--in-graph")
+exporter = lazy_module("hydra_deploy.export.exporter", purpose="--in-graph")
 
 __all__ = [
     "Calibration",
@@ -136,22 +144,31 @@ def _model_sha256(runner: Runner) -> str:
 def calibrate(
     runner: Runner,
     data: Any,
+    options: CalibrationOptions | None = None,
     *,
     ood: Mapping[str, Any] | None = None,
     batch_size: int | None = None,
-    **options: Any,
+    **keywords: Any,
 ) -> Calibration:
     """Fit the decisions of an export on labelled in-distribution ``data``.
 
     ``runner``: a runner of the export (:func:`~hydra_deploy.engines.load_runner`; loaded with
     ``decisions=False``, so an old record does not matter). ``data``: what ``hydra-eval --id``
     takes (a path or in-memory arrays). ``ood``: optional ``{name: data}`` OOD sets, only to
-    report the flag rate on them (they choose nothing). ``options``: the keyword arguments of
-    :func:`~hydra_deploy.decisions.fit_decisions` (``alpha``, ``sets``, ``class_conditional``,
-    ``risk``, ``delta``, ``accept_score``, ``ood_alpha``, ``ood_score``, ``holdout``, ``seed``);
-    the hashes and class names come from the runner and the data, and the record names the
-    numbers it was fitted on (:func:`fitted_numbers`): a runner of another backend, precision or
-    engine file refuses it."""
+    report the flag rate on them (they choose nothing). ``options``: how the decisions are fitted,
+    a :class:`~hydra_deploy.options.CalibrationOptions` (hydra-calibrate's flags), or its fields
+    as keyword arguments (``alpha``, ``sets``, ``class_conditional``, ``risk``, ``delta``,
+    ``accept_score``, ``ood_alpha``, ``ood_score``, ``holdout``, ``seed``: the keyword arguments
+    of :func:`~hydra_deploy.decisions.fit_decisions`); the hashes and class names come from the
+    runner and the data, and the record names the numbers it was fitted on
+    (:func:`fitted_numbers`): a runner of another backend, precision or engine file refuses it."""
+    if options is None:
+        options = CalibrationOptions(**keywords)
+    elif keywords:
+        raise ParameterError(
+            f"give the fitting options as `options` or as keyword arguments, not both (got "
+            f"{', '.join(sorted(keywords))} beside `options`)"
+        )
     numbers = fitted_numbers(runner)
     labelled = load_eval_data(data, runner, name="--data", labelled=True)
     logits = member_logits(runner, labelled, batch_size)
@@ -163,7 +180,7 @@ def calibrate(
         onnx_sha256=_model_sha256(runner),
         data_sha256=data_sha256(labelled),
         class_names=names if names and len(names) == logits.shape[2] else None,
-        **options,
+        **options.fit_kwargs(),
     )
     record = replace(record, **numbers)
     t_rows, q_rows = split_rows(len(logits), record.holdout, record.seed)
@@ -207,14 +224,9 @@ def store_decisions(
     graph_had = bool(info.decisions is not None and info.decisions.in_graph)
     if not in_graph and not graph_had:
         return write_decisions(info.folder, replace(record, in_graph=False))
-    import onnx
-
-    from hydra_deploy.export.decision_graph import add_decisions, remove_decisions
-    from hydra_deploy.export.exporter import tensor_info
-
-    model = remove_decisions(onnx.load(str(info.onnx_path)))
+    model = decision_graph.remove_decisions(onnx.load(str(info.onnx_path)))
     if in_graph:
-        model = add_decisions(model, record)
+        model = decision_graph.add_decisions(model, record)
     fd, staged = tempfile.mkstemp(prefix=f".{MODEL_FILE}.", suffix=".tmp", dir=info.folder)
     os.close(fd)
     try:
@@ -224,7 +236,7 @@ def store_decisions(
         with contextlib.suppress(OSError):
             os.unlink(staged)
         raise
-    outputs = [tensor_info(value) for value in model.graph.output]
+    outputs = [exporter.tensor_info(value) for value in model.graph.output]
     return write_decisions(info.folder, stored, model=staged, outputs=outputs)
 
 
@@ -236,8 +248,6 @@ def carry_decisions(
     TensorRT engine's outputs), and the two files give the same ``member_logits``, bit for bit,
     on ``inputs`` (named model inputs). Returns the record
     stored in ``target`` (in its graph too when it was in the source's), else None."""
-    from hydra_deploy.engines.runner import load_runner
-
     source_info = read_info(source)
     record = source_info.decisions
     if record is None or file_sha256(source_info.onnx_path) != record.onnx_sha256:

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.sources import model_family
-from hydra_deploy.errors import DataError
+from hydra_deploy.errors import DataError, spelled
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data
 from hydra_deploy.export.int8 import calibration_rows
 from hydra_deploy.families import Family
@@ -110,8 +111,6 @@ def int8_calibration(
     """The reader of ``data`` that the exporter calls with the staged FP32 export folder: its
     inputs read through that folder's runner (:func:`read_model_inputs`). ``name`` starts each
     message (default: ``--int8-calib`` in a command, ``int8 calib`` from Python)."""
-    from hydra_deploy.engines.runner import load_runner
-    from hydra_deploy.errors import spelled
 
     def read(folder: Path) -> dict[str, np.ndarray]:
         label = name or spelled("int8 calib", "--int8-calib")

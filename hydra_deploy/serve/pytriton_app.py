@@ -55,13 +55,16 @@ import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from hydra_deploy.engines import scoring
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
 from hydra_deploy.export_folder import INFO_FILE
-from hydra_deploy.optional import require
+from hydra_deploy.optional import lazy_module, require
+from hydra_deploy.options import BatchingOptions, RunnerOptions, check_batching, option, shared
 from hydra_deploy.serve.triton_repo import default_model_name, sanitize_model_name
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
@@ -69,6 +72,14 @@ if TYPE_CHECKING:
     from hydra_deploy.engines.runner_base import Runner
 
 logger = logging.getLogger("hydra_deploy")
+
+# PyTriton, imported when a server starts (the checks before it need none)
+pytriton = lazy_module("pytriton", purpose="hydra-serve", error=ServeError)
+pytriton_triton = lazy_module("pytriton.triton", purpose="hydra-serve", error=ServeError)
+pytriton_decorators = lazy_module("pytriton.decorators", purpose="hydra-serve", error=ServeError)
+pytriton_model_config = lazy_module(
+    "pytriton.model_config", purpose="hydra-serve", error=ServeError
+)
 
 SCALAR_OUTPUTS = SCALAR_SCORES
 OUTPUT_NAMES = ("member_logits", "probs", *SCALAR_OUTPUTS, "prediction")
@@ -90,24 +101,56 @@ _MODEL_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # what PyTriton / Triton accept 
 # --- configuration -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ServeConfig:
-    """What to serve and how; ``None`` takes the default described beside each field."""
+    """What to serve and how (``hydra-serve``'s option group: every field with a flag is one of
+    its flags); ``None`` takes the default described in each field's help. The batching fields
+    are :class:`~hydra_deploy.options.BatchingOptions`' (shared with ``--triton``), ``threads``,
+    ``providers`` and ``allow_decisions_mismatch`` :class:`~hydra_deploy.options.RunnerOptions`'.
+    ``decisions``: answer the export's decisions, if it holds them (False: ``--raw``)."""
 
-    export_dir: str | os.PathLike
-    host: str = "127.0.0.1"  # "0.0.0.0": every interface
-    http_port: int = 8000
-    grpc_port: int | None = None  # http_port + 1
-    metrics_port: int | None = None  # http_port + 2
-    model_name: str | None = None  # the export folder's name, sanitised
-    max_batch: int | None = None  # the export's batch_profile max (32 when it has none)
-    preferred_batch: Sequence[int] | None = None  # the profile's opt and max (<= max_batch)
-    queue_delay_us: int = 1000
-    instances: int = 1
-    threads: int | None = None  # ONNX Runtime's default; with instances > 1: cores / instances
-    providers: Sequence[str] | None = None  # ONNX Runtime providers (default: CUDA, then CPU)
-    exit_timeout_s: int = EXIT_TIMEOUT_S
-    decisions: bool = True  # answer the export's decisions, if it holds them (False: --raw)
+    SECTION: ClassVar[str] = "model"
+
+    export_dir: str | os.PathLike  # the positional EXPORT_DIR
+    host: str = option(
+        "127.0.0.1",
+        "--host",
+        "address to listen on (default 127.0.0.1; 0.0.0.0: every interface)",
+        section="network",
+    )
+    http_port: int = option(8000, "--port", "HTTP port (default 8000)", type=int, section="network")
+    grpc_port: int | None = option(
+        None, "--grpc-port", "gRPC port (default: --port + 1)", type=int, section="network"
+    )
+    metrics_port: int | None = option(
+        None,
+        "--metrics-port",
+        "Prometheus metrics port (default: --port + 2)",
+        type=int,
+        section="network",
+    )
+    model_name: str | None = shared(BatchingOptions, "model_name")
+    max_batch: int | None = shared(BatchingOptions, "max_batch")
+    preferred_batch: Sequence[int] | None = shared(BatchingOptions, "preferred_batch")
+    queue_delay_us: int = shared(BatchingOptions, "queue_delay_us")
+    instances: int = shared(
+        BatchingOptions,
+        "instances",
+        help="model instances running batches in parallel, each its own ONNX Runtime session "
+        "(default 1)",
+    )
+    threads: int | None = shared(
+        RunnerOptions,
+        "threads",
+        help="ONNX Runtime intra-op threads per instance (default: ONNX Runtime's; with "
+        "--instances > 1: cores / instances)",
+    )
+    providers: Sequence[str] | None = shared(RunnerOptions, "providers")
+    exit_timeout_s: int = option(EXIT_TIMEOUT_S, None)
+    decisions: bool = option(True, None)
     #: ... even when fitted on other numbers (backend, precision, engine) than the runner's
-    allow_decisions_mismatch: bool = False
+    allow_decisions_mismatch: bool = shared(RunnerOptions, "allow_decisions_mismatch")
+
+    def __post_init__(self) -> None:  # a comma-separated string of providers: a list
+        object.__setattr__(self, "providers", RunnerOptions(providers=self.providers).providers)
 
     @property
     def ports(self) -> dict[str, int]:
@@ -125,7 +168,9 @@ def _is_int(value: Any) -> bool:
 
 
 def check_config(config: ServeConfig) -> None:
-    """ServeError for a setting that cannot work, before anything is loaded or started."""
+    """ServeError for a setting that cannot work, before anything is loaded or started (the
+    batching settings: :func:`~hydra_deploy.options.check_batching`'s ServeSettingError, which
+    names the parameters: the command spells them as its flags)."""
     for flag, port in config.ports.items():
         if not _is_int(port) or not 1 <= port <= 65535:
             raise ServeError(f"{flag} {port} is not a TCP port; use 1..65535")
@@ -135,20 +180,9 @@ def check_config(config: ServeConfig) -> None:
             f"HTTP, gRPC and metrics need three different ports, got {config.ports}; set "
             "--grpc-port / --metrics-port"
         )
-    for flag, value, low in (
-        ("--instances", config.instances, 1),
-        ("--queue-delay-us", config.queue_delay_us, 0),
-        ("--threads", config.threads, 1),
-        ("--max-batch", config.max_batch, 1),
-    ):
-        if value is not None and (not _is_int(value) or value < low):
-            raise ServeError(f"{flag} must be an integer of at least {low}, got {value!r}")
-    if config.preferred_batch is not None and (
-        not config.preferred_batch or any(not _is_int(b) or b < 1 for b in config.preferred_batch)
-    ):
-        raise ServeError(
-            f"--preferred-batch sizes must be integers >= 1, got {config.preferred_batch!r}"
-        )
+    check_batching(config)
+    if config.threads is not None and (not _is_int(config.threads) or config.threads < 1):
+        raise ServeError(f"--threads must be an integer of at least 1, got {config.threads!r}")
     if config.model_name is not None and not _MODEL_NAME.match(config.model_name):
         raise ServeError(
             f"--model-name {config.model_name!r} is not a Triton model name: use letters, digits, "
@@ -183,8 +217,6 @@ def _import_pytriton():
 
 
 def _stub_versions() -> list[str]:
-    import pytriton
-
     stubs = Path(pytriton.__file__).parent / "tritonserver" / "python_backend_stubs"
     found = (
         [p.name for p in stubs.iterdir() if (p / "triton_python_backend_stub").is_file()]
@@ -308,9 +340,7 @@ def model_tensors(runner: Runner) -> tuple[list[TensorInfo], list[TensorInfo]]:
 def score_batch(runner: Runner, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the server answers for a batch: member logits, probs and scores, and the decisions
     when the runner holds them, shaped as served."""
-    from hydra_deploy.engines.scoring import score_batch as scored
-
-    scores = scored(runner, inputs)
+    scores = scoring.score_batch(runner, inputs)
     answer = {
         "member_logits": np.ascontiguousarray(scores["member_logits"], dtype=np.float32),
         "probs": scores["probs"].astype(np.float32),
@@ -338,9 +368,8 @@ def _bad_requests(runner: Runner, requests: Sequence[Any]) -> list[tuple[int, st
 
 def make_infer_func(runner: Runner) -> Callable[[list], list]:
     """The inference callable of one model instance: Triton requests in, responses out."""
-    from pytriton.decorators import batch
 
-    @batch
+    @pytriton_decorators.batch
     def infer_batch(**inputs: np.ndarray) -> dict[str, np.ndarray]:
         return score_batch(runner, inputs)
 
@@ -480,8 +509,6 @@ class HydraServer:
     """
 
     def __init__(self, config: ServeConfig) -> None:
-        from hydra_deploy.engines import load_runner
-
         check_config(config)
         check_ports_free(config.host, config.ports)
         check_python_supported()
@@ -536,10 +563,8 @@ class HydraServer:
 
     # --- running -------------------------------------------------------------------------------
     def _triton_config(self):
-        from pytriton.triton import TritonConfig
-
         host = self.config.host
-        return TritonConfig(
+        return pytriton_triton.TritonConfig(
             http_address=host,
             http_port=self.ports["--port"],
             grpc_address=host,
@@ -551,7 +576,8 @@ class HydraServer:
         )
 
     def _bind(self, triton: Any) -> None:
-        from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+        Tensor, ModelConfig = pytriton_model_config.Tensor, pytriton_model_config.ModelConfig
+        DynamicBatcher = pytriton_model_config.DynamicBatcher
 
         def tensors(infos: list[TensorInfo]) -> list[Any]:
             return [Tensor(name=t.name, dtype=np.dtype(t.dtype).type, shape=t.dims) for t in infos]

@@ -401,7 +401,7 @@ def test_cli_end_to_end_writes_result_plot_and_a_baseline_it_passes(capsys, tmp_
     assert baseline["command"].startswith("hydra-bench --backbone vit_ti16")
     assert baseline["command"] == (
         "hydra-bench --backbone vit_ti16 --members 3 --heads-per-member 1 --batch 1 2 --backend "
-        "torch --rounds 2 --warmup 0 --threads 1 --seed 0 --img-size 32"
+        "torch --rounds 2 --warmup 0 --threads 1 --img-size 32 --seed 0"
     )
     assert check.compare(printed, baseline).passed
     if "--plot" in outputs:

@@ -8,8 +8,10 @@ depends on how busy the machine is.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -571,3 +573,51 @@ def test_markdown_report_states_the_targets_with_their_verdicts():
     assert "| ort-int8-dynamic | hydra | 0.700 | 0.900 |" in text
     assert "| hydra | 250.0 | 60% | 30% | 10% | LayerNormalization 30% |" in text
     assert "CPU features" not in text  # an older result without them still renders
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--backbone", "vit_ti16"],
+        ["--backbone", "minilm", "--seq-len", "64", "--classes", "5", "--variants", "hydra"],
+        ["--backbone", "vit_s16", "-m", "2", "-k", "3", "--batch", "1", "4", "--backend", "ort"],
+        [
+            "--backbone",
+            "vit_ti16",
+            "--exporter",
+            "torchscript",
+            "--ort-spinning",
+            "--lowering",
+            "bmm",
+            "--cuda-replays",
+            "3",
+            "--trunk-layers",
+            "2",
+            "--img-size",
+            "32",
+        ],
+        [
+            "--backbone",
+            "vit_ti16",
+            "--precision",
+            "all",
+            "--int8-calibration-examples",
+            "64",
+            "--int8-profile-runs",
+            "1",
+            "--rounds",
+            "3",
+            "--warmup",
+            "1",
+            "--seed",
+            "5",
+        ],
+    ],
+)
+def test_the_repeat_command_gives_the_same_config(argv):
+    """command_for is generated from BenchConfig's fields: parsing it back gives the config."""
+    config = cli.config_from_args(cli.build_parser().parse_args(argv))
+    command = cli.command_for(config, 2, ["torch"])
+    again = cli.config_from_args(cli.build_parser().parse_args(shlex.split(command)[1:]))
+    assert again == dataclasses.replace(config, threads=2, backends=("torch",))
+    assert ("--seq-len" in command) == (config.backbone == "minilm")  # where it applies

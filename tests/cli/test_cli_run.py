@@ -6,6 +6,8 @@ import contextlib
 import csv
 import io
 import json
+from importlib import import_module
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -311,3 +313,22 @@ def test_a_closed_pipe_ends_quietly(export_dir, images, monkeypatch, capsys):
             pipe.close()
     assert code == 141
     assert capsys.readouterr().err == ""
+
+
+def test_the_runtime_commands_mains_are_their_entry_points(capsys):
+    """common.entry_point makes each command's main(argv): the console script pyproject.toml
+    names, parsing argv with the command's own parser."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    scripts = tomllib.loads(pyproject)["project"]["scripts"]
+    for command in ("run", "calibrate", "compare", "eval", "serve", "score_dataset", "bench"):
+        prog = "hydra-" + command.replace("_", "-")
+        assert scripts[prog] == f"hydra_deploy.cli.{command}:main"
+        main = import_module(f"hydra_deploy.cli.{command}").main
+        assert main.__doc__ == f"Entry point of ``{prog}``; returns the exit code."
+        with pytest.raises(SystemExit) as done:
+            main(["--help"])
+        assert done.value.code == 0 and capsys.readouterr().out.startswith(f"usage: {prog} ")

@@ -483,7 +483,7 @@ def test_decision_columns_equal_the_local_decisions_and_raw_leaves_them_out(imag
     ("extra", "message"),
     [
         (["--actors", "0"], "--actors must be an integer of at least 1, got 0"),
-        (["--batch-size", "0"], "--batch-size must be an integer of at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
         (["--shard-size", "0"], "--shard-size must be an integer of at least 1"),
         (["--batch-size", "5"], "--batch-size 5 exceeds the export's maximum batch 4"),
         (["--address", "127.0.0.1:1"], "cannot connect to the Ray cluster at 127.0.0.1:1"),

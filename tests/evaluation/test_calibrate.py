@@ -86,6 +86,38 @@ def test_calibrate_fits_what_fit_decisions_fits_on_the_runners_logits(built):
     assert calibration.parts["quantile"]["coverage"] >= 0.9
 
 
+def test_temperature_uses_the_given_t_instead_of_fitting_one(built, export):
+    """--temperature 1 keeps the model's own probabilities: the record holds T = 1 and every
+    threshold fitted on them, as fit_decisions(temperature=1) fits them; a T outside the search
+    range is refused with the flag's name."""
+    data = str(built["root"] / "calib.npz")
+    code, out, err = invoke(
+        calibrate_main, str(export), "--data", data, "--temperature", "1", "--risk", "0.3", "--json"
+    )
+    assert code == 0, err
+    record = read_info(export).decisions
+    loaded = load_eval_data(data, None, name="--data", labelled=True)
+    expected = fit_decisions(
+        built["logits"],
+        built["y"],
+        onnx_sha256=file_sha256(built["export"] / "model.onnx"),
+        data_sha256=data_sha256(loaded),
+        risk=0.3,
+        class_names=CLASSES,
+        temperature=1.0,
+    )
+    assert record.temperature == 1.0 and json.loads(out)["decisions"]["temperature"] == 1.0
+    assert record == replace(expected, backend="onnxruntime", precision="fp32")
+    fitted = fit_decisions(
+        built["logits"], built["y"], onnx_sha256="0" * 64, data_sha256="0" * 64, risk=0.3
+    )
+    assert fitted.temperature != 1.0  # the data would have fitted another T
+    code, _, err = invoke(
+        calibrate_main, str(export), "--data", data, "--temperature", "0", "--overwrite"
+    )
+    assert code == 1 and err == "error: --temperature must be a number in [0.05, 20], got 0.0\n"
+
+
 def test_decisions_are_fitted_on_an_int8_folder_s_own_logits(built, tmp_path):
     """INT8 moves the logits, so the decisions of an INT8 export are fitted on its own: the
     record names the INT8 file and equals fit_decisions on the INT8 runner's logits."""

@@ -287,7 +287,7 @@ def test_bad_arguments_are_refused_with_one_line(export_dir, tmp_path):
         ((str(export_dir), "--port", "70000"), "--port 70000 is not a TCP port"),
         (
             (str(export_dir), *free, "--instances", "0"),
-            "--instances must be an integer of at least 1",
+            "--instances must be an integer >= 1, got 0",
         ),
         ((str(export_dir), *free, "--model-name", "a/b"), "is not a Triton model name"),
         ((str(export_dir), "--port", ports[0], "--grpc-port", ports[0]), "three different ports"),

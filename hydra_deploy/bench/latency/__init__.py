@@ -42,7 +42,7 @@ GPU, threads, load average) goes into the result.
 This is a build-side module: it imports torch (and, when a backend needs them, onnxruntime, onnx,
 TensorRT). Runtime code never imports it.
 
-Modules: :mod:`.config` (:class:`BenchConfig` and the names it accepts), :mod:`.backends` (which
+Modules: :mod:`hydra_deploy.bench.config` (:class:`BenchConfig` and the names it accepts; torch-free), :mod:`.backends` (which
 backends can run here; making one by name), :mod:`.variants` (backbones with random weights and
 the variants built from them), :mod:`.timing` (the :class:`Timer` and :class:`Backend` interfaces,
 the rounds and their summary), :mod:`.torch_backends` (PyTorch eager on the CPU in FP32 and BF16,
@@ -51,15 +51,7 @@ CUDA graphs), :mod:`.onnx_backends` (the ONNX export, ONNX Runtime FP32 and INT8
 of a run, the CPU's BF16 / INT8 instructions), :mod:`.run` (:func:`run_benchmark`) and :mod:`.report` (tables, Markdown, the plot).
 """
 
-from hydra_deploy.bench.latency.backends import (
-    available_backends,
-    backend_status,
-    make_backend,
-    precision_reason,
-    resolve_backends,
-    resolve_precisions,
-)
-from hydra_deploy.bench.latency.config import (
+from hydra_deploy.bench.config import (
     BACKEND_ALIASES,
     BACKENDS,
     EXPORTERS,
@@ -73,6 +65,14 @@ from hydra_deploy.bench.latency.config import (
     LowPrecision,
     normalize_backends,
     normalize_precisions,
+)
+from hydra_deploy.bench.latency.backends import (
+    available_backends,
+    backend_status,
+    make_backend,
+    precision_reason,
+    resolve_backends,
+    resolve_precisions,
 )
 from hydra_deploy.bench.latency.machine import (
     BF16_FEATURES,

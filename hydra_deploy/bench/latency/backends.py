@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hydra_deploy.bench import BenchError
-from hydra_deploy.bench.latency.config import (
+from hydra_deploy.bench.config import (
     BACKENDS,
     LOW_PRECISIONS,
     BenchConfig,

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from hydra_deploy.bench import BenchError
-from hydra_deploy.bench.latency.config import LOW_PRECISIONS, OPSET
+from hydra_deploy.bench.config import LOW_PRECISIONS, OPSET
 from hydra_deploy.bench.latency.profiling import precision_breakdown, profile_session
 from hydra_deploy.bench.latency.timing import Backend, Timer
 from hydra_deploy.bench.latency.variants import (
@@ -30,7 +30,16 @@ from hydra_deploy.bench.latency.variants import (
     dynamic_axes,
     example_inputs,
 )
+from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.engines.tensorrt import build_engine, tensorrt_version
+from hydra_deploy.export import export_onnx
+from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
+from hydra_deploy.export.torch_onnx import export_module
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import MIN_CALIBRATION_EXAMPLES
+
+onnx = lazy_module("onnx", purpose="the ONNX backends of hydra-bench", error=BenchError)
+ort = lazy_module("onnxruntime", purpose="the ONNX backends of hydra-bench", error=BenchError)
 
 #: The module that quantizes an FP32 export to INT8 (``quantize_export``).
 INT8_MODULE = "hydra_deploy.export.int8"
@@ -54,9 +63,6 @@ def export_variant(
     Fused variants go through :func:`hydra_deploy.export.export_onnx` (the deployed graph);
     plain models through the same torch -> ONNX step and graph passes, one file per network.
     """
-    from hydra_deploy.export import export_onnx
-    from hydra_deploy.export.torch_onnx import export_module
-
     max_batch = max(2, max_batch)
     if variant.fused:
         info = export_onnx(
@@ -95,8 +101,6 @@ def export_variant(
 def graph_passes(path: Path, precision: str) -> dict[str, Any]:
     """The export's graph passes on a plain model's file. A pass that fails on this graph is
     left out (and named in the report) rather than failing the benchmark."""
-    from hydra_deploy.export.surgery import DEFAULT_PASSES, run_passes
-
     try:
         return run_passes(path, DEFAULT_PASSES, precision=precision)
     except Exception as err:  # onnx-graphsurgeon raises its own exception types
@@ -111,8 +115,6 @@ def graph_passes(path: Path, precision: str) -> dict[str, Any]:
 
 def mark_precision(path: Path, precision: str) -> None:
     """Record a low-precision graph's precision in its metadata (as hydra-export does)."""
-    import onnx
-
     model = onnx.load(str(path))
     prop = next((p for p in model.metadata_props if p.key == "hydra_precision"), None)
     prop = prop or model.metadata_props.add()
@@ -197,8 +199,6 @@ def int8_unavailable() -> str | None:
 
 
 def graph_input_names(path: Path) -> list[str]:
-    import onnx
-
     model = onnx.load(str(path), load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers]
@@ -262,8 +262,6 @@ class OrtBackend(ExportingBackend):
         return self.precision.split("-", 1)[1] if self.precision.startswith("int8-") else None
 
     def session(self, path: Path) -> Any:
-        import onnxruntime as ort
-
         options = ort.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
@@ -411,9 +409,6 @@ class TensorRTBackend(ExportingBackend):
         self.runners: dict[str, list[Any]] = {}
 
     def load(self, variants: VariantSet, batches: Sequence[int]) -> None:
-        from hydra_deploy.engines.runner import load_runner
-        from hydra_deploy.engines.tensorrt import build_engine
-
         super().load(variants, batches)
         high = max(2, max(batches))
         for name, paths in self.export_all(variants, batches).items():
@@ -435,8 +430,6 @@ class TensorRTBackend(ExportingBackend):
         return TensorRTTimer(self.runners[variant.name], feed, variant.sequential)
 
     def info(self) -> dict[str, Any]:
-        from hydra_deploy.engines.tensorrt import tensorrt_version
-
         return {
             "device": torch.cuda.get_device_name(0),
             "precision": "fp16",

@@ -12,7 +12,12 @@ from typing import Any
 
 from hydra_deploy.bench import BenchError
 from hydra_deploy.bench.check import target_line
-from hydra_deploy.optional import missing, missing_message
+from hydra_deploy.optional import lazy_module, missing, missing_message
+
+# the plot only (--plot); require_matplotlib names the extra first
+matplotlib = lazy_module("matplotlib", purpose="the latency plot", error=BenchError)
+plt = lazy_module("matplotlib.pyplot", purpose="the latency plot", error=BenchError)
+ticker = lazy_module("matplotlib.ticker", purpose="the latency plot", error=BenchError)
 
 TABLE_HEADER = (
     "backend",
@@ -318,12 +323,7 @@ def plot_latency(result: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Latency against batch size, one panel per runtime (its INT8 / BF16 backends dashed and
     dotted beside its FP32 lines), one line per variant and backend (PNG, atomic)."""
     require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib import ticker
-
+    matplotlib.use("Agg")  # before pyplot's first use imports it
     backends = list(result["results"])
     if not backends:
         raise BenchError("nothing was measured, so there is nothing to plot")

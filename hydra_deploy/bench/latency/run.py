@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from hydra_deploy.backbones import BackboneAdapter
+from hydra_deploy.bench.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.backends import make_backend, resolve_backends, resolve_precisions
-from hydra_deploy.bench.latency.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.machine import environment, load_average, torch_threads
 from hydra_deploy.bench.latency.timing import Backend, summarize, time_rounds
 from hydra_deploy.bench.latency.variants import Variant, VariantSet, build_variants
@@ -142,6 +142,49 @@ def _time_group(
     return times, diffs
 
 
+def _rows_and_info(
+    backend: Backend,
+    first: Backend,
+    measured: tuple[dict[str, Any], dict[str, float]],
+    variants: VariantSet,
+    config: BenchConfig,
+    progress: Progress,
+    prepare_s: float | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rows per batch and info of ``backend`` from its group's times and logit differences
+    (``measured``); when ``first`` is FP32, the group holds its single model's times, which every
+    row's ``ratio_vs_fp32_single`` is taken against. Profiles the INT8 graphs when asked."""
+    group_times, diffs = measured
+    fp32 = first.precision == "fp32"
+    times: dict[int, dict[str, list[float]]] = group_times[backend.name]
+    rows_by_batch: dict[str, Any] = {}
+    for batch, own in times.items():
+        rows = summarize(own, variants.variants, batch)
+        if fp32:
+            reference_single = group_times[first.name][batch]["single"]
+            for name, row in rows.items():
+                row["ratio_vs_fp32_single"] = statistics.median(
+                    t / s for t, s in zip(own[name], reference_single, strict=True)
+                )
+        rows_by_batch[str(batch)] = rows
+    if config.int8_profile_runs:
+        progress.describe(f"{backend.name}: profiling")
+        backend.profile(variants, profile_batch(config.batches), config.int8_profile_runs)
+    info = {
+        **backend.info(),
+        "prepare_s": round(prepare_s or 0.0, 2),
+        "max_abs_diff_vs_torch_fp32": diffs,
+        "diff_batch": config.batches[0],
+    }
+    if fp32 and backend is not first:
+        info["timed_with"] = first.name
+        info["fp32_reference"] = (
+            f"{first.name}'s single model, timed in the same rounds (its other variants "
+            "released before)"
+        )
+    return rows_by_batch, info
+
+
 def measure_backends(
     backends: Sequence[Backend],
     variants: VariantSet,
@@ -177,34 +220,15 @@ def measure_backends(
     single = next(v for v in variants.variants if v.name == "single")
 
     def record(backend: Backend, group_times: dict[str, Any], diffs: dict[str, float]) -> None:
-        """Rows and info of ``backend`` from its group's times (which hold the FP32 single's)."""
-        times: dict[int, dict[str, list[float]]] = group_times[backend.name]
-        rows_by_batch: dict[str, Any] = {}
-        for batch, own in times.items():
-            rows = summarize(own, variants.variants, batch)
-            if fp32:
-                reference_single = group_times[first.name][batch]["single"]
-                for name, row in rows.items():
-                    row["ratio_vs_fp32_single"] = statistics.median(
-                        t / s for t, s in zip(own[name], reference_single, strict=True)
-                    )
-            rows_by_batch[str(batch)] = rows
-        if config.int8_profile_runs:
-            progress.describe(f"{backend.name}: profiling")
-            backend.profile(variants, profile_batch(config.batches), config.int8_profile_runs)
-        info = {
-            **backend.info(),
-            "prepare_s": round(prepared[backend.name] or 0.0, 2),
-            "max_abs_diff_vs_torch_fp32": diffs,
-            "diff_batch": config.batches[0],
-        }
-        if fp32 and backend is not first:
-            info["timed_with"] = first.name
-            info["fp32_reference"] = (
-                f"{first.name}'s single model, timed in the same rounds (its other variants "
-                "released before)"
-            )
-        results[backend.name], infos[backend.name] = rows_by_batch, info
+        results[backend.name], infos[backend.name] = _rows_and_info(
+            backend,
+            first,
+            (group_times, diffs),
+            variants,
+            config,
+            progress,
+            prepared[backend.name],
+        )
 
     for group in groups:
         group_times, group_diffs = _time_group(group, variants, config, reference, progress)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hydra_deploy.bench import BenchError
-from hydra_deploy.bench.latency.config import LOW_PRECISIONS
+from hydra_deploy.bench.config import LOW_PRECISIONS
 from hydra_deploy.bench.latency.machine import cpu_features
 from hydra_deploy.bench.latency.timing import Backend, Timer
 from hydra_deploy.bench.latency.variants import Variant, VariantSet

@@ -17,7 +17,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.bench import BenchError
-from hydra_deploy.bench.latency.config import MINILM, VARIANTS, BenchConfig
+from hydra_deploy.bench.config import MINILM, VARIANTS, BenchConfig, is_text_backbone
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion import HydraModel, fuse
 from hydra_deploy.optional import require
@@ -59,11 +59,6 @@ def _no_transformers_progress() -> Iterator[None]:
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
-
-
-def is_text_backbone(name: str) -> bool:
-    """``minilm`` and ``hf:<folder>`` name BERT models (tokens in, ``--seq-len`` applies)."""
-    return name == MINILM or name.startswith("hf:")
 
 
 def backbone_factory(config: BenchConfig) -> Callable[[int], BackboneAdapter]:

@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hydra_deploy.distributed.ray_score.parts import SCALAR_COLUMNS, decision_columns
+from hydra_deploy.distributed.ray_score.shards import batch_items
+from hydra_deploy.engines.runner import load_runner
+from hydra_deploy.engines.scoring import check_member_logits, score_batch
+from hydra_deploy.engines.sources import prepare
 from hydra_deploy.errors import RunnerError
 
 if TYPE_CHECKING:
@@ -40,8 +44,6 @@ class HydraScorer:
         decisions: Sequence[str] = (),
         allow_decisions_mismatch: bool = False,
     ) -> None:
-        from hydra_deploy.engines.runner import load_runner
-        from hydra_deploy.engines.scoring import check_member_logits
 
         self.runner: Runner = load_runner(
             export_dir,
@@ -70,10 +72,6 @@ class HydraScorer:
         self.delay_s = float(delay_s)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from hydra_deploy.distributed.ray_score.shards import batch_items
-        from hydra_deploy.engines.scoring import score_batch
-        from hydra_deploy.engines.sources import prepare
-
         inputs = prepare(self.runner, self.kind, batch_items(batch), self.encoder)
         scores = score_batch(self.runner, inputs, batch_size=self.batch_size)
         logits = scores["member_logits"]

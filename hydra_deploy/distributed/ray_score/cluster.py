@@ -16,8 +16,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hydra_deploy import errors
 from hydra_deploy.errors import HydraError, ServeError
-from hydra_deploy.optional import require
+from hydra_deploy.optional import lazy_module, require
+
+ray_data = lazy_module("ray.data", purpose="hydra-score-dataset", error=ServeError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -198,9 +201,7 @@ def _connect_error(address: str | None, err: BaseException) -> ServeError:
 def _data_context(progress: bool) -> Iterator[Any]:
     """Ray Data settings of a run (restored afterwards): progress bars only when asked, and a
     UDF's own exception raised rather than wrapped in UserCodeException."""
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
+    context = ray_data.DataContext.get_current()
     wanted = {
         "enable_progress_bars": progress,
         "print_on_execution_start": progress,
@@ -236,8 +237,6 @@ def unwrap_ray_error(err: BaseException) -> HydraError:
     text = str(err)
     found = re.findall(r"^hydra_deploy\.errors\.(\w+): (.+)$", text, flags=re.MULTILINE)
     if found:  # a Ray that lost the cause object still prints its traceback
-        import hydra_deploy.errors as errors
-
         name, message = found[-1]
         kind = getattr(errors, name, HydraError)
         return (kind if isinstance(kind, type) and issubclass(kind, HydraError) else HydraError)(

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra_deploy.errors import RunnerError
-from hydra_deploy.export_folder import DecisionRecord
+from hydra_deploy.export_folder import MODEL_FILE, DecisionRecord, file_sha256, read_info
+from hydra_deploy.families import get_family
 
 DEFAULT_BATCH_SIZE = 32  # an export without a batch profile
 
@@ -41,8 +42,6 @@ class DriverExport:
         model.onnx, or on other numbers than ONNX Runtime's, which the actors run, as a runner
         refuses them; ``allow_decisions_mismatch``: applied anyway, with a warning); False: leave
         them out (raw scores only)."""
-        from hydra_deploy.export_folder import MODEL_FILE, file_sha256, read_info
-
         folder = Path(export_dir)
         if not folder.exists():
             raise RunnerError(
@@ -95,8 +94,6 @@ class DriverExport:
     @property
     def kind(self) -> str:
         """``"text"`` or ``"images"``: what the export's family takes."""
-        from hydra_deploy.families import get_family
-
         return get_family(self.family).input_kind
 
     def default_batch_size(self) -> int:

@@ -10,9 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra_deploy.atomic import atomic_write_json
 from hydra_deploy.distributed.ray_score.manifest import MANIFEST, Manifest
 from hydra_deploy.distributed.ray_score.shards import Shard
 from hydra_deploy.errors import ServeError
+from hydra_deploy.optional import lazy_module
+
+pq = lazy_module("pyarrow.parquet", purpose="hydra-score-dataset", error=ServeError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -95,8 +99,6 @@ def inspect_out(
 
 
 def _parquet_rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
     try:
         return pq.read_metadata(path).num_rows
     except Exception as err:  # pyarrow raises ArrowInvalid / OSError for a damaged file
@@ -108,8 +110,6 @@ def _parquet_rows(path: Path) -> int:
 def prepare_out(out: Path, manifest: Manifest, state: OutState) -> None:
     """Remove what ``state`` says (stray temporary files; everything ours on --overwrite), then
     write the manifest first, atomically (kept as it is on --resume)."""
-    from hydra_deploy.atomic import atomic_write_json
-
     try:
         for path in state.remove:
             path.unlink()

@@ -11,9 +11,14 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.atomic import atomic_path
 from hydra_deploy.distributed.ray_score.shards import Shard, part_name
 from hydra_deploy.errors import ServeError
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.uncertainty.scores import SCALAR_SCORES
+
+pa = lazy_module("pyarrow", purpose="hydra-score-dataset", error=ServeError)
+pq = lazy_module("pyarrow.parquet", purpose="hydra-score-dataset", error=ServeError)
 
 SCALAR_COLUMNS = SCALAR_SCORES
 #: The columns of an export with decisions (hydra-calibrate), for the rules its record holds:
@@ -41,8 +46,6 @@ def part_table(
     decisions: Sequence[str] = (),
 ):
     """The Parquet table of one complete shard from its scored rows (in any order)."""
-    import pyarrow as pa
-
     order = np.argsort(rows["index"], kind="stable")
     if not np.array_equal(rows["index"][order], np.arange(len(shard.labels))):
         raise ServeError(
@@ -78,8 +81,6 @@ def part_table(
 
 def _list_column(values: np.ndarray):
     """[N, ...] float32 -> list<float32> (2-D) or list<list<float32>> (3-D), row by row."""
-    import pyarrow as pa
-
     flat: Any = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
     shape = values.shape
     for axis in range(len(shape) - 1, 0, -1):
@@ -91,8 +92,6 @@ def _list_column(values: np.ndarray):
 
 def _index_lists(members: np.ndarray):
     """[N, C] bool -> list<int64>: each row's True columns (a prediction set's class indices)."""
-    import pyarrow as pa
-
     members = np.asarray(members, dtype=np.bool_).reshape(len(members), -1)
     _, classes = np.nonzero(members)  # row by row, columns ascending
     offsets = np.concatenate([[0], np.cumsum(members.sum(axis=1))]).astype(np.int32)
@@ -101,10 +100,6 @@ def _index_lists(members: np.ndarray):
 
 def write_part(out: Path, table, shard: int) -> Path:
     """Write one shard's table to ``OUT/part-<shard>.parquet`` atomically."""
-    import pyarrow.parquet as pq
-
-    from hydra_deploy.atomic import atomic_path
-
     target = out / part_name(shard)
     try:
         with atomic_path(target) as tmp:

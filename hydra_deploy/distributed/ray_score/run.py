@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy import __version__
 from hydra_deploy.distributed.ray_score.actors import HydraScorer
 from hydra_deploy.distributed.ray_score.cluster import (
     _connect_error,
@@ -42,8 +43,10 @@ from hydra_deploy.distributed.ray_score.shards import (
     source_columns,
 )
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.optional import lazy_module
 
 logger = logging.getLogger("hydra_deploy")
+pa = lazy_module("pyarrow", purpose="hydra-score-dataset", error=ServeError)
 
 
 DEFAULT_SHARD_SIZE = 256
@@ -131,19 +134,13 @@ def score_dataset(
         client = {k: v for k, v in locals().items() if k not in ("inputs", "out", "progress")}
         return _score_over_ray_client(client.pop("export_dir"), inputs, out, **client)
     begin = time.perf_counter()
-    names = ("actors", "threads", "batch-size", "shard-size", "num-cpus")
-    for name, value in zip(names, (actors, threads, batch_size, shard_size, num_cpus), strict=True):
+    counts = (actors, threads, batch_size, shard_size, num_cpus)
+    for name, value in zip(_COUNTED, counts, strict=True):
         _check_count(name, value)
     info = _read_export(export_dir, decisions, batch_size, allow_decisions_mismatch)
     batch = batch_size or info.default_batch_size()
-    labels, sources = collect_items(info.family, inputs)
-    shards = plan_shards(labels, sources, shard_size)
-    out = Path(out)
-    decided = decision_columns(info.decisions)
-    columns = columns_for(member_logits, decided)
-    manifest = _manifest(
-        info, inputs, labels, sources, shards, shard_size, columns, member_logits, batch
-    )
+    labels, shards, manifest = _plan(info, inputs, shard_size, member_logits, batch)
+    decided, out = decision_columns(info.decisions), Path(out)
     state, pending = _pending(info.kind, out, manifest, shards, resume=resume, overwrite=overwrite)
     fixed = dict(
         out=str(out),
@@ -154,11 +151,7 @@ def score_dataset(
         decisions=decided,
     )
     if not pending:
-        if state.remove:
-            prepare_out(out, manifest, state)
-        logger.info("nothing to do: all %d shard(s) in %s are done", len(shards), out)
-        ran = dict(items_scored=0, shards_done=0, ray_start_seconds=0.0, scoring_seconds=0.0)
-        ran |= dict(actors=actors or 0, threads=threads or 0, address=address or "local")
+        ran = _nothing_to_do(out, manifest, state, len(shards), (address, actors, threads))
     else:
         scorer = dict(
             batch_size=batch,
@@ -179,6 +172,19 @@ def score_dataset(
             debug=debug,
         )
     return ScoreReport(**fixed, **ran, seconds=round(time.perf_counter() - begin, 3))
+
+
+def _nothing_to_do(
+    out: Path, manifest: Manifest, state: Any, shards: int, cluster: tuple
+) -> dict[str, Any]:
+    """Every shard is done already: tidy OUT (what a finished run leaves), say so, and report
+    nothing scored."""
+    address, actors, threads = cluster
+    if state.remove:
+        prepare_out(out, manifest, state)
+    logger.info("nothing to do: all %d shard(s) in %s are done", shards, out)
+    ran = dict(items_scored=0, shards_done=0, ray_start_seconds=0.0, scoring_seconds=0.0)
+    return ran | dict(actors=actors or 0, threads=threads or 0, address=address or "local")
 
 
 def _pending(
@@ -270,6 +276,23 @@ def _score_pending(
     )
 
 
+#: the counts score_dataset checks, as the command spells them
+_COUNTED = ("actors", "threads", "batch-size", "shard-size", "num-cpus")
+
+
+def _plan(
+    info: DriverExport, inputs: Sequence[Any], shard_size: int, member_logits: bool, batch: int
+) -> tuple[list[Any], list[Shard], Manifest]:
+    """The items (their labels), their shards and the run's manifest."""
+    labels, sources = collect_items(info.family, inputs)
+    shards = plan_shards(labels, sources, shard_size)
+    columns = columns_for(member_logits, decision_columns(info.decisions))
+    manifest = _manifest(
+        info, inputs, labels, sources, shards, shard_size, columns, member_logits, batch
+    )
+    return labels, shards, manifest
+
+
 def _manifest(
     info: DriverExport,
     inputs: Sequence[Any],
@@ -282,8 +305,6 @@ def _manifest(
     batch: int,
 ) -> Manifest:
     """The run's manifest: what a resumed run must match."""
-    from hydra_deploy import __version__
-
     return Manifest(
         export=str(info.path),
         onnx_sha256=info.onnx_sha256,
@@ -426,8 +447,6 @@ def _stopped(cause: HydraError, finished: int, total: int, out: Path) -> HydraEr
 
 def _dataset(ray, pending: Sequence[Shard]):
     """One block per pending shard (so a batch never spans two shards when batch <= shard size)."""
-    import pyarrow as pa
-
     return ray.data.from_arrow([pa.table(columns) for columns in shard_columns(pending)])
 
 
@@ -435,8 +454,6 @@ def shard_columns(pending: Sequence[Shard]) -> list[dict[str, Any]]:
     """The table columns of each pending shard: ``shard``, ``index`` and what the actors read
     (:func:`~hydra_deploy.distributed.ray_score.shards.source_columns`; every table gets a
     ``pair`` column when any item is a sentence pair, so the blocks share one schema)."""
-    import pyarrow as pa
-
     paired = any(isinstance(item, tuple) for s in pending for item in s.sources)
     tables = []
     for s in pending:

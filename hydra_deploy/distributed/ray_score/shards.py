@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hydra_deploy.engines.sources import IMAGES, read_sources
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.families import get_family
 
 #: one item the actors score: an absolute image path, a text, or a sentence pair
 Item = str | tuple[str, str]
@@ -84,8 +86,6 @@ def collect_items(family: str, inputs: Sequence[str | os.PathLike]) -> tuple[lis
     (:func:`hydra_deploy.engines.sources.read_source`), arrays refused. ``family`` is the
     export's; sources are absolute image paths (image models) or the lines of ``.txt`` and
     ``.tsv`` files (``(text, second text)`` for a ``.tsv`` of sentence pairs)."""
-    from hydra_deploy.engines.sources import IMAGES, read_sources
-    from hydra_deploy.families import get_family
 
     if not inputs:
         raise RunnerError(

@@ -1,18 +1,23 @@
 """What a benchmark measures: :class:`BenchConfig`, checked when made, and the names it accepts
 (variants, backends and their aliases, precisions, exporters).
+
+:class:`BenchConfig` is hydra-bench's option group: every field is declared once with its flag,
+help and type (:func:`hydra_deploy.options.option`), so the command's parser
+(:func:`~hydra_deploy.options.add_options`) and the command line that repeats a run
+(:func:`~hydra_deploy.options.command_line`, written into baselines) follow from it. No torch
+here: ``hydra-bench --help`` and the baselines' checks stay light.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from hydra_deploy.bench import BenchError
-from hydra_deploy.fusion import DEFAULT_LOWERING, LOWERINGS
-from hydra_deploy.options import MIN_CALIBRATION_EXAMPLES
+from hydra_deploy.options import DEFAULT_LOWERING, LOWERINGS, MIN_CALIBRATION_EXAMPLES, option
 
 RESULT_FORMAT = "hydra-bench/1"
 VARIANTS = (
@@ -76,6 +81,30 @@ LOW_PRECISIONS = {
 }
 
 
+PRECISION_HELP = (
+    "precisions on the CPU, timed in the same rounds as the FP32 variants and reported against "
+    "the single FP32 model: fp32 (always), int8-dynamic and int8-static (ONNX Runtime; needs "
+    "--backend ort), bf16 (PyTorch under CPU autocast; needs --backend torch and a CPU with "
+    "BF16 instructions, else listed as skipped with the reason); int8 = both INT8 methods, all = "
+    "every one; space- or comma-separated (default fp32)"
+)
+
+BACKEND_HELP = (
+    "backends to measure: torch (eager CPU), ort (ONNX Runtime CPU), torch-cuda-bf16, "
+    "torch-cuda-fp16 (CUDA graphs), tensorrt (FP16 engines); default (or auto): every one "
+    "present, the others listed as skipped with the reason"
+)
+
+
+def is_text_backbone(name: str) -> bool:
+    """``minilm`` and ``hf:<folder>`` name BERT models (tokens in, ``--seq-len`` applies)."""
+    return name == MINILM or name.startswith("hf:")
+
+
+def _uses_int8(config: BenchConfig, method: str = "int8") -> bool:
+    return any(p.startswith(method) for p in config.precisions)
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """What to measure. ``None`` means: decided from the backbone or the machine at run time.
@@ -98,29 +127,145 @@ class BenchConfig:
     ``MIN_CALIBRATION_EXAMPLES``, the least ``quantize_export`` takes).
     ``int8_profile_runs``: profiled runs of each INT8 graph of ``single``, ``hydra`` and
     ``fused_deep_ensemble`` (which operators stay in float and their share of time); 0: none.
+
+    Each field is hydra-bench's flag of the same name (``batches``: ``--batch``, ``backends``:
+    ``--backend``, ``precisions``: ``--precision``); ``repeat`` says which ones the repeat
+    command always writes (the others: when not the default, and where they apply).
     """
 
-    backbone: str
-    members: int = 3
-    heads_per_member: int = 4
-    batches: tuple[int, ...] = (1, 8)
-    backends: tuple[str, ...] | None = None
-    variants: tuple[str, ...] = VARIANTS
-    trunk_layers: int | None = None
-    rounds: int = 10
-    warmup: int = 2
-    threads: int | None = None
-    seq_len: int = 128
-    classes: int | None = None
-    img_size: int | None = None
-    exporter: str = "auto"
-    cuda_replays: int = 10
-    ort_spinning: bool = False
-    seed: int = 0
-    lowering: str = DEFAULT_LOWERING
-    precisions: tuple[str, ...] = ("fp32",)
-    int8_calibration_examples: int = MIN_CALIBRATION_EXAMPLES
-    int8_profile_runs: int = 3
+    SECTION: ClassVar[str] = "timing"
+
+    backbone: str = option(
+        MISSING,
+        "--backbone",
+        "vit_s16, vit_b16 (or another alias / timm ViT name), minilm (the MiniLM BERT), or "
+        "hf:<folder> of a BERT model",
+        section="model",
+        repeat=True,
+    )
+    members: int = option(
+        3,
+        "--members",
+        "M, ensemble members (default 3)",
+        type=int,
+        aliases=("-m",),
+        section="model",
+        repeat=True,
+    )
+    heads_per_member: int = option(
+        4,
+        "--heads-per-member",
+        "heads each member keeps per layer (default 4)",
+        type=int,
+        aliases=("-k",),
+        section="model",
+        repeat=True,
+    )
+    batches: tuple[int, ...] = option(
+        (1, 8), "--batch", "batch sizes (default 1 8)", type=int, nargs="+", repeat=True
+    )
+    backends: tuple[str, ...] | None = option(
+        None,
+        "--backend",
+        BACKEND_HELP,
+        nargs="+",
+        metavar="NAME",
+        parse=lambda names: None if names in (None, ["auto"]) else tuple(names),
+        repeat=True,
+    )
+    variants: tuple[str, ...] = option(
+        VARIANTS,
+        "--variants",
+        "variants to time (default: all; single is always timed)",
+        nargs="+",
+        metavar="NAME",
+        parse=lambda names: tuple(names) if names else VARIANTS,
+    )
+    trunk_layers: int | None = option(
+        None,
+        "--trunk-layers",
+        "leading layers hydra_trunk shares (default: half the layers)",
+        type=int,
+        section="model",
+    )
+    rounds: int = option(10, "--rounds", "timed rounds (default 10)", type=int, repeat=True)
+    warmup: int = option(
+        2, "--warmup", "untimed runs of each variant first (default 2)", type=int, repeat=True
+    )
+    threads: int | None = option(
+        None,
+        "--threads",
+        "CPU threads for torch and ONNX Runtime (default: torch's)",
+        type=int,
+        repeat=True,
+    )
+    seq_len: int = option(
+        128,
+        "--seq-len",
+        "text models: tokens (default 128)",
+        type=int,
+        section="model",
+        repeat=lambda config: is_text_backbone(config.backbone),
+    )
+    classes: int | None = option(
+        None,
+        "--classes",
+        "classifier size (default: timm's 1000; minilm: 2, random)",
+        type=int,
+        section="model",
+    )
+    img_size: int | None = option(
+        None,
+        "--img-size",
+        "timm ViTs: input resolution (default: the model's)",
+        type=int,
+        section="model",
+    )
+    exporter: str = option(
+        "auto",
+        "--exporter",
+        "torch -> ONNX exporter for ort/tensorrt (default auto)",
+        choices=EXPORTERS,
+    )
+    cuda_replays: int = option(
+        10, "--cuda-replays", "CUDA-graph replays per timed run (default 10)", type=int
+    )
+    ort_spinning: bool = option(
+        False,
+        "--ort-spinning",
+        "let ONNX Runtime's idle threads spin (its default; off here)",
+        action="store_true",
+    )
+    seed: int = option(0, "--seed", "seed of weights, specs and inputs", type=int, repeat=True)
+    lowering: str = option(
+        DEFAULT_LOWERING,
+        "--lowering",
+        "how the fused variants' grouped projections run and export "
+        f"(default {DEFAULT_LOWERING}; bmm: one batched MatMul)",
+        choices=LOWERINGS,
+    )
+    precisions: tuple[str, ...] = option(
+        ("fp32",), "--precision", PRECISION_HELP, nargs="+", metavar="NAME", parse=tuple
+    )
+    int8_calibration_examples: int = option(
+        MIN_CALIBRATION_EXAMPLES,
+        "--int8-calibration-examples",
+        "int8-static: random inputs it is calibrated on (default and least 32; fine for "
+        "latency, not for accuracy)",
+        type=int,
+        repeat=lambda config: (
+            _uses_int8(config, "int8-static")
+            and config.int8_calibration_examples != MIN_CALIBRATION_EXAMPLES
+        ),
+    )
+    int8_profile_runs: int = option(
+        3,
+        "--int8-profile-runs",
+        "INT8: ONNX Runtime profiled runs of the single, hydra and fused_deep_ensemble "
+        "graphs, to show what stays in float (default 3; 0: no profile)",
+        type=int,
+        repeat=lambda config: _uses_int8(config) and config.int8_profile_runs != 3,
+    )
 
     def __post_init__(self) -> None:
         for name in ("members", "heads_per_member", "rounds", "seq_len", "cuda_replays"):
