@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = [
     "INTERPOLATIONS",
     "MODEL_FILE",
     "RECORD_BACKENDS",
+    "RECORD_BACKEND_NAME",
     "TOKENIZER_DIR",
     "WEIGHTS_FILE",
     "DecisionRecord",
@@ -971,7 +973,7 @@ class DecisionRecord:
             found.append(f"backend {fitted_backend}, this runner is {backend}")
         if fitted_precision is not None and precision is not None and precision != fitted_precision:
             found.append(f"precision {fitted_precision}, this runner computes in {precision}")
-        if backend == fitted_backend == "tensorrt" and engine_sha256 != self.engine_sha256:
+        if backend == fitted_backend and self.engine_sha256 and engine_sha256 != self.engine_sha256:
             found.append(
                 f"the engine file of sha256 {_short_sha(self.engine_sha256)}, this one is "
                 f"{_short_sha(engine_sha256)}"
@@ -1058,6 +1060,9 @@ class DecisionRecord:
 
 #: The backends a decisions record may name (``backend``: what produced the logits fitted on).
 RECORD_BACKENDS = ("onnxruntime", "tensorrt")
+#: The form of another backend's name in a record: a registered backend's ``record_name``
+#: (:mod:`hydra_deploy.engines.backends`; this module imports no runtime to know them).
+RECORD_BACKEND_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
 _BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "tensorrt": "TensorRT"}
 
 
@@ -1092,8 +1097,10 @@ def _fitted_numbers(
         if precision is not None or engine is not None:
             raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
         return None, None, None
-    if backend not in RECORD_BACKENDS:
-        raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
+    if not (isinstance(backend, str) and RECORD_BACKEND_NAME.match(backend)):
+        raise _malformed(
+            where, "backend", backend, f"{', '.join(RECORD_BACKENDS)} or a backend's record_name"
+        )
     if precision is not None and not (isinstance(precision, str) and 0 < len(precision) <= 32):
         raise _malformed(where, "precision", precision, "a precision such as fp32, or null")
     if backend == "onnxruntime" and precision not in GRAPH_PRECISIONS:
@@ -1102,6 +1109,8 @@ def _fitted_numbers(
         raise _malformed(where, "engine_sha256", engine, "64 lowercase hex digits")
     if backend == "onnxruntime" and engine is not None:
         raise _malformed(where, "engine_sha256", engine, "null for an ONNX Runtime record")
+    if engine is not None and not _is_sha256(engine):
+        raise _malformed(where, "engine_sha256", engine, "64 lowercase hex digits, or null")
     return backend, precision, engine
 
 

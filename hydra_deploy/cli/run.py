@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.cli import common
+from hydra_deploy.engines.runner import BACKENDS
 from hydra_deploy.engines.sources import score_inputs
 from hydra_deploy.errors import HydraError
 
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--backend",
-        choices=("onnxruntime", "tensorrt"),
+        choices=tuple(BACKENDS),
         help="default: TensorRT for engine files, ONNX Runtime otherwise",
     )
     p.add_argument(

@@ -127,7 +127,8 @@ class BaseRunner(Runner):
     checked feed that fits the batch range -> the outputs by name) and ``close``; checking the
     inputs, splitting and padding batches and reading the metadata are done here.
 
-    Attributes: ``backend`` ("onnxruntime" or "tensorrt"), ``path`` (the file run), ``inputs`` and
+    Attributes: ``backend`` (its row's name in the backend registry: "onnxruntime", "tensorrt"
+    or one registered), ``path`` (the file run), ``inputs`` and
     ``outputs`` (``input_names``, ``output_names``), ``providers`` (ONNX Runtime's providers in
     use; ``("TensorRT",)`` for engines), ``min_batch`` / ``max_batch`` (the batch range a call is
     split and padded to; ``max_batch`` None: no limit), ``export_info`` (the export's checked
@@ -350,8 +351,12 @@ class BaseRunner(Runner):
             )
         return int(batch_size)
 
+    @property
+    def batch_source(self) -> str:
+        """Where ``max_batch`` comes from, for messages (``hydra.json batch_profile``)."""
+        return self._batch_source()
+
     def _batch_source(self) -> str:
-        """Where ``max_batch`` comes from, for messages."""
         return f"{INFO_FILE} batch_profile"
 
     def _run_checked(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
