@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra_deploy.engines.build_options import EngineBuildOptions, engine_build_options
 from hydra_deploy.engines.build_source import (
     ExportSource,
     engine_stem,
@@ -130,20 +131,29 @@ class BuildPlan:
             **extra,
         }
 
+    @property
+    def options(self) -> EngineBuildOptions:
+        """The settings that make this engine again: as decided, nothing left to the rules."""
+        low, opt, high = self.batch
+        return EngineBuildOptions(
+            precision=self.precision,
+            out=self.out_dir,
+            min_batch=low,
+            opt_batch=opt,
+            max_batch=high,
+            timing_cache=self.timing_cache,
+            strongly_typed=self.strongly_typed,
+        )
+
     def trtexec_equivalent(self) -> str:
         """The trtexec line that makes the same engine (for logs and bug reports)."""
         try:
             command = trtexec_command(
                 self.source if self.source is not None else load_source(self.onnx_path),
-                precision=self.precision,
+                self.options,
                 trt=generation_of(self.tensorrt_version),
                 engine=self.engine_path,
-                timing_cache=self.timing_cache,
-                min_batch=self.batch[0],
-                opt_batch=self.batch[1],
-                max_batch=self.batch[2],
                 sm=self.gpu.sm,
-                strongly_typed=self.strongly_typed,
             )
         except EngineError as err:  # a log line must never stop a build
             return f"(no trtexec equivalent: {err})"
@@ -153,41 +163,36 @@ class BuildPlan:
 
 def plan_build(
     onnx_path: str | Path,
+    options: EngineBuildOptions | None = None,
     *,
-    precision: str | None = None,
-    min_batch: int | None = None,
-    opt_batch: int | None = None,
-    max_batch: int | None = None,
-    timing_cache: str | Path | None = None,
-    strongly_typed: bool | None = None,
-    out: str | Path | None = None,
     trt_version: str | None = None,
     gpu: GpuInfo | None = None,
+    **settings: Any,
 ) -> BuildPlan:
-    """Decide a build without running it (see :func:`build_engine` for the arguments).
+    """Decide a build without running it: ``options`` (an :class:`EngineBuildOptions`, or its
+    fields as keywords: ``precision=``, ``max_batch=``, ...) as for :func:`build_engine`.
 
     ``trt_version`` and ``gpu`` default to the installed TensorRT and CUDA device 0; pass them to
     plan for another machine (tests do).
     """
+    asked = engine_build_options(options, settings, "plan_build")
     source = load_source(onnx_path)
     trt_version = trt_version if trt_version is not None else tensorrt_version()
     gpu = gpu if gpu is not None else detect_gpu()
     choice = choose_precision(
-        precision,
+        asked.precision,
         source.graph_precision,
         parse_version(trt_version),
         sm=gpu.sm,
-        strongly_typed=strongly_typed,
+        strongly_typed=asked.strongly_typed,
     )
-    batch = source.batch_profile(min_batch, opt_batch, max_batch)
-    profile = source.profile_shapes(batch)
-    out_dir = Path(out) if out is not None else source.folder
+    batch = source.batch_profile(*asked.batch)
+    out_dir = Path(asked.out) if asked.out is not None else source.folder
     major, minor = parse_version(trt_version)
-    sha = source.sha256
-    stem = engine_stem(sha, choice.precision, f"{major}.{minor}", gpu.tag)
+    stem = engine_stem(source.sha256, choice.precision, f"{major}.{minor}", gpu.tag)
     cache = (
-        Path(timing_cache)
-        if timing_cache is not None
+        Path(asked.timing_cache)
+        if asked.timing_cache is not None
         else out_dir / timing_cache_name(f"{major}.{minor}", gpu.tag)
     )
     export = source.export
@@ -195,17 +200,17 @@ def plan_build(
         onnx_path=source.onnx_path,
         export_dir=source.folder,
         out_dir=out_dir,
-        requested_precision=precision,
+        requested_precision=asked.precision,
         graph_precision=source.graph_precision,
         precision=choice.precision,
         strongly_typed=choice.strongly_typed,
         builder_flags=choice.builder_flags,
         fp32_layers=tuple(fp32_layer_names(source.onnx)) if choice.constrain_fp32 else (),
         batch=batch,
-        profile=profile,
+        profile=source.profile_shapes(batch),
         tensorrt_version=trt_version,
         gpu=gpu,
-        onnx_sha256=sha,
+        onnx_sha256=source.sha256,
         engine_path=out_dir / f"{stem}.engine",
         sidecar_path=engine_info_path(out_dir / f"{stem}.engine"),
         timing_cache=cache,
@@ -459,20 +464,18 @@ def missing_tensorrt_message(source: ExportSource, precision: str | None) -> str
 
 def build_engine(
     onnx_path: str | Path,
+    options: EngineBuildOptions | None = None,
     *,
-    precision: str | None = None,
-    min_batch: int | None = None,
-    opt_batch: int | None = None,
-    max_batch: int | None = None,
-    timing_cache: str | Path | None = None,
-    strongly_typed: bool | None = None,
-    out: str | Path | None = None,
     overwrite: bool = False,
+    **settings: Any,
 ) -> Path:
     """Build a TensorRT engine from an export folder (or an .onnx file) and return its path.
 
     Args:
         onnx_path: an export folder from hydra-export, its model.onnx, or any .onnx file.
+        options: the build's settings, an :class:`EngineBuildOptions`; or its fields as keywords
+            (``build_engine(path, precision="fp16", max_batch=64)``; keywords win over
+            ``options``):
         precision: fp16, bf16, fp32, int8 or best (None: the graph's own precision when it
             carries one, else fp16). A graph exported in FP16/BF16/INT8 carries its precision
             and builds strongly typed from TensorRT 10.0 on (ask for its precision, ``best`` or
@@ -499,29 +502,21 @@ def build_engine(
         EngineError: TensorRT or Polygraphy missing (the message gives the install command and the
             trtexec line for this export), no GPU, an impossible precision, a failed build.
     """
+    asked = engine_build_options(options, settings, "build_engine")
     source = load_source(onnx_path)
     source.graph_precision  # noqa: B018 (refuses a graph no TensorRT builds before asking for one)
     try:
         version = tensorrt_version()
     except EngineError as err:
-        raise EngineError(missing_tensorrt_message(source, precision)) from err
-    plan = plan_build(
-        onnx_path,
-        precision=precision,
-        min_batch=min_batch,
-        opt_batch=opt_batch,
-        max_batch=max_batch,
-        timing_cache=timing_cache,
-        strongly_typed=strongly_typed,
-        out=out,
-        trt_version=version,
-    )
+        raise EngineError(missing_tensorrt_message(source, asked.precision)) from err
+    plan = plan_build(onnx_path, asked, trt_version=version)
     execute_plan(plan, overwrite=overwrite)
     return plan.engine_path
 
 
 __all__ = [
     "BuildPlan",
+    "EngineBuildOptions",
     "GpuInfo",
     "build_engine",
     "detect_gpu",

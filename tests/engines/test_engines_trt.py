@@ -289,6 +289,53 @@ def test_plan_for_an_fp32_graph_on_jetpack6(exports):
     assert f"--saveEngine={plan.engine_path}" in line
 
 
+def test_one_options_group_serves_the_plan_the_build_the_recipes_and_hydra_build(exports, tmp_path):
+    """EngineBuildOptions: the same settings as an object or as keywords give the same plan and
+    the same trtexec line; hydra-build's flags parse into it; the plan's own settings (as decided)
+    give its trtexec equivalent."""
+    from hydra_deploy.cli.build import build_parser
+    from hydra_deploy.engines.build_options import EngineBuildOptions
+    from hydra_deploy.options import from_args
+
+    settings = dict(precision="fp16", min_batch=2, opt_batch=3, max_batch=16, out=tmp_path)
+    options = EngineBuildOptions(**settings)
+    planned = plan_build(exports["uq"], options, trt_version="10.3.0.30", gpu=ORIN)
+    assert planned == plan_build(exports["uq"], trt_version="10.3.0.30", gpu=ORIN, **settings)
+    assert planned.requested_precision == "fp16" and planned.out_dir == tmp_path
+    assert str(trtexec_command(exports["uq"], options, trt="10")) == str(
+        trtexec_command(exports["uq"], trt="10", **settings)
+    )
+    # keywords win over the object's fields
+    assert plan_build(exports["uq"], options, max_batch=8, trt_version="10.3", gpu=ORIN).batch == (
+        2,
+        3,
+        8,
+    )
+    assert planned.trtexec_equivalent().startswith(
+        str(
+            trtexec_command(
+                exports["uq"], planned.options, trt="10", engine=planned.engine_path, sm=87
+            )
+        )
+    )
+    argv = [str(exports["uq"]), "--precision", "fp16", "--min-batch", "2", "--opt-batch", "3"]
+    argv += ["--max-batch", "16", "--out", str(tmp_path), "--weakly-typed"]
+    parsed = from_args(EngineBuildOptions, build_parser().parse_args(argv))
+    assert parsed == EngineBuildOptions(**settings, strongly_typed=False)
+    assert parsed.given_flags() == [
+        "--precision",
+        "--out",
+        "--min-batch",
+        "--opt-batch",
+        "--max-batch",
+        "--strongly-typed/--weakly-typed",
+    ]
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'max_bacth'.*max_batch"):
+        plan_build(exports["uq"], max_bacth=8, trt_version="10.3", gpu=ORIN)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'overwrite'"):
+        trtexec_command(exports["uq"], overwrite=True)
+
+
 def test_plan_best_on_an_old_gpu_falls_back_to_fp16(exports):
     plan = plan_build(exports["fp32"], precision="best", trt_version="10.3.0", gpu=T4)
     assert plan.precision == "fp16" and plan.builder_flags == ("fp16",)
