@@ -29,15 +29,13 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hydra_deploy.engines.text import TextEncoder
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import INFO_FILE, DecisionRecord, EngineInfo, ExportInfo
-
-if TYPE_CHECKING:
-    from hydra_deploy.engines.text import TextEncoder
 
 __all__ = ["BaseRunner", "Runner", "TensorSpec", "is_one_example"]
 
@@ -284,8 +282,6 @@ class BaseRunner(Runner):
 
     def text_encoder(self) -> TextEncoder:
         """The export's tokenizer as a :class:`~hydra_deploy.engines.text.TextEncoder` (text models)."""
-        from hydra_deploy.engines.text import TextEncoder
-
         if self.export_info is None:
             raise RunnerError(
                 f"{self.path} comes without its export folder ({INFO_FILE} and tokenizer/), so "

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra_deploy.atomic import atomic_write_bytes
 from hydra_deploy.engines.build_options import EngineBuildOptions, engine_build_options
 from hydra_deploy.engines.build_source import (
     ExportSource,
@@ -48,9 +49,11 @@ from hydra_deploy.engines.precision_rules import choose_precision, generation_of
 from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
 from hydra_deploy.export_folder import ENGINE_FORMAT, engine_info_path, write_engine_info
-from hydra_deploy.optional import install_command, missing_message, require
+from hydra_deploy.optional import install_command, lazy_module, missing_message, require
 
 log = logging.getLogger("hydra_deploy.engines")
+#: Polygraphy's CUDA wrapper (libcudart), for the CUDA runtime version in the sidecar
+cuda = lazy_module("polygraphy.cuda", purpose="reading the CUDA runtime version", error=EngineError)
 
 SIDECAR_FORMAT = ENGINE_FORMAT  # the sidecar's format (its owner: hydra_deploy.export_folder)
 _PURPOSE = "building TensorRT engines"
@@ -236,8 +239,6 @@ def _import_polygraphy_trt():
 def _cuda_runtime_version() -> str | None:
     """The CUDA runtime TensorRT loaded, via Polygraphy's libcudart wrapper (None if unknown)."""
     try:
-        from polygraphy import cuda
-
         value = ctypes.c_int(0)
         if cuda.wrapper().handle.cudaRuntimeGetVersion(ctypes.byref(value)) != 0:
             return None
@@ -316,9 +317,46 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     The engine, its sidecar and the timing cache are written together: the sidecar's contents are
     decided before anything is written, and an engine whose sidecar cannot be written is removed.
     """
-    from hydra_deploy.atomic import atomic_write_bytes
-
     trt, poly = _import_polygraphy_trt()
+    _prepare_folder(plan, overwrite)
+    parsed = _parse_network(poly, plan)  # (builder, network, parser)
+    io = network_io(parsed[1])
+    pins = _pin_planned_layers(trt, plan, parsed[1])
+    log.info(
+        "building a %s engine (%s) for %s (SM %s) with TensorRT %s; equivalent trtexec:\n  %s",
+        plan.precision,
+        "strongly typed" if plan.strongly_typed else "weakly typed",
+        plan.gpu.name,
+        plan.gpu.compute_capability,
+        plan.tensorrt_version,
+        plan.trtexec_equivalent(),
+    )
+    started = time.perf_counter()
+    data = _serialized_engine(poly, plan, parsed)
+    seconds = time.perf_counter() - started
+    sidecar = plan.sidecar(
+        built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        build_seconds=round(seconds, 2),
+        engine_bytes=data.nbytes,
+        cuda={"driver": plan.gpu.cuda_driver, "runtime": _cuda_runtime_version()},
+        engine_io=io,
+        fp32_pinned=pins["pinned"],
+    )
+    sidecar["inputs"] = _with_engine_dtypes(sidecar["inputs"], io["inputs"])
+    sidecar["outputs"] = _with_engine_dtypes(sidecar["outputs"], io["outputs"])
+    _write_engine(plan, data, sidecar)
+    log.info(
+        "wrote %s (%.1f MB, %.0f s) and %s",
+        plan.engine_path,
+        data.nbytes / 1e6,
+        seconds,
+        plan.sidecar_path.name,
+    )
+    return sidecar
+
+
+def _prepare_folder(plan: BuildPlan, overwrite: bool) -> None:
+    """Refuse an engine that exists (unless ``overwrite``), make the folder, say the notes."""
     if plan.engine_path.exists() and not overwrite:
         raise EngineError(
             f"{str(plan.engine_path)!r} exists (same model, precision, GPU and TensorRT); pass "
@@ -331,33 +369,45 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     for note in plan.notes:
         log.warning("%s", note)
 
-    try:  # (builder, network, parser): parsed here so the network can be inspected and changed
-        parsed = poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)()
+
+def _parse_network(poly: Any, plan: BuildPlan) -> Any:
+    """(builder, network, parser) of the ONNX file: parsed here so the network can be inspected
+    and changed before the build."""
+    try:
+        return poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)()
     except Exception as err:  # Polygraphy raises PolygraphyException after the parser's log
         raise EngineError(
             f"TensorRT's ONNX parser cannot read {str(plan.onnx_path)!r} ({type(err).__name__}: "
             f"{err}); its log above names the node. Check the file with: polygraphy run "
             "model.onnx --onnxrt --trt"
         ) from err
-    network = parsed[1]
-    io = network_io(network)
-    pins: dict[str, Any] = {"pinned": [], "normalization_layers": 0, "unmatched": []}
-    if plan.precision_constraints:
-        source = plan.source if plan.source is not None else load_source(plan.onnx_path)
-        layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
-        pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
-        if pins["unmatched"]:
-            log.warning(
-                "no layer is named %s: those nodes keep TensorRT's choice of precision",
-                ", ".join(pins["unmatched"]),
-            )
-        if pins["normalization_layers"] < len(layernorms):
-            log.warning(
-                "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
-                "were decomposed and keep TensorRT's choice of precision",
-                pins["normalization_layers"],
-                len(layernorms),
-            )
+
+
+def _pin_planned_layers(trt: Any, plan: BuildPlan, network: Any) -> dict[str, Any]:
+    """The plan's FP32 pins on the parsed network (weak typing only), warning about the layers
+    they could not reach."""
+    if not plan.precision_constraints:
+        return {"pinned": [], "normalization_layers": 0, "unmatched": []}
+    source = plan.source if plan.source is not None else load_source(plan.onnx_path)
+    layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
+    pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
+    if pins["unmatched"]:
+        log.warning(
+            "no layer is named %s: those nodes keep TensorRT's choice of precision",
+            ", ".join(pins["unmatched"]),
+        )
+    if pins["normalization_layers"] < len(layernorms):
+        log.warning(
+            "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
+            "were decomposed and keep TensorRT's choice of precision",
+            pins["normalization_layers"],
+            len(layernorms),
+        )
+    return pins
+
+
+def _serialized_engine(poly: Any, plan: BuildPlan, parsed: Any) -> memoryview:
+    """Build the parsed network with the plan's profile and flags; the engine's bytes."""
     profile = poly.Profile()
     for name, shapes in plan.profile.items():
         profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
@@ -369,16 +419,6 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
         precision_constraints=plan.precision_constraints,
         load_timing_cache=str(plan.load_timing_cache) if plan.load_timing_cache else None,
     )
-    log.info(
-        "building a %s engine (%s) for %s (SM %s) with TensorRT %s; equivalent trtexec:\n  %s",
-        plan.precision,
-        "strongly typed" if plan.strongly_typed else "weakly typed",
-        plan.gpu.name,
-        plan.gpu.compute_capability,
-        plan.tensorrt_version,
-        plan.trtexec_equivalent(),
-    )
-    started = time.perf_counter()
     try:
         serialized = poly.EngineBytesFromNetwork(
             parsed, config=config, save_timing_cache=str(plan.timing_cache)
@@ -389,7 +429,6 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
             "TensorRT's log above names the failing layer. Try another precision, or check the "
             "file with: polygraphy run model.onnx --onnxrt --trt"
         ) from err
-    seconds = time.perf_counter() - started
     # TensorRT returns an IHostMemory: the buffer protocol and nbytes, but no len() (and it is
     # always truthy); build_serialized_network returns None when the build fails.
     try:
@@ -401,17 +440,11 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
         ) from err
     if data is None or data.nbytes == 0:
         raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
-    size = data.nbytes
-    sidecar = plan.sidecar(
-        built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        build_seconds=round(seconds, 2),
-        engine_bytes=size,
-        cuda={"driver": plan.gpu.cuda_driver, "runtime": _cuda_runtime_version()},
-        engine_io=io,
-        fp32_pinned=pins["pinned"],
-    )
-    sidecar["inputs"] = _with_engine_dtypes(sidecar["inputs"], io["inputs"])
-    sidecar["outputs"] = _with_engine_dtypes(sidecar["outputs"], io["outputs"])
+    return data
+
+
+def _write_engine(plan: BuildPlan, data: memoryview, sidecar: dict[str, Any]) -> None:
+    """The engine, atomically, then its sidecar; no engine is left without its sidecar."""
     try:
         atomic_write_bytes(plan.engine_path, data)  # never a half-written engine
     except OSError as err:
@@ -424,14 +457,6 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
             f"cannot write the sidecar {str(plan.sidecar_path)!r} ({err}); the engine was removed, "
             "fix the folder and build again"
         ) from err
-    log.info(
-        "wrote %s (%.1f MB, %.0f s) and %s",
-        plan.engine_path,
-        size / 1e6,
-        seconds,
-        plan.sidecar_path.name,
-    )
-    return sidecar
 
 
 def _with_engine_dtypes(specs: list[Any], engine: list[dict[str, Any]]) -> list[Any]:

@@ -159,15 +159,7 @@ def trtexec_command(
     choice = choose_precision(
         precision, source.graph_precision, trt, sm=sm, strongly_typed=asked.strongly_typed
     )
-    folder = Path(asked.out) if asked.out is not None else source.folder
-    stem = engine_stem(source.sha256, choice.precision, trt, gpu)
-    engine_path = Path(engine) if engine is not None else folder / f"{stem}.engine"
-    cache_path = (
-        Path(asked.timing_cache)
-        if asked.timing_cache is not None
-        else folder / timing_cache_name(trt, gpu)
-    )
-    layers_path = engine_path.with_name(engine_path.name.removesuffix(".engine") + ".layers.json")
+    engine_path, cache_path, layers_path = _output_paths(source, choice, asked, trt, engine, gpu)
     shapes = source.profile_shapes(source.batch_profile(*asked.batch))
     precision_args, notes = _precision_arguments(source, choice, trt)
     argv = [
@@ -185,11 +177,7 @@ def trtexec_command(
             f"--exportLayerInfo={layers_path}",
         ]
     argv += list(extra)
-    if trt == "11" and "--useCudaGraph" in extra:
-        notes += (
-            "--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
-            "by default there (--noCudaGraph turns them off)",
-        )
+    notes += _extra_notes(trt, extra)
     return TrtexecCommand(
         argv=tuple(argv),
         trt=trt,
@@ -200,6 +188,38 @@ def trtexec_command(
         layer_info=layers_path if layer_info else None,
         notes=best_note + choice.notes + notes,
     )
+
+
+def _extra_notes(trt: str, extra: Sequence[str]) -> tuple[str, ...]:
+    """What the extra arguments do on this generation, where that is not what they say."""
+    if trt == "11" and "--useCudaGraph" in extra:
+        return (
+            "--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
+            "by default there (--noCudaGraph turns them off)",
+        )
+    return ()
+
+
+def _output_paths(
+    source: ExportSource,
+    choice: PrecisionChoice,
+    asked: EngineBuildOptions,
+    trt: str,
+    engine: str | Path | None,
+    gpu: str | None,
+) -> tuple[Path, Path, Path]:
+    """(engine, timing cache, layer info): as given, else in ``asked.out`` (the export folder)
+    named by model hash, precision, GPU tag and generation."""
+    folder = Path(asked.out) if asked.out is not None else source.folder
+    stem = engine_stem(source.sha256, choice.precision, trt, gpu)
+    engine_path = Path(engine) if engine is not None else folder / f"{stem}.engine"
+    cache_path = (
+        Path(asked.timing_cache)
+        if asked.timing_cache is not None
+        else folder / timing_cache_name(trt, gpu)
+    )
+    layers_path = engine_path.with_name(engine_path.name.removesuffix(".engine") + ".layers.json")
+    return engine_path, cache_path, layers_path
 
 
 def _source(export_dir_or_info: str | Path | ExportSource) -> ExportSource:
