@@ -22,12 +22,14 @@ import argparse
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from hydra_deploy.errors import ParameterError
 from hydra_deploy.options import option
 
-__all__ = ["BUILD_PRECISIONS", "EngineBuildOptions", "engine_build_options"]
+__all__ = ["BUILD_PRECISIONS", "EngineBuildOptions", "options_with"]
+
+_Group = TypeVar("_Group")
 
 #: The precisions ``hydra-build --precision`` offers (the library takes ``int8`` too: an INT8
 #: export builds in INT8 by default).
@@ -140,22 +142,22 @@ class EngineBuildOptions:
         return self.min_batch, self.opt_batch, self.max_batch
 
 
-def engine_build_options(
-    options: EngineBuildOptions | None, settings: Mapping[str, Any], function: str
-) -> EngineBuildOptions:
-    """``options`` (default: none given) with ``settings`` (the keywords of the convenience
-    form, e.g. ``build_engine(path, precision="fp16")``) put in; an unknown keyword raises the
-    TypeError Python raises for it, naming the fields."""
-    if options is not None and not isinstance(options, EngineBuildOptions):
+def options_with(
+    group: type[_Group], options: _Group | None, settings: Mapping[str, Any], function: str
+) -> _Group:
+    """``options`` (an instance of the dataclass ``group``; None: ``group()``) with ``settings``
+    (the keyword form of a function that takes it, e.g. ``build_engine(path, precision="fp16")``)
+    put in; an unknown keyword raises the TypeError Python raises for it, naming the fields."""
+    if options is not None and not isinstance(options, group):
         raise TypeError(
-            f"{function}() takes an EngineBuildOptions as its options, got {type(options).__name__}"
+            f"{function}() takes a {group.__name__} as its options, got {type(options).__name__}"
         )
-    names = [f.name for f in dataclasses.fields(EngineBuildOptions)]
+    names = [f.name for f in dataclasses.fields(group)]
     unknown = [key for key in settings if key not in names]
     if unknown:
         raise TypeError(
-            f"{function}() got an unexpected keyword argument {unknown[0]!r}; the build's "
-            f"settings are {', '.join(names)}"
+            f"{function}() got an unexpected keyword argument {unknown[0]!r}; {group.__name__} "
+            f"has {', '.join(names)}"
         )
-    base = options if options is not None else EngineBuildOptions()
+    base = options if options is not None else group()
     return dataclasses.replace(base, **settings) if settings else base

@@ -78,13 +78,16 @@ logger = logging.getLogger("hydra_deploy")
 
 #: Private names that lived here before the runners were split, and the module that has them now.
 _MOVED = {
-    "_import_ort": "onnxruntime_runner",
-    "_session_error": "onnxruntime_runner",
-    "_check_one": "runner_base",
-    "_compute_capability_here": "tensorrt_runner",
-    "_import_tensorrt": "tensorrt_runner",
-    "_trt_dtype": "tensorrt_runner",
-    "_trt_runner_class": "tensorrt_runner",
+    name: module
+    for module, names in (
+        ("onnxruntime_runner", ("_import_ort", "_session_error")),
+        ("runner_base", ("_check_one",)),
+        (
+            "tensorrt_runner",
+            ("_compute_capability_here", "_import_tensorrt", "_trt_dtype", "_trt_runner_class"),
+        ),
+    )
+    for name in names
 }
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.atomic import atomic_write_bytes
-from hydra_deploy.engines.build_options import EngineBuildOptions, engine_build_options
+from hydra_deploy.engines.build_options import EngineBuildOptions, options_with
 from hydra_deploy.engines.build_source import (
     ExportSource,
     engine_stem,
@@ -178,7 +178,7 @@ def plan_build(
     ``trt_version`` and ``gpu`` default to the installed TensorRT and CUDA device 0; pass them to
     plan for another machine (tests do).
     """
-    asked = engine_build_options(options, settings, "plan_build")
+    asked = options_with(EngineBuildOptions, options, settings, "plan_build")
     source = load_source(onnx_path)
     trt_version = trt_version if trt_version is not None else tensorrt_version()
     gpu = gpu if gpu is not None else detect_gpu()
@@ -527,7 +527,7 @@ def build_engine(
         EngineError: TensorRT or Polygraphy missing (the message gives the install command and the
             trtexec line for this export), no GPU, an impossible precision, a failed build.
     """
-    asked = engine_build_options(options, settings, "build_engine")
+    asked = options_with(EngineBuildOptions, options, settings, "build_engine")
     source = load_source(onnx_path)
     source.graph_precision  # noqa: B018 (refuses a graph no TensorRT builds before asking for one)
     try:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.engines.build_options import EngineBuildOptions, engine_build_options
+from hydra_deploy.engines.build_options import EngineBuildOptions, options_with
 from hydra_deploy.engines.build_source import (
     ExportSource,
     engine_stem,
@@ -149,7 +149,7 @@ def trtexec_command(
     Raises:
         EngineError: unknown generation, a precision that generation cannot build, bad profile.
     """
-    asked = engine_build_options(options, settings, "trtexec_command")
+    asked = options_with(EngineBuildOptions, options, settings, "trtexec_command")
     if trt not in GENERATIONS:
         raise EngineError(
             f"unknown TensorRT generation {trt!r}; choose one of {', '.join(GENERATIONS)}"

@@ -34,8 +34,8 @@ are not served: the model's ``config.pbtxt`` and the README say so, and
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
 installed, parsed with Triton's own ``ModelConfig`` protobuf before anything is written. Each model
 folder is assembled under a temporary name beside it and renamed into place, so a model folder with
-a ``config.pbtxt`` is always complete. Imports the standard library and the export folder's
-reader (``hydra_deploy.export_folder``) only; never torch.
+a ``config.pbtxt`` is always complete. Imports the standard library, the export folder's reader
+(``hydra_deploy.export_folder``) and the options' helper only; never torch.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ import re
 import shutil
 import tempfile
 import textwrap
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text, staging_dir
+from hydra_deploy.engines.build_options import options_with
 from hydra_deploy.errors import HydraError, ServeError
 from hydra_deploy.export_folder import (
     DECISION_OUTPUTS,
@@ -72,17 +73,12 @@ text_format = lazy_module("google.protobuf.text_format")  # tritonclient's: ther
 
 logger = logging.getLogger("hydra_deploy")
 
+#: numpy dtype name -> Triton's data type: Triton spells the numpy names with FP/BF for float/bfloat
+#: (``float32`` -> ``TYPE_FP32``, ``bfloat16`` -> ``TYPE_BF16``, ``int64`` -> ``TYPE_INT64``)
 TRITON_TYPES = {
-    "float32": "TYPE_FP32",
-    "float16": "TYPE_FP16",
-    "bfloat16": "TYPE_BF16",
-    "float64": "TYPE_FP64",
-    "int64": "TYPE_INT64",
-    "int32": "TYPE_INT32",
-    "int8": "TYPE_INT8",
-    "uint8": "TYPE_UINT8",
-    "bool": "TYPE_BOOL",
-}
+    dtype: "TYPE_" + dtype.upper().replace("BFLOAT", "BF").replace("FLOAT", "FP")
+    for dtype in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8")
+} | {"bool": "TYPE_BOOL"}
 KINDS = {"auto": "KIND_AUTO", "cpu": "KIND_CPU", "gpu": "KIND_GPU"}
 PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 DEFAULT_FILES = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
@@ -423,22 +419,6 @@ class TritonModelOptions:
             _check_count("max batch", self.max_batch)
 
 
-def triton_options(
-    options: TritonModelOptions | None, settings: dict[str, Any], function: str
-) -> TritonModelOptions:
-    """``options`` with ``settings`` (the keyword form, e.g. ``instances=2``) put in; an unknown
-    keyword raises the TypeError Python raises for it, naming the settings."""
-    names = [f.name for f in fields(TritonModelOptions)]
-    unknown = [key for key in settings if key not in names]
-    if unknown:
-        raise TypeError(
-            f"{function}() got an unexpected keyword argument {unknown[0]!r}; the models' "
-            f"settings are {', '.join(names)}"
-        )
-    base = options if options is not None else TritonModelOptions()
-    return replace(base, **settings) if settings else base
-
-
 @dataclass(frozen=True)
 class _Export:
     """What every model of one export shares: its record, labels and decisions' state."""
@@ -518,7 +498,7 @@ def plan_repository(
     """The models :func:`write_triton_repository` would write (nothing is written): ``options``
     (a :class:`TritonModelOptions`, or its fields as keywords: ``instances=2``, ``kind="cpu"``,
     ...; keywords win) for the export and ``engine``, a TensorRT plan built from it."""
-    asked = triton_options(options, settings, "plan_repository")
+    asked = options_with(TritonModelOptions, options, settings, "plan_repository")
     export_dir = Path(export_dir)
     export = _served_export(export_dir)
     name = check_name(asked.model_name or default_model_name(export_dir))
@@ -600,7 +580,7 @@ def write_triton_repository(
     ``queue_delay_us=``, ``instances=``, ``kind=``). Returns ``{"repository", "models": [...]}``
     with each model's name, platform, folder and config. Existing model folders of these names are
     refused unless ``overwrite``; other models in ``repo`` are left as they are."""
-    asked = triton_options(options, settings, "write_triton_repository")
+    asked = options_with(TritonModelOptions, options, settings, "write_triton_repository")
     export_dir, repo = Path(export_dir), Path(repo)
     models = plan_repository(export_dir, asked, engine=engine)
     refuse_existing_models(repo, [m.name for m in models], overwrite)
