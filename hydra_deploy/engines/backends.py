@@ -193,8 +193,8 @@ class Backend:
     ``name``: how it is asked for (lowercase; also ``runner.backend``); ``aliases``: other
     spellings. ``runner``: its runner class. ``opens``: path kind name -> the function that opens
     such a path (:data:`PATH_KINDS`, or a kind of ``kinds``). ``dependency``: the optional package
-    it needs (a :data:`hydra_deploy.optional.DEPENDENCIES` name; its runner raises the install
-    hint). ``proof``: how its runner proves which model.onnx it runs. ``record_name``: the backend
+    it needs, by import name (what to install; its runner raises the install hint when it is
+    missing). ``proof``: how its runner proves which model.onnx it runs. ``record_name``: the backend
     a decisions record names for its numbers (default ``name``). ``label``: its name in words.
     ``refuses``: path kind name -> what to do instead, for a kind it does not open. ``kinds``:
     kinds of path it adds (tried before the built-in ones).
