@@ -47,6 +47,7 @@ from hydra_deploy.export_folder import (
     file_sha256,
     read_info,
 )
+from hydra_deploy.optional import missing
 
 __all__ = [
     "BACKENDS",
@@ -195,8 +196,7 @@ class Backend:
     such a path (:data:`PATH_KINDS`, or a kind of ``kinds``). ``dependency``: the optional package
     it needs, by import name (what to install; its runner raises the install hint when it is
     missing). ``proof``: how its runner proves which model.onnx it runs. ``record_name``: the backend
-    a decisions record names for its numbers (default ``name``). ``label``: its name in words.
-    ``refuses``: path kind name -> what to do instead, for a kind it does not open. ``kinds``:
+    a decisions record names for its numbers (default ``name``). ``refuses``: path kind name -> what to do instead, for a kind it does not open. ``kinds``:
     kinds of path it adds (tried before the built-in ones).
     """
 
@@ -207,7 +207,6 @@ class Backend:
     dependency: str | None = None
     proof: ModelProof = RUNS_ONNX_FILE
     record_name: str | None = None
-    label: str | None = None
     refuses: Mapping[str, str] = field(default_factory=dict)
     kinds: tuple[PathKind, ...] = ()
 
@@ -228,6 +227,11 @@ class Backend:
                 f"backend {self.name!r}: `proof` must be a ModelProof (RUNS_ONNX_FILE, "
                 f"RUNS_BUILT_ENGINE or a subclass), got {self.proof!r}"
             )
+
+    @property
+    def installed(self) -> bool:
+        """Whether its optional package is installed here (found without importing it)."""
+        return self.dependency is None or not missing(self.dependency)
 
     @property
     def records_as(self) -> str:

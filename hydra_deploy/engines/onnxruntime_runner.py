@@ -250,7 +250,6 @@ ONNXRUNTIME = register_backend(
         aliases=("ort",),
         dependency="onnxruntime",
         proof=RUNS_ONNX_FILE,
-        label="ONNX Runtime",
         refuses={
             "engine file": "ONNX Runtime runs the .onnx file it was built from (the export "
             "folder), or run the engine with backend 'tensorrt'"

@@ -248,7 +248,6 @@ TENSORRT = register_backend(
         aliases=("trt",),
         dependency="tensorrt",
         proof=RUNS_BUILT_ENGINE,
-        label="TensorRT",
         refuses={
             ".onnx file": "build a TensorRT engine from it first (hydra-build), or run it in "
             "ONNX Runtime with providers=['tensorrt']"

@@ -50,6 +50,7 @@ def calibrated(export_dir, tmp_path_factory):
 
 def test_a_registered_backend_runs_through_load_runner_as_onnx_runtime_does(wrapped, export_dir):
     assert list(BACKENDS) == ["onnxruntime", "tensorrt", "ort-wrapped"]
+    assert wrapped.installed and get_backend("ort") is BACKENDS["onnxruntime"]
     x = images(3, seed=1)
     with load_runner(export_dir, backend="onnxruntime") as reference:
         expected = reference(x)

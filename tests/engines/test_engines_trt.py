@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import trt_standins
-from helpers.vit import tiny_vit
+from helpers.vit import tiny_hydra
 
 from hydra_deploy.decisions import fit_decisions
 from hydra_deploy.engines.build_source import load_source
@@ -40,8 +40,6 @@ from hydra_deploy.errors import EngineError
 from hydra_deploy.evaluation.calibrate import store_decisions
 from hydra_deploy.export import export_onnx
 from hydra_deploy.export_folder import file_sha256
-from hydra_deploy.fusion import fuse
-from hydra_deploy.specs import HydraSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -53,9 +51,7 @@ T4 = GpuInfo("Tesla T4", 7, 5, "12.4")
 # --- fixtures: one tiny export of each kind, made once ----------------------------------------------
 @pytest.fixture(scope="module")
 def hydra():
-    backbone = tiny_vit("token")
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
-    return fuse(backbone, spec)
+    return tiny_hydra()
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,13 @@ import onnx
 import pytest
 import torch
 from helpers.trt_standins import TrtRunner as _StandInTrtRunner
-from helpers.vit import tiny_vit
+from helpers.vit import tiny_hydra
 from onnx import TensorProto, helper
 
 from hydra_deploy.engines import load_runner, tensorrt_runner
 from hydra_deploy.engines import runner as runner_module
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export import export_onnx
-from hydra_deploy.fusion import fuse
-from hydra_deploy.specs import HydraSpec
 from hydra_deploy.uncertainty import ensemble_scores
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -34,9 +32,7 @@ HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 
 @pytest.fixture(scope="module")
 def hydra():
-    backbone = tiny_vit("token")
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
-    return fuse(backbone, spec)
+    return tiny_hydra()
 
 
 @pytest.fixture(scope="module")

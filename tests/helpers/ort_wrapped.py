@@ -76,5 +76,4 @@ WRAPPED_ORT = Backend(
     dependency="onnxruntime",
     proof=RUNS_ONNX_FILE,
     record_name="onnxruntime",
-    label="ONNX Runtime (wrapped)",
 )
