@@ -62,26 +62,13 @@ def exports(hydra, tmp_path_factory):
     only that field (the graph's own Casts matter to TensorRT, not to the command line).
     """
     root = tmp_path_factory.mktemp("engines")
-    folders = {"fp32": root / "fp32", "uq": root / "uq"}
-    export_onnx(hydra, folders["fp32"], batch=(1, 4, 6), exporter="torchscript", validate=False)
-    export_onnx(
-        hydra,
-        folders["uq"],
-        batch=(1, 4, 6),
-        exporter="torchscript",
-        validate=False,
-        uq_outputs=True,
-    )
-    folders["fp16-real"] = root / "fp16-real"
-    export_onnx(
-        hydra,
-        folders["fp16-real"],
-        batch=(1, 4, 6),
-        exporter="torchscript",
-        validate=False,
-        uq_outputs=True,
-        precision="fp16",
-    )
+    folders = {name: root / name for name in ("fp32", "uq", "fp16-real")}
+    made = {"uq": {"uq_outputs": True}, "fp16-real": {"uq_outputs": True, "precision": "fp16"}}
+    for name, folder in folders.items():
+        options = made.get(name, {})
+        export_onnx(
+            hydra, folder, batch=(1, 4, 6), exporter="torchscript", validate=False, **options
+        )
     for precision in ("fp16", "bf16"):
         folder = root / precision
         shutil.copytree(folders["uq"], folder)
