@@ -33,7 +33,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,6 @@ __all__ = [
     "INTERPOLATIONS",
     "MODEL_FILE",
     "RECORD_BACKENDS",
-    "RECORD_BACKEND_NAME",
     "TOKENIZER_DIR",
     "WEIGHTS_FILE",
     "DecisionRecord",
@@ -71,6 +69,7 @@ __all__ = [
     "SetRule",
     "engine_info_path",
     "file_sha256",
+    "is_backend_name",
     "parse_batch_profile",
     "read_engine_info",
     "read_info",
@@ -1060,10 +1059,21 @@ class DecisionRecord:
 
 #: The backends a decisions record may name (``backend``: what produced the logits fitted on).
 RECORD_BACKENDS = ("onnxruntime", "tensorrt")
-#: The form of another backend's name in a record: a registered backend's ``record_name``
-#: (:mod:`hydra_deploy.engines.backends`; this module imports no runtime to know them).
-RECORD_BACKEND_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "tensorrt": "TensorRT"}
+
+
+def is_backend_name(value: Any) -> bool:
+    """Whether ``value`` has the form of a backend name a record may hold: 1 to 32 lowercase
+    letters, digits, '_', '.' and '-', from a letter or digit. Besides :data:`RECORD_BACKENDS`, a
+    registered backend's ``record_name`` (:mod:`hydra_deploy.engines.backends`: this module
+    imports no runtime to know them)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= 32
+        and value[0] in _NAME_START
+        and set(value) <= _NAME_START | {"_", ".", "-"}
+    )
 
 
 def _is_sha256(value: Any) -> bool:
@@ -1097,7 +1107,7 @@ def _fitted_numbers(
         if precision is not None or engine is not None:
             raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
         return None, None, None
-    if not (isinstance(backend, str) and RECORD_BACKEND_NAME.match(backend)):
+    if not is_backend_name(backend):
         raise _malformed(
             where, "backend", backend, f"{', '.join(RECORD_BACKENDS)} or a backend's record_name"
         )

@@ -42,9 +42,9 @@ from hydra_deploy.export_folder import (
     ENGINE_SUFFIXES,
     INFO_FILE,
     MODEL_FILE,
-    RECORD_BACKEND_NAME,
     ExportInfo,
     file_sha256,
+    is_backend_name,
     read_info,
 )
 from hydra_deploy.optional import missing
@@ -183,10 +183,6 @@ RUNS_BUILT_ENGINE: ModelProof = _RunsBuiltEngine()
 
 
 # --- the row ---------------------------------------------------------------------------------------
-#: a backend name (and a record name) has the form a decisions record accepts
-_NAME = RECORD_BACKEND_NAME
-
-
 @dataclass(frozen=True)
 class Backend:
     """One runtime backend (see the module docstring).
@@ -212,7 +208,7 @@ class Backend:
 
     def __post_init__(self) -> None:
         for name in (self.name, *self.aliases, self.records_as):
-            if not isinstance(name, str) or not _NAME.match(name):
+            if not is_backend_name(name):  # the form a decisions record accepts
                 raise RunnerError(
                     f"backend name {name!r} is not usable: use 1 to 32 lowercase letters, digits, "
                     "'_', '.' and '-', starting with a letter or digit"
