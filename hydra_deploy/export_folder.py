@@ -83,6 +83,7 @@ __all__ = [
     "TokenizerEntry",
     "engine_info_path",
     "file_sha256",
+    "is_backend_name",
     "parse_batch_profile",
     "read_engine_info",
     "read_info",
@@ -1455,7 +1456,7 @@ class DecisionRecord:
             found.append(f"backend {fitted_backend}, this runner is {backend}")
         if fitted_precision is not None and precision is not None and precision != fitted_precision:
             found.append(f"precision {fitted_precision}, this runner computes in {precision}")
-        if backend == fitted_backend == "tensorrt" and engine_sha256 != self.engine_sha256:
+        if backend == fitted_backend and self.engine_sha256 and engine_sha256 != self.engine_sha256:
             found.append(
                 f"the engine file of sha256 {_short_sha(self.engine_sha256)}, this one is "
                 f"{_short_sha(engine_sha256)}"
@@ -1542,7 +1543,21 @@ class DecisionRecord:
 
 #: The backends a decisions record may name (``backend``: what produced the logits fitted on).
 RECORD_BACKENDS = ("onnxruntime", "tensorrt")
+_NAME_START = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _BACKEND_NAMES = {"onnxruntime": "ONNX Runtime", "tensorrt": "TensorRT"}
+
+
+def is_backend_name(value: Any) -> bool:
+    """Whether ``value`` has the form of a backend name a record may hold: 1 to 32 lowercase
+    letters, digits, '_', '.' and '-', from a letter or digit. Besides :data:`RECORD_BACKENDS`, a
+    registered backend's ``record_name`` (:mod:`hydra_deploy.engines.backends`: this module
+    imports no runtime to know them)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= 32
+        and value[0] in _NAME_START
+        and set(value) <= _NAME_START | {"_", ".", "-"}
+    )
 
 
 def _is_sha256(value: Any) -> bool:
@@ -1576,8 +1591,10 @@ def _fitted_numbers(
         if precision is not None or engine is not None:
             raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
         return None, None, None
-    if backend not in RECORD_BACKENDS:
-        raise _malformed(where, "backend", backend, f"one of {', '.join(RECORD_BACKENDS)}")
+    if not is_backend_name(backend):
+        raise _malformed(
+            where, "backend", backend, f"{', '.join(RECORD_BACKENDS)} or a backend's record_name"
+        )
     if precision is not None and not (isinstance(precision, str) and 0 < len(precision) <= 32):
         raise _malformed(where, "precision", precision, "a precision such as fp32, or null")
     if backend == "onnxruntime" and precision not in GRAPH_PRECISIONS:
@@ -1586,6 +1603,8 @@ def _fitted_numbers(
         raise _malformed(where, "engine_sha256", engine, "64 lowercase hex digits")
     if backend == "onnxruntime" and engine is not None:
         raise _malformed(where, "engine_sha256", engine, "null for an ONNX Runtime record")
+    if engine is not None and not _is_sha256(engine):
+        raise _malformed(where, "engine_sha256", engine, "64 lowercase hex digits, or null")
     return backend, precision, engine
 
 

@@ -216,6 +216,7 @@ def _decision_record(**numbers):
         {"backend": "onnxruntime", "precision": "fp16"},
         {"backend": "tensorrt", "precision": "int8", "engine_sha256": _SHA_ENGINE},
         {"backend": "tensorrt", "precision": None, "engine_sha256": _SHA_ENGINE},  # trtexec's
+        {"backend": "openvino", "precision": "fp16"},  # a registered backend's record_name
     ],
 )
 def test_a_decision_record_round_trips_with_the_numbers_it_was_fitted_on(numbers):
@@ -261,7 +262,7 @@ def test_an_old_record_loads_as_onnx_runtime_on_the_folders_graph_and_says_so(ex
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"backend": "openvino", "precision": "fp32"}, "backend"),
+        ({"backend": "Open VINO", "precision": "fp32"}, "backend"),
         ({"precision": "fp16"}, "backend"),  # numbers without a backend
         ({"backend": "tensorrt", "precision": "fp16"}, "engine_sha256"),
         ({"backend": "tensorrt", "precision": "fp16", "engine_sha256": "E" * 64}, "engine_sha256"),

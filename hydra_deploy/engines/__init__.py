@@ -10,9 +10,11 @@ from __future__ import annotations
 from hydra_deploy.optional import lazy_attributes
 
 _LAZY = {
+    "BACKENDS": "hydra_deploy.engines.runner",
     "build_engine": "hydra_deploy.engines.tensorrt",
     "trtexec_command": "hydra_deploy.engines.trtexec",
     "load_runner": "hydra_deploy.engines.runner",
+    "register_backend": "hydra_deploy.engines.backends",
     "score_inputs": "hydra_deploy.engines.sources",
 }
 

@@ -26,6 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra_deploy.engines.precision_rules import parse_version
+from hydra_deploy.errors import EngineError
+from hydra_deploy.optional import lazy_module
+
+onnx = lazy_module("onnx", purpose="checking an ONNX file against TensorRT", error=EngineError)
+numpy_helper = lazy_module("onnx.numpy_helper", purpose="reading ONNX weights", error=EngineError)
 
 #: the table's release columns
 RELEASES = ("8.6", "10", "newest")
@@ -293,17 +298,21 @@ _ONNX_DOMAINS = ("", "ai.onnx")
 _BFLOAT16, _INT8, _UINT8, _INT4, _FP8 = 16, 3, 2, 22, (17, 18, 19, 20)
 
 
-def parser_problems(model: Any, version: str | Sequence[int]) -> list[str]:
-    """What TensorRT ``version``'s ONNX parser refuses or reads otherwise than ONNX Runtime in
-    ``model`` (an ``onnx.ModelProto`` or the path of an ``.onnx`` file), one line per node:
-    "<node>: <op> ... (refused|mis-read on TensorRT x.y)". Empty when the table finds nothing.
-    """
-    import onnx
+@dataclass(frozen=True)
+class _Graph:
+    """What the rules read of a graph: each tensor's ONNX type and shape (inferred where onnx can;
+    None for a dynamic dimension), and its weights (initializers and Constant nodes)."""
 
-    if isinstance(model, (str, os.PathLike)):
-        model = onnx.load(str(model), load_external_data=False)
-    release = parse_version(version)
-    old = release < (10, 0)
+    types: dict[str, int]
+    shapes: dict[str, list]
+    weights: dict[str, Any]
+
+    def values(self, name: str) -> Any:
+        """A weight's values (numpy), None for a computed tensor."""
+        return numpy_helper.to_array(self.weights[name]) if name in self.weights else None
+
+
+def _read_graph(model: Any) -> _Graph:
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # a graph onnx cannot infer: the types the file states
@@ -326,83 +335,123 @@ def parser_problems(model: Any, version: str | Sequence[int]) -> list[str]:
                     weights[node.output[0]] = attribute.t
     types.update((name, t.data_type) for name, t in weights.items())
     shapes.update((name, list(t.dims)) for name, t in weights.items())
+    return _Graph(types, shapes, weights)
+
+
+def parser_problems(model: Any, version: str | Sequence[int]) -> list[str]:
+    """What TensorRT ``version``'s ONNX parser refuses or reads otherwise than ONNX Runtime in
+    ``model`` (an ``onnx.ModelProto`` or the path of an ``.onnx`` file), one line per node:
+    "<node>: <op> ... (refused|mis-read on TensorRT x.y)". Empty when the table finds nothing.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        model = onnx.load(str(model), load_external_data=False)
+    release = parse_version(version)
+    graph = _read_graph(model)
     where = f"TensorRT {release[0]}.{release[1]}"
     found: list[str] = []
-
-    def say(node, what: str, refused: bool = True) -> None:
-        how = "refused" if refused else "mis-read"
-        found.append(f"{node.name or node.op_type}: {node.op_type} {what} ({how} on {where})")
-
-    def values(name: str):
-        from onnx import numpy_helper
-
-        return numpy_helper.to_array(weights[name]) if name in weights else None
-
-    if old:
-        bf16 = sorted(name for name, kind in types.items() if kind == _BFLOAT16)
+    if release < (10, 0):
+        bf16 = sorted(name for name, kind in graph.types.items() if kind == _BFLOAT16)
         if bf16:
             found.append(
                 f"{len(bf16)} BFLOAT16 tensor(s), e.g. {bf16[0]!r}: TensorRT before 9.0 has no "
                 f"BF16 (refused on {where})"
             )
     for node in model.graph.node:
-        if node.domain not in _ONNX_DOMAINS:
-            say(node, f"of domain {node.domain!r}: no importer")
-            continue
-        op = node.op_type
-        attrs = {a.name: a for a in node.attribute}
-        inputs = list(node.input)
-        if op in NO_IMPORTER:
-            say(node, "has no importer (an ONNX Runtime integer operator)")
-        elif op == "Shape" and old and ("end" in attrs or ("start" in attrs and attrs["start"].i)):
-            say(node, "with start/end: the parser ignores them and takes the whole shape", False)
-        elif op == "Cast" and old and "to" in attrs and attrs["to"].i == _BFLOAT16:
-            say(node, "to BFLOAT16")
-        elif op in ("QuantizeLinear", "DequantizeLinear"):
-            kind = types.get(inputs[0])
-            allowed = {_INT8} if old else {_INT8, _INT4, *_FP8}
-            if op == "DequantizeLinear" and kind is not None and kind not in allowed:
-                say(
-                    node,
-                    f"over a tensor of ONNX type {kind} (TensorRT dequantizes INT8"
-                    + ("" if old else ", FP8, INT4")
-                    + " only)",
-                )
-            zero = inputs[2] if len(inputs) > 2 and inputs[2] else None
-            if zero is not None:
-                point = values(zero)
-                if types.get(zero) == _UINT8:
-                    say(node, "with a UINT8 zero point" + ("" if old else ": taken as INT8"), old)
-                elif point is not None and point.any():
-                    say(node, "with a non-zero zero point (TensorRT quantizes symmetrically)")
-        elif op == "TopK" and len(inputs) > 1:
-            k = values(inputs[1])
-            if k is not None and int(k.ravel()[0]) > TOPK_MAX_K:
-                say(node, f"with K {int(k.ravel()[0])} > {TOPK_MAX_K}")
-        elif op == "Squeeze":
-            if len(inputs) > 1 and inputs[1] and inputs[1] not in weights:
-                say(node, "with axes that are not an initializer")
-            elif len(inputs) < 2 or not inputs[1]:
-                shape = shapes.get(inputs[0])
-                if shape is None or None in shape:
-                    say(node, "without axes on a tensor of dynamic shape")
-        elif op in ("Unsqueeze", "ReduceSum", "CumSum") and len(inputs) > 1 and inputs[1]:
-            if inputs[1] not in weights:
-                say(node, "with axes that are not an initializer")
-        elif op == "Slice" and len(inputs) > 3 and inputs[3] and inputs[3] not in weights:
-            if release < (10, 3):
-                say(node, "with axes that are not an initializer")
-        elif op == "LayerNormalization" and len([o for o in node.output if o]) > 1:
-            say(node, "with Mean/InvStdDev outputs (only Y is produced)")
-        reduction = attrs["reduction"].s.decode() if "reduction" in attrs else "none"
-        if op == "ScatterElements" and old and reduction != "none":
-            say(node, "with a reduction: the parser ignores it", False)
-        if op == "ReduceMax" and old and len(inputs) > 1 and inputs[1]:
-            say(node, "with axes as an input (opset 18): the parser reads only the attribute")
-        no_axes = len(inputs) < 2 or not inputs[1]
-        noop = "noop_with_empty_axes" in attrs and attrs["noop_with_empty_axes"].i == 1
-        if op == "ReduceSum" and old and noop and no_axes:
-            say(node, "with noop_with_empty_axes=1: the parser reduces every axis", False)
+        for what, refused in _node_problems(node, graph, release):
+            how = "refused" if refused else "mis-read"
+            found.append(f"{node.name or node.op_type}: {node.op_type} {what} ({how} on {where})")
+    return found
+
+
+def _node_problems(node: Any, graph: _Graph, release: tuple[int, int]) -> list[tuple[str, bool]]:
+    """(what, refused: else mis-read) for each rule of the table one node breaks."""
+    if node.domain not in _ONNX_DOMAINS:
+        return [(f"of domain {node.domain!r}: no importer", True)]
+    return _operator_problems(node, graph, release) + _attribute_problems(node, release)
+
+
+def _operator_problems(
+    node: Any, graph: _Graph, release: tuple[int, int]
+) -> list[tuple[str, bool]]:
+    """The operator's own rules: importers, Q/DQ types and zero points, weights-only inputs."""
+    old = release < (10, 0)
+    op, inputs = node.op_type, list(node.input)
+    attrs = {a.name: a for a in node.attribute}
+    found: list[tuple[str, bool]] = []
+    if op in NO_IMPORTER:
+        found.append(("has no importer (an ONNX Runtime integer operator)", True))
+    elif op == "Shape" and old and ("end" in attrs or ("start" in attrs and attrs["start"].i)):
+        found.append(("with start/end: the parser ignores them and takes the whole shape", False))
+    elif op == "Cast" and old and "to" in attrs and attrs["to"].i == _BFLOAT16:
+        found.append(("to BFLOAT16", True))
+    elif op in ("QuantizeLinear", "DequantizeLinear"):
+        found += _quantize_problems(op, inputs, graph, old)
+    elif op == "TopK" and len(inputs) > 1:
+        k = graph.values(inputs[1])
+        if k is not None and int(k.ravel()[0]) > TOPK_MAX_K:
+            found.append((f"with K {int(k.ravel()[0])} > {TOPK_MAX_K}", True))
+    elif op == "Squeeze":
+        if len(inputs) > 1 and inputs[1] and inputs[1] not in graph.weights:
+            found.append(("with axes that are not an initializer", True))
+        elif len(inputs) < 2 or not inputs[1]:
+            shape = graph.shapes.get(inputs[0])
+            if shape is None or None in shape:
+                found.append(("without axes on a tensor of dynamic shape", True))
+    elif op in ("Unsqueeze", "ReduceSum", "CumSum") and len(inputs) > 1 and inputs[1]:
+        if inputs[1] not in graph.weights:
+            found.append(("with axes that are not an initializer", True))
+    elif op == "Slice" and len(inputs) > 3 and inputs[3] and inputs[3] not in graph.weights:
+        if release < (10, 3):
+            found.append(("with axes that are not an initializer", True))
+    elif op == "LayerNormalization" and len([o for o in node.output if o]) > 1:
+        found.append(("with Mean/InvStdDev outputs (only Y is produced)", True))
+    return found
+
+
+def _quantize_problems(
+    op: str, inputs: list[str], graph: _Graph, old: bool
+) -> list[tuple[str, bool]]:
+    """A Q/DQ node's: the type it dequantizes, its zero point (TensorRT is symmetric)."""
+    found: list[tuple[str, bool]] = []
+    kind = graph.types.get(inputs[0])
+    allowed = {_INT8} if old else {_INT8, _INT4, *_FP8}
+    if op == "DequantizeLinear" and kind is not None and kind not in allowed:
+        found.append(
+            (
+                f"over a tensor of ONNX type {kind} (TensorRT dequantizes INT8"
+                + ("" if old else ", FP8, INT4")
+                + " only)",
+                True,
+            )
+        )
+    zero = inputs[2] if len(inputs) > 2 and inputs[2] else None
+    if zero is not None:
+        point = graph.values(zero)
+        if graph.types.get(zero) == _UINT8:
+            found.append(("with a UINT8 zero point" + ("" if old else ": taken as INT8"), old))
+        elif point is not None and point.any():
+            found.append(("with a non-zero zero point (TensorRT quantizes symmetrically)", True))
+    return found
+
+
+def _attribute_problems(node: Any, release: tuple[int, int]) -> list[tuple[str, bool]]:
+    """Attributes TensorRT before 10.0 reads otherwise (reductions and their axes)."""
+    if release >= (10, 0):
+        return []
+    op, inputs = node.op_type, list(node.input)
+    attrs = {a.name: a for a in node.attribute}
+    found: list[tuple[str, bool]] = []
+    reduction = attrs["reduction"].s.decode() if "reduction" in attrs else "none"
+    if op == "ScatterElements" and reduction != "none":
+        found.append(("with a reduction: the parser ignores it", False))
+    if op == "ReduceMax" and len(inputs) > 1 and inputs[1]:
+        found.append(
+            ("with axes as an input (opset 18): the parser reads only the attribute", True)
+        )
+    no_axes = len(inputs) < 2 or not inputs[1]
+    noop = "noop_with_empty_axes" in attrs and attrs["noop_with_empty_axes"].i == 1
+    if op == "ReduceSum" and noop and no_axes:
+        found.append(("with noop_with_empty_axes=1: the parser reduces every axis", False))
     return found
 
 

@@ -8,6 +8,10 @@ not take) and its engine and timing caches are on (``trt_engine_cache_enable``,
 engines again. Short names (``"cpu"``, ``"cuda"``, ``"tensorrt"``) and ``(name, options)`` pairs
 are accepted; options given are kept.
 
+Its row in the backend registry (:data:`ONNXRUNTIME`, ``"onnxruntime"`` or ``"ort"``) opens an
+export folder (its ``model.onnx``) and a ``.onnx`` file, with the ``hydra.json`` that describes
+it.
+
 Edge runtime: numpy only at import; onnxruntime is imported when a runner is made.
 """
 
@@ -21,13 +25,22 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.engines.backends import (
+    RUNS_ONNX_FILE,
+    Backend,
+    RunRequest,
+    export_beside_onnx,
+    folder_model,
+    register_backend,
+)
 from hydra_deploy.engines.runner_base import BaseRunner, TensorSpec, _is_fixed
 from hydra_deploy.errors import RunnerError
-from hydra_deploy.export_folder import ExportInfo
+from hydra_deploy.export_folder import INFO_FILE, ExportInfo, read_info
 from hydra_deploy.optional import require
 
 __all__ = [
     "DEFAULT_PROVIDERS",
+    "ONNXRUNTIME",
     "PROVIDER_ALIASES",
     "OrtRunner",
     "ort_tensorrt_cache_dir",
@@ -214,3 +227,32 @@ def _session_error(path: Path, err: Exception, precision: str | None) -> str:
     else:
         fix = "is the file complete and an ONNX model? re-export it with hydra-export"
     return f"ONNX Runtime cannot load {path}: {text.strip()}; {fix}"
+
+
+# --- the backend's row ---------------------------------------------------------------------------
+def _open_folder(target: Path, asked: RunRequest) -> OrtRunner:
+    onnx_path = folder_model(target)
+    export = read_info(target / INFO_FILE, required=False)
+    return OrtRunner(onnx_path, asked.providers, export=export, threads=asked.threads)
+
+
+def _open_onnx(target: Path, asked: RunRequest) -> OrtRunner:
+    export = export_beside_onnx(target, asked.decisions)
+    return OrtRunner(target, asked.providers, export=export, threads=asked.threads)
+
+
+#: ONNX Runtime: an export folder or a ``.onnx`` file, run by an ``InferenceSession``.
+ONNXRUNTIME = register_backend(
+    Backend(
+        "onnxruntime",
+        runner=OrtRunner,
+        opens={"export folder": _open_folder, ".onnx file": _open_onnx},
+        aliases=("ort",),
+        dependency="onnxruntime",
+        proof=RUNS_ONNX_FILE,
+        refuses={
+            "engine file": "ONNX Runtime runs the .onnx file it was built from (the export "
+            "folder), or run the engine with backend 'tensorrt'"
+        },
+    )
+)

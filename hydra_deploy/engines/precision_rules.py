@@ -123,7 +123,16 @@ def choose_precision(
     """
     trt = GENERATIONS[trt] if isinstance(trt, str) and trt in GENERATIONS else parse_version(trt)
     generation_of(trt)  # refuses TensorRT < 8.6
-    version = f"{trt[0]}.{trt[1]}"
+    requested = _checked_request(requested, graph_precision)
+    _check_typing(strongly_typed, trt)
+    if graph_precision != "fp32":  # the graph carries its precision (Casts in the ONNX file)
+        return _typed_graph_choice(requested, graph_precision, trt, sm, strongly_typed)
+    return _fp32_graph_choice(requested, trt, sm, strongly_typed)
+
+
+def _checked_request(requested: str | None, graph_precision: str) -> str:
+    """The precision asked for (None: the graph's own, else fp16), or EngineError saying why it
+    cannot be built from this graph."""
     if graph_precision not in GRAPH_PRECISIONS:
         raise EngineError(
             f"unknown graph precision {graph_precision!r}; expected {GRAPH_PRECISIONS}"
@@ -142,42 +151,65 @@ def choose_precision(
         )
     if requested not in PRECISIONS:
         raise EngineError(f"unknown precision {requested!r}; choose one of {', '.join(PRECISIONS)}")
-    has_strong, weak_deprecated, weak_removed = trt >= (10, 0), trt >= (10, 12), trt >= (11, 0)
-    if strongly_typed and not has_strong:
+    return requested
+
+
+def _check_typing(strongly_typed: bool | None, trt: tuple[int, int]) -> None:
+    """EngineError for a typing this TensorRT does not have."""
+    version = f"{trt[0]}.{trt[1]}"
+    if strongly_typed and trt < (10, 0):
         raise EngineError(
             f"TensorRT {version} has no strongly typed networks (they came with TensorRT 10.0); "
             "build weakly typed (leave strongly_typed unset) or upgrade TensorRT"
         )
-    if strongly_typed is False and weak_removed:
+    if strongly_typed is False and trt >= (11, 0):
         raise EngineError(
             f"TensorRT {version} builds every network strongly typed; drop the weakly typed "
             "request (--weakly-typed / strongly_typed=False)"
         )
+
+
+def _deprecated_weak(trt: tuple[int, int]) -> str:
+    return f"weak typing is deprecated since TensorRT 10.12 (this is {trt[0]}.{trt[1]})"
+
+
+def _typed_graph_choice(
+    requested: str,
+    graph_precision: str,
+    trt: tuple[int, int],
+    sm: int | None,
+    strongly_typed: bool | None,
+) -> PrecisionChoice:
+    """A graph that carries its precision: built in it, strongly typed from TensorRT 10.0 on."""
+    if requested == "best":
+        requested = graph_precision
+    if requested != graph_precision:
+        raise EngineError(
+            f"model.onnx was exported in {graph_precision} (its precision is in the graph); "
+            f"build it with precision {graph_precision} (or best), or re-export with "
+            f"hydra-export --from EXPORT_DIR --precision {requested} --out NEW_DIR"
+        )
+    problem = _bf16_problem(trt, sm) if graph_precision == "bf16" else None
+    if problem:
+        raise EngineError(
+            f"{problem}; re-export in FP16: hydra-export --from EXPORT_DIR --precision fp16 "
+            "--out NEW_DIR"
+        )
+    if trt >= (10, 0) and strongly_typed is not False:
+        return PrecisionChoice(graph_precision, True, (), False, ())
+    notes = (_deprecated_weak(trt),) if trt >= (10, 12) else ()
+    # INT8 without FP16: the layers outside the Q/DQ pairs compute in FP32, nothing to pin
+    pin = graph_precision != "int8"
+    return PrecisionChoice(graph_precision, False, (graph_precision,), pin, notes)
+
+
+def _fp32_graph_choice(
+    requested: str, trt: tuple[int, int], sm: int | None, strongly_typed: bool | None
+) -> PrecisionChoice:
+    """An FP32 graph: FP32, or FP16/BF16 by weak typing with LayerNorm and the head pinned to
+    FP32 (before TensorRT 10.12; deprecated there, removed in 11)."""
+    version = f"{trt[0]}.{trt[1]}"
     notes: list[str] = []
-
-    if graph_precision != "fp32":  # the graph carries its precision (Casts in the ONNX file)
-        if requested == "best":
-            requested = graph_precision
-        if requested != graph_precision:
-            raise EngineError(
-                f"model.onnx was exported in {graph_precision} (its precision is in the graph); "
-                f"build it with precision {graph_precision} (or best), or re-export with "
-                f"hydra-export --from EXPORT_DIR --precision {requested} --out NEW_DIR"
-            )
-        problem = _bf16_problem(trt, sm) if graph_precision == "bf16" else None
-        if problem:
-            raise EngineError(
-                f"{problem}; re-export in FP16: hydra-export --from EXPORT_DIR --precision fp16 "
-                "--out NEW_DIR"
-            )
-        if has_strong and strongly_typed is not False:
-            return PrecisionChoice(graph_precision, True, (), False, tuple(notes))
-        if weak_deprecated:
-            notes.append(f"weak typing is deprecated since TensorRT 10.12 (this is {version})")
-        # INT8 without FP16: the layers outside the Q/DQ pairs compute in FP32, nothing to pin
-        pin = graph_precision != "int8"
-        return PrecisionChoice(graph_precision, False, (graph_precision,), pin, tuple(notes))
-
     if requested == "best":
         problem = _bf16_problem(trt, sm)
         if problem:
@@ -186,7 +218,7 @@ def choose_precision(
         else:
             requested = "bf16"
     if requested == "fp32":
-        typed = strongly_typed if strongly_typed is not None else weak_deprecated
+        typed = strongly_typed if strongly_typed is not None else trt >= (10, 12)
         return PrecisionChoice("fp32", typed, (), False, tuple(notes))
     if requested == "bf16":
         problem = _bf16_problem(trt, sm)
@@ -200,17 +232,17 @@ def choose_precision(
         raise EngineError(
             f"a strongly typed build of an FP32 graph computes in FP32, not {requested}; {reexport}"
         )
-    if weak_removed:
+    if trt >= (11, 0):
         raise EngineError(
             f"TensorRT {version} removed weak typing (--fp16/--bf16), so an FP32 graph cannot be "
             f"built in {requested}; {reexport}"
         )
-    if weak_deprecated:
+    if trt >= (10, 12):
         if strongly_typed is None:
             raise EngineError(
                 f"TensorRT {version} deprecated weak typing (--fp16/--bf16 on an FP32 graph); "
                 f"{reexport} (or ask for the deprecated path with --weakly-typed / "
                 "strongly_typed=False)"
             )
-        notes.append(f"weak typing is deprecated since TensorRT 10.12 (this is {version})")
+        notes.append(_deprecated_weak(trt))
     return PrecisionChoice(requested, False, (requested,), True, tuple(notes))

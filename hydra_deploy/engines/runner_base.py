@@ -29,15 +29,13 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hydra_deploy.engines.text import TextEncoder
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import INFO_FILE, DecisionRecord, EngineInfo, ExportInfo
-
-if TYPE_CHECKING:
-    from hydra_deploy.engines.text import TextEncoder
 
 __all__ = ["BaseRunner", "Runner", "TensorSpec", "is_one_example"]
 
@@ -127,7 +125,8 @@ class BaseRunner(Runner):
     checked feed that fits the batch range -> the outputs by name) and ``close``; checking the
     inputs, splitting and padding batches and reading the metadata are done here.
 
-    Attributes: ``backend`` ("onnxruntime" or "tensorrt"), ``path`` (the file run), ``inputs`` and
+    Attributes: ``backend`` (its row's name in the backend registry: "onnxruntime", "tensorrt"
+    or one registered), ``path`` (the file run), ``inputs`` and
     ``outputs`` (``input_names``, ``output_names``), ``providers`` (ONNX Runtime's providers in
     use; ``("TensorRT",)`` for engines), ``min_batch`` / ``max_batch`` (the batch range a call is
     split and padded to; ``max_batch`` None: no limit), ``export_info`` (the export's checked
@@ -283,8 +282,6 @@ class BaseRunner(Runner):
 
     def text_encoder(self) -> TextEncoder:
         """The export's tokenizer as a :class:`~hydra_deploy.engines.text.TextEncoder` (text models)."""
-        from hydra_deploy.engines.text import TextEncoder
-
         if self.export_info is None:
             raise RunnerError(
                 f"{self.path} comes without its export folder ({INFO_FILE} and tokenizer/), so "
@@ -350,8 +347,12 @@ class BaseRunner(Runner):
             )
         return int(batch_size)
 
+    @property
+    def batch_source(self) -> str:
+        """Where ``max_batch`` comes from, for messages (``hydra.json batch_profile``)."""
+        return self._batch_source()
+
     def _batch_source(self) -> str:
-        """Where ``max_batch`` comes from, for messages."""
         return f"{INFO_FILE} batch_profile"
 
     def _run_checked(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

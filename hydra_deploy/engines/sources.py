@@ -25,18 +25,19 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from hydra_deploy.arrays import read_array_file
 from hydra_deploy.engines.inputs import pick_inputs
+from hydra_deploy.engines.preprocess import preprocess_images
+from hydra_deploy.engines.runner_base import Runner, is_one_example
 from hydra_deploy.engines.scoring import score_batch
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.families import Family, get_family
+from hydra_deploy.uncertainty import SCALAR_SCORES
 from hydra_deploy.userdata import IMAGE_SUFFIXES, TEXT_FILE_SUFFIXES, find_images, read_text_file
-
-if TYPE_CHECKING:
-    from hydra_deploy.engines.runner_base import Runner
 
 __all__ = [
     "ARRAY",
@@ -84,8 +85,6 @@ def model_family(runner: Runner) -> Family:
 
 def with_batch_axis(array: np.ndarray, runner: Runner) -> np.ndarray:
     """``array``, with a batch axis added when it is one example of the model's first input."""
-    from hydra_deploy.engines.runner import is_one_example
-
     inputs = getattr(runner, "inputs", None)
     if inputs and is_one_example(inputs[0], array.shape):
         return array[None]
@@ -97,8 +96,6 @@ def read_arrays(
 ) -> np.ndarray | dict[str, np.ndarray]:
     """The model's inputs in a ``.npy``/``.npz`` file (a ``.npz``'s arrays picked by
     :func:`~hydra_deploy.engines.inputs.pick_inputs`)."""
-    from hydra_deploy.arrays import read_array_file
-
     data: Any = read_array_file(
         path,
         error=error,
@@ -204,8 +201,6 @@ def prepare(runner: Runner, kind: str, items: Any, encoder: Any = None) -> Any:
     export's config, texts tokenized (``encoder``: the runner's, made once by the caller), arrays
     as they are."""
     if kind == IMAGES:
-        from hydra_deploy.engines.preprocess import preprocess_images
-
         return preprocess_images(items, runner.preprocessing)
     if kind == TEXT:
         return (encoder or runner.text_encoder())(items)
@@ -265,8 +260,6 @@ def score_inputs(
 
     ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
     example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
-    from hydra_deploy.uncertainty import SCALAR_SCORES
-
     family = model_family(runner)
     sources = read_sources(paths, family, runner=runner)
     if texts:

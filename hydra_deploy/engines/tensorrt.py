@@ -26,107 +26,40 @@ are imported when a build runs (``pip install 'hydra-deploy[trt]'``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import datetime
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra_deploy.atomic import atomic_write_bytes
+from hydra_deploy.engines.build_options import EngineBuildOptions, options_with
 from hydra_deploy.engines.build_source import (
     ExportSource,
     engine_stem,
     load_source,
     timing_cache_name,
 )
+from hydra_deploy.engines.gpu import GpuInfo, detect_gpu
 from hydra_deploy.engines.onnx_summary import fp32_layer_names
 from hydra_deploy.engines.precision_rules import choose_precision, generation_of, parse_version
 from hydra_deploy.engines.trtexec import trtexec_command
 from hydra_deploy.errors import EngineError
 from hydra_deploy.export_folder import ENGINE_FORMAT, engine_info_path, write_engine_info
-from hydra_deploy.optional import install_command, missing_message, require
+from hydra_deploy.optional import install_command, lazy_module, missing_message, require
 
 log = logging.getLogger("hydra_deploy.engines")
+#: Polygraphy's CUDA wrapper (libcudart), for the CUDA runtime version in the sidecar
+cuda = lazy_module("polygraphy.cuda", purpose="reading the CUDA runtime version", error=EngineError)
 
 SIDECAR_FORMAT = ENGINE_FORMAT  # the sidecar's format (its owner: hydra_deploy.export_folder)
 _PURPOSE = "building TensorRT engines"
 
 
-# --- the GPU and TensorRT at hand ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class GpuInfo:
-    """A CUDA device: its name and compute capability (``sm`` = 10 * major + minor)."""
-
-    name: str
-    major: int
-    minor: int
-    cuda_driver: str | None = None  # CUDA version the driver supports, e.g. "12.8"
-
-    @property
-    def sm(self) -> int:
-        return 10 * self.major + self.minor
-
-    @property
-    def compute_capability(self) -> str:
-        return f"{self.major}.{self.minor}"
-
-    @property
-    def tag(self) -> str:
-        """File-name tag: slugged name and SM, e.g. ``NVIDIA H200`` -> ``h200-sm90``."""
-        slug = re.sub(r"^nvidia[\s-]+", "", self.name.strip().lower())
-        slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "gpu"
-        return f"{slug}-sm{self.sm}"
-
-
-def detect_gpu(device: int = 0) -> GpuInfo:
-    """Name and compute capability of CUDA device ``device``, from the driver API (libcuda).
-
-    libcuda ships with every NVIDIA driver (Jetson included), so this needs neither torch nor
-    nvidia-smi. Raises EngineError when there is no driver or no such device.
-    """
-    names = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
-    lib = None
-    for candidate in names:
-        with contextlib.suppress(OSError):
-            lib = ctypes.CDLL(candidate)
-            break
-    if lib is None:
-        raise EngineError(
-            "no NVIDIA driver found (libcuda cannot be loaded); build engines on the machine with "
-            "the target GPU, or print the trtexec commands with hydra-build EXPORT_DIR --trtexec"
-        )
-
-    def check(status: int, what: str) -> None:
-        if status != 0:
-            raise EngineError(
-                f"CUDA driver call {what} failed with error {status}; check that a GPU is visible "
-                "(CUDA_VISIBLE_DEVICES, nvidia-smi / tegrastats)"
-            )
-
-    check(lib.cuInit(0), "cuInit")
-    count = ctypes.c_int(0)
-    check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
-    if not 0 <= device < count.value:
-        raise EngineError(f"CUDA device {device} does not exist ({count.value} visible)")
-    handle = ctypes.c_int(0)
-    check(lib.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
-    name = ctypes.create_string_buffer(256)
-    check(lib.cuDeviceGetName(name, 256, handle), "cuDeviceGetName")
-    major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
-    check(lib.cuDeviceGetAttribute(ctypes.byref(major), 75, handle), "cuDeviceGetAttribute")
-    check(lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, handle), "cuDeviceGetAttribute")
-    driver = ctypes.c_int(0)
-    cuda_driver = None
-    if lib.cuDriverGetVersion(ctypes.byref(driver)) == 0:
-        cuda_driver = f"{driver.value // 1000}.{driver.value % 1000 // 10}"
-    return GpuInfo(name.value.decode(errors="replace"), major.value, minor.value, cuda_driver)
-
-
+# --- the TensorRT at hand ------------------------------------------------------------------------------
 def tensorrt_version() -> str:
     """The installed TensorRT's version; EngineError (install hint) when it is missing."""
     tensorrt = require("tensorrt", purpose=_PURPOSE, error=EngineError)
@@ -201,20 +134,29 @@ class BuildPlan:
             **extra,
         }
 
+    @property
+    def options(self) -> EngineBuildOptions:
+        """The settings that make this engine again: as decided, nothing left to the rules."""
+        low, opt, high = self.batch
+        return EngineBuildOptions(
+            precision=self.precision,
+            out=self.out_dir,
+            min_batch=low,
+            opt_batch=opt,
+            max_batch=high,
+            timing_cache=self.timing_cache,
+            strongly_typed=self.strongly_typed,
+        )
+
     def trtexec_equivalent(self) -> str:
         """The trtexec line that makes the same engine (for logs and bug reports)."""
         try:
             command = trtexec_command(
                 self.source if self.source is not None else load_source(self.onnx_path),
-                precision=self.precision,
+                self.options,
                 trt=generation_of(self.tensorrt_version),
                 engine=self.engine_path,
-                timing_cache=self.timing_cache,
-                min_batch=self.batch[0],
-                opt_batch=self.batch[1],
-                max_batch=self.batch[2],
                 sm=self.gpu.sm,
-                strongly_typed=self.strongly_typed,
             )
         except EngineError as err:  # a log line must never stop a build
             return f"(no trtexec equivalent: {err})"
@@ -224,41 +166,36 @@ class BuildPlan:
 
 def plan_build(
     onnx_path: str | Path,
+    options: EngineBuildOptions | None = None,
     *,
-    precision: str | None = None,
-    min_batch: int | None = None,
-    opt_batch: int | None = None,
-    max_batch: int | None = None,
-    timing_cache: str | Path | None = None,
-    strongly_typed: bool | None = None,
-    out: str | Path | None = None,
     trt_version: str | None = None,
     gpu: GpuInfo | None = None,
+    **settings: Any,
 ) -> BuildPlan:
-    """Decide a build without running it (see :func:`build_engine` for the arguments).
+    """Decide a build without running it: ``options`` (an :class:`EngineBuildOptions`, or its
+    fields as keywords: ``precision=``, ``max_batch=``, ...) as for :func:`build_engine`.
 
     ``trt_version`` and ``gpu`` default to the installed TensorRT and CUDA device 0; pass them to
     plan for another machine (tests do).
     """
+    asked = options_with(EngineBuildOptions, options, settings, "plan_build")
     source = load_source(onnx_path)
     trt_version = trt_version if trt_version is not None else tensorrt_version()
     gpu = gpu if gpu is not None else detect_gpu()
     choice = choose_precision(
-        precision,
+        asked.precision,
         source.graph_precision,
         parse_version(trt_version),
         sm=gpu.sm,
-        strongly_typed=strongly_typed,
+        strongly_typed=asked.strongly_typed,
     )
-    batch = source.batch_profile(min_batch, opt_batch, max_batch)
-    profile = source.profile_shapes(batch)
-    out_dir = Path(out) if out is not None else source.folder
+    batch = source.batch_profile(*asked.batch)
+    out_dir = Path(asked.out) if asked.out is not None else source.folder
     major, minor = parse_version(trt_version)
-    sha = source.sha256
-    stem = engine_stem(sha, choice.precision, f"{major}.{minor}", gpu.tag)
+    stem = engine_stem(source.sha256, choice.precision, f"{major}.{minor}", gpu.tag)
     cache = (
-        Path(timing_cache)
-        if timing_cache is not None
+        Path(asked.timing_cache)
+        if asked.timing_cache is not None
         else out_dir / timing_cache_name(f"{major}.{minor}", gpu.tag)
     )
     export = source.export
@@ -266,17 +203,17 @@ def plan_build(
         onnx_path=source.onnx_path,
         export_dir=source.folder,
         out_dir=out_dir,
-        requested_precision=precision,
+        requested_precision=asked.precision,
         graph_precision=source.graph_precision,
         precision=choice.precision,
         strongly_typed=choice.strongly_typed,
         builder_flags=choice.builder_flags,
         fp32_layers=tuple(fp32_layer_names(source.onnx)) if choice.constrain_fp32 else (),
         batch=batch,
-        profile=profile,
+        profile=source.profile_shapes(batch),
         tensorrt_version=trt_version,
         gpu=gpu,
-        onnx_sha256=sha,
+        onnx_sha256=source.sha256,
         engine_path=out_dir / f"{stem}.engine",
         sidecar_path=engine_info_path(out_dir / f"{stem}.engine"),
         timing_cache=cache,
@@ -302,8 +239,6 @@ def _import_polygraphy_trt():
 def _cuda_runtime_version() -> str | None:
     """The CUDA runtime TensorRT loaded, via Polygraphy's libcudart wrapper (None if unknown)."""
     try:
-        from polygraphy import cuda
-
         value = ctypes.c_int(0)
         if cuda.wrapper().handle.cudaRuntimeGetVersion(ctypes.byref(value)) != 0:
             return None
@@ -382,9 +317,46 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     The engine, its sidecar and the timing cache are written together: the sidecar's contents are
     decided before anything is written, and an engine whose sidecar cannot be written is removed.
     """
-    from hydra_deploy.atomic import atomic_write_bytes
-
     trt, poly = _import_polygraphy_trt()
+    _prepare_folder(plan, overwrite)
+    parsed = _parse_network(poly, plan)  # (builder, network, parser)
+    io = network_io(parsed[1])
+    pins = _pin_planned_layers(trt, plan, parsed[1])
+    log.info(
+        "building a %s engine (%s) for %s (SM %s) with TensorRT %s; equivalent trtexec:\n  %s",
+        plan.precision,
+        "strongly typed" if plan.strongly_typed else "weakly typed",
+        plan.gpu.name,
+        plan.gpu.compute_capability,
+        plan.tensorrt_version,
+        plan.trtexec_equivalent(),
+    )
+    started = time.perf_counter()
+    data = _serialized_engine(poly, plan, parsed)
+    seconds = time.perf_counter() - started
+    sidecar = plan.sidecar(
+        built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        build_seconds=round(seconds, 2),
+        engine_bytes=data.nbytes,
+        cuda={"driver": plan.gpu.cuda_driver, "runtime": _cuda_runtime_version()},
+        engine_io=io,
+        fp32_pinned=pins["pinned"],
+    )
+    sidecar["inputs"] = _with_engine_dtypes(sidecar["inputs"], io["inputs"])
+    sidecar["outputs"] = _with_engine_dtypes(sidecar["outputs"], io["outputs"])
+    _write_engine(plan, data, sidecar)
+    log.info(
+        "wrote %s (%.1f MB, %.0f s) and %s",
+        plan.engine_path,
+        data.nbytes / 1e6,
+        seconds,
+        plan.sidecar_path.name,
+    )
+    return sidecar
+
+
+def _prepare_folder(plan: BuildPlan, overwrite: bool) -> None:
+    """Refuse an engine that exists (unless ``overwrite``), make the folder, say the notes."""
     if plan.engine_path.exists() and not overwrite:
         raise EngineError(
             f"{str(plan.engine_path)!r} exists (same model, precision, GPU and TensorRT); pass "
@@ -397,33 +369,45 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
     for note in plan.notes:
         log.warning("%s", note)
 
-    try:  # (builder, network, parser): parsed here so the network can be inspected and changed
-        parsed = poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)()
+
+def _parse_network(poly: Any, plan: BuildPlan) -> Any:
+    """(builder, network, parser) of the ONNX file: parsed here so the network can be inspected
+    and changed before the build."""
+    try:
+        return poly.NetworkFromOnnxPath(str(plan.onnx_path), strongly_typed=plan.strongly_typed)()
     except Exception as err:  # Polygraphy raises PolygraphyException after the parser's log
         raise EngineError(
             f"TensorRT's ONNX parser cannot read {str(plan.onnx_path)!r} ({type(err).__name__}: "
             f"{err}); its log above names the node. Check the file with: polygraphy run "
             "model.onnx --onnxrt --trt"
         ) from err
-    network = parsed[1]
-    io = network_io(network)
-    pins: dict[str, Any] = {"pinned": [], "normalization_layers": 0, "unmatched": []}
-    if plan.precision_constraints:
-        source = plan.source if plan.source is not None else load_source(plan.onnx_path)
-        layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
-        pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
-        if pins["unmatched"]:
-            log.warning(
-                "no layer is named %s: those nodes keep TensorRT's choice of precision",
-                ", ".join(pins["unmatched"]),
-            )
-        if pins["normalization_layers"] < len(layernorms):
-            log.warning(
-                "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
-                "were decomposed and keep TensorRT's choice of precision",
-                pins["normalization_layers"],
-                len(layernorms),
-            )
+
+
+def _pin_planned_layers(trt: Any, plan: BuildPlan, network: Any) -> dict[str, Any]:
+    """The plan's FP32 pins on the parsed network (weak typing only), warning about the layers
+    they could not reach."""
+    if not plan.precision_constraints:
+        return {"pinned": [], "normalization_layers": 0, "unmatched": []}
+    source = plan.source if plan.source is not None else load_source(plan.onnx_path)
+    layernorms = tuple(n.name for n in source.onnx.nodes if n.op_type == "LayerNormalization")
+    pins = pin_fp32_layers(trt, network, plan.fp32_layers, layernorms)
+    if pins["unmatched"]:
+        log.warning(
+            "no layer is named %s: those nodes keep TensorRT's choice of precision",
+            ", ".join(pins["unmatched"]),
+        )
+    if pins["normalization_layers"] < len(layernorms):
+        log.warning(
+            "TensorRT made %d normalization layers for %d LayerNormalization nodes: the others "
+            "were decomposed and keep TensorRT's choice of precision",
+            pins["normalization_layers"],
+            len(layernorms),
+        )
+    return pins
+
+
+def _serialized_engine(poly: Any, plan: BuildPlan, parsed: Any) -> memoryview:
+    """Build the parsed network with the plan's profile and flags; the engine's bytes."""
     profile = poly.Profile()
     for name, shapes in plan.profile.items():
         profile.add(name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
@@ -435,16 +419,6 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
         precision_constraints=plan.precision_constraints,
         load_timing_cache=str(plan.load_timing_cache) if plan.load_timing_cache else None,
     )
-    log.info(
-        "building a %s engine (%s) for %s (SM %s) with TensorRT %s; equivalent trtexec:\n  %s",
-        plan.precision,
-        "strongly typed" if plan.strongly_typed else "weakly typed",
-        plan.gpu.name,
-        plan.gpu.compute_capability,
-        plan.tensorrt_version,
-        plan.trtexec_equivalent(),
-    )
-    started = time.perf_counter()
     try:
         serialized = poly.EngineBytesFromNetwork(
             parsed, config=config, save_timing_cache=str(plan.timing_cache)
@@ -455,7 +429,6 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
             "TensorRT's log above names the failing layer. Try another precision, or check the "
             "file with: polygraphy run model.onnx --onnxrt --trt"
         ) from err
-    seconds = time.perf_counter() - started
     # TensorRT returns an IHostMemory: the buffer protocol and nbytes, but no len() (and it is
     # always truthy); build_serialized_network returns None when the build fails.
     try:
@@ -467,17 +440,11 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
         ) from err
     if data is None or data.nbytes == 0:
         raise EngineError("TensorRT returned an empty engine; see TensorRT's log above")
-    size = data.nbytes
-    sidecar = plan.sidecar(
-        built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        build_seconds=round(seconds, 2),
-        engine_bytes=size,
-        cuda={"driver": plan.gpu.cuda_driver, "runtime": _cuda_runtime_version()},
-        engine_io=io,
-        fp32_pinned=pins["pinned"],
-    )
-    sidecar["inputs"] = _with_engine_dtypes(sidecar["inputs"], io["inputs"])
-    sidecar["outputs"] = _with_engine_dtypes(sidecar["outputs"], io["outputs"])
+    return data
+
+
+def _write_engine(plan: BuildPlan, data: memoryview, sidecar: dict[str, Any]) -> None:
+    """The engine, atomically, then its sidecar; no engine is left without its sidecar."""
     try:
         atomic_write_bytes(plan.engine_path, data)  # never a half-written engine
     except OSError as err:
@@ -490,14 +457,6 @@ def execute_plan(plan: BuildPlan, *, overwrite: bool = False) -> dict[str, Any]:
             f"cannot write the sidecar {str(plan.sidecar_path)!r} ({err}); the engine was removed, "
             "fix the folder and build again"
         ) from err
-    log.info(
-        "wrote %s (%.1f MB, %.0f s) and %s",
-        plan.engine_path,
-        size / 1e6,
-        seconds,
-        plan.sidecar_path.name,
-    )
-    return sidecar
 
 
 def _with_engine_dtypes(specs: list[Any], engine: list[dict[str, Any]]) -> list[Any]:
@@ -530,20 +489,18 @@ def missing_tensorrt_message(source: ExportSource, precision: str | None) -> str
 
 def build_engine(
     onnx_path: str | Path,
+    options: EngineBuildOptions | None = None,
     *,
-    precision: str | None = None,
-    min_batch: int | None = None,
-    opt_batch: int | None = None,
-    max_batch: int | None = None,
-    timing_cache: str | Path | None = None,
-    strongly_typed: bool | None = None,
-    out: str | Path | None = None,
     overwrite: bool = False,
+    **settings: Any,
 ) -> Path:
     """Build a TensorRT engine from an export folder (or an .onnx file) and return its path.
 
     Args:
         onnx_path: an export folder from hydra-export, its model.onnx, or any .onnx file.
+        options: the build's settings, an :class:`EngineBuildOptions`; or its fields as keywords
+            (``build_engine(path, precision="fp16", max_batch=64)``; keywords win over
+            ``options``):
         precision: fp16, bf16, fp32, int8 or best (None: the graph's own precision when it
             carries one, else fp16). A graph exported in FP16/BF16/INT8 carries its precision
             and builds strongly typed from TensorRT 10.0 on (ask for its precision, ``best`` or
@@ -570,29 +527,21 @@ def build_engine(
         EngineError: TensorRT or Polygraphy missing (the message gives the install command and the
             trtexec line for this export), no GPU, an impossible precision, a failed build.
     """
+    asked = options_with(EngineBuildOptions, options, settings, "build_engine")
     source = load_source(onnx_path)
     source.graph_precision  # noqa: B018 (refuses a graph no TensorRT builds before asking for one)
     try:
         version = tensorrt_version()
     except EngineError as err:
-        raise EngineError(missing_tensorrt_message(source, precision)) from err
-    plan = plan_build(
-        onnx_path,
-        precision=precision,
-        min_batch=min_batch,
-        opt_batch=opt_batch,
-        max_batch=max_batch,
-        timing_cache=timing_cache,
-        strongly_typed=strongly_typed,
-        out=out,
-        trt_version=version,
-    )
+        raise EngineError(missing_tensorrt_message(source, asked.precision)) from err
+    plan = plan_build(onnx_path, asked, trt_version=version)
     execute_plan(plan, overwrite=overwrite)
     return plan.engine_path
 
 
 __all__ = [
     "BuildPlan",
+    "EngineBuildOptions",
     "GpuInfo",
     "build_engine",
     "detect_gpu",

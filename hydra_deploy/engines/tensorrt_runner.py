@@ -9,6 +9,10 @@ later use only that call; TensorRT has it from 8.5), on TensorRT 8.6, JetPack 6 
 (:class:`~hydra_deploy.export_folder.EngineInfo`) is compared with the TensorRT release and GPU at
 hand (:func:`engine_target_mismatch`). Needs ``tensorrt`` and ``polygraphy`` (the ``[trt]`` extra).
 
+Its row in the backend registry (:data:`TENSORRT`, ``"tensorrt"`` or ``"trt"``) opens an engine
+file (``.engine``/``.plan``/``.trt``) and an export folder holding one engine, with the export's
+``hydra.json`` found beside it or where its sidecar says.
+
 Edge runtime: numpy only at import; tensorrt and polygraphy are imported when a runner is made.
 """
 
@@ -20,12 +24,26 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.engines.backends import (
+    RUNS_BUILT_ENGINE,
+    Backend,
+    RunRequest,
+    register_backend,
+)
+from hydra_deploy.engines.gpu import compute_capability_here
 from hydra_deploy.engines.runner_base import BaseRunner, TensorSpec
 from hydra_deploy.errors import RunnerError
-from hydra_deploy.export_folder import EngineInfo, ExportInfo
+from hydra_deploy.export_folder import (
+    ENGINE_SUFFIXES,
+    INFO_FILE,
+    EngineInfo,
+    ExportInfo,
+    read_engine_info,
+    read_info,
+)
 from hydra_deploy.optional import require
 
-__all__ = ["TensorRTRunner", "engine_target_mismatch"]
+__all__ = ["TENSORRT", "TensorRTRunner", "engine_target_mismatch"]
 
 
 def _import_tensorrt():
@@ -99,13 +117,7 @@ def engine_target_mismatch(
 
 
 def _compute_capability_here() -> str | None:
-    from hydra_deploy.engines.tensorrt import detect_gpu
-    from hydra_deploy.errors import EngineError
-
-    try:
-        return detect_gpu().compute_capability
-    except EngineError:
-        return None
+    return compute_capability_here()  # (a name of this module: tests replace it)
 
 
 class TensorRTRunner(BaseRunner):
@@ -191,3 +203,54 @@ class TensorRTRunner(BaseRunner):
         runner = getattr(self, "_trt_runner", None)
         if runner is not None and runner.is_active:
             runner.deactivate()
+
+
+# --- the backend's row ---------------------------------------------------------------------------
+def _export_for_engine(engine_path: Path, sidecar: EngineInfo | None) -> ExportInfo | None:
+    """The export's hydra.json for an engine: beside it, or where its sidecar says."""
+    candidates = [engine_path.parent / INFO_FILE]
+    for value in () if sidecar is None else sidecar.export_hints:
+        where = Path(value)
+        if not where.is_absolute():
+            where = engine_path.parent / where
+        candidates.append((where if where.suffix != ".onnx" else where.parent) / INFO_FILE)
+    for candidate in candidates:
+        info = read_info(candidate, required=False)
+        if info is not None:
+            return info
+    return None
+
+
+def _open_engine(target: Path, asked: RunRequest) -> TensorRTRunner:
+    if asked.providers is not None:
+        raise RunnerError("providers are ONNX Runtime's; a TensorRT engine takes none")
+    sidecar = read_engine_info(target)
+    return TensorRTRunner(target, export=_export_for_engine(target, sidecar), engine_info=sidecar)
+
+
+def _open_folder(target: Path, asked: RunRequest) -> TensorRTRunner:
+    engines = sorted(p for p in target.iterdir() if p.suffix in ENGINE_SUFFIXES)
+    if len(engines) != 1:
+        raise RunnerError(
+            f"backend 'tensorrt' needs one engine file in {str(target)!r}, found "
+            f"{[p.name for p in engines] or 'none'}; pass the engine file itself, or "
+            "build one with hydra-build"
+        )
+    return _open_engine(engines[0], asked)
+
+
+#: TensorRT: an engine file (or an export folder holding one), run through Polygraphy.
+TENSORRT = register_backend(
+    Backend(
+        "tensorrt",
+        runner=TensorRTRunner,
+        opens={"engine file": _open_engine, "export folder": _open_folder},
+        aliases=("trt",),
+        dependency="tensorrt",
+        proof=RUNS_BUILT_ENGINE,
+        refuses={
+            ".onnx file": "build a TensorRT engine from it first (hydra-build), or run it in "
+            "ONNX Runtime with providers=['tensorrt']"
+        },
+    )
+)

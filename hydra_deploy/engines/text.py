@@ -19,6 +19,7 @@ import numpy as np
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import INFO_FILE, TOKENIZER_DIR, TOKENIZER_FILE, ExportInfo
 from hydra_deploy.optional import require
+from hydra_deploy.userdata import read_text_file
 
 #: The inputs a text export may take, in the order of its graph.
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -151,6 +152,4 @@ def _pad_token(tokenizer) -> tuple[str, int]:
 def read_lines(path: str | os.PathLike) -> list[str]:
     """The non-empty lines of a UTF-8 text file (one input per line), as
     :func:`hydra_deploy.userdata.read_text_file` reads a ``.txt``."""
-    from hydra_deploy.userdata import read_text_file
-
     return read_text_file(path, error=RunnerError, tsv=False).texts

@@ -41,7 +41,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from hydra_deploy.engines.build_options import EngineBuildOptions, options_with
 from hydra_deploy.engines.build_source import (
     ExportSource,
     engine_stem,
@@ -52,6 +54,7 @@ from hydra_deploy.engines.onnx_summary import OnnxSummary, fp32_layer_names
 from hydra_deploy.engines.precision_rules import (
     GENERATION_NAMES,
     GENERATIONS,
+    PrecisionChoice,
     choose_precision,
 )
 from hydra_deploy.errors import EngineError
@@ -107,39 +110,38 @@ def _shape_arg(shapes: dict[str, dict[str, list[int]]], key: str) -> str:
 
 def trtexec_command(
     export_dir_or_info: str | Path | ExportSource,
+    options: EngineBuildOptions | None = None,
     *,
-    precision: str | None = None,
     trt: str = "10.12",
     engine: str | Path | None = None,
-    timing_cache: str | Path | None = None,
     layer_info: bool = True,
-    min_batch: int | None = None,
-    opt_batch: int | None = None,
-    max_batch: int | None = None,
-    out: str | Path | None = None,
     gpu: str | None = None,
     sm: int | None = None,
-    strongly_typed: bool | None = None,
     extra: Sequence[str] = (),
+    **settings: Any,
 ) -> TrtexecCommand:
     """The exact trtexec command that builds an engine from an export folder.
 
     Args:
         export_dir_or_info: an export folder (or its model.onnx / hydra.json), or an
             :class:`ExportSource` from :func:`load_source`.
-        precision: fp16, bf16, fp32, int8 or best (None: the graph's own precision, else fp16).
-            Without ``sm`` the GPU is unknown, so ``best`` means FP16 here for an FP32 graph.
+        options: the build's settings (:class:`EngineBuildOptions`, as for
+            :func:`~hydra_deploy.engines.tensorrt.build_engine`), or its fields as keywords
+            (``precision=``, ``min_batch=``, ``opt_batch=``, ``max_batch=``, ``timing_cache=``,
+            ``out=``, ``strongly_typed=``; keywords win over ``options``). ``precision``: fp16,
+            bf16, fp32, int8 or best (None: the graph's own precision, else fp16); without ``sm``
+            the GPU is unknown, so ``best`` means FP16 here for an FP32 graph. The batch profile
+            defaults to hydra.json's; ``out`` is the folder for the engine, timing cache and
+            layer info (default: the export folder).
         trt: the TensorRT generation the command is for: ``"8.6"`` (e.g. JetPack 6.0's 8.6.2),
             ``"10"`` (10.0-10.11, e.g. JetPack 6.1/6.2's 10.3), ``"10.12"`` or ``"11"``.
-        engine, timing_cache: paths to write (default: in ``out``, named by model hash, precision,
-            optional ``gpu`` tag and generation; see :func:`engine_stem`).
+        engine: the engine path to write (default: in ``out``, named by model hash, precision,
+            optional ``gpu`` tag and generation; see :func:`engine_stem`); the timing cache
+            likewise unless ``timing_cache`` is given.
         layer_info: add ``--profilingVerbosity=detailed --dumpLayerInfo --exportLayerInfo=FILE`` so
             the layer list shows whether attention fused into one kernel.
-        min_batch, opt_batch, max_batch: the batch profile (default: hydra.json's).
-        out: folder for the engine, timing cache and layer info (default: the export folder).
         gpu: a tag such as ``orin-sm87`` put into the file names (the GPU is not known here).
         sm: the target GPU's compute capability (``10 * major + minor``) for the BF16 check.
-        strongly_typed: force typing (see :func:`choose_precision`).
         extra: more trtexec arguments, appended as given (e.g. ``--useCudaGraph``, which only
             affects trtexec's own timing runs, and is a deprecated no-op on TensorRT 11, where
             CUDA graphs are the default).
@@ -147,39 +149,103 @@ def trtexec_command(
     Raises:
         EngineError: unknown generation, a precision that generation cannot build, bad profile.
     """
+    asked = options_with(EngineBuildOptions, options, settings, "trtexec_command")
     if trt not in GENERATIONS:
         raise EngineError(
             f"unknown TensorRT generation {trt!r}; choose one of {', '.join(GENERATIONS)}"
         )
-    source = (
-        export_dir_or_info
-        if isinstance(export_dir_or_info, ExportSource)
-        else load_source(export_dir_or_info)
-    )
-    best_note: tuple[str, ...] = ()
-    if precision == "best" and sm is None and source.graph_precision == "fp32":
-        precision = "fp16"  # BF16 needs SM >= 80, which only the target GPU can tell
-        best_note = (
-            "precision best: the target GPU is unknown here, so FP16 (ask for bf16 "
-            "where the GPU has compute capability 8.0 or newer)",
-        )
+    source = _source(export_dir_or_info)
+    precision, best_note = _without_best(asked.precision, sm, source)
     choice = choose_precision(
-        precision, source.graph_precision, trt, sm=sm, strongly_typed=strongly_typed
+        precision, source.graph_precision, trt, sm=sm, strongly_typed=asked.strongly_typed
     )
-    batch = source.batch_profile(min_batch, opt_batch, max_batch)
-    shapes = source.profile_shapes(batch)
-    folder = Path(out) if out is not None else source.folder
+    engine_path, cache_path, layers_path = _output_paths(source, choice, asked, trt, engine, gpu)
+    shapes = source.profile_shapes(source.batch_profile(*asked.batch))
+    precision_args, notes = _precision_arguments(source, choice, trt)
+    argv = [
+        "trtexec",
+        f"--onnx={source.onnx_path}",
+        *(f"--{k}Shapes={_shape_arg(shapes, k)}" for k in ("min", "opt", "max")),
+        *precision_args,
+        f"--saveEngine={engine_path}",
+        f"--timingCacheFile={cache_path}",
+    ]
+    if layer_info:
+        argv += [
+            "--profilingVerbosity=detailed",
+            "--dumpLayerInfo",
+            f"--exportLayerInfo={layers_path}",
+        ]
+    argv += list(extra)
+    notes += _extra_notes(trt, extra)
+    return TrtexecCommand(
+        argv=tuple(argv),
+        trt=trt,
+        precision=choice.precision,
+        strongly_typed=choice.strongly_typed,
+        engine=engine_path,
+        timing_cache=cache_path,
+        layer_info=layers_path if layer_info else None,
+        notes=best_note + choice.notes + notes,
+    )
+
+
+def _extra_notes(trt: str, extra: Sequence[str]) -> tuple[str, ...]:
+    """What the extra arguments do on this generation, where that is not what they say."""
+    if trt == "11" and "--useCudaGraph" in extra:
+        return (
+            "--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
+            "by default there (--noCudaGraph turns them off)",
+        )
+    return ()
+
+
+def _output_paths(
+    source: ExportSource,
+    choice: PrecisionChoice,
+    asked: EngineBuildOptions,
+    trt: str,
+    engine: str | Path | None,
+    gpu: str | None,
+) -> tuple[Path, Path, Path]:
+    """(engine, timing cache, layer info): as given, else in ``asked.out`` (the export folder)
+    named by model hash, precision, GPU tag and generation."""
+    folder = Path(asked.out) if asked.out is not None else source.folder
     stem = engine_stem(source.sha256, choice.precision, trt, gpu)
     engine_path = Path(engine) if engine is not None else folder / f"{stem}.engine"
     cache_path = (
-        Path(timing_cache) if timing_cache is not None else folder / timing_cache_name(trt, gpu)
+        Path(asked.timing_cache)
+        if asked.timing_cache is not None
+        else folder / timing_cache_name(trt, gpu)
     )
     layers_path = engine_path.with_name(engine_path.name.removesuffix(".engine") + ".layers.json")
+    return engine_path, cache_path, layers_path
 
-    argv = ["trtexec", f"--onnx={source.onnx_path}"]
-    argv += [f"--{k}Shapes={_shape_arg(shapes, k)}" for k in ("min", "opt", "max")]
-    if choice.strongly_typed:
-        argv.append("--stronglyTyped")
+
+def _source(export_dir_or_info: str | Path | ExportSource) -> ExportSource:
+    if isinstance(export_dir_or_info, ExportSource):
+        return export_dir_or_info
+    return load_source(export_dir_or_info)
+
+
+def _without_best(
+    precision: str | None, sm: int | None, source: ExportSource
+) -> tuple[str | None, tuple[str, ...]]:
+    """``best`` for an FP32 graph on an unknown GPU is FP16 (with the note that says so)."""
+    if precision == "best" and sm is None and source.graph_precision == "fp32":
+        # BF16 needs SM >= 80, which only the target GPU can tell
+        return "fp16", (
+            "precision best: the target GPU is unknown here, so FP16 (ask for bf16 "
+            "where the GPU has compute capability 8.0 or newer)",
+        )
+    return precision, ()
+
+
+def _precision_arguments(
+    source: ExportSource, choice: PrecisionChoice, trt: str
+) -> tuple[list[str], tuple[str, ...]]:
+    """The typing, builder-flag, FP32-pin and TF32 arguments of a choice, and their notes."""
+    argv = ["--stronglyTyped"] if choice.strongly_typed else []
     argv += [f"--{flag}" for flag in choice.builder_flags]
     notes: tuple[str, ...] = ()
     names: list[str] = []
@@ -205,29 +271,7 @@ def trtexec_command(
             "trtexec suggests: they would let TensorRT run LayerNorm, softmax and the ensemble "
             "head in FP16, which this export keeps in FP32",
         )
-    argv += [f"--saveEngine={engine_path}", f"--timingCacheFile={cache_path}"]
-    if layer_info:
-        argv += [
-            "--profilingVerbosity=detailed",
-            "--dumpLayerInfo",
-            f"--exportLayerInfo={layers_path}",
-        ]
-    argv += list(extra)
-    if trt == "11" and "--useCudaGraph" in extra:
-        notes += (
-            "--useCudaGraph is a deprecated no-op on TensorRT 11: trtexec uses CUDA graphs "
-            "by default there (--noCudaGraph turns them off)",
-        )
-    return TrtexecCommand(
-        argv=tuple(argv),
-        trt=trt,
-        precision=choice.precision,
-        strongly_typed=choice.strongly_typed,
-        engine=engine_path,
-        timing_cache=cache_path,
-        layer_info=layers_path if layer_info else None,
-        notes=best_note + choice.notes + notes,
-    )
+    return argv, notes
 
 
 @dataclass(frozen=True)
@@ -270,18 +314,14 @@ def trtexec_commands(
     """The trtexec command of every TensorRT generation (or of those given) for one export.
 
     What ``hydra-build --trtexec`` and ``hydra-export``'s hint both print (:func:`command_lines`).
-    ``options`` are :func:`trtexec_command`'s. A generation that cannot build the export gets its
+    ``options`` are :func:`trtexec_command`'s (``options=EngineBuildOptions(...)`` among them). A generation that cannot build the export gets its
     reason instead of a command; with one generation asked for, that reason is raised.
 
     Raises:
         EngineError: an unknown generation; the one generation asked for cannot build it; the
             export cannot be read.
     """
-    source = (
-        export_dir_or_info
-        if isinstance(export_dir_or_info, ExportSource)
-        else load_source(export_dir_or_info)
-    )
+    source = _source(export_dir_or_info)
     wanted = tuple(generations) if generations else tuple(GENERATIONS)
     results = []
     for trt in wanted:

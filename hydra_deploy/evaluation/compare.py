@@ -6,7 +6,7 @@ TensorRT engine, and reports each backend against the tolerance of its precision
 (:mod:`hydra_deploy.parity`: the table, the per-member and per-score checks).
 
 ONNX Runtime's CPU kernels do not run BF16 MatMul: for BF16 exports that backend is skipped with
-the reason. torch is imported only inside :func:`compare_export`.
+the reason. torch is imported when :func:`compare_export` runs.
 
 An export with decisions (``hydra-calibrate``) gets decision checks too (:func:`decision_checks`):
 the reference's decisions are :func:`~hydra_deploy.decisions.apply_decisions` of the PyTorch
@@ -38,8 +38,16 @@ from hydra_deploy.decisions import (
     set_floor,
 )
 from hydra_deploy.engines.inputs import pick_inputs
+from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError, RunnerError
-from hydra_deploy.export_folder import ExportInfo
+from hydra_deploy.export_folder import (
+    MODEL_FILE,
+    DecisionRecord,
+    ExportInfo,
+    file_sha256,
+    read_info,
+)
+from hydra_deploy.optional import lazy_module
 from hydra_deploy.parity import (
     BackendReport,
     Check,
@@ -49,6 +57,9 @@ from hydra_deploy.parity import (
     tolerance_for,
 )
 from hydra_deploy.uncertainty.metrics import ood_score
+
+torch = lazy_module("torch", purpose="the PyTorch reference of hydra-compare")
+export_package = lazy_module("hydra_deploy.export")  # (imports torch: when a comparison runs)
 
 logger = logging.getLogger("hydra_deploy")
 #: The bool decisions compared (per example: the whole set, the answer, the flag).
@@ -120,13 +131,28 @@ def compare_export(
     Returns a :class:`CompareReport`; it does not raise on a mismatch (check ``report.passed``).
     A requested engine that cannot be loaded (TensorRT missing) raises RunnerError.
     """
-    import torch
-
-    from hydra_deploy.engines.runner import load_runner
-    from hydra_deploy.export import load_export
-    from hydra_deploy.export_folder import MODEL_FILE, file_sha256, read_info
-
     folder = Path(export_dir)
+    export, record = _read_export(folder)
+    if batch < 1:
+        raise HydraError(f"batch must be at least 1, got {batch}")
+    precision = export.precision
+    hydra = export_package.load_export(folder, check=False).float().eval()
+    x, source = _load_inputs(inputs, export, hydra, batch, seed)
+    reference = _reference(hydra, x, source)
+    reports = [_onnxruntime_report(folder, precision, x, reference, providers, tolerance, record)]
+    if engine is not None:
+        with load_runner(engine, backend="tensorrt", decisions=False) as runner:
+            engine_precision = runner.precision or precision
+            trt_report = BackendReport(runner.backend, str(engine), engine_precision, "skipped")
+            bounds = tolerance or tolerance_for(engine_precision)
+            _fill(trt_report, reference, runner(x), bounds, record)
+        reports.append(trt_report)
+    count = len(next(iter(x.values())))
+    return CompareReport(str(folder), precision, "pytorch fp32", count, source, reports)
+
+
+def _read_export(folder: Path) -> tuple[ExportInfo, DecisionRecord | None]:
+    """The export's record and its decisions (None when fitted on another model.onnx: warned)."""
     if not folder.exists():
         raise HydraError(
             f"{str(folder)!r} does not exist; give the folder hydra-export wrote (--out DIR)"
@@ -151,11 +177,11 @@ def compare_export(
             folder,
         )
         record = None
-    if batch < 1:
-        raise HydraError(f"batch must be at least 1, got {batch}")
-    precision = export.precision
-    hydra = load_export(folder, check=False).float().eval()
-    x, source = _load_inputs(inputs, export, hydra, batch, seed)
+    return export, record
+
+
+def _reference(hydra: Any, x: dict[str, np.ndarray], source: str) -> np.ndarray:
+    """The PyTorch model's member logits on ``x`` (finite inputs, finite outputs)."""
     if len(next(iter(x.values()))) == 0:
         raise HydraError("the inputs are an empty batch; give at least one example")
     bad = [n for n, a in x.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
@@ -168,36 +194,37 @@ def compare_export(
         reference = hydra(*tensors).numpy()
     if not np.isfinite(reference).all():
         raise HydraError("the PyTorch reference returns NaN/inf for these inputs; check the inputs")
+    return reference
 
-    reports = []
-    ort_report = BackendReport("onnxruntime", str(folder / MODEL_FILE), precision, "skipped")
+
+def _onnxruntime_report(
+    folder: Path,
+    precision: str,
+    x: dict[str, np.ndarray],
+    reference: np.ndarray,
+    providers: Any,
+    tolerance: Tolerance | None,
+    record: DecisionRecord | None,
+) -> BackendReport:
+    """ONNX Runtime against the reference, or skipped with the reason (BF16 on its CPU)."""
+    report = BackendReport("onnxruntime", str(folder / MODEL_FILE), precision, "skipped")
     if precision == "bf16":
-        ort_report.reason = (
+        report.reason = (
             "ONNX Runtime's CPU kernels do not implement BF16 MatMul/Softmax "
             "(NOT_IMPLEMENTED); build a TensorRT engine and pass --engine"
         )
-    else:
-        try:
-            runner = load_runner(folder, providers=providers, decisions=False)
-        except RunnerError as err:
-            if "NOT_IMPLEMENTED" not in str(err):
-                raise
-            ort_report.reason = str(err)
-        else:
-            with runner:
-                outputs = runner(x)
-            _fill(ort_report, reference, outputs, tolerance or tolerance_for(precision), record)
-    reports.append(ort_report)
-
-    if engine is not None:
-        with load_runner(engine, backend="tensorrt", decisions=False) as runner:
-            engine_precision = runner.precision or precision
-            trt_report = BackendReport("tensorrt", str(engine), engine_precision, "skipped")
-            bounds = tolerance or tolerance_for(engine_precision)
-            _fill(trt_report, reference, runner(x), bounds, record)
-        reports.append(trt_report)
-    count = len(next(iter(x.values())))
-    return CompareReport(str(folder), precision, "pytorch fp32", count, source, reports)
+        return report
+    try:
+        runner = load_runner(folder, providers=providers, decisions=False)
+    except RunnerError as err:
+        if "NOT_IMPLEMENTED" not in str(err):
+            raise
+        report.reason = str(err)
+        return report
+    with runner:
+        outputs = runner(x)
+    _fill(report, reference, outputs, tolerance or tolerance_for(precision), record)
+    return report
 
 
 def _fill(

@@ -428,7 +428,7 @@ def resolve_batching(config: ServeConfig, runner: Runner) -> Batching:
     export = getattr(runner, "export_info", None)  # the checked hydra.json, if loaded from one
     profile_opt = export.batch_profile[1] if export and export.batch_profile else None
     profile_max = runner.max_batch
-    source = "its engine profile" if runner.backend == "tensorrt" else f"{INFO_FILE} batch_profile"
+    source = getattr(runner, "batch_source", None) or f"{INFO_FILE} batch_profile"
     if config.max_batch is None:
         max_batch = profile_max or 32
     elif profile_max is not None and config.max_batch > profile_max:

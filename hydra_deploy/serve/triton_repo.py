@@ -34,8 +34,8 @@ are not served: the model's ``config.pbtxt`` and the README say so, and
 The text is written here (no protobuf needed at export time) and, when ``tritonclient`` is
 installed, parsed with Triton's own ``ModelConfig`` protobuf before anything is written. Each model
 folder is assembled under a temporary name beside it and renamed into place, so a model folder with
-a ``config.pbtxt`` is always complete. Imports the standard library and the export folder's
-reader (``hydra_deploy.export_folder``) only; never torch.
+a ``config.pbtxt`` is always complete. Imports the standard library, the export folder's reader
+(``hydra_deploy.export_folder``) and the options' helper only; never torch.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra_deploy.atomic import atomic_write_text, staging_dir
+from hydra_deploy.engines.build_options import options_with
 from hydra_deploy.errors import HydraError, ServeError
 from hydra_deploy.export_folder import (
     DECISION_OUTPUTS,
@@ -66,21 +67,18 @@ from hydra_deploy.export_folder import (
     read_engine_info,
     read_info,
 )
-from hydra_deploy.optional import require
+from hydra_deploy.optional import lazy_module, missing, require
+
+text_format = lazy_module("google.protobuf.text_format")  # tritonclient's: there when it is
 
 logger = logging.getLogger("hydra_deploy")
 
+#: numpy dtype name -> Triton's data type: Triton spells the numpy names with FP/BF for float/bfloat
+#: (``float32`` -> ``TYPE_FP32``, ``bfloat16`` -> ``TYPE_BF16``, ``int64`` -> ``TYPE_INT64``)
 TRITON_TYPES = {
-    "float32": "TYPE_FP32",
-    "float16": "TYPE_FP16",
-    "bfloat16": "TYPE_BF16",
-    "float64": "TYPE_FP64",
-    "int64": "TYPE_INT64",
-    "int32": "TYPE_INT32",
-    "int8": "TYPE_INT8",
-    "uint8": "TYPE_UINT8",
-    "bool": "TYPE_BOOL",
-}
+    dtype: "TYPE_" + dtype.upper().replace("BFLOAT", "BF").replace("FLOAT", "FP")
+    for dtype in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8")
+} | {"bool": "TYPE_BOOL"}
 KINDS = {"auto": "KIND_AUTO", "cpu": "KIND_CPU", "gpu": "KIND_GPU"}
 PLATFORMS = {"onnx": "onnxruntime_onnx", "tensorrt": "tensorrt_plan"}
 DEFAULT_FILES = {"onnxruntime_onnx": "model.onnx", "tensorrt_plan": "model.plan"}
@@ -205,13 +203,11 @@ def parse_config(text: str) -> Any:
 
     Raises :class:`ServeError` naming the parser's complaint.
     """
+    # required at each call (not a lazy module, which would keep it once imported): a missing
+    # tritonclient is found as it is now
     model_config_pb2 = require(
-        "tritonclient.grpc.model_config_pb2",
-        purpose="parsing a Triton config",
-        error=ServeError,
+        "tritonclient.grpc.model_config_pb2", purpose="parsing a Triton config", error=ServeError
     )
-    from google.protobuf import text_format  # tritonclient's dependency: there when it is
-
     try:
         return text_format.Parse(text, model_config_pb2.ModelConfig())
     except text_format.ParseError as err:
@@ -221,9 +217,7 @@ def parse_config(text: str) -> Any:
 
 
 def _check_parses(model: TritonModel, text: str) -> None:
-    try:
-        import tritonclient.grpc.model_config_pb2  # noqa: F401
-    except ImportError:
+    if missing("tritonclient.grpc.model_config_pb2"):
         logger.debug("tritonclient is not installed: config.pbtxt of %s not parsed", model.name)
         return
     parsed = parse_config(text)
@@ -395,30 +389,92 @@ def _check_count(name: str, value: Any, low: int = 1) -> int:
     return value
 
 
-def plan_repository(
-    export_dir: str | os.PathLike,
-    *,
-    engine: str | os.PathLike | None = None,
-    model_name: str | None = None,
-    max_batch: int | None = None,
-    preferred_batch: list[int] | None = None,
-    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
-    instances: int = 1,
-    kind: str = "auto",
-) -> list[TritonModel]:
-    """The models :func:`write_triton_repository` would write (nothing is written).
+@dataclass(frozen=True)
+class TritonModelOptions:
+    """How the export's models are served: their name, batching and instances (the settings
+    :func:`plan_repository` and :func:`write_triton_repository` share; what hydra-export's and
+    hydra-build's ``--triton-*`` flags set). Each is checked when the group is made.
 
-    ``kind``: the ONNX model's instance kind, ``auto`` (GPU where Triton sees one, else CPU),
-    ``cpu`` or ``gpu``; a TensorRT plan always runs on the GPU. ``max_batch``: Triton's
-    ``max_batch_size`` (default: the profile maximum; at most that).
+    ``model_name``: the ONNX model's name (default: the export folder's; the engine's is
+    ``NAME-trt``). ``max_batch``: Triton's ``max_batch_size`` (default: the profile maximum; at
+    most that). ``preferred_batch``: the dynamic batcher's preferred sizes (default: the
+    profile's opt and max). ``queue_delay_us``: its max queue delay. ``instances``: model
+    instances per device. ``kind``: the ONNX model's instance kind, ``auto`` (GPU where Triton
+    sees one, else CPU), ``cpu`` or ``gpu``; a TensorRT plan always runs on the GPU.
     """
-    export_dir = Path(export_dir)
+
+    model_name: str | None = None
+    max_batch: int | None = None
+    preferred_batch: list[int] | None = None
+    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US
+    instances: int = 1
+    kind: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ServeError(f"unknown instance kind {self.kind!r}; use one of {', '.join(KINDS)}")
+        _check_count("instances", self.instances)
+        _check_count("queue delay (microseconds)", self.queue_delay_us, low=0)
+        if self.max_batch is not None:
+            _check_count("max batch", self.max_batch)
+
+
+@dataclass(frozen=True)
+class _Export:
+    """What every model of one export shares: its record, labels and decisions' state."""
+
+    info: ExportInfo
+    labels: list[str] | None
+    decisions_elsewhere: bool
+
+
+def _model(
+    export: _Export,
+    asked: TritonModelOptions,
+    name: str,
+    platform: str,
+    profile: tuple[int, int, int],
+    what: str,
+    kind: str,
+    io: tuple[list, list] | None = None,
+) -> TritonModel:
+    """One model of the repository: ``what`` (the export or the engine) of batch ``profile``."""
+    top = profile[2] if asked.max_batch is None else asked.max_batch
+    if top > profile[2]:
+        raise ServeError(
+            f"max batch {top} is above the {what}'s profile maximum {profile[2]}; give at "
+            f"most {profile[2]}, or re-export/rebuild with a larger --max-batch"
+        )
+    notes, comments = [], []
+    if export.decisions_elsewhere:
+        notes.append(NOT_IN_GRAPH)
+        comments.append(NOT_IN_GRAPH)
+    if profile[0] > 1:
+        notes.append(
+            f"the {what} takes batches of {profile[0]} or more; Triton sends "
+            "smaller ones as they come, which this model refuses"
+        )
+    info = export.info
+    inputs, outputs = io if io is not None else (list(info.inputs), list(info.outputs))
+    return TritonModel(
+        name=name,
+        platform=platform,
+        max_batch_size=top,
+        inputs=inputs,
+        outputs=outputs,
+        preferred_batch_size=_preferred(asked.preferred_batch, profile[1], top, what),
+        queue_delay_us=asked.queue_delay_us,
+        instances=asked.instances,
+        kind=kind,
+        labels=export.labels,
+        notes=notes,
+        comments=comments,
+    )
+
+
+def _served_export(export_dir: Path) -> _Export:
+    """The export's record, checked for what Triton's dynamic batcher needs."""
     info = _read_export(export_dir)
-    name = check_name(model_name or default_model_name(export_dir))
-    if kind not in KINDS:
-        raise ServeError(f"unknown instance kind {kind!r}; use one of {', '.join(KINDS)}")
-    _check_count("instances", instances)
-    _check_count("queue delay (microseconds)", queue_delay_us, low=0)
     dynamic = all(not isinstance(s["shape"][0], int) for s in info.inputs + info.outputs)
     if not dynamic:
         raise ServeError(
@@ -429,71 +485,36 @@ def plan_repository(
     if labels is not None:
         labels = [" ".join(str(c).split()) for c in labels]  # one line each
     _, decisions_elsewhere = served_decisions(export_dir, info)
+    return _Export(info, labels, decisions_elsewhere)
 
-    def model(
-        model_name: str,
-        platform: str,
-        profile: tuple[int, int, int],
-        what: str,
-        model_kind: str,
-        io: tuple[list, list] | None = None,
-    ) -> TritonModel:
-        top = profile[2] if max_batch is None else _check_count("max batch", max_batch)
-        if top > profile[2]:
-            raise ServeError(
-                f"max batch {top} is above the {what}'s profile maximum {profile[2]}; give at "
-                f"most {profile[2]}, or re-export/rebuild with a larger --max-batch"
-            )
-        notes, comments = [], []
-        if decisions_elsewhere:
-            notes.append(NOT_IN_GRAPH)
-            comments.append(NOT_IN_GRAPH)
-        if profile[0] > 1:
-            notes.append(
-                f"the {what} takes batches of {profile[0]} or more; Triton sends "
-                "smaller ones as they come, which this model refuses"
-            )
-        inputs, outputs = io if io is not None else (list(info.inputs), list(info.outputs))
-        return TritonModel(
-            name=model_name,
-            platform=platform,
-            max_batch_size=top,
-            inputs=inputs,
-            outputs=outputs,
-            preferred_batch_size=_preferred(preferred_batch, profile[1], top, what),
-            queue_delay_us=queue_delay_us,
-            instances=instances,
-            kind=model_kind,
-            labels=labels,
-            notes=notes,
-            comments=comments,
-        )
 
-    models = [
-        model(
-            name,
-            PLATFORMS["onnx"],
-            _profile(INFO_FILE, info.batch_profile),
-            "export",
-            kind,
-        )
-    ]
+def plan_repository(
+    export_dir: str | os.PathLike,
+    options: TritonModelOptions | None = None,
+    *,
+    engine: str | os.PathLike | None = None,
+    **settings: Any,
+) -> list[TritonModel]:
+    """The models :func:`write_triton_repository` would write (nothing is written): ``options``
+    (a :class:`TritonModelOptions`, or its fields as keywords: ``instances=2``, ``kind="cpu"``,
+    ...; keywords win) for the export and ``engine``, a TensorRT plan built from it."""
+    asked = options_with(TritonModelOptions, options, settings, "plan_repository")
+    export_dir = Path(export_dir)
+    export = _served_export(export_dir)
+    name = check_name(asked.model_name or default_model_name(export_dir))
+    onnx_profile = _profile(INFO_FILE, export.info.batch_profile)
+    models = [_model(export, asked, name, PLATFORMS["onnx"], onnx_profile, "export", asked.kind)]
     if engine is not None:
         engine = Path(engine)
         if not engine.is_file():
             raise ServeError(
                 f"engine {str(engine)!r} does not exist; build it with hydra-build (or trtexec)"
             )
-        profile, sidecar = _engine_profile(engine, info)
+        profile, sidecar = _engine_profile(engine, export.info)
+        io = _engine_io(engine, export.info, sidecar)
+        trt_name = check_name(f"{name}-trt")
         models.append(
-            model(
-                check_name(f"{name}-trt"),
-                PLATFORMS["tensorrt"],
-                profile,
-                "engine",
-                "gpu",
-                _engine_io(engine, info, sidecar),
-            )
+            _model(export, asked, trt_name, PLATFORMS["tensorrt"], profile, "engine", "gpu", io)
         )
     return models
 
@@ -547,31 +568,21 @@ def _install(staging: Path, target: Path) -> None:
 def write_triton_repository(
     export_dir: str | os.PathLike,
     repo: str | os.PathLike,
+    options: TritonModelOptions | None = None,
     *,
     engine: str | os.PathLike | None = None,
-    model_name: str | None = None,
-    max_batch: int | None = None,
-    preferred_batch: list[int] | None = None,
-    queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
-    instances: int = 1,
-    kind: str = "auto",
     overwrite: bool = False,
+    **settings: Any,
 ) -> dict[str, Any]:
     """Add the export (and ``engine``, a TensorRT plan built from it) to the Triton model
-    repository ``repo``; see the module docstring. Returns ``{"repository", "models": [...]}``
+    repository ``repo``; see the module docstring. ``options``: a :class:`TritonModelOptions`,
+    or its fields as keywords (``model_name=``, ``max_batch=``, ``preferred_batch=``,
+    ``queue_delay_us=``, ``instances=``, ``kind=``). Returns ``{"repository", "models": [...]}``
     with each model's name, platform, folder and config. Existing model folders of these names are
     refused unless ``overwrite``; other models in ``repo`` are left as they are."""
+    asked = options_with(TritonModelOptions, options, settings, "write_triton_repository")
     export_dir, repo = Path(export_dir), Path(repo)
-    models = plan_repository(
-        export_dir,
-        engine=engine,
-        model_name=model_name,
-        max_batch=max_batch,
-        preferred_batch=preferred_batch,
-        queue_delay_us=queue_delay_us,
-        instances=instances,
-        kind=kind,
-    )
+    models = plan_repository(export_dir, asked, engine=engine)
     refuse_existing_models(repo, [m.name for m in models], overwrite)
     for model in models:
         _check_parses(model, model.pbtxt())
@@ -635,31 +646,43 @@ def _decisions_cell(info: ExportInfo) -> str:
 def repository_readme(repo: Path) -> str:
     """The repository's README: how to start Triton on it and query each hydra model."""
     models = _models_in(repo)
-    rows, checks = [], []
-    for name, info, sidecar in models:
-        kind = (
-            "TensorRT plan"
-            if sidecar is not None or (repo / name / "1" / "model.plan").exists()
-            else "ONNX"
-        )
-        shape = ", ".join(f"`{s['name']}` {s['shape']} {s.get('dtype')}" for s in info.inputs)
-        target = ""
-        if sidecar is not None:
-            gpu, version = sidecar.gpu_name or "?", sidecar.tensorrt_version or "?"
-            target = f"; built for {gpu} with TensorRT {version}"
-        rows.append(f"| `{name}` | {kind}{target} | {shape} | {_decisions_cell(info)} |")
-        first = (info.inputs or ({},))[0]
-        dims = ",".join(str(d) if isinstance(d, int) else "16" for d in first.get("shape", [])[1:])
-        checks.append(
-            f"perf_analyzer -m {name} --concurrency-range 1:8 --shape {first.get('name')}:{dims}"
-        )
-    first_name = models[0][0] if models else "MODEL"
-    return f"""{README_MARK}
+    rows = [_readme_row(repo, name, info, sidecar) for name, info, sidecar in models]
+    checks = [_perf_analyzer_line(name, info) for name, info, _ in models]
+    return _README.format(
+        mark=README_MARK,
+        rows="\n".join(rows),
+        checks="\n".join(checks),
+        repo=repo.name,
+        first=models[0][0] if models else "MODEL",
+    )
+
+
+def _readme_row(repo: Path, name: str, info: ExportInfo, sidecar: EngineInfo | None) -> str:
+    """A model's row of the README's table: name, backend, inputs, decisions."""
+    plan = sidecar is not None or (repo / name / "1" / "model.plan").exists()
+    shape = ", ".join(f"`{s['name']}` {s['shape']} {s.get('dtype')}" for s in info.inputs)
+    target = ""
+    if sidecar is not None:
+        gpu, version = sidecar.gpu_name or "?", sidecar.tensorrt_version or "?"
+        target = f"; built for {gpu} with TensorRT {version}"
+    kind = "TensorRT plan" if plan else "ONNX"
+    return f"| `{name}` | {kind}{target} | {shape} | {_decisions_cell(info)} |"
+
+
+def _perf_analyzer_line(name: str, info: ExportInfo) -> str:
+    """The load-test command of a model (its first input, 16 for a dynamic dimension)."""
+    first = (info.inputs or ({},))[0]
+    dims = ",".join(str(d) if isinstance(d, int) else "16" for d in first.get("shape", [])[1:])
+    return f"perf_analyzer -m {name} --concurrency-range 1:8 --shape {first.get('name')}:{dims}"
+
+
+#: The README's text (``str.format``: mark, rows, checks, repo, first).
+_README = """{mark}
 # Triton model repository
 
 | model | backend | inputs (batch first) | decisions |
 |---|---|---|---|
-{chr(10).join(rows)}
+{rows}
 
 Every model answers `member_logits` [M, classes] per example and the uncertainty scores computed in
 its graph: `probs` [classes], `msp`, `predictive_entropy`, `expected_entropy`, `mutual_information`
@@ -682,9 +705,9 @@ which applies them.
 
 ```bash
 docker run --rm --gpus all -p 8000:8000 -p 8001:8001 -p 8002:8002 \\
-  -v "$PWD/{repo.name}":/models nvcr.io/nvidia/tritonserver:<release>-py3 \\
+  -v "$PWD/{repo}":/models nvcr.io/nvidia/tritonserver:<release>-py3 \\
   tritonserver --model-repository=/models
-curl -s localhost:8000/v2/models/{first_name}/ready -o /dev/null -w "%{{http_code}}\\n"   # 200
+curl -s localhost:8000/v2/models/{first}/ready -o /dev/null -w "%{{http_code}}\\n"   # 200
 ```
 
 On a CPU-only host drop `--gpus all`: the ONNX models' instance groups are `KIND_AUTO` unless the
@@ -703,13 +726,13 @@ import numpy as np, tritonclient.http as http
 client = http.InferenceServerClient("localhost:8000")
 x = http.InferInput("pixel_values", [1, 3, 224, 224], "FP32")   # see the inputs above
 x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
-result = client.infer("{first_name}", [x])
+result = client.infer("{first}", [x])
 print(result.as_numpy("msp"), result.as_numpy("mutual_information"))
 ```
 
 Load test (Triton's SDK container):
 
 ```bash
-{chr(10).join(checks)}
+{checks}
 ```
 """

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import trt_standins
-from helpers.vit import tiny_vit
+from helpers.vit import tiny_hydra
 
 from hydra_deploy.decisions import fit_decisions
 from hydra_deploy.engines.build_source import load_source
@@ -40,8 +40,6 @@ from hydra_deploy.errors import EngineError
 from hydra_deploy.evaluation.calibrate import store_decisions
 from hydra_deploy.export import export_onnx
 from hydra_deploy.export_folder import file_sha256
-from hydra_deploy.fusion import fuse
-from hydra_deploy.specs import HydraSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -53,9 +51,7 @@ T4 = GpuInfo("Tesla T4", 7, 5, "12.4")
 # --- fixtures: one tiny export of each kind, made once ----------------------------------------------
 @pytest.fixture(scope="module")
 def hydra():
-    backbone = tiny_vit("token")
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
-    return fuse(backbone, spec)
+    return tiny_hydra()
 
 
 @pytest.fixture(scope="module")
@@ -66,26 +62,13 @@ def exports(hydra, tmp_path_factory):
     only that field (the graph's own Casts matter to TensorRT, not to the command line).
     """
     root = tmp_path_factory.mktemp("engines")
-    folders = {"fp32": root / "fp32", "uq": root / "uq"}
-    export_onnx(hydra, folders["fp32"], batch=(1, 4, 6), exporter="torchscript", validate=False)
-    export_onnx(
-        hydra,
-        folders["uq"],
-        batch=(1, 4, 6),
-        exporter="torchscript",
-        validate=False,
-        uq_outputs=True,
-    )
-    folders["fp16-real"] = root / "fp16-real"
-    export_onnx(
-        hydra,
-        folders["fp16-real"],
-        batch=(1, 4, 6),
-        exporter="torchscript",
-        validate=False,
-        uq_outputs=True,
-        precision="fp16",
-    )
+    folders = {name: root / name for name in ("fp32", "uq", "fp16-real")}
+    made = {"uq": {"uq_outputs": True}, "fp16-real": {"uq_outputs": True, "precision": "fp16"}}
+    for name, folder in folders.items():
+        options = made.get(name, {})
+        export_onnx(
+            hydra, folder, batch=(1, 4, 6), exporter="torchscript", validate=False, **options
+        )
     for precision in ("fp16", "bf16"):
         folder = root / precision
         shutil.copytree(folders["uq"], folder)
@@ -287,6 +270,53 @@ def test_plan_for_an_fp32_graph_on_jetpack6(exports):
     line = plan.trtexec_equivalent()
     assert "--fp16 --precisionConstraints=obey --layerPrecisions=LayerNormalization_0:fp32" in line
     assert f"--saveEngine={plan.engine_path}" in line
+
+
+def test_one_options_group_serves_the_plan_the_build_the_recipes_and_hydra_build(exports, tmp_path):
+    """EngineBuildOptions: the same settings as an object or as keywords give the same plan and
+    the same trtexec line; hydra-build's flags parse into it; the plan's own settings (as decided)
+    give its trtexec equivalent."""
+    from hydra_deploy.cli.build import build_parser
+    from hydra_deploy.engines.build_options import EngineBuildOptions
+    from hydra_deploy.options import from_args
+
+    settings = dict(precision="fp16", min_batch=2, opt_batch=3, max_batch=16, out=tmp_path)
+    options = EngineBuildOptions(**settings)
+    planned = plan_build(exports["uq"], options, trt_version="10.3.0.30", gpu=ORIN)
+    assert planned == plan_build(exports["uq"], trt_version="10.3.0.30", gpu=ORIN, **settings)
+    assert planned.requested_precision == "fp16" and planned.out_dir == tmp_path
+    assert str(trtexec_command(exports["uq"], options, trt="10")) == str(
+        trtexec_command(exports["uq"], trt="10", **settings)
+    )
+    # keywords win over the object's fields
+    assert plan_build(exports["uq"], options, max_batch=8, trt_version="10.3", gpu=ORIN).batch == (
+        2,
+        3,
+        8,
+    )
+    assert planned.trtexec_equivalent().startswith(
+        str(
+            trtexec_command(
+                exports["uq"], planned.options, trt="10", engine=planned.engine_path, sm=87
+            )
+        )
+    )
+    argv = [str(exports["uq"]), "--precision", "fp16", "--min-batch", "2", "--opt-batch", "3"]
+    argv += ["--max-batch", "16", "--out", str(tmp_path), "--weakly-typed"]
+    parsed = from_args(EngineBuildOptions, build_parser().parse_args(argv))
+    assert parsed == EngineBuildOptions(**settings, strongly_typed=False)
+    assert parsed.given_flags() == [
+        "--precision",
+        "--out",
+        "--min-batch",
+        "--opt-batch",
+        "--max-batch",
+        "--strongly-typed/--weakly-typed",
+    ]
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'max_bacth'.*max_batch"):
+        plan_build(exports["uq"], max_bacth=8, trt_version="10.3", gpu=ORIN)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'overwrite'"):
+        trtexec_command(exports["uq"], overwrite=True)
 
 
 def test_plan_best_on_an_old_gpu_falls_back_to_fp16(exports):

@@ -18,15 +18,13 @@ import onnx
 import pytest
 import torch
 from helpers.trt_standins import TrtRunner as _StandInTrtRunner
-from helpers.vit import tiny_vit
+from helpers.vit import tiny_hydra
 from onnx import TensorProto, helper
 
 from hydra_deploy.engines import load_runner, tensorrt_runner
 from hydra_deploy.engines import runner as runner_module
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export import export_onnx
-from hydra_deploy.fusion import fuse
-from hydra_deploy.specs import HydraSpec
 from hydra_deploy.uncertainty import ensemble_scores
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -34,9 +32,7 @@ HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 
 @pytest.fixture(scope="module")
 def hydra():
-    backbone = tiny_vit("token")
-    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
-    return fuse(backbone, spec)
+    return tiny_hydra()
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +239,14 @@ def test_providers(export_dir):
         load_runner(_fake_engine_file(export_dir.parent), providers=["cpu"])
 
 
+def _stand_in_engine(folder, sidecar: dict, name: str = "vit.fp16.engine"):
+    """An engine file the stand-in TensorRT deserializes, with its JSON sidecar."""
+    path = folder / name
+    path.write_bytes(b"serialized")
+    path.with_suffix(".json").write_text(json.dumps(sidecar))
+    return path
+
+
 def _fake_engine_file(folder):
     path = folder / "fake.engine"
     path.write_bytes(b"not an engine")
@@ -408,11 +412,7 @@ def fake_tensorrt(monkeypatch, runner):
 
 
 def test_engine_runner_reads_its_profile_pads_and_splits(fake_tensorrt, runner, export_dir):
-    engine_path = export_dir.parent / "vit.fp16.engine"
-    engine_path.write_bytes(b"serialized")
-    engine_path.with_suffix(".json").write_text(
-        json.dumps({"precision": "fp16", "export_dir": "export"})
-    )
+    engine_path = _stand_in_engine(export_dir.parent, {"precision": "fp16", "export_dir": "export"})
     engine = load_runner(engine_path)
     assert engine.backend == "tensorrt" and (engine.min_batch, engine.max_batch) == (2, 4)
     assert engine.inputs[0].shape == (None, 3, 16, 16) and engine.precision == "fp16"
@@ -458,9 +458,7 @@ def test_an_engine_for_another_tensorrt_is_refused_before_loading(
 ):
     fake_tensorrt.__version__ = "10.3.0"
     monkeypatch.setattr(tensorrt_runner, "_compute_capability_here", lambda: "8.7")
-    engine_path = export_dir.parent / "other.engine"
-    engine_path.write_bytes(b"serialized")
-    engine_path.with_suffix(".json").write_text(json.dumps(SIDECAR))
+    engine_path = _stand_in_engine(export_dir.parent, SIDECAR, "other.engine")
     with pytest.raises(RunnerError) as caught:
         load_runner(engine_path)
     text = str(caught.value)
@@ -523,10 +521,8 @@ def test_an_engine_applies_decisions_fitted_on_its_model_onnx(
     folder = tmp_path / "export"
     shutil.copytree(export_dir, folder)
     sha = file_sha256(folder / "model.onnx")
-    engine_path = folder / "vit.fp16.engine"
-    engine_path.write_bytes(b"serialized")
+    engine_path = _stand_in_engine(folder, {"precision": "fp16", "onnx_sha256": sha})
     sidecar = engine_path.with_suffix(".json")
-    sidecar.write_text(json.dumps({"precision": "fp16", "onnx_sha256": sha}))
     x = inputs(400, seed=9)
     predicted = runner(x)["member_logits"].mean(axis=1).argmax(axis=1)
     y = np.where(np.random.default_rng(0).random(400) < 0.9, predicted, 0)
@@ -603,10 +599,8 @@ def test_an_fp16_engine_refuses_a_record_fitted_on_fp32_onnx_runtime_unless_aske
     from hydra_deploy.export_folder import file_sha256
 
     folder, record = _calibrated_copy(export_dir, tmp_path)
-    engine_path = folder / "vit.fp16.engine"
-    engine_path.write_bytes(b"serialized")
-    engine_path.with_suffix(".json").write_text(
-        json.dumps({"precision": "fp16", "onnx_sha256": file_sha256(folder / "model.onnx")})
+    engine_path = _stand_in_engine(
+        folder, {"precision": "fp16", "onnx_sha256": file_sha256(folder / "model.onnx")}
     )
     with load_runner(folder) as runner:  # ONNX Runtime, as fitted
         assert runner.decisions == record

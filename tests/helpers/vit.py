@@ -74,6 +74,17 @@ def tiny_vit(config: str = "token", seed: int = 0):
     return load_backbone(scramble(model.eval(), seed))
 
 
+def tiny_hydra():
+    """The tests' usual tiny Hydra: :func:`tiny_vit` fused with 3 members keeping 2, 1 and 3
+    heads per layer (a random spec, seed 0)."""
+    from hydra_deploy.fusion import fuse
+    from hydra_deploy.specs import HydraSpec
+
+    backbone = tiny_vit("token")
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=3, heads_per_member=[2, 1, 3], seed=0)
+    return fuse(backbone, spec)
+
+
 def digits_data(size: int = 16):
     """scikit-learn's digits (1,797 8x8 images, 10 classes) upsampled to ``size``, as tensors."""
     from sklearn.datasets import load_digits

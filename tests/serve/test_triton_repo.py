@@ -569,3 +569,25 @@ def test_a_real_in_graph_export_and_its_engine_declare_the_graphs_decisions(cali
         assert outputs["prediction_set"].dtype == np.bool_ and outputs["accept"].dtype == np.bool_
     readme = (tmp_path / "repo" / "README.md").read_text()
     assert readme.count("`calibrated_probs`, `prediction_set`, `accept`, `ood_flag` |") == 2
+
+
+def test_the_models_settings_are_one_group_given_whole_or_as_keywords(exports, tmp_path):
+    """plan_repository and write_triton_repository share TritonModelOptions: the group and its
+    fields as keywords (which win) plan the same models; a misspelt keyword names the fields."""
+    from hydra_deploy.serve.triton_repo import TritonModelOptions, plan_repository
+
+    options = TritonModelOptions(model_name="m", preferred_batch=[2], instances=2, kind="cpu")
+    planned = plan_repository(exports["vit"], options)
+    assert [m.pbtxt() for m in planned] == [
+        m.pbtxt()
+        for m in plan_repository(
+            exports["vit"], model_name="m", preferred_batch=[2], instances=2, kind="cpu"
+        )
+    ]
+    (model,) = plan_repository(exports["vit"], options, instances=3)
+    assert (model.name, model.instances, model.kind) == ("m", 3, "cpu")
+    with pytest.raises(ServeError, match="instances must be an integer >= 1"):
+        TritonModelOptions(instances=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'instance'.*instances"):
+        write_triton_repository(exports["vit"], tmp_path / "repo", instance=2)
+    assert not (tmp_path / "repo").exists()
