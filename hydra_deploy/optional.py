@@ -265,7 +265,7 @@ def lazy_attributes(
 class _LazyModule:
     """A module imported on its first attribute access (see :func:`lazy_module`)."""
 
-    __slots__ = ("_error", "_module", "_name", "_purpose")
+    __slots__ = ("_error", "_module", "_name", "_purpose")  # _module: imported once (repr)
 
     def __init__(self, name: str, purpose: str | None, error: type[Exception]) -> None:
         self._name = name
@@ -274,13 +274,17 @@ class _LazyModule:
         self._module: ModuleType | None = None
 
     def _load(self) -> ModuleType:
-        if self._module is None:
+        # sys.modules at each use (one dict look-up), not a module kept here: a package hidden
+        # after its first use (a test's ``sys.modules[name] = None``) reads as missing again
+        module = sys.modules.get(self._name)
+        if module is None:
             top = self._name.partition(".")[0]
             if top in DEPENDENCIES:
-                self._module = require(self._name, purpose=self._purpose, error=self._error)
+                module = require(self._name, purpose=self._purpose, error=self._error)
             else:  # one of ours (or the standard library's): imported as it is
-                self._module = importlib.import_module(self._name)
-        return self._module
+                module = importlib.import_module(self._name)
+            self._module = module
+        return module
 
     def __getattr__(self, attr: str) -> object:
         return getattr(self._load(), attr)

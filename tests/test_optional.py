@@ -370,7 +370,11 @@ def test_lazy_module_imports_on_first_use_and_raises_the_callers_error(monkeypat
     assert proxy.dumps(1) == "patched"  # attributes are read from the module at each use
     assert "imported" in repr(proxy)
 
-    _hide(monkeypatch, "matplotlib")
+    used = optional.lazy_module("json", purpose="reading", error=RunnerError)
+    assert used.dumps(2) == "patched"
+    _hide(monkeypatch, "matplotlib", "json")
     missing_one = optional.lazy_module("matplotlib", purpose="drawing", error=RunnerError)
     with pytest.raises(RunnerError, match=r"^matplotlib is not installed .*drawing needs it"):
         _ = missing_one.pyplot
+    with pytest.raises(ImportError):  # hidden after its first use: missing again
+        _ = used.loads

@@ -147,10 +147,7 @@ def main_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hydra-build`` console script."""
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-build")
 
 
 if __name__ == "__main__":

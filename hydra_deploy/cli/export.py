@@ -332,9 +332,7 @@ def _carry_decisions(source: Path, out: Path, hydra) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-export")
 
 
 if __name__ == "__main__":

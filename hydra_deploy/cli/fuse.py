@@ -122,9 +122,7 @@ def main_body(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return common.run(main_body, args)
+main = common.entry_point(build_parser, main_body, "hydra-fuse")
 
 
 if __name__ == "__main__":
