@@ -248,6 +248,13 @@ class SetScore(ABC):
         computes the room exactly, only the ranking may differ)."""
         return np.abs(self.room(probs, params))
 
+    def room_drift(self, ranks: np.ndarray) -> np.ndarray:
+        """[B, C]: how many times a per-class error of the probabilities the room can move by
+        (``ranks``: each class's 1-based rank, p descending): by default the mass summed over the
+        ranks (the scores that sort); LAC 1 (the probability itself); top-k 0 (only its ranking,
+        whose near-ties a comparison treats apart). hydra-compare's tolerance of a set rule."""
+        return np.asarray(ranks, dtype=np.float64)
+
 
 #: name -> the registered score, in the order registered (``--sets``' choices)
 SET_SCORES: dict[str, SetScore] = {}
@@ -288,6 +295,9 @@ class LAC(SetScore):
 
     def room(self, probs: np.ndarray, params: Any) -> np.ndarray:
         return np.array(probs, dtype=np.float64)
+
+    def room_drift(self, ranks: np.ndarray) -> np.ndarray:
+        return np.ones(np.shape(ranks))
 
     def graph_room(self, g: SetGraph, params: Any) -> str:
         return g.probs
@@ -405,6 +415,9 @@ class TopK(SetScore):
 
     def room_magnitude(self, probs: np.ndarray, params: Any) -> np.ndarray:
         return np.zeros(np.shape(probs))  # the graph's room is exact: only the ranking may differ
+
+    def room_drift(self, ranks: np.ndarray) -> np.ndarray:
+        return np.zeros(np.shape(ranks))  # whole numbers: only the ranking moves them
 
 
 #: The registered set scores' names (``--sets``' choices, the record's ``method``).

@@ -56,6 +56,7 @@ from hydra_deploy.parity import (
     compare_outputs,
     tolerance_for,
 )
+from hydra_deploy.set_scores import set_score
 from hydra_deploy.uncertainty.metrics import ood_score
 
 torch = lazy_module("torch", purpose="the PyTorch reference of hydra-compare")
@@ -253,16 +254,16 @@ def _undecided(record: Any, reference: np.ndarray, tolerance: Tolerance) -> dict
     if record.sets is not None:
         rule = record.sets
         qhat = np.asarray(rule.qhat) if rule.class_conditional else rule.qhat[0]
-        room = class_room(probs, rule.method, lam=rule.lam, k_reg=rule.k_reg)
-        bound = np.full(probs.shape, tolerance.probs)
+        score = set_score(rule.method)
+        room = class_room(probs, rule.method, rule.params)
+        order = np.argsort(-probs, axis=1, kind="stable")
+        ranks = np.empty_like(order)
+        np.put_along_axis(ranks, order, np.arange(1, probs.shape[1] + 1)[None, :], axis=1)
+        bound = tolerance.probs * score.room_drift(ranks)
         near = np.zeros(probs.shape, dtype=bool)
-        if rule.method != "lac":  # cumulative sums over the ranks, and the ranks themselves
-            order = np.argsort(-probs, axis=1, kind="stable")
-            ranks = np.empty_like(order)
-            np.put_along_axis(ranks, order, np.arange(1, probs.shape[1] + 1)[None, :], axis=1)
-            bound = bound * ranks
+        if score.sorts:  # a tie within tolerance may rank either way
             ranked = np.take_along_axis(probs, order, axis=1)
-            close = np.diff(ranked, axis=1) > -2 * tolerance.probs  # a tie within tolerance
+            close = np.diff(ranked, axis=1) > -2 * tolerance.probs
             tied = np.zeros(probs.shape, dtype=bool)
             tied[:, :-1] |= close
             tied[:, 1:] |= close

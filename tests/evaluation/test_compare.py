@@ -267,3 +267,33 @@ def test_a_flipped_decision_fails_unless_it_sits_on_its_threshold(calibrated):
         assert checks["graph:accept"].passed is excused
         assert checks["graph:accept"].value == (1.0 if excused else 7 / 8)
         assert checks["decisions:prediction_set"].passed  # not in the outputs: applied
+
+
+@pytest.mark.parametrize("method", ["lac", "aps", "raps", "topk"])
+def test_a_set_is_undecided_only_where_the_tolerance_can_move_it(method):
+    """hydra-compare lets a backend decide a class either way only where a probability error
+    within tolerance can move its room past the bar: top-k's room is whole ranks, so without a
+    near-tie nothing is undecided; LAC's room is p itself, APS/RAPS's a sum over the ranks."""
+    from hydra_deploy.decisions import class_room, fit_decisions, set_floor
+    from hydra_deploy.evaluation.compare import _undecided
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0, 3, size=(400, 2, 10)).astype(np.float32)
+    labels = rng.integers(0, 10, size=400)
+    record = fit_decisions(
+        logits, labels, onnx_sha256="0" * 64, data_sha256="0" * 64, sets=method, ood_alpha=None
+    )
+    tolerance = tolerance_for("fp16")
+    undecided = _undecided(record, logits, tolerance)["prediction_set"]
+    probs = np.exp(logits.astype(np.float64) / record.temperature)
+    probs = (probs / probs.sum(axis=2, keepdims=True)).mean(axis=1)
+    room = class_room(probs, method, record.sets.params)
+    gap = np.abs(room - set_floor(record.sets.qhat[0]))
+    ranked = np.sort(probs, axis=1)[:, ::-1]
+    tie_free = (np.diff(ranked, axis=1) < -2 * tolerance.probs).all(axis=1)
+    if method == "topk":
+        assert not undecided[tie_free].any()
+    else:
+        drift = 1.0 if method == "lac" else np.argsort(np.argsort(-probs, axis=1), axis=1) + 1.0
+        assert (undecided | ~tie_free[:, None])[gap <= tolerance.probs * drift].all()
+        assert not undecided[tie_free[:, None] & (gap > tolerance.probs * drift)].any()
