@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 from common import note
-from uq_common import full_spec, member_logits, train_stage
 from uq_sweep import make_task, run_header, split_train
+from uq_train import full_spec, member_logits, train_stage
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.uncertainty import ensemble_scores

@@ -40,7 +40,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from torch import nn
-from uq_common import Recipe, Task, main
+from uq_run import main
+from uq_task import Recipe, Task
 
 from hydra_deploy.backbones import load_backbone
 

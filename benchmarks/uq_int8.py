@@ -3,7 +3,7 @@
 Issue 27 asks what INT8 does to the uncertainty scores, which are made of small disagreements
 between members that quantization noise could blur. Per seed of ``uq_digits`` or ``uq_wordnet``:
 
-1. **the rows** are rebuilt with ``uq_common.build_rows`` from the uq benchmark's ``--cache`` (the
+1. **the rows** are rebuilt with ``uq_train.build_rows`` from the uq benchmark's ``--cache`` (the
    trained weights and the head selections of that seed). A seed whose weights are not there is
    trained by the same protocol, with one torch thread as the uq reports' runs were, and saved
    there; the report and the progress notes say how many members were trained here.
@@ -19,11 +19,11 @@ between members that quantization noise could blur. Per seed of ``uq_digits`` or
 3. **FP32 and INT8 run in ONNX Runtime** (CPU provider, ``--threads`` intra-op threads) on the
    in-distribution test set, the shifted set and every OOD set, in the same batches (text sorted
    by length and trimmed, as the uq benchmark evaluates), and each row is scored with
-   ``uq_common.score_row``: accuracy and ECE (ID and shifted), AUROC and FPR95 with MSP and, for
+   ``uq_rows.score_row``: accuracy and ECE (ID and shifted), AUROC and FPR95 with MSP and, for
    rows of several members, mutual information (mean over the OOD sets, and per set). Beside
    them: the INT8 file's size, the largest change of any member logit and how often the
    ensemble's prediction changes.
-4. **The decisions are refitted on each precision's logits** with ``uq_common.decide_row`` over
+4. **The decisions are refitted on each precision's logits** with ``uq_decisions.decide_row`` over
    the uq report's own random splits of the ID test set (``split_parts``, the same seeds):
    temperature, split-conformal LAC sets at the task's claim alpha (coverage and mean size),
    answering at a 5% selective risk (share answered, its risk) and the OOD flag, FP32 against
@@ -68,21 +68,11 @@ import torch
 import uq_digits
 import uq_wordnet
 from common import load_average, machine, note
-from uq_common import (
-    DELTA,
-    ROWS,
-    TARGET_RISK,
-    Task,
-    _decide_one,
-    _jsonable,
-    _stats,
-    _trim,
-    alpha_key,
-    build_rows,
-    full_spec,
-    load_logits,
-    score_row,
-)
+from uq_decisions import DELTA, TARGET_RISK, alpha_key, decide_one, load_logits
+from uq_rows import score_row, stats
+from uq_run import jsonable
+from uq_task import ROWS, Task
+from uq_train import build_rows, full_spec, trim_padding
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.engines.runner import load_runner
@@ -134,7 +124,7 @@ DECISION_KEYS = (
 
 
 def evaluation_sets(task: Task) -> dict[str, torch.Tensor]:
-    """The evaluation sets of ``uq_common.evaluate_rows``, by the same names."""
+    """The evaluation sets of ``uq_train.evaluate_rows``, by the same names."""
     return {
         "id": task.test[0],
         "shift": task.shift[0],
@@ -158,13 +148,13 @@ def onnx_feed(x: torch.Tensor, text: bool, input_names: Sequence[str]) -> dict[s
 
 def onnx_member_logits(runner: Any, x: torch.Tensor, *, batch: int, text: bool) -> np.ndarray:
     """Member logits [N, M, C] (float64) of an ONNX Runtime runner (``load_runner``), in batches
-    of ``batch`` (text sorted by length and trimmed, as ``uq_common.member_logits`` does in
+    of ``batch`` (text sorted by length and trimmed, as ``uq_train.member_logits`` does in
     PyTorch)."""
     order = torch.argsort(x[:, 1].sum(1)) if text else torch.arange(x.shape[0])
     parts = []
     for start in range(0, x.shape[0], batch):
         rows = order[start : start + batch]
-        feed = onnx_feed(_trim(x[rows], text), text, runner.input_names)
+        feed = onnx_feed(trim_padding(x[rows], text), text, runner.input_names)
         parts.append(runner(feed)["member_logits"].astype(np.float64))
     logits = np.concatenate(parts)
     result = np.empty_like(logits)
@@ -326,7 +316,7 @@ def refit_decisions(
     seed: int,
     workers: int,
 ) -> dict[tuple[str, str], dict[str, float | None]]:
-    """``decide_row`` (through ``uq_common._decide_one``, the uq report's splits of this seed)
+    """``decide_row`` (through ``uq_decisions.decide_one``, the uq report's splits of this seed)
     for every (row, precision) of ``logits``, summarised at the task's claim alpha."""
     r = task.recipe
     sizes = (r.calibration_temperature, r.calibration_quantile, r.splits)
@@ -335,9 +325,9 @@ def refit_decisions(
     if workers > 1 and len(jobs) > 1:
         context = multiprocessing.get_context("spawn")  # no fork of a process running torch
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            decided = list(pool.map(_decide_one, jobs))
+            decided = list(pool.map(decide_one, jobs))
     else:
-        decided = [_decide_one(job) for job in jobs]
+        decided = [decide_one(job) for job in jobs]
     return {k: decision_summary(d, task.claim_alpha) for k, d in zip(keys, decided, strict=True)}
 
 
@@ -401,7 +391,7 @@ def drift_seed(
     r = task.recipe
     batch = r.eval_batch_fused or r.eval_batch
     rows_calibration = calibration_rows(len(task.train[1]), CALIBRATION_EXAMPLES, CALIBRATION_SEED)
-    calibration = _trim(task.train[0][torch.as_tensor(rows_calibration)], task.text)
+    calibration = trim_padding(task.train[0][torch.as_tensor(rows_calibration)], task.text)
     precisions = ("fp32", *methods)
     measured: dict[int, dict[str, dict[str, Any]]] = {}  # by model, once (single = DE member 0)
     seconds = {"rebuild": rebuilt["seconds"], "export": 0.0, "quantization": 0.0, "evaluation": 0.0}
@@ -483,7 +473,7 @@ def drift_seed(
 
 def _maybe_stats(values: Sequence[float | None]) -> dict[str, Any] | None:
     present = [v for v in values if v is not None]
-    return _stats(present) if present else None
+    return stats(present) if present else None
 
 
 def aggregate(
@@ -515,11 +505,11 @@ def aggregate(
                 }
             out[method][row] = {
                 "metrics": metrics,
-                "logits": {k: _stats([m["logits"][k] for m in int8]) for k in int8[0]["logits"]},
+                "logits": {k: stats([m["logits"][k] for m in int8]) for k in int8[0]["logits"]},
                 "onnx_bytes": {
-                    "fp32": _stats([c["fp32"]["onnx_bytes"] for c in cells]),
-                    "int8": _stats([m["onnx_bytes"] for m in int8]),
-                    "ratio": _stats([m["size_ratio"] for m in int8]),
+                    "fp32": stats([c["fp32"]["onnx_bytes"] for c in cells]),
+                    "int8": stats([m["onnx_bytes"] for m in int8]),
+                    "ratio": stats([m["size_ratio"] for m in int8]),
                 },
                 "decisions": decisions,
             }
@@ -789,7 +779,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"Per seed, the uq report's {d['splits']} random splits of the ID test set (temperature "
         f"part {d['temperature_part']}, quantile part {d['quantile_part']}, tested part "
         f"{d['tested_part']}); each row + T refitted on each precision's own logits "
-        "(`uq_common.decide_row`). LAC sets at alpha "
+        "(`uq_decisions.decide_row`). LAC sets at alpha "
         f"{alpha_key(alpha)} (coverage should be >= {(1 - alpha) * 100:g}%), answering at a "
         f"{TARGET_RISK:.0%} selective risk (delta {d['delta']:g}; a refused split answers "
         "nothing), the OOD flag at 5% (share of OOD inputs flagged, mean over the sets). "
@@ -830,7 +820,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             )
     lines += ["", "## Setup", ""]
     lines += [
-        f"- rows rebuilt from `{s['cache']}` (`uq_common.build_rows`, the uq benchmark's weights "
+        f"- rows rebuilt from `{s['cache']}` (`uq_train.build_rows`, the uq benchmark's weights "
         "and selections): "
         + "; ".join(
             f"seed {p['seed']}: "
@@ -1035,7 +1025,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def write_report(report: dict[str, Any], out: Path) -> None:
     """report.json and report.md in ``out``, atomically; the markdown printed."""
     out.mkdir(parents=True, exist_ok=True)
-    report = json.loads(json.dumps(report, default=_jsonable))
+    report = json.loads(json.dumps(report, default=jsonable))
     atomic_write_json(out / "report.json", report)
     text = markdown(report)
     atomic_write_text(out / "report.md", text)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 from common import machine, note
-from uq_common import full_spec, member_logits, train_stage
+from uq_train import full_spec, member_logits, train_stage
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.fusion import fuse

@@ -51,7 +51,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from uq_common import Recipe, Task, main
+from uq_run import main
+from uq_task import Recipe, Task
 
 from hydra_deploy.backbones import load_backbone
 
