@@ -5,6 +5,7 @@ scaling, prediction sets, answer-or-abstain and the OOD flag (every rule from
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,27 +17,32 @@ from hydra_deploy.atomic import atomic_path
 from hydra_deploy.decisions import (
     accept_mask,
     calibrated_scores,
-    class_room,
+    class_scores,
     conformal_quantile,
     fit_ood,
-    fit_raps,
     fit_selective,
+    fit_set_parameters,
     fit_temperature,
     ood_mask,
+    prediction_sets,
     selective_grid,
     selective_start,
-    set_members,
 )
 from hydra_deploy.errors import DataError
 from hydra_deploy.uncertainty.metrics import (
+    accuracy,
     ece,
     nll,
     ood_metrics,
+    ood_score,
+    selective_risk_at,
 )
 
 #: the levels of the prediction sets (coverage 1 - alpha)
 ALPHAS = (0.01, 0.02, 0.05, 0.1)
-SET_METHODS = ("lac", "aps", "raps")
+#: the set methods the report shows (its tables' columns): a choice of the report, not a rule;
+#: each method's rule is the library's (``hydra_deploy.decisions``, whose SET_METHODS may hold more)
+REPORTED_SET_METHODS = ("lac", "aps", "raps")
 #: answer or abstain: the selective risk certified (the claims' and the tables'), the other risks
 #: measured beside it, and the chance it is allowed to fail
 TARGET_RISK = 0.05
@@ -74,18 +80,6 @@ def split_parts(
     return parts
 
 
-def _sets(
-    room: np.ndarray,
-    top: np.ndarray,
-    method: str,
-    qhat: float,
-    rows: np.ndarray | slice = slice(None),
-) -> np.ndarray:
-    """The library's sets (:func:`~hydra_deploy.decisions.set_members`) of ``rows`` from a class
-    room computed once per split."""
-    return set_members(room[rows], qhat, None if method == "lac" else top[rows])
-
-
 def certify(
     confidence: np.ndarray,
     correct: np.ndarray,
@@ -106,172 +100,169 @@ def certify(
     return tau
 
 
-def _risk_curve(confidence: np.ndarray, errors: np.ndarray) -> list[float]:
-    """Selective risk of the most confident ``c`` share, at each coverage of CURVE_COVERAGE."""
-    order = np.argsort(-confidence, kind="stable")
-    cumulative = np.cumsum(errors[order])
-    answered = np.maximum(1, np.ceil(np.asarray(CURVE_COVERAGE) * len(order) - 1e-9).astype(int))
-    return [float(v) for v in cumulative[answered - 1] / answered]
+@dataclass
+class _Split:
+    """One random split of one row: its parts, the calibrated scores of every evaluation set (T
+    fitted on the temperature part) and what the split measures, appended to ``values``."""
+
+    y: np.ndarray
+    t: np.ndarray
+    q: np.ndarray
+    tested: np.ndarray
+    shifted: np.ndarray  # the tested examples that have a shifted copy
+    cal: dict[str, dict[str, np.ndarray]]
+    oods: list[str]
+    values: dict[tuple, list]
+    refused: dict[tuple, str]
+
+    def put(self, key: tuple, value: Any) -> None:
+        self.values.setdefault(key, []).append(value)
+
+    def scores(self, name: str, what: str) -> np.ndarray:
+        """A calibrated score (``msp``, ``prediction``, ``probs``) of evaluation set ``name``."""
+        return self.cal[name][what]
 
 
-def decide_row(
-    logits: dict[str, np.ndarray],
-    labels: np.ndarray,
-    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Temperature scaling and every decision of :mod:`hydra_deploy.decisions` for one row of one
-    seed, over the random splits ``parts`` of the in-distribution test set.
+def _measure_scaling(s: _Split, raw: dict[str, dict[str, np.ndarray]]) -> None:
+    """Accuracy, NLL and ECE (tested part, shifted copies) and OOD AUROC / FPR95 (MSP), without
+    T (raw) and with it (scaled)."""
+    ys = s.y[s.shifted]
+    for tag, sc in (("raw", raw), ("scaled", s.cal)):
+        for where, scores, rows, labels in (
+            ("test", sc["id"], s.tested, s.y[s.tested]),
+            ("shift", sc["shift"], s.shifted, ys),
+        ):
+            probs = scores["probs"][rows]
+            s.put(("scaling", where, tag, "accuracy"), accuracy(probs, labels))
+            s.put(("scaling", where, tag, "nll"), nll(probs, labels))
+            s.put(("scaling", where, tag, "ece"), ece(probs, labels))
+        for k in s.oods:
+            m = ood_metrics(ood_score(sc["id"], "msp")[s.tested], ood_score(sc[k], "msp"))
+            for metric in ("auroc", "fpr95"):
+                s.put(("scaling", "ood", k[4:], tag, metric), m[metric])
 
-    ``logits``: member logits per evaluation set (``id``, ``shift`` aligned with the first
-    ``len(shift)`` ID examples, ``ood:<name>``). Per split: T fitted on the temperature part
-    (:func:`fit_temperature`); RAPS's parameters and the selective grid on it too; every quantile
-    (set thresholds per method and alpha, the selective threshold at TARGET_RISK and DELTA, the
-    OOD threshold at OOD_ALPHA) on the quantile part; every metric on the tested part, on the
-    shifted copies of the tested examples and on the OOD sets. Returns the means over splits
-    (and the spread over splits of the coverages); an alpha too small for the quantile part is
-    reported ``available: False`` with the reason."""
-    y = np.asarray(labels, dtype=np.int64)
-    shift_count = len(logits["shift"])
-    oods = [k for k in logits if k.startswith("ood:")]
-    raw = {k: calibrated_scores(v, 1.0) for k, v in logits.items()}
-    values: dict[tuple, list] = {}
-    refused: dict[tuple, str] = {}
 
-    def put(key: tuple, value: Any) -> None:
-        values.setdefault(key, []).append(value)
+def _coverage(sets: np.ndarray, labels: np.ndarray) -> float:
+    return float(sets[np.arange(len(labels)), labels].mean())
 
-    for index, (t, q, tested) in enumerate(parts):
-        temperature = fit_temperature(logits["id"][t], y[t])
-        put(("temperature",), temperature)
-        cal = {k: calibrated_scores(v, temperature) for k, v in logits.items()}
-        shifted = tested[tested < shift_count]
-        ys = y[shifted]
-        # temperature-scaled metrics beside the raw ones, on the tested part
-        for tag, sc in (("raw", raw), ("scaled", cal)):
-            for where, s_id, rows, yy in (
-                ("test", sc["id"], tested, y[tested]),
-                ("shift", sc["shift"], shifted, ys),
-            ):
-                probs = s_id["probs"][rows]
-                put(
-                    ("scaling", where, tag, "accuracy"),
-                    float((s_id["prediction"][rows] == yy).mean()),
-                )
-                put(("scaling", where, tag, "nll"), nll(probs, yy))
-                put(("scaling", where, tag, "ece"), ece(probs, yy))
-            for k in oods:
-                m = ood_metrics(-sc["id"]["msp"][tested], -sc[k]["msp"])
-                for metric in ("auroc", "fpr95"):
-                    put(("scaling", "ood", k[4:], tag, metric), m[metric])
-        # prediction sets
-        tops = {k: v["prediction"] for k, v in cal.items()}
-        rooms_cache: dict[tuple, dict[str, np.ndarray]] = {}
-        for method in SET_METHODS:
-            for alpha in ALPHAS:
-                key = ("sets", method, alpha_key(alpha))
-                if key in refused:
-                    continue
-                try:
-                    lam, k_reg = (
-                        fit_raps(cal["id"]["probs"][t], y[t], alpha)
-                        if method == "raps"
-                        else (0.0, 0)
-                    )
-                    if (method, lam, k_reg) not in rooms_cache:
-                        rooms_cache[(method, lam, k_reg)] = {
-                            k: class_room(v["probs"], method, lam=lam, k_reg=k_reg)
-                            for k, v in cal.items()
-                        }
-                    rooms = rooms_cache[(method, lam, k_reg)]
-                    qhat = conformal_quantile(1.0 - rooms["id"][q, y[q]], alpha)
-                except DataError as err:
-                    refused[key] = str(err)
-                    continue
-                sets = _sets(rooms["id"], tops["id"], method, qhat, tested)
-                sizes = sets.sum(axis=1)
-                put((*key, "coverage"), float(sets[np.arange(len(tested)), y[tested]].mean()))
-                put((*key, "mean_size"), float(sizes.mean()))
-                put((*key, "empty"), float((sizes == 0).mean()))
-                if method == "raps":
-                    put((*key, "lam"), lam)
-                    put((*key, "k_reg"), k_reg)
-                if len(shifted):
-                    sets = _sets(rooms["shift"], tops["shift"], method, qhat, shifted)
-                    put((*key, "shift_coverage"), float(sets[np.arange(len(ys)), ys].mean()))
-                    put((*key, "shift_mean_size"), float(sets.sum(axis=1).mean()))
-                for k in oods:
-                    sets = _sets(rooms[k], tops[k], method, qhat)
-                    put((*key, "ood_mean_size", k[4:]), float(sets.sum(axis=1).mean()))
-        # answer or abstain at TARGET_RISK (msp), and at OTHER_RISKS
-        msp = {k: v["msp"] for k, v in cal.items()}
-        correct = tops["id"] == y
-        grid = selective_grid(msp["id"][t])
-        for risk_level in (TARGET_RISK, *OTHER_RISKS):
-            start = selective_start(msp["id"][t], correct[t], grid, risk_level, len(q))
-            certified = certify(msp["id"][q], correct[q], grid, start, risk_level)
-            head = (
-                ("selective",) if risk_level == TARGET_RISK else ("selective_at", f"{risk_level:g}")
-            )
-            put((*head, "refused"), float(certified is None))
-            # what Bonferroni alone (the test before the graph test) answers on the same split
-            before = certify(msp["id"][q], correct[q], grid, start, risk_level, "bonferroni")
-            put(
-                (*head, "bonferroni_answered"),
-                0.0
-                if before is None
-                else float(accept_mask(msp["id"][tested], "msp", before).mean()),
-            )
-            wheres = (
-                ("", msp["id"][tested], correct[tested]),
-                ("shift_", msp["shift"][shifted], tops["shift"][shifted] == ys),
-            )
-            # the guarantee against a known population: the examples outside the temperature
-            # part are the population, a quantile part is drawn from it with replacement (iid),
-            # and the risk at its tau is the population's (no finite tested part, no overlap)
-            population = np.setdiff1d(np.arange(len(y)), t)
-            draw = np.random.default_rng([SPLIT_SEED, seed, index, 1]).choice(
-                population, len(q), replace=True
-            )
-            drawn = certify(msp["id"][draw], correct[draw], grid, start, risk_level)
-            if drawn is not None:  # refused: abstain on everything, no risk taken
-                answered = accept_mask(msp["id"][population], "msp", drawn)
-                wrong = ~correct[population][answered]
-                drawn_risk = float(wrong.mean()) if answered.any() else 0.0
-            put((*head, "population_exceeds"), float(drawn is not None and drawn_risk > risk_level))
-            for where, conf, ok in wheres if risk_level == TARGET_RISK else wheres[:1]:
-                # none certified: abstain on everything
-                answered = (
-                    np.zeros(len(conf), bool)
-                    if certified is None
-                    else accept_mask(conf, "msp", certified)
-                )
-                risk = float((~ok[answered]).mean()) if answered.any() else None
-                put((*head, f"{where}answered"), float(answered.mean()))
-                put((*head, f"{where}risk"), risk)
-                put((*head, f"{where}exceeds"), float(risk is not None and risk > risk_level))
-            if risk_level != TARGET_RISK:
+
+def _measure_sets(s: _Split) -> None:
+    """Every reported set method at every alpha, fitted by the library on this split (its
+    parameters on the temperature part, qhat on the quantile part); coverage and sizes measured."""
+    tune, held = s.scores("id", "probs")[s.t], s.scores("id", "probs")[s.q]
+    for method in REPORTED_SET_METHODS:
+        for alpha in ALPHAS:
+            key = ("sets", method, alpha_key(alpha))
+            if key in s.refused:
                 continue
-            for k in oods:
-                answered = (
-                    np.zeros(len(msp[k]), bool)
-                    if certified is None
-                    else accept_mask(msp[k], "msp", certified)
-                )
-                put(("selective", "ood_answered", k[4:]), float(answered.mean()))
-        put(("selective", "curve"), _risk_curve(msp["id"][tested], ~correct[tested]))
-        # the OOD flag at OOD_ALPHA (msp)
-        try:
-            threshold = fit_ood(-msp["id"][q], OOD_ALPHA)
-        except DataError as err:
-            refused[("ood_flag",)] = str(err)
-            continue
-        put(("ood_flag", "test"), float(ood_mask(-msp["id"][tested], threshold).mean()))
-        put(("ood_flag", "shift"), float(ood_mask(-msp["shift"][shifted], threshold).mean()))
-        for k in oods:
-            put(("ood_flag", "ood", k[4:]), float(ood_mask(-msp[k], threshold).mean()))
+            try:
+                params = fit_set_parameters(tune, s.y[s.t], method, alpha)
+                true = class_scores(held, method, **params)[np.arange(len(s.q)), s.y[s.q]]
+                qhat = conformal_quantile(true, alpha)
+            except DataError as err:
+                s.refused[key] = str(err)
+                continue
 
-    out: dict[str, Any] = {"splits": len(parts)}
+            def sets(name: str, rows: Any = slice(None), m=method, p=params, q=qhat) -> np.ndarray:
+                return prediction_sets(s.scores(name, "probs")[rows], q, m, **p)
+
+            tested = sets("id", s.tested)
+            sizes = tested.sum(axis=1)
+            s.put((*key, "coverage"), _coverage(tested, s.y[s.tested]))
+            s.put((*key, "mean_size"), float(sizes.mean()))
+            s.put((*key, "empty"), float((sizes == 0).mean()))
+            for name, value in params.items():
+                s.put((*key, name), value)
+            if len(s.shifted):
+                shifted = sets("shift", s.shifted)
+                s.put((*key, "shift_coverage"), _coverage(shifted, s.y[s.shifted]))
+                s.put((*key, "shift_mean_size"), float(shifted.sum(axis=1).mean()))
+            for k in s.oods:
+                s.put((*key, "ood_mean_size", k[4:]), float(sets(k).sum(axis=1).mean()))
+
+
+def _answered(confidence: np.ndarray, tau: float | None) -> np.ndarray:
+    """The library's answer-or-abstain at ``tau``; where none was certified, abstain on all."""
+    if tau is None:
+        return np.zeros(len(confidence), bool)
+    return accept_mask(confidence, "msp", tau)
+
+
+def _population_exceeds(
+    s: _Split, grid: np.ndarray, start: int, risk_level: float, draw_seed: list[int]
+) -> float:
+    """The guarantee against a known population: the examples outside the temperature part are
+    the population, a quantile part is drawn from it with replacement (iid), and the risk at its
+    tau is the population's (no finite tested part, no overlap). 1.0 where that risk exceeds
+    ``risk_level``; refused: abstain on everything, no risk taken."""
+    msp, correct = s.scores("id", "msp"), s.scores("id", "prediction") == s.y
+    population = np.setdiff1d(np.arange(len(s.y)), s.t)
+    draw = np.random.default_rng(draw_seed).choice(population, len(s.q), replace=True)
+    drawn = certify(msp[draw], correct[draw], grid, start, risk_level)
+    if drawn is None:
+        return 0.0
+    answered = accept_mask(msp[population], "msp", drawn)
+    wrong = ~correct[population][answered]
+    return float(answered.any() and wrong.mean() > risk_level)
+
+
+def _measure_selective(s: _Split, draw_seed: list[int]) -> None:
+    """Answer or abstain (MSP) at TARGET_RISK and at OTHER_RISKS: certified on the quantile part
+    with the graph procedure (and, beside it, with Bonferroni alone); the share answered and
+    the risk on the tested part (and, at TARGET_RISK, the shifted copies and the OOD sets)."""
+    msp, correct = s.scores("id", "msp"), s.scores("id", "prediction") == s.y
+    grid = selective_grid(msp[s.t])
+    for risk_level in (TARGET_RISK, *OTHER_RISKS):
+        start = selective_start(msp[s.t], correct[s.t], grid, risk_level, len(s.q))
+        certified = certify(msp[s.q], correct[s.q], grid, start, risk_level)
+        head = ("selective",) if risk_level == TARGET_RISK else ("selective_at", f"{risk_level:g}")
+        s.put((*head, "refused"), float(certified is None))
+        # what Bonferroni alone (the test before the graph test) answers on the same split
+        before = certify(msp[s.q], correct[s.q], grid, start, risk_level, "bonferroni")
+        s.put((*head, "bonferroni_answered"), float(_answered(msp[s.tested], before).mean()))
+        s.put(
+            (*head, "population_exceeds"),
+            _population_exceeds(s, grid, start, risk_level, draw_seed),
+        )
+        shift_ok = s.scores("shift", "prediction")[s.shifted] == s.y[s.shifted]
+        wheres = (
+            ("", msp[s.tested], correct[s.tested]),
+            ("shift_", s.scores("shift", "msp")[s.shifted], shift_ok),
+        )
+        for where, confidence, ok in wheres if risk_level == TARGET_RISK else wheres[:1]:
+            answered = _answered(confidence, certified)
+            risk = float((~ok[answered]).mean()) if answered.any() else None
+            s.put((*head, f"{where}answered"), float(answered.mean()))
+            s.put((*head, f"{where}risk"), risk)
+            s.put((*head, f"{where}exceeds"), float(risk is not None and risk > risk_level))
+        if risk_level == TARGET_RISK:
+            for k in s.oods:
+                answered = _answered(s.scores(k, "msp"), certified)
+                s.put(("selective", "ood_answered", k[4:]), float(answered.mean()))
+    curve = selective_risk_at(msp[s.tested], correct[s.tested], CURVE_COVERAGE)
+    s.put(("selective", "curve"), [float(v) for v in curve])
+
+
+def _measure_ood_flag(s: _Split) -> None:
+    """The OOD flag at OOD_ALPHA (MSP), fitted on the quantile part: the share flagged."""
+    scores = {k: ood_score(v, "msp") for k, v in s.cal.items()}
+    try:
+        threshold = fit_ood(scores["id"][s.q], OOD_ALPHA)
+    except DataError as err:
+        s.refused[("ood_flag",)] = str(err)
+        return
+    s.put(("ood_flag", "test"), float(ood_mask(scores["id"][s.tested], threshold).mean()))
+    s.put(("ood_flag", "shift"), float(ood_mask(scores["shift"][s.shifted], threshold).mean()))
+    for k in s.oods:
+        s.put(("ood_flag", "ood", k[4:]), float(ood_mask(scores[k], threshold).mean()))
+
+
+def _summarise(
+    values: dict[tuple, list], refused: dict[tuple, str], splits: int, oods: list[str]
+) -> dict[str, Any]:
+    """The means over splits (the spread of the coverages and of T beside them), the OOD means,
+    and every refused measurement as ``available: False`` with its reason."""
+    out: dict[str, Any] = {"splits": splits}
     for key, got in values.items():
         if key[-1] == "curve":
             set_path(out, key, [float(v) for v in np.mean(got, axis=0)])
@@ -288,15 +279,54 @@ def decide_row(
                 float(np.mean([out["scaling"]["ood"][k[4:]][tag][metric] for k in oods])),
             )
     for key, reason in refused.items():
-        if key[-1] == "reason":
-            set_path(out, key, reason)
-        else:
-            set_path(out, key, {"available": False, "reason": reason})
-    for method in SET_METHODS:
+        set_path(out, key, {"available": False, "reason": reason})
+    for method in REPORTED_SET_METHODS:
         for alpha in ALPHAS:
-            cell = out["sets"][method][alpha_key(alpha)]
-            cell.setdefault("available", True)
+            out["sets"][method][alpha_key(alpha)].setdefault("available", True)
     return out
+
+
+def decide_row(
+    logits: dict[str, np.ndarray],
+    labels: np.ndarray,
+    parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Temperature scaling and every decision of :mod:`hydra_deploy.decisions` for one row of one
+    seed, over the random splits ``parts`` of the in-distribution test set.
+
+    ``logits``: member logits per evaluation set (``id``, ``shift`` aligned with the first
+    ``len(shift)`` ID examples, ``ood:<name>``). Per split: T fitted on the temperature part
+    (:func:`fit_temperature`); the set methods' parameters and the selective grid on it too;
+    every quantile (set thresholds per method and alpha, the selective threshold at TARGET_RISK
+    and DELTA, the OOD threshold at OOD_ALPHA) on the quantile part; every metric on the tested
+    part, on the shifted copies of the tested examples and on the OOD sets. Returns the means
+    over splits (and the spread over splits of the coverages); an alpha too small for the
+    quantile part is reported ``available: False`` with the reason."""
+    y = np.asarray(labels, dtype=np.int64)
+    oods = [k for k in logits if k.startswith("ood:")]
+    raw = {k: calibrated_scores(v, 1.0) for k, v in logits.items()}
+    values: dict[tuple, list] = {}
+    refused: dict[tuple, str] = {}
+    for index, (t, q, tested) in enumerate(parts):
+        temperature = fit_temperature(logits["id"][t], y[t])
+        split = _Split(
+            y=y,
+            t=t,
+            q=q,
+            tested=tested,
+            shifted=tested[tested < len(logits["shift"])],
+            cal={k: calibrated_scores(v, temperature) for k, v in logits.items()},
+            oods=oods,
+            values=values,
+            refused=refused,
+        )
+        split.put(("temperature",), temperature)
+        _measure_scaling(split, raw)
+        _measure_sets(split)
+        _measure_selective(split, [SPLIT_SEED, seed, index, 1])
+        _measure_ood_flag(split)
+    return _summarise(values, refused, len(parts), oods)
 
 
 def decide_one(

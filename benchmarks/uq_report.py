@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from uq_decisions import SET_METHODS, alpha_key
+from uq_decisions import REPORTED_SET_METHODS, alpha_key
 from uq_task import ONE_BASE_HYDRA, ROWS
 
 from hydra_deploy.decisions import (
@@ -392,7 +392,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
     for row in ROWS:
         a = agg[row]
         cells = []
-        for method in SET_METHODS:
+        for method in REPORTED_SET_METHODS:
             cell = a["sets"][method][key]
             if cell.get("available") is False:
                 notes[f"{method.upper()} at alpha {key}"] = cell["reason"]
@@ -418,7 +418,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         "|---|---|" + "---|" * len(d["alphas"]),
     ]
     for row in ROWS:
-        for method in SET_METHODS:
+        for method in REPORTED_SET_METHODS:
             cells = []
             for a in d["alphas"]:
                 cell = agg[row]["sets"][method][alpha_key(a)]
@@ -475,7 +475,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
     for row in ROWS:
         a = agg[row]
         cov = []
-        for method in SET_METHODS:
+        for method in REPORTED_SET_METHODS:
             parts = []
             for al in d["alphas"]:
                 cell = a["sets"][method][alpha_key(al)]
@@ -514,7 +514,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
     for row in ROWS:
         a = agg[row]
         cells = []
-        for method in SET_METHODS:
+        for method in REPORTED_SET_METHODS:
             cell = a["sets"][method][key]
             if cell.get("available") is False:
                 cells += ["n/a", "n/a"]

@@ -70,7 +70,7 @@ from uq_decisions import (
     LOGITS_FILE,
     OOD_ALPHA,
     OTHER_RISKS,
-    SET_METHODS,
+    REPORTED_SET_METHODS,
     TARGET_RISK,
     decision_claims,
     decision_targets,
@@ -353,7 +353,7 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
     report["decision_settings"] = {
         "alphas": list(ALPHAS),
         "claim_alpha": alpha,
-        "methods": list(SET_METHODS),
+        "methods": list(REPORTED_SET_METHODS),
         "target_risk": TARGET_RISK,
         "other_risks": list(OTHER_RISKS),
         "selective_procedure": "graph",

@@ -86,6 +86,7 @@ __all__ = [
     "fit_ood",
     "fit_raps",
     "fit_selective",
+    "fit_set_parameters",
     "fit_temperature",
     "min_calibration_size",
     "ood_mask",
@@ -472,6 +473,17 @@ def fit_raps(
             best = (size, float(lam))
     assert best is not None
     return best[1], k_reg
+
+
+def fit_set_parameters(probs: Any, labels: Any, method: str, alpha: float) -> dict[str, Any]:
+    """The parameters set ``method`` fits on tuning data (the temperature part), as keywords of
+    :func:`class_room`, :func:`class_scores` and :func:`prediction_sets`: RAPS's ``lam`` and
+    ``k_reg`` (:func:`fit_raps`); none for LAC and APS."""
+    method = _choice(method, "sets", SET_METHODS)
+    if method != "raps":
+        return {}
+    lam, k_reg = fit_raps(probs, labels, alpha)
+    return {"lam": lam, "k_reg": k_reg}
 
 
 # --- answer or abstain ----------------------------------------------------------------------------

@@ -640,32 +640,10 @@ def test_certify_equals_fit_selective():
     assert refused and certified  # both ways exercised
 
 
-@pytest.mark.parametrize("method", ["lac", "aps", "raps"])
-def test_sets_from_rooms_equal_prediction_sets(method):
-    from hydra_deploy.decisions import class_room, prediction_sets
+def test_the_reported_set_methods_are_the_librarys():
+    from hydra_deploy.decisions import SET_METHODS
 
-    rng = np.random.default_rng(1)
-    z = rng.standard_normal((50, 6)) * 2
-    z[:5, 1] = z[:5, 0]  # ties
-    probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
-    lam, k_reg = (0.1, 2) if method == "raps" else (0.0, 0)
-    room = class_room(probs, method, lam=lam, k_reg=k_reg)
-    for qhat in (0.05, 0.5, 0.9, 1.2, 1 - 1e-7):
-        expected = prediction_sets(probs, qhat, method, lam=lam, k_reg=k_reg)
-        rows = np.arange(10, 50)
-        got = uq_decisions._sets(room, probs.argmax(1), method, qhat, rows)
-        np.testing.assert_array_equal(got, expected[rows])
-
-
-def test_risk_curve_reads_the_most_confident_share():
-    confidence = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05])
-    errors = np.array([0, 0, 0, 0, 1, 0, 1, 1, 1, 1], dtype=bool)
-    curve = uq_decisions._risk_curve(confidence, errors)
-    coverage = list(uq_decisions.CURVE_COVERAGE)
-    assert curve[coverage.index(0.4)] == 0.0  # the 4 most confident are right
-    assert curve[coverage.index(0.5)] == pytest.approx(1 / 5)
-    assert curve[coverage.index(1.0)] == pytest.approx(5 / 10)
-    assert curve[0] == 0.0  # 5% of 10: the top one
+    assert set(uq_decisions.REPORTED_SET_METHODS) <= set(SET_METHODS)
 
 
 def test_decide_row_fits_t_held_out_and_measures_every_decision():
@@ -688,7 +666,7 @@ def test_decide_row_fits_t_held_out_and_measures_every_decision():
         == out["scaling"]["ood"]["noise"]["scaled"]["auroc"]
     )
     # 150 quantile examples: alpha 0.01 needs 99, so every alpha is available
-    for method in uq_decisions.SET_METHODS:
+    for method in uq_decisions.REPORTED_SET_METHODS:
         for alpha in uq_decisions.ALPHAS:
             cell = out["sets"][method][uq_decisions.alpha_key(alpha)]
             assert cell["available"] is True
