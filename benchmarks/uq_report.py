@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,10 +18,32 @@ def _pm(cell: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
     return f"{cell['mean'] * scale:.{digits}f} ± {cell['std'] * scale:.{digits}f}"
 
 
+def _row_table(header: Sequence[str], cells: Callable[[str], Sequence[str]]) -> list[str]:
+    """A markdown table of one line per row of the protocol (:data:`ROWS`): ``header`` (the row's
+    column first) and its rule, then each row's name and ``cells(row)``."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *(f"| {row} | " + " | ".join(cells(row)) + " |" for row in ROWS),
+    ]
+
+
 def markdown(report: dict[str, Any]) -> str:
-    agg, task = report["aggregate"], report["task"]
-    n = report["settings"]["seeds"]
-    lines = [
+    """report.md: the rows' scores, the decisions, the claims and targets, the Pareto fronts, the
+    "why" section and the setup."""
+    lines = [*_title(report), *_scores_sections(report)]
+    if "decision_aggregate" in report:
+        lines += decisions_markdown(report)
+    lines += _claims_sections(report)
+    if "diagnosis" in report:
+        lines += diagnosis_markdown(report["diagnosis"])
+    lines += _setup_section(report)
+    return "\n".join(lines)
+
+
+def _title(report: dict[str, Any]) -> list[str]:
+    task, n = report["task"], report["settings"]["seeds"]
+    return [
         f"# {task['title']}",
         "",
         f"Produced by `{report['command']}` on {report['finished']} "
@@ -35,73 +58,93 @@ def markdown(report: dict[str, Any]) -> str:
         ),
         "",
         task["summary"],
-        "",
-        "## In-distribution test set, and OOD detection averaged over the OOD sets",
-        "",
-        "Accuracy, ECE, AUROC, AUPR and FPR95 in %. OOD positive; MSP and mutual information (MI) "
-        "as the OOD score; MI is zero for one model.",
-        "",
-        "| row | accuracy | ECE | NLL | Brier | AUROC MSP | AUROC MI | AUPR MSP | FPR95 MSP | "
-        "FPR95 MI | params | latency x | train steps |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in ROWS:
+
+
+def _scores_sections(report: dict[str, Any]) -> list[str]:
+    """Every row's scores: in distribution with the OOD means, its members, per OOD set, under
+    shift."""
+    agg, task = report["aggregate"], report["task"]
+
+    def scores(row: str) -> list[str]:
         a = agg[row]
         mi = a["ood_mean"].get("mutual_information")
-        lines.append(
-            f"| {row} | {_pm(a['id']['accuracy'], 100)} | {_pm(a['id']['ece'], 100)} | "
-            f"{_pm(a['id']['nll'], 1, 3)} | {_pm(a['id']['brier'], 1, 3)} | "
-            f"{_pm(a['ood_mean']['msp']['auroc'], 100)} | "
-            f"{_pm(mi['auroc'], 100) if mi else '—'} | {_pm(a['ood_mean']['msp']['aupr'], 100)} | "
-            f"{_pm(a['ood_mean']['msp']['fpr95'], 100)} | {_pm(mi['fpr95'], 100) if mi else '—'} | "
-            f"{report['parameters'][row] / 1e6:.3f} M | {report['latency'][row]['ratio']:.2f} | "
-            f"{report['train_steps'][row]} |"
-        )
-    lines += [
-        "",
-        "## Members: each member's own accuracy and how often two members disagree",
-        "",
-        "Member accuracy in % (mean over seeds, per member); disagreement = fraction of test "
-        "examples on which two members' argmaxes differ, averaged over pairs, in %.",
-        "",
-        "| row | member accuracy | disagreement |",
-        "|---|---|---|",
-    ]
-    for row in ROWS:
+        return [
+            _pm(a["id"]["accuracy"], 100),
+            _pm(a["id"]["ece"], 100),
+            _pm(a["id"]["nll"], 1, 3),
+            _pm(a["id"]["brier"], 1, 3),
+            _pm(a["ood_mean"]["msp"]["auroc"], 100),
+            _pm(mi["auroc"], 100) if mi else "—",
+            _pm(a["ood_mean"]["msp"]["aupr"], 100),
+            _pm(a["ood_mean"]["msp"]["fpr95"], 100),
+            _pm(mi["fpr95"], 100) if mi else "—",
+            f"{report['parameters'][row] / 1e6:.3f} M",
+            f"{report['latency'][row]['ratio']:.2f}",
+            f"{report['train_steps'][row]}",
+        ]
+
+    def members(row: str) -> list[str]:
         a = agg[row]
         accs = ", ".join(f"{v['mean'] * 100:.1f}" for v in a["members_accuracy"].values())
-        dis = _pm(a["disagreement"], 100) if "disagreement" in a else "—"
-        lines.append(f"| {row} | {accs} | {dis} |")
-    lines += ["", "## Per OOD set (AUROC / FPR95 in %, MSP; MI in brackets)", ""]
-    names = list(task["ood"])
-    lines.append("| row | " + " | ".join(names) + " |")
-    lines.append("|---|" + "---|" * len(names))
-    for row in ROWS:
+        return [accs, _pm(a["disagreement"], 100) if "disagreement" in a else "—"]
+
+    def per_ood(row: str) -> list[str]:
         cells = []
-        for name in names:
+        for name in task["ood"]:
             per = agg[row]["ood"][name]
             cell = f"{_pm(per['msp']['auroc'], 100, 1)} / {_pm(per['msp']['fpr95'], 100, 1)}"
             if "mutual_information" in per:
                 mi = per["mutual_information"]
                 cell += f" [{_pm(mi['auroc'], 100, 1)} / {_pm(mi['fpr95'], 100, 1)}]"
             cells.append(cell)
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines += [
+        return cells
+
+    def shift(row: str) -> list[str]:
+        s = agg[row]["shift"]
+        return [
+            _pm(s["accuracy"], 100),
+            _pm(s["ece"], 100),
+            _pm(s["nll"], 1, 3),
+            _pm(s["brier"], 1, 3),
+        ]
+
+    return [
+        "",
+        "## In-distribution test set, and OOD detection averaged over the OOD sets",
+        "",
+        "Accuracy, ECE, AUROC, AUPR and FPR95 in %. OOD positive; MSP and mutual information (MI) "
+        "as the OOD score; MI is zero for one model.",
+        "",
+        *_row_table(
+            (
+                "row",
+                *("accuracy", "ECE", "NLL", "Brier", "AUROC MSP", "AUROC MI", "AUPR MSP"),
+                *("FPR95 MSP", "FPR95 MI", "params", "latency x", "train steps"),
+            ),
+            scores,
+        ),
+        "",
+        "## Members: each member's own accuracy and how often two members disagree",
+        "",
+        "Member accuracy in % (mean over seeds, per member); disagreement = fraction of test "
+        "examples on which two members' argmaxes differ, averaged over pairs, in %.",
+        "",
+        *_row_table(("row", "member accuracy", "disagreement"), members),
+        "",
+        "## Per OOD set (AUROC / FPR95 in %, MSP; MI in brackets)",
+        "",
+        *_row_table(("row", *task["ood"]), per_ood),
         "",
         f"## Under shift: {task['shift']}",
         "",
-        "| row | accuracy | ECE | NLL | Brier |",
-        "|---|---|---|---|---|",
+        *_row_table(("row", "accuracy", "ECE", "NLL", "Brier"), shift),
     ]
-    for row in ROWS:
-        s = agg[row]["shift"]
-        lines.append(
-            f"| {row} | {_pm(s['accuracy'], 100)} | {_pm(s['ece'], 100)} | "
-            f"{_pm(s['nll'], 1, 3)} | {_pm(s['brier'], 1, 3)} |"
-        )
-    if "decision_aggregate" in report:
-        lines += decisions_markdown(report)
-    lines += [
+
+
+def _claims_sections(report: dict[str, Any]) -> list[str]:
+    """The paper's claims, the targets (with the latency target) and the Pareto fronts."""
+    lines = [
         "",
         "## The paper's claims, tested",
         "",
@@ -136,7 +179,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {t['target']} | latency (seed 0) | — | {t['ratio']:.2f} x | "
         f"{'holds' if t['holds'] else 'does not hold'} |"
     )
-    lines += [
+    return [
+        *lines,
         "",
         "## Pareto fronts (rows no other row beats on both the metric and the cost)",
         "",
@@ -146,12 +190,15 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "See `pareto.png`.",
     ]
-    if "diagnosis" in report:
-        lines += diagnosis_markdown(report["diagnosis"])
-    lines += ["", "## Setup", ""]
-    lines += [f"- {k}: {v}" for k, v in task["details"].items()]
+
+
+def _setup_section(report: dict[str, Any]) -> list[str]:
     r = report["settings"]["recipe"]
-    lines += [
+    return [
+        "",
+        "## Setup",
+        "",
+        *(f"- {k}: {v}" for k, v in report["task"]["details"].items()),
         f"- recipe: {r['base_steps']} base steps at lr {r['base_lr']:g} then {r['finetune_steps']} "
         f"fine-tuning steps at lr {r['finetune_lr']:g}, batch {r['batch_size']}, warm-up "
         f"{r['warmup_steps']}, AdamW (weight decay 0.05), cosine decay; M = {r['members']}, "
@@ -173,7 +220,6 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report.get('seconds_decisions', 0):.0f} s for the whole run",
         "",
     ]
-    return "\n".join(lines)
 
 
 def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
@@ -295,12 +341,50 @@ def _before_after(cell: dict[str, Any], metric: str, scale: float, digits: int) 
 
 def decisions_markdown(report: dict[str, Any]) -> list[str]:
     """The sections of report.md on temperature scaling and the decisions built on it."""
+    return [
+        *_scaling_section(report),
+        *_decisions_section(report),
+        *_validity_section(report),
+        *_shift_decisions_section(report),
+        *selective_markdown(report),
+        *_decision_claims_section(report),
+    ]
+
+
+def _set_cells(cell: dict[str, Any], *metrics: tuple[str, float, int]) -> list[str]:
+    """A set method's cells at one alpha (``_dm`` of each (metric, scale, digits)), or n/a."""
+    if cell.get("available") is False:
+        return ["n/a"] * len(metrics)
+    return [_dm(cell[metric], scale, digits) for metric, scale, digits in metrics]
+
+
+def _scaling_section(report: dict[str, Any]) -> list[str]:
+    """Temperature scaling: what T does to every row's scores, in distribution, under shift and
+    on the OOD sets."""
     d, agg = report["decision_settings"], report["decision_aggregate"]
-    alpha, key = d["claim_alpha"], alpha_key(d["claim_alpha"])
     oods = list(report["task"]["ood"])
     n_t, n_q, n_x, splits = d["temperature_part"], d["quantile_part"], d["tested_part"], d["splits"]
-    single_acc = report["aggregate"]["single"]["id"]["accuracy"]["mean"]
-    lines = [
+
+    def scaled(row: str) -> list[str]:
+        sc = agg[row]["scaling"]
+        return [
+            _dm(agg[row]["temperature"], 1, 2),
+            *(
+                _before_after(sc[where], metric, scale, digits)
+                for where in ("test", "shift")
+                for metric, scale, digits in (("accuracy", 100, 2), ("nll", 1, 3), ("ece", 100, 2))
+            ),
+        ]
+
+    def ood(row: str) -> list[str]:
+        sc = agg[row]["scaling"]
+        return [
+            _before_after(sc["ood_mean"], "auroc", 100, 2),
+            _before_after(sc["ood_mean"], "fpr95", 100, 2),
+            *(_before_after(sc["ood"][n], "auroc", 100, 2) for n in oods),
+        ]
+
+    return [
         "",
         "## Temperature scaling: T fitted on held-out in-distribution data",
         "",
@@ -314,37 +398,49 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         "in %. Computed from the stored member logits (`logits.npz`, float16), as everything in "
         "the decision sections.",
         "",
-        "| row | T | accuracy | NLL | ECE | shift accuracy | shift NLL | shift ECE |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in ROWS:
-        sc = agg[row]["scaling"]
-        lines.append(
-            f"| {row} | {_dm(agg[row]['temperature'], 1, 2)} | "
-            f"{_before_after(sc['test'], 'accuracy', 100, 2)} | "
-            f"{_before_after(sc['test'], 'nll', 1, 3)} | {_before_after(sc['test'], 'ece', 100, 2)} | "
-            f"{_before_after(sc['shift'], 'accuracy', 100, 2)} | "
-            f"{_before_after(sc['shift'], 'nll', 1, 3)} | "
-            f"{_before_after(sc['shift'], 'ece', 100, 2)} |"
-        )
-    lines += _temperature_notes(agg, n_t)
-    lines += [
+        *_row_table(
+            ("row", "T", "accuracy", "NLL", "ECE", "shift accuracy", "shift NLL", "shift ECE"),
+            scaled,
+        ),
+        *_temperature_notes(agg, n_t),
         "",
         "OOD detection with the calibrated MSP (raw → T; AUROC / FPR95 in %; mean over the OOD "
         "sets, then per set):",
         "",
-        "| row | AUROC (mean) | FPR95 (mean) | " + " | ".join(f"AUROC {n}" for n in oods) + " |",
-        "|---|---|---|" + "---|" * len(oods),
+        *_row_table(
+            ("row", "AUROC (mean)", "FPR95 (mean)", *(f"AUROC {n}" for n in oods)),
+            ood,
+        ),
     ]
-    for row in ROWS:
-        sc = agg[row]["scaling"]
-        lines.append(
-            f"| {row} | {_before_after(sc['ood_mean'], 'auroc', 100, 2)} | "
-            f"{_before_after(sc['ood_mean'], 'fpr95', 100, 2)} | "
-            + " | ".join(_before_after(sc["ood"][n], "auroc", 100, 2) for n in oods)
-            + " |"
-        )
-    lines += [
+
+
+def _decisions_section(report: dict[str, Any]) -> list[str]:
+    """What each decision promises, and every row's sets (at the claim alpha and at every
+    alpha), answered share, flag rates and risk-coverage curve."""
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    alpha, key = d["claim_alpha"], alpha_key(d["claim_alpha"])
+    oods = list(report["task"]["ood"])
+    single_acc = report["aggregate"]["single"]["id"]["accuracy"]["mean"]
+
+    def decided(row: str) -> list[str]:
+        a = agg[row]
+        sel, flag = a["selective"], a["ood_flag"]
+        return [
+            *(
+                value
+                for method in REPORTED_SET_METHODS
+                for value in _set_cells(
+                    a["sets"][method][key], ("mean_size", 1, 2), ("coverage", 100, 1)
+                )
+            ),
+            _dm(sel["answered"]),
+            _dm(sel["risk"]),
+            *(_dm(sel["ood_answered"][n]) for n in oods),
+            _dm(flag.get("test")),
+            *(_dm(flag.get("ood", {}).get(n)) for n in oods),
+        ]
+
+    lines = [
         "",
         "## Decisions: prediction sets, answer or abstain, the OOD flag (each row + T)",
         "",
@@ -374,43 +470,29 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         "exchangeable with the calibration data; the section after the next shows what the "
         "decisions measure there.",
         "",
-        f"Mean over the {splits} splits, then mean ± std over seeds, in % (set sizes in classes). "
-        f"At alpha = {alpha:g}: 1 - alpha = {1 - alpha:.0%} is "
+        f"Mean over the {d['splits']} splits, then mean ± std over seeds, in % (set sizes in "
+        f"classes). At alpha = {alpha:g}: 1 - alpha = {1 - alpha:.0%} is "
         + ("above" if 1 - alpha > single_acc else "NOT above")
         + f" the single model's accuracy ({single_acc * 100:.1f}%), so the sets must hold more "
         "than the top class to cover.",
         "",
-        f"| row | LAC size | LAC coverage | APS size | APS coverage | RAPS size | RAPS coverage | "
-        f"answered at {d['target_risk']:.0%} risk | risk of the answered | "
-        + " | ".join(f"answered: {n}" for n in oods)
-        + " | flagged: ID | "
-        + " | ".join(f"flagged: {n}" for n in oods)
-        + " |",
-        "|---|" + "---|" * (9 + 2 * len(oods)),
-    ]
-    notes: dict[str, str] = {}
-    for row in ROWS:
-        a = agg[row]
-        cells = []
-        for method in REPORTED_SET_METHODS:
-            cell = a["sets"][method][key]
-            if cell.get("available") is False:
-                notes[f"{method.upper()} at alpha {key}"] = cell["reason"]
-                cells += ["n/a", "n/a"]
-            else:
-                cells += [_dm(cell["mean_size"], 1, 2), _dm(cell["coverage"])]
-        sel, flag = a["selective"], a["ood_flag"]
-        lines.append(
-            f"| {row} | "
-            + " | ".join(cells)
-            + f" | {_dm(sel['answered'])} | {_dm(sel['risk'])} | "
-            + " | ".join(_dm(sel["ood_answered"][n]) for n in oods)
-            + f" | {_dm(flag.get('test'))} | "
-            + " | ".join(_dm(flag.get("ood", {}).get(n)) for n in oods)
-            + " |"
-        )
-    lines += _selective_notes(agg, d)
-    lines += [
+        *_row_table(
+            (
+                "row",
+                *(
+                    f"{m.upper()} {what}"
+                    for m in REPORTED_SET_METHODS
+                    for what in ("size", "coverage")
+                ),
+                f"answered at {d['target_risk']:.0%} risk",
+                "risk of the answered",
+                *(f"answered: {n}" for n in oods),
+                "flagged: ID",
+                *(f"flagged: {n}" for n in oods),
+            ),
+            decided,
+        ),
+        *_selective_notes(agg, d),
         "",
         "Mean set size (coverage in brackets) at every alpha, in classes (%):",
         "",
@@ -423,36 +505,95 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
             for a in d["alphas"]:
                 cell = agg[row]["sets"][method][alpha_key(a)]
                 if cell.get("available") is False:
-                    notes[f"{method.upper()} at alpha {alpha_key(a)}"] = cell["reason"]
                     cells.append("n/a")
                 else:
                     cells.append(
                         f"{cell['mean_size']['mean']:.2f} ({cell['coverage']['mean'] * 100:.1f})"
                     )
             lines.append(f"| {row} | {method.upper()} | " + " | ".join(cells) + " |")
+    return [*lines, *_unavailable_notes(report), *_risk_coverage_table(report)]
+
+
+def _unavailable_notes(report: dict[str, Any]) -> list[str]:
+    """Why a set (at an alpha) or the OOD flag was not measured, as the library refused it."""
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    notes: dict[str, str] = {}
+    at_claim = [(row, method, d["claim_alpha"]) for row in ROWS for method in REPORTED_SET_METHODS]
+    every = [(r, m, a) for r in ROWS for m in REPORTED_SET_METHODS for a in d["alphas"]]
+    for row, method, alpha in (*at_claim, *every):  # the tables' order
+        cell = agg[row]["sets"][method][alpha_key(alpha)]
+        if cell.get("available") is False:
+            notes[f"{method.upper()} at alpha {alpha_key(alpha)}"] = cell["reason"]
     flag = agg["single"]["ood_flag"]
     if flag.get("available") is False:
         notes["the OOD flag"] = flag["reason"]
-    if notes:
-        lines += ["", "Not available:", ""]
-        lines += [f"- {k}: {v}" for k, v in notes.items()]
-    lines += [
+    if not notes:
+        return []
+    return ["", "Not available:", "", *(f"- {k}: {v}" for k, v in notes.items())]
+
+
+def _risk_coverage_table(report: dict[str, Any]) -> list[str]:
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    grid, shown = d["curve_coverage"], (0.5, 0.8, 0.9, 1.0)
+
+    def read(row: str) -> list[str]:
+        curve = agg[row]["selective"]["curve"]
+        return [f"{curve[grid.index(c)]['mean'] * 100:.2f}" for c in shown]
+
+    return [
         "",
         "Risk-coverage (`risk_coverage.png`): the error rate of the most confident share of the "
         "tested part (calibrated MSP), mean over splits and seeds, in %:",
         "",
-        "| row | " + " | ".join(f"{c:.0%}" for c in (0.5, 0.8, 0.9, 1.0)) + " |",
-        "|---|---|---|---|---|",
+        *_row_table(("row", *(f"{c:.0%}" for c in shown)), read),
     ]
-    grid = d["curve_coverage"]
-    for row in ROWS:
-        curve = agg[row]["selective"]["curve"]
-        lines.append(
-            f"| {row} | "
-            + " | ".join(f"{curve[grid.index(c)]['mean'] * 100:.2f}" for c in (0.5, 0.8, 0.9, 1.0))
-            + " |"
-        )
-    lines += [
+
+
+def _validity_section(report: dict[str, Any]) -> list[str]:
+    """Does each guarantee hold as measured over the random splits?"""
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    key, splits, n_x = alpha_key(d["claim_alpha"]), d["splits"], d["tested_part"]
+    misses = []
+
+    def coverages(row: str, method: str) -> str:
+        parts = []
+        for al in d["alphas"]:
+            cell = agg[row]["sets"][method][alpha_key(al)]
+            if cell.get("available") is False:
+                parts.append("n/a")
+                continue
+            mean = cell["coverage"]["mean"]
+            parts.append(f"{mean * 100:.1f}")
+            spread = cell["coverage_std"]["mean"] / np.sqrt(splits)
+            if mean < 1 - al - 2 * spread:
+                misses.append(f"{row} {method.upper()} at alpha {alpha_key(al)}")
+        return " / ".join(parts)
+
+    def validity(row: str) -> list[str]:
+        a = agg[row]
+        sel = a["selective"]
+        return [
+            *(coverages(row, method) for method in REPORTED_SET_METHODS),
+            *_set_cells(a["sets"]["lac"][key], ("coverage_std", 100, 1)),
+            _dm(sel["exceeds"]),
+            _dm(sel["refused"]),
+            _dm(sel["answered"]),
+            _dm(a["ood_flag"].get("test")),
+        ]
+
+    table = _row_table(
+        (
+            "row",
+            *(f"{m.upper()} coverage" for m in REPORTED_SET_METHODS),
+            f"spread over splits (LAC, alpha {key})",
+            f"risk > {d['target_risk']:.0%}",
+            "refused",
+            "answered",
+            "flagged: ID",
+        ),
+        validity,
+    )
+    return [
         "",
         f"## Validity over the {splits} random splits",
         "",
@@ -467,38 +608,36 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         f"certified. Flagged: the share of tested ID inputs flagged as OOD (at most "
         f"{d['ood_alpha']:.0%} in expectation).",
         "",
-        "| row | LAC coverage | APS coverage | RAPS coverage | spread over splits (LAC, "
-        f"alpha {key}) | risk > {d['target_risk']:.0%} | refused | answered | flagged: ID |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    misses = []
-    for row in ROWS:
-        a = agg[row]
-        cov = []
-        for method in REPORTED_SET_METHODS:
-            parts = []
-            for al in d["alphas"]:
-                cell = a["sets"][method][alpha_key(al)]
-                if cell.get("available") is False:
-                    parts.append("n/a")
-                    continue
-                mean = cell["coverage"]["mean"]
-                parts.append(f"{mean * 100:.1f}")
-                spread = cell["coverage_std"]["mean"] / np.sqrt(splits)
-                if mean < 1 - al - 2 * spread:
-                    misses.append(f"{row} {method.upper()} at alpha {alpha_key(al)}")
-            cov.append(" / ".join(parts))
-        lac = a["sets"]["lac"][key]
-        spread = "n/a" if lac.get("available") is False else _dm(lac["coverage_std"])
-        sel = a["selective"]
-        lines.append(
-            f"| {row} | {' | '.join(cov)} | {spread} | {_dm(sel['exceeds'])} | "
-            f"{_dm(sel['refused'])} | {_dm(sel['answered'])} | {_dm(a['ood_flag'].get('test'))} |"
-        )
-    lines += [
+        *table,
         "",
         "Mean coverage below 1 - alpha by more than twice its Monte-Carlo error (std over splits "
         f"/ sqrt({splits})), seeds averaged: " + (", ".join(misses) if misses else "none") + ".",
+    ]
+
+
+def _shift_decisions_section(report: dict[str, Any]) -> list[str]:
+    """The decisions fitted in distribution, applied to the shifted copies: no guarantee."""
+    d, agg = report["decision_settings"], report["decision_aggregate"]
+    alpha, key = d["claim_alpha"], alpha_key(d["claim_alpha"])
+
+    def shifted(row: str) -> list[str]:
+        a = agg[row]
+        sel = a["selective"]
+        return [
+            *(
+                value
+                for method in REPORTED_SET_METHODS
+                for value in _set_cells(
+                    a["sets"][method][key], ("shift_coverage", 100, 1), ("shift_mean_size", 1, 2)
+                )
+            ),
+            _dm(sel["shift_answered"]),
+            _dm(sel["shift_risk"]),
+            _dm(sel["shift_exceeds"]),
+            _dm(a["ood_flag"].get("shift")),
+        ]
+
+    return [
         "",
         f"## Under shift: {report['task']['shift']} (no guarantee holds)",
         "",
@@ -506,28 +645,31 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         f"examples. Nothing is promised here: the coverage at alpha = {key} would be "
         f"{1 - alpha:.0%} on exchangeable data; this is what it is. In %, sizes in classes.",
         "",
-        "| row | LAC coverage | LAC size | APS coverage | APS size | RAPS coverage | RAPS size | "
-        f"answered at {d['target_risk']:.0%} | risk of the answered | splits with risk > "
-        f"{d['target_risk']:.0%} | flagged as OOD |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *_row_table(
+            (
+                "row",
+                *(
+                    f"{m.upper()} {what}"
+                    for m in REPORTED_SET_METHODS
+                    for what in ("coverage", "size")
+                ),
+                f"answered at {d['target_risk']:.0%}",
+                "risk of the answered",
+                f"splits with risk > {d['target_risk']:.0%}",
+                "flagged as OOD",
+            ),
+            shifted,
+        ),
     ]
-    for row in ROWS:
-        a = agg[row]
-        cells = []
-        for method in REPORTED_SET_METHODS:
-            cell = a["sets"][method][key]
-            if cell.get("available") is False:
-                cells += ["n/a", "n/a"]
-            else:
-                cells += [_dm(cell["shift_coverage"]), _dm(cell["shift_mean_size"], 1, 2)]
-        sel = a["selective"]
-        lines.append(
-            f"| {row} | {' | '.join(cells)} | {_dm(sel['shift_answered'])} | "
-            f"{_dm(sel['shift_risk'])} | {_dm(sel['shift_exceeds'])} | "
-            f"{_dm(a['ood_flag'].get('shift'))} |"
-        )
-    lines += [
-        *selective_markdown(report),
+
+
+def _decision_claims_section(report: dict[str, Any]) -> list[str]:
+    key = alpha_key(report["decision_settings"]["claim_alpha"])
+
+    def scale(c: dict[str, Any]) -> float:
+        return 1.0 if c["metric"].endswith("mean_size") else 100.0
+
+    return [
         "",
         "## Decision claims and targets, paired per seed (each row + T)",
         "",
@@ -536,14 +678,7 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         "",
         "| claim | metric | advantage | per seed | verdict |",
         "|---|---|---|---|---|",
-    ]
-
-    def scale(c: dict[str, Any]) -> float:
-        return 1.0 if c["metric"].endswith("mean_size") else 100.0
-
-    for c in report["decision_claims"]:
-        lines.append(_claim_line(c, scale(c), with_margin=False))
-    lines += [
+        *(_claim_line(c, scale(c), with_margin=False) for c in report["decision_claims"]),
         "",
         "Targets (issue 25): the margin is what the advantage must exceed on every seed; "
         "'shortfall' is the worst seed's advantage minus the margin (negative: missed by that "
@@ -551,10 +686,8 @@ def decisions_markdown(report: dict[str, Any]) -> list[str]:
         "",
         "| target | metric | margin | advantage | per seed | shortfall | verdict |",
         "|---|---|---|---|---|---|---|",
+        *(_claim_line(c, scale(c), with_margin=True) for c in report["decision_targets"]),
     ]
-    for c in report["decision_targets"]:
-        lines.append(_claim_line(c, scale(c), with_margin=True))
-    return lines
 
 
 def _temperature_notes(agg: dict[str, Any], n_t: int) -> list[str]:
