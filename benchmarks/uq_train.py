@@ -4,10 +4,12 @@ built (``build_rows``), its member logits on every evaluation set and its CPU la
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -132,162 +134,133 @@ def parameter_count(model: Any) -> int:
     return int(sum(p.numel() for p in module.parameters()))
 
 
-def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, dict]:
-    """Train and assemble every row for ``seed``. Returns (models, info)."""
-    r = task.recipe
-    M = r.members
-    cache = None if args.cache is None else args.cache / f"seed{seed}"
-    info: dict[str, Any] = {"seconds": {}}
+@dataclass
+class _SeedStages:
+    """The training stages of one seed: each stage's seed (``seed * 100 + offset``), its cache
+    entry under ``--cache``/seed<seed> and its wall-clock seconds in ``seconds``."""
 
-    started = time.perf_counter()
-    bases = []
-    for m in range(M):
-        fresh = task.new_model(seed * 100 + m)
-        (base,) = train_stage(
-            fresh,
-            full_spec(fresh),
-            task.train,
-            r.base_steps,
-            r.base_lr,
-            seed * 100 + m,
+    task: Task
+    seed: int
+    cache: Path | None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.seconds[stage] = time.perf_counter() - started
+
+    def train(
+        self,
+        adapter: Any,
+        spec: HydraSpec,
+        offset: int,
+        entry: str,
+        *,
+        base: bool = False,
+        **options: Any,
+    ) -> list[Any]:
+        """``train_stage`` of ``spec`` from ``adapter``: the recipe's base stage, or its
+        fine-tuning stage."""
+        r = self.task.recipe
+        steps, lr = (r.base_steps, r.base_lr) if base else (r.finetune_steps, r.finetune_lr)
+        return train_stage(
+            adapter,
+            spec,
+            self.task.train,
+            steps,
+            lr,
+            self.seed * 100 + offset,
             r,
-            _sub(cache, f"base{m}"),
+            _sub(self.cache, entry),
+            **options,
         )
-        bases.append(base)
-    info["seconds"]["base models"] = time.perf_counter() - started
-    note(args, f"  seed {seed}: {M} base models trained ({info['seconds']['base models']:.0f} s)")
 
-    started = time.perf_counter()
-    ensemble = []
-    for m, base in enumerate(bases):
-        (member,) = train_stage(
-            base,
-            full_spec(base),
-            task.train,
-            r.finetune_steps,
-            r.finetune_lr,
-            seed * 100 + 50 + m,
-            r,
-            _sub(cache, f"de{m}"),
+    def base_model(self, m: int) -> Any:
+        """Base model ``m``: a fresh model trained the recipe's base steps, all heads."""
+        fresh = self.task.new_model(self.seed * 100 + m)
+        return self.train(fresh, full_spec(fresh), m, f"base{m}", base=True)[0]
+
+    def select(self, backbone: Any, method: str, entry: str) -> HydraSpec:
+        return select(
+            backbone, method, self.task.train, self.seed, self.task.recipe, _sub(self.cache, entry)
         )
-        ensemble.append(member)
-    single = ensemble[0]
-    info["seconds"]["deep ensemble fine-tuning"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    taylor = select(bases[0], "taylor", task.train, seed, r, _sub(cache, "taylor.json"))
-    info["seconds"]["Taylor selection"] = time.perf_counter() - started
-    started = time.perf_counter()
-    taylor_members = train_stage(
-        bases[0],
-        taylor,
-        task.train,
-        r.finetune_steps,
-        r.finetune_lr,
-        seed * 100 + 80,
-        r,
-        _sub(cache, "taylor"),
-    )
-    info["seconds"]["Hydra (Taylor) fine-tuning"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    circuit = select(single, "circuit", task.train, seed, r, _sub(cache, "circuit.json"))
-    info["seconds"]["circuit selection"] = time.perf_counter() - started
-    started = time.perf_counter()
-    circuit_base = select(
-        bases[0], "circuit", task.train, seed, r, _sub(cache, "circuit_base.json")
+def _circuit_ood(stages: _SeedStages, single: Any) -> HydraSpec:
+    """Circuit selection on the single model with the OOD objective on the task's OOD
+    validation family (never a test set)."""
+    task, r = stages.task, stages.task.recipe
+    if task.ood_validation is None:
+        raise ValueError(f"task {task.name} has no ood_validation family")
+    return cached_selection(
+        _sub(stages.cache, "circuit_ood.json"),
+        single,
+        r.members,
+        heads_per_member=r.heads_per_member,
+        method="circuit",
+        data=task.train,
+        ood_data=task.ood_validation[1],
+        objective="ood",
+        seed=stages.seed,
+        max_examples=r.circuit_examples,
     )
-    circuit_members = train_stage(
-        bases[0],
-        circuit_base,
-        task.train,
-        r.finetune_steps,
-        r.finetune_lr,
-        seed * 100 + 90,
-        r,
-        _sub(cache, "circuit"),
-    )
-    info["seconds"]["circuit (fine-tuned) selection and fine-tuning"] = (
-        time.perf_counter() - started
-    )
-    started = time.perf_counter()
-    one_base = []
-    for m in range(M):
-        (member,) = train_stage(
-            bases[0],
-            full_spec(bases[0]),
-            task.train,
-            r.finetune_steps,
-            r.finetune_lr,
-            seed * 100 + 60 + m,
-            r,
-            _sub(cache, f"de1b{m}"),
-        )
-        one_base.append(member)
-    info["seconds"]["deep ensemble (one base) fine-tuning"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    circuit_ood = None
-    if task.ood_validation is not None:
-        circuit_ood = cached_selection(
-            _sub(cache, "circuit_ood.json"),
-            single,
-            M,
-            heads_per_member=r.heads_per_member,
-            method="circuit",
-            data=task.train,
-            ood_data=task.ood_validation[1],
-            objective="ood",
-            seed=seed,
-            max_examples=r.circuit_examples,
-        )
-    info["seconds"]["circuit (OOD validation) selection"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    trunk_layers = max(1, bases[0].num_layers // 2)
-    trunk_spec = _with_shared_trunk(taylor, trunk_layers)
-    trunk_members = train_stage(
-        bases[0],
-        trunk_spec,
-        task.train,
-        r.finetune_steps,
-        r.finetune_lr,
-        seed * 100 + 80,
-        r,
-        _sub(cache, "trunk"),
-        shared_layers=trunk_layers,
-    )
-    info["seconds"]["Hydra (shared trunk) fine-tuning"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    fused_members, fused_heads = [], []
+def _fused_deep_ensemble(
+    stages: _SeedStages, bases: list[Any], taylor: HydraSpec
+) -> tuple[list[Any], HydraSpec]:
+    """Each base model pruned to its own Taylor heads (one member each) and recovered: the
+    members and the spec of their fusion (per-member MLPs)."""
+    r = stages.task.recipe
+    members, heads = [], []
     for m, base in enumerate(bases):
         own = cached_selection(
-            _sub(cache, f"fused{m}.json"),
+            _sub(stages.cache, f"fused{m}.json"),
             base,
             1,
             heads_per_member=r.heads_per_member,
             method="taylor",
-            data=task.train,
-            seed=seed * 100 + m,
+            data=stages.task.train,
+            seed=stages.seed * 100 + m,
             max_examples=r.taylor_examples,
         )
-        (member,) = train_stage(
-            base,
-            own,
-            task.train,
-            r.finetune_steps,
-            r.finetune_lr,
-            seed * 100 + 50 + m,
-            r,
-            _sub(cache, f"fused{m}"),
-        )
-        fused_members.append(member)
-        fused_heads.append(own.members[0])
-    fused_spec = taylor.replace(members=fused_heads, mlp_merge="grouped", meta={})
-    info["seconds"]["Hydra (fused deep ensemble) selection and recovery"] = (
-        time.perf_counter() - started
-    )
+        members += stages.train(base, own, 50 + m, f"fused{m}")
+        heads.append(own.members[0])
+    return members, taylor.replace(members=heads, mlp_merge="grouped", meta={})
+
+
+def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, dict]:
+    """Train and assemble every row for ``seed``. Returns (models, info)."""
+    M = task.recipe.members
+    stages = _SeedStages(task, seed, None if args.cache is None else args.cache / f"seed{seed}")
+    with stages.timed("base models"):
+        bases = [stages.base_model(m) for m in range(M)]
+    note(args, f"  seed {seed}: {M} base models trained ({stages.seconds['base models']:.0f} s)")
+    with stages.timed("deep ensemble fine-tuning"):
+        ensemble = [stages.train(b, full_spec(b), 50 + m, f"de{m}")[0] for m, b in enumerate(bases)]
+    single = ensemble[0]
+    with stages.timed("Taylor selection"):
+        taylor = stages.select(bases[0], "taylor", "taylor.json")
+    with stages.timed("Hydra (Taylor) fine-tuning"):
+        taylor_members = stages.train(bases[0], taylor, 80, "taylor")
+    with stages.timed("circuit selection"):
+        circuit = stages.select(single, "circuit", "circuit.json")
+    with stages.timed("circuit (fine-tuned) selection and fine-tuning"):
+        circuit_base = stages.select(bases[0], "circuit", "circuit_base.json")
+        circuit_members = stages.train(bases[0], circuit_base, 90, "circuit")
+    with stages.timed("deep ensemble (one base) fine-tuning"):
+        one_base = [
+            stages.train(bases[0], full_spec(bases[0]), 60 + m, f"de1b{m}")[0] for m in range(M)
+        ]
+    with stages.timed("circuit (OOD validation) selection"):
+        circuit_ood = _circuit_ood(stages, single)
+    with stages.timed("Hydra (shared trunk) fine-tuning"):
+        trunk_layers = max(1, bases[0].num_layers // 2)
+        trunk_spec = _with_shared_trunk(taylor, trunk_layers)
+        trunk_members = stages.train(bases[0], trunk_spec, 80, "trunk", shared_layers=trunk_layers)
+    with stages.timed("Hydra (fused deep ensemble) selection and recovery"):
+        fused_members, fused_spec = _fused_deep_ensemble(stages, bases, taylor)
     note(args, f"  seed {seed}: selection and fine-tuning done")
 
     models = {
@@ -299,16 +272,12 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
         "Hydra (circuit, fine-tuned)": fuse(
             circuit_members, circuit_base, mlp_merge="average"
         ).eval(),
-        "Hydra (circuit, OOD validation)": None
-        if circuit_ood is None
-        else fuse(single, circuit_ood, mlp_merge="average").eval(),
+        "Hydra (circuit, OOD validation)": fuse(single, circuit_ood, mlp_merge="average").eval(),
         "Hydra (shared trunk)": fuse(trunk_members, trunk_spec, mlp_merge="average").eval(),
         "Hydra (fused deep ensemble)": fuse(fused_members, fused_spec, mlp_merge="grouped").eval(),
         "deep ensemble (one base)": one_base,
         "deep ensemble": ensemble,
     }
-    if circuit_ood is None:
-        raise ValueError(f"task {task.name} has no ood_validation family")
     assert models["Hydra (shared trunk)"].trunk_layers == trunk_layers
     specs = {
         "taylor": taylor,
@@ -318,8 +287,11 @@ def build_rows(task: Task, seed: int, args: argparse.Namespace) -> tuple[dict, d
         "shared trunk": trunk_spec,
         "fused deep ensemble": fused_spec,
     }
-    info["specs"] = {k: v.to_dict() for k, v in specs.items()}
-    info["heads_overlap"] = {k: v.overlap().round(3).tolist() for k, v in specs.items()}
+    info = {
+        "seconds": stages.seconds,
+        "specs": {k: v.to_dict() for k, v in specs.items()},
+        "heads_overlap": {k: v.overlap().round(3).tolist() for k, v in specs.items()},
+    }
     return models, info
 
 
