@@ -67,7 +67,7 @@ import onnxruntime
 import torch
 import uq_digits
 import uq_wordnet
-from common import load_average, machine, note
+from common import add_output_options, load_average, machine, note
 from uq_decisions import DELTA, TARGET_RISK, alpha_key, decide_one, load_logits
 from uq_rows import score_row, stats
 from uq_run import jsonable
@@ -590,16 +590,14 @@ def run_drift(
             stored = None  # another task or test set
     with tempfile.TemporaryDirectory(prefix="uq_int8-", dir=work) as folder:
         per_seed = []
+        every_seed = dict(methods=methods, rows=rows, cache=cache, threads=threads)
         for seed in seeds:
             started = time.perf_counter()
             per_seed.append(
                 drift_seed(
                     task,
                     seed,
-                    methods=methods,
-                    rows=rows,
-                    cache=cache,
-                    threads=threads,
+                    **every_seed,
                     work=Path(folder),
                     reference=stored,
                     decision_workers=decision_workers,
@@ -922,11 +920,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="a smoke run: the task's --quick recipe (short training, small sets), not a result",
     )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="default benchmarks/results/uq_int8_TASK"
+    add_output_options(
+        parser,
+        "default benchmarks/results/uq_int8_TASK",
+        overwrite_help="replace an existing report",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
-    parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in INT8_METHODS]

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import load_average, machine, note
+from common import add_output_options, load_average, machine, note
 from uq_decisions import (
     ALPHAS,
     CURVE_COVERAGE,
@@ -107,11 +107,11 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         action="store_true",
         help="a smoke run: a tenth of the training steps and small evaluation sets (not a result)",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
+    add_output_options(
+        parser,
+        f"output folder for report.json, report.md and the PNGs (default {default_out})",
         default=default_out,
-        help=f"output folder for report.json, report.md and the PNGs (default {default_out})",
+        overwrite_help="replace an existing report",
     )
     parser.add_argument(
         "--cache",
@@ -134,14 +134,12 @@ def parse_args(name: str, doc: str, argv: Sequence[str] | None, default_seeds: i
         "rebuilt from --cache for the latency table, measured alone) and the decision analysis "
         "runs in as many (default 1: seeds one after another; decisions in --threads processes)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    render = "train nothing: re-derive the tables, the 'why' section and report.md of the "
     parser.add_argument(
         "--render",
         action="store_true",
-        help="train nothing: re-derive the tables, the 'why' section and report.md of the "
-        "existing report.json in --out from its measurements",
+        help=render + "existing report.json in --out from its measurements",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
