@@ -4,7 +4,9 @@ scaling, prediction sets, answer-or-abstain and the OOD flag (every rule from
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,6 +341,16 @@ def decide_one(
     return decide_row(logits, labels, split_parts(len(labels), recipe, seed), seed)
 
 
+def decide_all(jobs: Sequence[tuple], workers: int) -> list[dict[str, Any]]:
+    """:func:`decide_one` of every job, in ``workers`` processes (spawned: no fork of a process
+    running torch) where there are several; the results do not depend on it."""
+    if workers > 1 and len(jobs) > 1:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            return list(pool.map(decide_one, jobs))
+    return [decide_one(job) for job in jobs]
+
+
 def decisions(
     logits: dict[int, dict[str, dict[str, np.ndarray]]],
     labels: np.ndarray,
@@ -349,16 +361,7 @@ def decisions(
     processes (the results do not depend on it)."""
     sizes = (recipe.calibration_temperature, recipe.calibration_quantile, recipe.splits)
     keys = [(seed, row) for seed in logits for row in ROWS]
-    jobs = [(logits[seed][row], labels, sizes, seed) for seed, row in keys]
-    if workers > 1 and len(jobs) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        context = multiprocessing.get_context("spawn")  # no fork of a process running torch
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            results = list(pool.map(decide_one, jobs))
-    else:
-        results = [decide_one(job) for job in jobs]
+    results = decide_all([(logits[seed][row], labels, sizes, seed) for seed, row in keys], workers)
     out: dict[int, dict[str, Any]] = {}
     for (seed, row), result in zip(keys, results, strict=True):
         out.setdefault(seed, {})[row] = result

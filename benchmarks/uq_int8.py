@@ -51,13 +51,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -68,7 +66,7 @@ import torch
 import uq_digits
 import uq_wordnet
 from common import add_output_options, load_average, machine, note
-from uq_decisions import DELTA, TARGET_RISK, alpha_key, decide_one, load_logits
+from uq_decisions import DELTA, TARGET_RISK, alpha_key, decide_all, load_logits
 from uq_rows import score_row, stats
 from uq_run import jsonable
 from uq_task import ROWS, Task
@@ -321,13 +319,7 @@ def refit_decisions(
     r = task.recipe
     sizes = (r.calibration_temperature, r.calibration_quantile, r.splits)
     keys = list(logits)
-    jobs = [(dict(logits[k]), labels, sizes, seed) for k in keys]
-    if workers > 1 and len(jobs) > 1:
-        context = multiprocessing.get_context("spawn")  # no fork of a process running torch
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            decided = list(pool.map(decide_one, jobs))
-    else:
-        decided = [decide_one(job) for job in jobs]
+    decided = decide_all([(dict(logits[k]), labels, sizes, seed) for k in keys], workers)
     return {k: decision_summary(d, task.claim_alpha) for k, d in zip(keys, decided, strict=True)}
 
 

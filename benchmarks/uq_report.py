@@ -358,6 +358,11 @@ def _set_cells(cell: dict[str, Any], *metrics: tuple[str, float, int]) -> list[s
     return [_dm(cell[metric], scale, digits) for metric, scale, digits in metrics]
 
 
+def _method_cells(sets: dict[str, Any], key: str, *metrics: tuple[str, float, int]) -> list[str]:
+    """:func:`_set_cells` of every reported set method at alpha ``key``, in the tables' order."""
+    return [v for m in REPORTED_SET_METHODS for v in _set_cells(sets[m][key], *metrics)]
+
+
 def _scaling_section(report: dict[str, Any]) -> list[str]:
     """Temperature scaling: what T does to every row's scores, in distribution, under shift and
     on the OOD sets."""
@@ -426,13 +431,7 @@ def _decisions_section(report: dict[str, Any]) -> list[str]:
         a = agg[row]
         sel, flag = a["selective"], a["ood_flag"]
         return [
-            *(
-                value
-                for method in REPORTED_SET_METHODS
-                for value in _set_cells(
-                    a["sets"][method][key], ("mean_size", 1, 2), ("coverage", 100, 1)
-                )
-            ),
+            *_method_cells(a["sets"], key, ("mean_size", 1, 2), ("coverage", 100, 1)),
             _dm(sel["answered"]),
             _dm(sel["risk"]),
             *(_dm(sel["ood_answered"][n]) for n in oods),
@@ -624,13 +623,7 @@ def _shift_decisions_section(report: dict[str, Any]) -> list[str]:
         a = agg[row]
         sel = a["selective"]
         return [
-            *(
-                value
-                for method in REPORTED_SET_METHODS
-                for value in _set_cells(
-                    a["sets"][method][key], ("shift_coverage", 100, 1), ("shift_mean_size", 1, 2)
-                )
-            ),
+            *_method_cells(a["sets"], key, ("shift_coverage", 100, 1), ("shift_mean_size", 1, 2)),
             _dm(sel["shift_answered"]),
             _dm(sel["shift_risk"]),
             _dm(sel["shift_exceeds"]),

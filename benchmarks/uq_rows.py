@@ -208,6 +208,8 @@ def claims(
     out = []
     for claim, row, against, path, margin in table:
         higher = HIGHER_IS_BETTER[path[-1]]
+        head = {"claim": claim, "row": row, "against": against, "metric": ".".join(path)}
+        head["margin"] = margin
         try:
             diffs = [
                 (get_path(s[key][row], path) - get_path(s[key][against], path))
@@ -215,16 +217,7 @@ def claims(
                 for s in per_seed
             ]
         except (KeyError, TypeError):  # an alpha too small for the quantile part
-            out.append(
-                {
-                    "claim": claim,
-                    "row": row,
-                    "against": against,
-                    "metric": ".".join(path),
-                    "margin": margin,
-                    "verdict": "not available (the metric was not measured)",
-                }
-            )
+            out.append({**head, "verdict": "not available (the metric was not measured)"})
             continue
         wins = sum(d > margin for d in diffs)
         mean = float(np.mean(diffs))
@@ -236,11 +229,7 @@ def claims(
             verdict = f"does not hold ({wins}/{len(diffs)} seeds)"
         out.append(
             {
-                "claim": claim,
-                "row": row,
-                "against": against,
-                "metric": ".".join(path),
-                "margin": margin,
+                **head,
                 "advantage_mean": mean,
                 "advantage_std": float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0,
                 "advantage_per_seed": [float(d) for d in diffs],

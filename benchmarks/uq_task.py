@@ -9,20 +9,6 @@ from typing import Any
 
 import torch
 
-ROWS = (
-    "single",
-    "single Taylor-pruned",
-    "Hydra (Taylor)",
-    "Hydra (Taylor, grouped MLP)",
-    "Hydra (circuit)",
-    "Hydra (circuit, fine-tuned)",
-    "Hydra (circuit, OOD validation)",
-    "Hydra (shared trunk)",
-    "Hydra (fused deep ensemble)",
-    "deep ensemble (one base)",
-    "deep ensemble",
-    "MC dropout",
-)
 #: Rows built from one trained base model (what a user with one checkpoint can make).
 ONE_BASE_HYDRA = (
     "Hydra (Taylor)",
@@ -31,6 +17,16 @@ ONE_BASE_HYDRA = (
     "Hydra (circuit, fine-tuned)",
     "Hydra (circuit, OOD validation)",
     "Hydra (shared trunk)",
+)
+#: Every row of the protocol, in the report's order.
+ROWS = (
+    "single",
+    "single Taylor-pruned",
+    *ONE_BASE_HYDRA,
+    "Hydra (fused deep ensemble)",
+    "deep ensemble (one base)",
+    "deep ensemble",
+    "MC dropout",
 )
 OOD_SCORES = ("msp", "mutual_information")
 OOD_METRICS = ("auroc", "aupr", "fpr95")
