@@ -9,9 +9,7 @@ import numpy as np
 from uq_decisions import REPORTED_SET_METHODS, alpha_key
 from uq_task import ONE_BASE_HYDRA, ROWS
 
-from hydra_deploy.decisions import (
-    GRID_SIZE,
-)
+from hydra_deploy.decisions import GRID_SIZE, selective_levels
 
 
 def _pm(cell: dict[str, Any], scale: float = 1.0, digits: int = 2) -> str:
@@ -718,7 +716,7 @@ def _selective_notes(agg: dict[str, Any], d: dict[str, Any]) -> list[str]:
     """How answer-or-abstain tests its thresholds, and why it is sometimes refused: the fewest
     answered quantile examples that can certify the target risk, with no error among them."""
     risk, delta, n_q = d["target_risk"], d["delta"], d["quantile_part"]
-    level = delta / 2 + delta / (2 * GRID_SIZE)  # the start's level, before any rejection
+    level = float(selective_levels(GRID_SIZE, delta, "graph", start=0)[0])  # the start's level
     fewest = int(np.ceil(np.log(level) / np.log(1 - risk)))
     refused = [
         f"{row} ({agg[row]['selective']['refused']['mean']:.0%})"

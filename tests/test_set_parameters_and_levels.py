@@ -1,5 +1,5 @@
-"""fit_set_parameters: what each set method fits on the temperature part, as the keywords of the
-set functions."""
+"""fit_set_parameters (what each set method fits on the temperature part, as the keywords of the
+set functions) and selective_levels (the level each threshold is first tested at)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,13 @@ def test_every_library_method_is_fitted_and_an_unknown_one_refused():
         assert isinstance(fit_set_parameters(probs, labels, method, 0.2), dict)
     with pytest.raises(HydraError, match="sets"):
         fit_set_parameters(probs, labels, "nope", 0.2)
+
+
+def test_selective_levels_are_fit_selectives_first_levels():
+    from hydra_deploy.decisions import selective_levels
+
+    bonferroni = selective_levels(50, 0.1, "bonferroni")
+    assert bonferroni.shape == (50,) and np.allclose(bonferroni, 0.1 / 50)
+    graph = selective_levels(50, 0.1, "graph", start=7)
+    assert graph.sum() == pytest.approx(0.1)  # the family-wise error spent in all
+    assert graph[7] == pytest.approx(0.05 + 0.001) and graph[0] == pytest.approx(0.001)
