@@ -654,11 +654,18 @@ def _ops(records: Sequence[Mapping[str, Any]], key: str) -> str:
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    s, agg = report["settings"], report["aggregate"]
-    rows, methods = s["rows"], s["methods"]
+    """report.md: the target, the drift per row and per seed, the decisions refitted on INT8,
+    what was quantized and the setup."""
+    sections = (_head, _targets, _drift, _per_seed, _decisions, _quantized, _setup)
+    return "\n".join(line for section in sections for line in section(report))
+
+
+def _head(report: Mapping[str, Any]) -> list[str]:
+    """The title, what was measured, and a --quick warning."""
+    s = report["settings"]
     seeds = [p["seed"] for p in report["per_seed"]]
     env = report["environment"]
-    alpha = s["claim_alpha"]
+    methods = s["methods"]
     lines = [
         f"# INT8 drift: {report['task']['title']}",
         "",
@@ -675,7 +682,13 @@ def markdown(report: Mapping[str, Any]) -> str:
     ]
     if s["quick"]:
         lines += ["", "**`--quick`: a smoke run (short training, small sets), not a result.**"]
-    lines += [
+    return lines
+
+
+def _targets(report: Mapping[str, Any]) -> list[str]:
+    """Issue 27's target per method and Hydra row, and which rows miss it."""
+    methods = report["settings"]["methods"]
+    lines = [
         "",
         "## Issue 27's target: Hydra rows within 0.5 points of FP32, every seed",
         "",
@@ -707,6 +720,14 @@ def markdown(report: Mapping[str, Any]) -> str:
                     + "."
                 )
             )
+    return lines
+
+
+def _drift(report: Mapping[str, Any]) -> list[str]:
+    """FP32 → INT8 per row, one table per method."""
+    s, agg = report["settings"], report["aggregate"]
+    rows, methods = s["rows"], s["methods"]
+    lines: list[str] = []
     for method in methods:
         lines += [
             "",
@@ -737,7 +758,13 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"{_pm(a['logits']['prediction_agreement'])} | "
                 f"{size['int8']['mean'] / 1e6:.2f} MB ({size['ratio']['mean']:.2f}) |"
             )
-    lines += [
+    return lines
+
+
+def _per_seed(report: Mapping[str, Any]) -> list[str]:
+    """Every method, row and seed."""
+    rows, methods = report["settings"]["rows"], report["settings"]["methods"]
+    lines = [
         "",
         "## Per seed",
         "",
@@ -761,8 +788,16 @@ def markdown(report: Mapping[str, Any]) -> str:
                     f"({shift('auroc_msp')}) | {shift('fpr95_msp')} | {shift('auroc_mi')} | "
                     f"{shift('fpr95_mi')} | {e['logits']['max_abs']:.3f} |"
                 )
+    return lines
+
+
+def _decisions(report: Mapping[str, Any]) -> list[str]:
+    """The decisions refitted on each precision's logits."""
+    s, agg = report["settings"], report["aggregate"]
+    rows, methods = s["rows"], s["methods"]
+    alpha = s["claim_alpha"]
     d = report["decision_settings"]
-    lines += [
+    lines = [
         "",
         "## Decisions refitted on the INT8 logits",
         "",
@@ -788,8 +823,15 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"{_arrow(c['answered'])} | {_arrow(c['risk'])} | {_arrow(c['refused'])} | "
                 f"{_arrow(c['ood_flagged'])} |"
             )
+    return lines
+
+
+def _quantized(report: Mapping[str, Any]) -> list[str]:
+    """What each method quantized (seed 0's files) and the files' sizes."""
+    s, agg = report["settings"], report["aggregate"]
+    rows, methods = s["rows"], s["methods"]
     first = report["per_seed"][0]
-    lines += [
+    lines = [
         "",
         "## What was quantized (seed 0's files)",
         "",
@@ -808,7 +850,15 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"{_ops(records, 'kept_float')} | {size['fp32']['mean'] / 1e6:.2f} MB | "
                 f"{size['int8']['mean'] / 1e6:.2f} MB |"
             )
-    lines += ["", "## Setup", ""]
+    return lines
+
+
+def _setup(report: Mapping[str, Any]) -> list[str]:
+    """The rows' source, the calibration, the runtime, the FP32 check, the time spent."""
+    s, rows = report["settings"], report["settings"]["rows"]
+    env = report["environment"]
+    first = report["per_seed"][0]
+    lines = ["", "## Setup", ""]
     lines += [
         f"- rows rebuilt from `{s['cache']}` (`uq_train.build_rows`, the uq benchmark's weights "
         "and selections): "
@@ -851,7 +901,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     total = {k: sum(p["seconds"][k] for p in report["per_seed"]) for k in first["seconds"]}
     lines.append("- seconds over all seeds: " + ", ".join(f"{k} {v:.0f}" for k, v in total.items()))
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------
