@@ -220,13 +220,13 @@ def _setup_section(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _pts(cell: dict[str, Any]) -> str:
+    """A paired difference in points of %, signed, with its std over seeds."""
+    return f"{cell['mean'] * 100:+.2f} ± {cell['std'] * 100:.2f}"
+
+
 def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
     """The "why" section of report.md: a table of the measurements and what they imply."""
-
-    def pts(cell: dict[str, Any]) -> str:
-        return f"{cell['mean'] * 100:+.2f} ± {cell['std'] * 100:.2f}"
-
-    rows, c, f = d["rows"], d["costs"], d["fused"]
     lines = [
         "",
         "## Why: the measurements behind each target",
@@ -239,23 +239,27 @@ def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
         "ensemble |",
         "|---|---|---|---|---|",
     ]
-    for row, r in rows.items():
+    for row, r in d["rows"].items():
         lines.append(
-            f"| {row} | {pts(r['member_accuracy_vs_single'])} | "
-            f"{r['disagreement']['mean'] * 100:.2f} | {pts(r['auroc_vs_single'])} | "
-            f"{pts(r['auroc_vs_one_base_ensemble'])} |"
+            f"| {row} | {_pts(r['member_accuracy_vs_single'])} | "
+            f"{r['disagreement']['mean'] * 100:.2f} | {_pts(r['auroc_vs_single'])} | "
+            f"{_pts(r['auroc_vs_one_base_ensemble'])} |"
         )
-    ceiling, pruned, best = d["one_base_ceiling"], d["pruned_member"], d["best_one_base_row"]
+    return [*lines, "", _ceiling_note(d), _pruning_note(d), _fused_note(d), *_shift_note(d)]
+
+
+def _ceiling_note(d: dict[str, Any]) -> str:
+    """How far M unpruned fine-tunes of one base get: the ceiling of every one-base row."""
+    rows, ceiling = d["rows"], d["one_base_ceiling"]
     n = len(ceiling["values"])
     one_base = rows["deep ensemble (one base)"]
-    lines += [
-        "",
+    return (
         f"- **The ceiling of one base.** M unpruned fine-tunes of one base beat the single model "
-        f"by {pts(ceiling)} AUROC points (above +1 on {ceiling['seeds_above_1_point']}/{n} "
+        f"by {_pts(ceiling)} AUROC points (above +1 on {ceiling['seeds_above_1_point']}/{n} "
         f"seeds); their members disagree on {one_base['disagreement']['mean'] * 100:.2f}% of the "
         f"test examples, against {rows['deep ensemble']['disagreement']['mean'] * 100:.2f}% for "
         "independently trained members, whose ensemble beats the single model by "
-        f"{pts(rows['deep ensemble']['auroc_vs_single'])}. Every one-base Hydra row's members are pruned fine-tunes "
+        f"{_pts(rows['deep ensemble']['auroc_vs_single'])}. Every one-base Hydra row's members are pruned fine-tunes "
         "of that same base: "
         + (
             "the diversity to meet the target exists on every seed; what the pruned members lose "
@@ -269,22 +273,37 @@ def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
                 if all(rows[r]["auroc_vs_one_base_ensemble"]["mean"] < 0 for r in ONE_BASE_HYDRA)
                 else "."
             )
-        ),
+        )
+    )
+
+
+def _pruning_note(d: dict[str, Any]) -> str:
+    """What one pruned member loses, and what the best one-base row ends with."""
+    rows, pruned, best = d["rows"], d["pruned_member"], d["best_one_base_row"]
+    one_base = rows["deep ensemble (one base)"]
+    return (
         f"- **The price of pruning.** One member alone (single Taylor-pruned) is "
-        f"{pts(pruned['accuracy'])} accuracy and {pts(pruned['auroc'])} AUROC points against the "
+        f"{_pts(pruned['accuracy'])} accuracy and {_pts(pruned['auroc'])} AUROC points against the "
         f"single model. The best one-base row, {best}, has members at "
-        f"{pts(rows[best]['member_accuracy_vs_single'])} accuracy points and disagreeing on "
+        f"{_pts(rows[best]['member_accuracy_vs_single'])} accuracy points and disagreeing on "
         f"{rows[best]['disagreement']['mean'] * 100:.2f}% of examples; it ends "
-        f"{pts(rows[best]['auroc_vs_single'])} AUROC points against the single model and "
-        f"{pts(rows[best]['auroc_vs_one_base_ensemble'])} against the one-base ensemble"
+        f"{_pts(rows[best]['auroc_vs_single'])} AUROC points against the single model and "
+        f"{_pts(rows[best]['auroc_vs_one_base_ensemble'])} against the one-base ensemble"
         + (
             ": members that disagree more because each is weaker do not separate OOD inputs better."
             if rows[best]["disagreement"]["mean"] > one_base["disagreement"]["mean"]
             and rows[best]["auroc_vs_one_base_ensemble"]["mean"] < 0
             else "."
-        ),
-        f"- **The fused deep ensemble** is {pts(f['auroc_vs_deep_ensemble'])} AUROC points against "
-        f"the deep ensemble, its members {pts(f['member_accuracy_vs_deep_ensemble'])} accuracy "
+        )
+    )
+
+
+def _fused_note(d: dict[str, Any]) -> str:
+    """The fused deep ensemble against the deep ensemble: its detection and its cost."""
+    c, f = d["costs"], d["fused"]
+    return (
+        f"- **The fused deep ensemble** is {_pts(f['auroc_vs_deep_ensemble'])} AUROC points against "
+        f"the deep ensemble, its members {_pts(f['member_accuracy_vs_deep_ensemble'])} accuracy "
         f"points against the deep ensemble's. Cost: {f['latency_over_deep_ensemble']:.2f} x the "
         f"deep ensemble's measured CPU latency, {c['fused_deep_ensemble_over_deep_ensemble']:.2f} "
         f"x its MACs (analytic, matrix products). With {c['heads_per_member']} of {c['heads']} "
@@ -302,8 +321,13 @@ def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
             "this width."
             if f["latency_over_deep_ensemble"] > c["fused_deep_ensemble_over_deep_ensemble"]
             else ""
-        ),
-    ]
+        )
+    )
+
+
+def _shift_note(d: dict[str, Any]) -> list[str]:
+    """The one-base rows better calibrated under shift than the one-base ensemble, if any."""
+    rows, lines = d["rows"], []
     shift = d["better_calibrated_under_shift_than_one_base_ensemble"]
     if shift:
         lines.append(
@@ -311,14 +335,13 @@ def diagnosis_markdown(d: dict[str, Any]) -> list[str]:
             "shifted test set than the one-base ensemble, by ECE and by NLL on every seed: "
             + "; ".join(
                 f"{r} (ECE lower by "
-                f"{pts(rows[r]['shift_ece_vs_one_base_ensemble']).lstrip('+')} points)"
+                f"{_pts(rows[r]['shift_ece_vs_one_base_ensemble']).lstrip('+')} points)"
                 for r in shift
             )
             + ". In distribution their ECE against the single model's is "
-            + ", ".join(f"{pts(rows[r]['id_ece_vs_single'])}" for r in shift)
+            + ", ".join(f"{_pts(rows[r]['id_ece_vs_single'])}" for r in shift)
             + " points (negative: worse): the gain is on shifted inputs only."
         )
-    return lines
     return lines
 
 
