@@ -181,21 +181,7 @@ def main(
     workers = min(args.workers or 1, args.seeds)
     if workers > 1 and args.cache is None:
         raise SystemExit(f"uq_{name}: --workers > 1 needs --cache (seed 0 is rebuilt from it)")
-    if workers == 1:
-        done, models = {}, None
-        for seed in range(args.seeds):
-            done[seed], kept = run_seed(task, seed, args)
-            if seed == 0:
-                models = kept  # latency below, measured on seed 0's models
-            del kept
-    else:
-        done = run_seeds_parallel(task_factory, args, workers)
-        started_rebuild = time.perf_counter()
-        models, _ = build_rows(task, 0, args)  # from --cache: trained weights and selections
-        note(
-            args,
-            f"  seed 0 rebuilt from {args.cache} ({time.perf_counter() - started_rebuild:.0f} s)",
-        )
+    done, models = run_seeds(task_factory, task, args, workers)
     per_seed, every = [done[s][0] for s in range(args.seeds)], {s: done[s][1] for s in done}
     pooled: dict[str, dict[str, np.ndarray]] = {
         row: {
@@ -246,6 +232,29 @@ def main(
         "logits": {"file": LOGITS_FILE, "sha256": _sha256(args.out / LOGITS_FILE)},
     }
     return finish(report, task, args)
+
+
+def run_seeds(
+    task_factory: Callable[[argparse.Namespace], Task],
+    task: Task,
+    args: argparse.Namespace,
+    workers: int,
+) -> tuple[dict[int, tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]], dict]:
+    """Every seed's :func:`run_seed` (one after another, or in ``workers`` processes), and seed
+    0's models for the latency table (kept, or rebuilt from --cache after the processes)."""
+    if workers > 1:
+        done = run_seeds_parallel(task_factory, args, workers)
+        started = time.perf_counter()
+        models, _ = build_rows(task, 0, args)  # from --cache: trained weights and selections
+        note(args, f"  seed 0 rebuilt from {args.cache} ({time.perf_counter() - started:.0f} s)")
+        return done, models
+    done, models = {}, None
+    for seed in range(args.seeds):
+        done[seed], kept = run_seed(task, seed, args)
+        if seed == 0:
+            models = kept  # latency below, measured on seed 0's models
+        del kept
+    return done, models
 
 
 def run_seed(
@@ -321,33 +330,37 @@ def _sha256(path: Path) -> str:
 
 
 def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
-    """Everything derived from the measurements (claims, targets, Pareto fronts, the latency
-    target, the "why" section, ``pareto.png``; the decisions, recomputed from ``logits.npz``),
-    then report.json and report.md."""
+    """Everything derived from the measurements (the decisions, recomputed from ``logits.npz``;
+    claims, targets, Pareto fronts, the latency target, the "why" section, ``pareto.png``), then
+    report.json and report.md."""
+    add_decisions(report, task, args)
+    add_derived(report, task)
+    for plot in (pareto_plot(args.out, report), risk_coverage_plot(args.out, report)):
+        if plot not in report["figures"]:
+            report["figures"].append(plot)
+    report = json.loads(json.dumps(report, default=jsonable))
+    atomic_write_json(args.out / "report.json", report)
+    text = markdown(report)
+    atomic_write_text(args.out / "report.md", text)
+    print(text)
+    note(args, f"wrote {args.out}/report.json, report.md and {', '.join(report['figures'])}")
+    return 0
+
+
+def add_decisions(report: dict[str, Any], task: Task, args: argparse.Namespace) -> None:
+    """The decisions of every seed and row from the stored logits (and at each extra quantile
+    part), their settings, aggregate, claims and targets; the time they took, on a run."""
     started = time.perf_counter()
     stored, labels = load_logits(args.out / report["logits"]["file"])
     workers = args.workers or args.threads or 1
     decided = decisions(stored, labels, task.recipe, workers=workers)
     for s in report["per_seed"]:
         s["decisions"] = decided[s["seed"]]
-    report["decision_extra"] = {}
-    for size in task.extra_quantile_parts:
-        recipe = replace(task.recipe, calibration_quantile=size)
-        extra = decisions(stored, labels, recipe, workers=workers)
-        report["decision_extra"][str(size)] = {
-            "quantile_part": size,
-            "tested_part": len(labels) - recipe.calibration_temperature - size,
-            "aggregate": {
-                row: tree_stats(
-                    [
-                        {k: v for k, v in extra[seed][row].items() if k != "scaling"}
-                        for seed in sorted(extra)
-                    ]
-                )
-                for row in ROWS
-            },
-        }
-    alpha = task.claim_alpha
+    report["decision_extra"] = {
+        str(size): _extra_decisions(stored, labels, task, size, workers)
+        for size in task.extra_quantile_parts
+    }
+    alpha, r = task.claim_alpha, task.recipe
     report["decision_settings"] = {
         "alphas": list(ALPHAS),
         "claim_alpha": alpha,
@@ -357,12 +370,10 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
         "selective_procedure": "graph",
         "delta": DELTA,
         "ood_alpha": OOD_ALPHA,
-        "temperature_part": task.recipe.calibration_temperature,
-        "quantile_part": task.recipe.calibration_quantile,
-        "tested_part": len(labels)
-        - task.recipe.calibration_temperature
-        - task.recipe.calibration_quantile,
-        "splits": task.recipe.splits,
+        "temperature_part": r.calibration_temperature,
+        "quantile_part": r.calibration_quantile,
+        "tested_part": len(labels) - r.calibration_temperature - r.calibration_quantile,
+        "splits": r.splits,
         "curve_coverage": list(CURVE_COVERAGE),
     }
     report["decision_aggregate"] = {
@@ -379,6 +390,32 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
         report["seconds_decisions"] = elapsed
         report["decision_workers"] = workers
         report["seconds"] += elapsed
+
+
+def _extra_decisions(
+    stored: dict, labels: np.ndarray, task: Task, size: int, workers: int
+) -> dict[str, Any]:
+    """The decisions with a quantile part of ``size`` (the same splits' temperature part, the
+    rest tested), aggregated over seeds (temperature scaling left out: it is the recipe's)."""
+    recipe = replace(task.recipe, calibration_quantile=size)
+    extra = decisions(stored, labels, recipe, workers=workers)
+    return {
+        "quantile_part": size,
+        "tested_part": len(labels) - recipe.calibration_temperature - size,
+        "aggregate": {
+            row: tree_stats(
+                [
+                    {k: v for k, v in extra[seed][row].items() if k != "scaling"}
+                    for seed in sorted(extra)
+                ]
+            )
+            for row in ROWS
+        },
+    }
+
+
+def add_derived(report: dict[str, Any], task: Task) -> None:
+    """The claims, targets, Pareto fronts, latency target and "why" of the measurements."""
     per_seed, lat = report["per_seed"], report["latency"]
     report["claims"] = claims(per_seed)
     report["targets"] = claims(per_seed, TARGETS)
@@ -396,16 +433,6 @@ def finish(report: dict[str, Any], task: Task, args: argparse.Namespace) -> int:
     finally:
         quiet.setLevel(level)
     report["diagnosis"] = diagnosis(report, cost_model(fresh, task.recipe))
-    for plot in (pareto_plot(args.out, report), risk_coverage_plot(args.out, report)):
-        if plot not in report["figures"]:
-            report["figures"].append(plot)
-    report = json.loads(json.dumps(report, default=jsonable))
-    atomic_write_json(args.out / "report.json", report)
-    text = markdown(report)
-    atomic_write_text(args.out / "report.md", text)
-    print(text)
-    note(args, f"wrote {args.out}/report.json, report.md and {', '.join(report['figures'])}")
-    return 0
 
 
 def render(task_factory: Callable[[argparse.Namespace], Task], args: argparse.Namespace) -> int:
