@@ -123,7 +123,17 @@ def plots(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    return [
+        _reliability_plot(plt, out, pooled, labels),
+        _histograms_plot(plt, out, pooled, ood_names),
+        _auroc_plot(plt, out, agg, ood_names),
+    ]
+
+
+def _reliability_plot(
+    plt: Any, out: Path, pooled: dict[str, dict[str, np.ndarray]], labels: np.ndarray
+) -> str:
+    """Every row's reliability diagram on the ID test set, all seeds pooled."""
     grid_rows = -(-len(ROWS) // 4)
     fig, axes = plt.subplots(grid_rows, 4, figsize=(16, 4 * grid_rows), sharex=True, sharey=True)
     for ax, row in zip(axes.ravel(), ROWS, strict=False):
@@ -148,8 +158,14 @@ def plots(
     fig.tight_layout()
     fig.savefig(out / "reliability.png", dpi=90)
     plt.close(fig)
-    written.append("reliability.png")
 
+    return "reliability.png"
+
+
+def _histograms_plot(
+    plt: Any, out: Path, pooled: dict[str, dict[str, np.ndarray]], ood_names: list[str]
+) -> str:
+    """MSP and MI on the ID test set and the OOD sets, for four rows, all seeds pooled."""
     shown = ["single", "Hydra (Taylor)", "Hydra (circuit)", "deep ensemble"]
     fig, axes = plt.subplots(2, len(shown), figsize=(4 * len(shown), 7))
     for col, row in enumerate(shown):
@@ -174,8 +190,12 @@ def plots(
     fig.tight_layout()
     fig.savefig(out / "score_histograms.png", dpi=90)
     plt.close(fig)
-    written.append("score_histograms.png")
 
+    return "score_histograms.png"
+
+
+def _auroc_plot(plt: Any, out: Path, agg: dict[str, Any], ood_names: list[str]) -> str:
+    """The AUROC (MSP) of every row per OOD set, mean ± std over seeds."""
     fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / len(ROWS)
     x = np.arange(len(ood_names))
@@ -192,5 +212,4 @@ def plots(
     fig.tight_layout()
     fig.savefig(out / "auroc.png", dpi=90)
     plt.close(fig)
-    written.append("auroc.png")
-    return written
+    return "auroc.png"
