@@ -5,6 +5,7 @@ fronts and the measurements behind each target ("why")."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -322,6 +323,70 @@ def tree_stats(trees: Sequence[Any]) -> Any:
     return stats(present)
 
 
+@dataclass
+class _Paired:
+    """Per-seed paired differences of the rows' metrics: mean, std and values over seeds."""
+
+    seeds: list[dict[str, Any]]
+
+    def __call__(self, row: str, against: str, *path: str) -> dict[str, Any]:
+        """``row`` minus ``against`` on the metric at ``path``."""
+        return stats(
+            [
+                get_path(s["rows"][row], path) - get_path(s["rows"][against], path)
+                for s in self.seeds
+            ]
+        )
+
+    def members(self, row: str, against: str) -> dict[str, Any]:
+        """The mean of ``row``'s members' own accuracies minus ``against``'s."""
+        return stats(
+            [
+                np.mean(s["rows"][row]["members_accuracy"])
+                - np.mean(s["rows"][against]["members_accuracy"])
+                for s in self.seeds
+            ]
+        )
+
+
+_AUROC = ("ood_mean", "msp", "auroc")
+#: the rows the "why" section measures
+_WHY_ROWS = (
+    *ONE_BASE_HYDRA,
+    "Hydra (fused deep ensemble)",
+    "deep ensemble (one base)",
+    "deep ensemble",
+)
+
+
+def _row_why(paired: _Paired, row: str) -> dict[str, Any]:
+    """One row's members, diversity, detection and calibration against the single model and the
+    one-base ensemble."""
+    return {
+        "member_accuracy_vs_single": paired.members(row, "single"),
+        "disagreement": stats([s["rows"][row]["disagreement"] for s in paired.seeds]),
+        "auroc_vs_single": paired(row, "single", *_AUROC),
+        "auroc_vs_one_base_ensemble": paired(row, "deep ensemble (one base)", *_AUROC),
+        "shift_ece_vs_one_base_ensemble": paired("deep ensemble (one base)", row, "shift", "ece"),
+        "id_ece_vs_single": paired("single", row, "id", "ece"),
+    }
+
+
+def _better_under_shift(seeds: list[dict[str, Any]]) -> list[str]:
+    """The one-base rows better calibrated under shift than the one-base ensemble on every seed,
+    by ECE and by NLL."""
+    return [
+        r
+        for r in ONE_BASE_HYDRA
+        if all(
+            get_path(s["rows"][r], ("shift", m))
+            < get_path(s["rows"]["deep ensemble (one base)"], ("shift", m))
+            for s in seeds
+            for m in ("ece", "nll")
+        )
+    ]
+
+
 def diagnosis(report: dict[str, Any], costs: dict[str, float]) -> dict[str, Any]:
     """Per seed, paired: the measurements that say why each target of issue 19 holds or not.
 
@@ -332,57 +397,11 @@ def diagnosis(report: dict[str, Any], costs: dict[str, float]) -> dict[str, Any]
     - the fused deep ensemble: its members against the deep ensemble's, and its cost (analytic
       MACs beside the measured latency).
     """
-    seeds = report["per_seed"]
-
-    def value(s: dict, row: str, *path: str) -> float:
-        return get_path(s["rows"][row], path)
-
-    def paired(row: str, against: str, *path: str) -> dict[str, Any]:
-        return stats([value(s, row, *path) - value(s, against, *path) for s in seeds])
-
-    def members_vs(row: str, against: str) -> dict[str, Any]:
-        return stats(
-            [
-                np.mean(s["rows"][row]["members_accuracy"])
-                - np.mean(s["rows"][against]["members_accuracy"])
-                for s in seeds
-            ]
-        )
-
-    auroc = ("ood_mean", "msp", "auroc")
-    rows = {}
-    for row in (
-        *ONE_BASE_HYDRA,
-        "Hydra (fused deep ensemble)",
-        "deep ensemble (one base)",
-        "deep ensemble",
-    ):
-        rows[row] = {
-            "member_accuracy_vs_single": members_vs(row, "single"),
-            "disagreement": stats([s["rows"][row]["disagreement"] for s in seeds]),
-            "auroc_vs_single": paired(row, "single", *auroc),
-            "auroc_vs_one_base_ensemble": paired(row, "deep ensemble (one base)", *auroc),
-        }
-    for row in rows:
-        rows[row]["shift_ece_vs_one_base_ensemble"] = paired(
-            "deep ensemble (one base)", row, "shift", "ece"
-        )
-        rows[row]["id_ece_vs_single"] = paired("single", row, "id", "ece")
-    # one-base rows better calibrated under shift than the one-base ensemble on every seed, by
-    # ECE and by NLL
-    under_shift = [
-        r
-        for r in ONE_BASE_HYDRA
-        if all(
-            get_path(s["rows"][r], ("shift", m))
-            < get_path(s["rows"]["deep ensemble (one base)"], ("shift", m))
-            for s in seeds
-            for m in ("ece", "nll")
-        )
-    ]
+    paired = _Paired(report["per_seed"])
+    rows = {row: _row_why(paired, row) for row in _WHY_ROWS}
     ceiling = rows["deep ensemble (one base)"]["auroc_vs_single"]
-    best = max(ONE_BASE_HYDRA, key=lambda r: rows[r]["auroc_vs_single"]["mean"])
     latency = report["latency"]
+    fused, de = "Hydra (fused deep ensemble)", "deep ensemble"
     return {
         "one_base_ceiling": {
             **ceiling,
@@ -390,20 +409,17 @@ def diagnosis(report: dict[str, Any], costs: dict[str, float]) -> dict[str, Any]
         },
         "pruned_member": {
             "accuracy": paired("single Taylor-pruned", "single", "id", "accuracy"),
-            "auroc": paired("single Taylor-pruned", "single", *auroc),
+            "auroc": paired("single Taylor-pruned", "single", *_AUROC),
         },
-        "best_one_base_row": best,
-        "better_calibrated_under_shift_than_one_base_ensemble": under_shift,
+        "best_one_base_row": max(ONE_BASE_HYDRA, key=lambda r: rows[r]["auroc_vs_single"]["mean"]),
+        "better_calibrated_under_shift_than_one_base_ensemble": _better_under_shift(
+            report["per_seed"]
+        ),
         "rows": rows,
         "fused": {
-            "member_accuracy_vs_deep_ensemble": members_vs(
-                "Hydra (fused deep ensemble)", "deep ensemble"
-            ),
-            "auroc_vs_deep_ensemble": paired(
-                "Hydra (fused deep ensemble)", "deep ensemble", *auroc
-            ),
-            "latency_over_deep_ensemble": latency["Hydra (fused deep ensemble)"]["ratio"]
-            / latency["deep ensemble"]["ratio"],
+            "member_accuracy_vs_deep_ensemble": paired.members(fused, de),
+            "auroc_vs_deep_ensemble": paired(fused, de, *_AUROC),
+            "latency_over_deep_ensemble": latency[fused]["ratio"] / latency[de]["ratio"],
         },
         "costs": costs,
     }
