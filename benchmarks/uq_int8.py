@@ -361,6 +361,42 @@ def rebuild(task: Task, seed: int, cache: Path | None, quiet: bool) -> tuple[dic
     return models, record
 
 
+def _row_drift(
+    task: Task,
+    per: Mapping[str, list[dict[str, Any]]],
+    logits: Mapping[str, dict[str, np.ndarray]],
+    methods: Sequence[str],
+    stored: Mapping[str, np.ndarray] | None,
+) -> dict[str, Any]:
+    """One row's record from its files' measurements ``per`` precision and its logits per
+    precision: FP32 and each method's scores, drift, logit change, sizes and quantization
+    records; beside them, the largest difference from the uq report's ``stored`` logits."""
+    scores = {p: score_row(v, task) for p, v in logits.items()}
+    fp32_bytes = sum(got["onnx_bytes"] for got in per["fp32"])
+    entry: dict[str, Any] = {
+        "members": scores["fp32"]["members"],
+        "model_files": len(per["fp32"]),
+        "fp32": {"scores": scores["fp32"], "onnx_bytes": fp32_bytes},
+        "int8": {},
+    }
+    for method in methods:
+        int8_bytes = sum(got["onnx_bytes"] for got in per[method])
+        entry["int8"][method] = {
+            "scores": scores[method],
+            "metrics": drift_metrics(scores["fp32"], scores[method]),
+            "logits": logit_change(logits["fp32"], logits[method]),
+            "onnx_bytes": int8_bytes,
+            "size_ratio": int8_bytes / fp32_bytes,
+            "quantization": [got["quantization"] for got in per[method]],
+        }
+    fp32 = logits["fp32"]
+    if stored is not None and all(
+        stored.get(s) is not None and stored[s].shape == fp32[s].shape for s in fp32
+    ):
+        entry["fp32_vs_uq_report"] = float(max(np.abs(stored[s] - fp32[s]).max() for s in fp32))
+    return entry
+
+
 def drift_seed(
     task: Task,
     seed: int,
@@ -416,33 +452,9 @@ def drift_seed(
             logits[(row, p)] = {
                 s: np.concatenate([got["logits"][s] for got in per[p]], axis=1) for s in sets
             }
-        scores = {p: score_row(logits[(row, p)], task) for p in precisions}
-        fp32_bytes = sum(got["onnx_bytes"] for got in per["fp32"])
-        entry: dict[str, Any] = {
-            "members": scores["fp32"]["members"],
-            "model_files": len(members),
-            "fp32": {"scores": scores["fp32"], "onnx_bytes": fp32_bytes},
-            "int8": {},
-        }
-        for method in methods:
-            int8_bytes = sum(got["onnx_bytes"] for got in per[method])
-            entry["int8"][method] = {
-                "scores": scores[method],
-                "metrics": drift_metrics(scores["fp32"], scores[method]),
-                "logits": logit_change(logits[(row, "fp32")], logits[(row, method)]),
-                "onnx_bytes": int8_bytes,
-                "size_ratio": int8_bytes / fp32_bytes,
-                "quantization": [got["quantization"] for got in per[method]],
-            }
         stored = (reference or {}).get(seed, {}).get(row)
-        if stored is not None and all(
-            stored.get(s) is not None and stored[s].shape == logits[(row, "fp32")][s].shape
-            for s in sets
-        ):
-            entry["fp32_vs_uq_report"] = float(
-                max(np.abs(stored[s] - logits[(row, "fp32")][s]).max() for s in sets)
-            )
-        result_rows[row] = entry
+        of_row = {p: logits[(row, p)] for p in precisions}
+        result_rows[row] = entry = _row_drift(task, per, of_row, methods, stored)
         cells = ", ".join(
             f"{m} acc {entry['int8'][m]['metrics']['accuracy']['delta'] * 100:+.2f} AUROC "
             f"{entry['int8'][m]['metrics']['auroc_msp']['delta'] * 100:+.2f}"
