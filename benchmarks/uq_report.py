@@ -440,6 +440,35 @@ def _scaling_section(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _promises(d: dict[str, Any]) -> list[str]:
+    """What each decision promises (and that nothing holds under shift)."""
+    return [
+        "- **Prediction sets** (split conformal): the threshold is the conformal quantile of the "
+        "quantile part's scores. LAC: the classes with calibrated p >= 1 - qhat (may be empty); "
+        "APS: classes added by decreasing p until the quantile; RAPS: APS plus a penalty on "
+        "low-ranked classes (k_reg and lambda chosen on the temperature part). *What it promises*: "
+        "over test data exchangeable with the calibration data, the set holds the true class with "
+        "probability at least 1 - alpha, marginally: on average over calibration draws and test "
+        "inputs, not for each class or each input. An alpha below 1 / (n + 1) of the quantile "
+        "part cannot be met and is reported n/a.",
+        f"- **Answer or abstain** at a {d['target_risk']:.0%} selective risk: answer when the "
+        "calibrated MSP passes tau, the lowest threshold of a 50-point grid (fixed on the "
+        "temperature part) whose exact binomial test on the quantile part certifies it (Learn then "
+        f"Test, Bonferroni). *What it promises*: P(selective risk > {d['target_risk']:.0%}) <= "
+        f"delta = {d['delta']:g} over calibration draws, the risk being the expected error rate "
+        "among answered inputs of exchangeable data. 'Answered' is the share of tested inputs "
+        "answered (the coverage at that risk); where no threshold is certified the row abstains "
+        "on everything.",
+        f"- **OOD flag** at alpha_ood = {d['ood_alpha']:g} (MSP): flag an input whose MSP is "
+        f"below the conformal quantile of the quantile part's: at most {d['ood_alpha']:.0%} of "
+        "in-distribution inputs are flagged (in expectation). It promises nothing on OOD inputs: "
+        "the flag rates on the OOD sets are what it catches.",
+        "- **Under shift none of these guarantees holds**: the shifted inputs are not "
+        "exchangeable with the calibration data; the section after the next shows what the "
+        "decisions measure there.",
+    ]
+
+
 def _decisions_section(report: dict[str, Any]) -> list[str]:
     """What each decision promises, and every row's sets (at the claim alpha and at every
     alpha), answered share, flag rates and risk-coverage curve."""
@@ -466,29 +495,7 @@ def _decisions_section(report: dict[str, Any]) -> list[str]:
         "",
         "On each split, with T from the temperature part (`hydra_deploy.decisions`):",
         "",
-        "- **Prediction sets** (split conformal): the threshold is the conformal quantile of the "
-        "quantile part's scores. LAC: the classes with calibrated p >= 1 - qhat (may be empty); "
-        "APS: classes added by decreasing p until the quantile; RAPS: APS plus a penalty on "
-        "low-ranked classes (k_reg and lambda chosen on the temperature part). *What it promises*: "
-        "over test data exchangeable with the calibration data, the set holds the true class with "
-        "probability at least 1 - alpha, marginally: on average over calibration draws and test "
-        "inputs, not for each class or each input. An alpha below 1 / (n + 1) of the quantile "
-        "part cannot be met and is reported n/a.",
-        f"- **Answer or abstain** at a {d['target_risk']:.0%} selective risk: answer when the "
-        "calibrated MSP passes tau, the lowest threshold of a 50-point grid (fixed on the "
-        "temperature part) whose exact binomial test on the quantile part certifies it (Learn then "
-        f"Test, Bonferroni). *What it promises*: P(selective risk > {d['target_risk']:.0%}) <= "
-        f"delta = {d['delta']:g} over calibration draws, the risk being the expected error rate "
-        "among answered inputs of exchangeable data. 'Answered' is the share of tested inputs "
-        "answered (the coverage at that risk); where no threshold is certified the row abstains "
-        "on everything.",
-        f"- **OOD flag** at alpha_ood = {d['ood_alpha']:g} (MSP): flag an input whose MSP is "
-        f"below the conformal quantile of the quantile part's: at most {d['ood_alpha']:.0%} of "
-        "in-distribution inputs are flagged (in expectation). It promises nothing on OOD inputs: "
-        "the flag rates on the OOD sets are what it catches.",
-        "- **Under shift none of these guarantees holds**: the shifted inputs are not "
-        "exchangeable with the calibration data; the section after the next shows what the "
-        "decisions measure there.",
+        *_promises(d),
         "",
         f"Mean over the {d['splits']} splits, then mean ± std over seeds, in % (set sizes in "
         f"classes). At alpha = {alpha:g}: 1 - alpha = {1 - alpha:.0%} is "
