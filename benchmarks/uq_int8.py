@@ -672,6 +672,12 @@ def markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(line for section in sections for line in section(report))
 
 
+def _settings(report: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], list, list]:
+    """(settings, aggregate, rows, methods) of a report."""
+    s = report["settings"]
+    return s, report["aggregate"], s["rows"], s["methods"]
+
+
 def _head(report: Mapping[str, Any]) -> list[str]:
     """The title, what was measured, and a --quick warning."""
     s = report["settings"]
@@ -737,8 +743,7 @@ def _targets(report: Mapping[str, Any]) -> list[str]:
 
 def _drift(report: Mapping[str, Any]) -> list[str]:
     """FP32 → INT8 per row, one table per method."""
-    s, agg = report["settings"], report["aggregate"]
-    rows, methods = s["rows"], s["methods"]
+    _, agg, rows, methods = _settings(report)
     lines: list[str] = []
     for method in methods:
         lines += [
@@ -805,8 +810,7 @@ def _per_seed(report: Mapping[str, Any]) -> list[str]:
 
 def _decisions(report: Mapping[str, Any]) -> list[str]:
     """The decisions refitted on each precision's logits."""
-    s, agg = report["settings"], report["aggregate"]
-    rows, methods = s["rows"], s["methods"]
+    s, agg, rows, methods = _settings(report)
     alpha = s["claim_alpha"]
     d = report["decision_settings"]
     lines = [
@@ -840,8 +844,7 @@ def _decisions(report: Mapping[str, Any]) -> list[str]:
 
 def _quantized(report: Mapping[str, Any]) -> list[str]:
     """What each method quantized (seed 0's files) and the files' sizes."""
-    s, agg = report["settings"], report["aggregate"]
-    rows, methods = s["rows"], s["methods"]
+    _, agg, rows, methods = _settings(report)
     first = report["per_seed"][0]
     lines = [
         "",

@@ -16,6 +16,14 @@ from hydra_deploy.uncertainty.metrics import (
 )
 
 
+def _save(plt: Any, fig: Any, out: Path, name: str) -> str:
+    """``fig`` laid out, written to ``out / name`` (90 dpi) and closed; returns ``name``."""
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=90)
+    plt.close(fig)
+    return name
+
+
 def risk_coverage_plot(out: Path, report: dict[str, Any]) -> str:
     """Selective risk against coverage (calibrated MSP, tested part, mean over splits and seeds),
     with the target risk and each row's certified operating point."""
@@ -52,10 +60,7 @@ def risk_coverage_plot(out: Path, report: dict[str, Any]) -> str:
         fontsize=8,
     )
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "risk_coverage.png", dpi=90)
-    plt.close(fig)
-    return "risk_coverage.png"
+    return _save(plt, fig, out, "risk_coverage.png")
 
 
 def pareto_plot(out: Path, report: dict[str, Any]) -> str:
@@ -104,10 +109,7 @@ def pareto_plot(out: Path, report: dict[str, Any]) -> str:
                 ax.set_xscale("log")
     axes[0, 0].legend(fontsize=6, ncol=2)
     fig.suptitle("Pareto fronts (filled markers and the dashed line; mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(out / "pareto.png", dpi=90)
-    plt.close(fig)
-    return "pareto.png"
+    return _save(plt, fig, out, "pareto.png")
 
 
 def plots(
@@ -155,11 +157,7 @@ def _reliability_plot(
     for ax in axes[:, 0]:
         ax.set_ylabel("accuracy")
     fig.suptitle("Reliability on the in-distribution test set (all seeds pooled)")
-    fig.tight_layout()
-    fig.savefig(out / "reliability.png", dpi=90)
-    plt.close(fig)
-
-    return "reliability.png"
+    return _save(plt, fig, out, "reliability.png")
 
 
 def _histograms_plot(
@@ -187,11 +185,7 @@ def _histograms_plot(
             ax.set_title(f"{row}: {score}", fontsize=9)
             ax.legend(fontsize=7)
     fig.suptitle("Scores on the ID test set and the OOD sets (all seeds pooled)")
-    fig.tight_layout()
-    fig.savefig(out / "score_histograms.png", dpi=90)
-    plt.close(fig)
-
-    return "score_histograms.png"
+    return _save(plt, fig, out, "score_histograms.png")
 
 
 def _auroc_plot(plt: Any, out: Path, agg: dict[str, Any], ood_names: list[str]) -> str:
@@ -209,7 +203,4 @@ def _auroc_plot(plt: Any, out: Path, agg: dict[str, Any], ood_names: list[str]) 
     ax.set_ylim(max(0.0, low - 10), 100)
     ax.legend(fontsize=7, ncol=4)
     ax.set_title("OOD detection per set (mean ± std over seeds)")
-    fig.tight_layout()
-    fig.savefig(out / "auroc.png", dpi=90)
-    plt.close(fig)
-    return "auroc.png"
+    return _save(plt, fig, out, "auroc.png")
