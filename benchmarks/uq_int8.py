@@ -678,6 +678,17 @@ def _settings(report: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str
     return s, report["aggregate"], s["rows"], s["methods"]
 
 
+def _method_row_lines(
+    methods: Sequence[str], rows: Sequence[str], cells: Callable[[str, str], list[str]]
+) -> list[str]:
+    """A table's lines, one per method and row: ``| method | row | cells(method, row) |``."""
+    return [
+        f"| {method} | {row} | " + " | ".join(cells(method, row)) + " |"
+        for method in methods
+        for row in rows
+    ]
+
+
 def _head(report: Mapping[str, Any]) -> list[str]:
     """The title, what was measured, and a --quick warning."""
     s = report["settings"]
@@ -830,16 +841,17 @@ def _decisions(report: Mapping[str, Any]) -> list[str]:
         "| OOD flagged |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for method in methods:
-        for row in rows:
-            c = agg[method][row]["decisions"]
-            lines.append(
-                f"| {method} | {row} | {_arrow(c['temperature'], 1, 3)} | "
-                f"{_arrow(c['lac_coverage'])} | {_arrow(c['lac_mean_size'], 1, 3)} | "
-                f"{_arrow(c['answered'])} | {_arrow(c['risk'])} | {_arrow(c['refused'])} | "
-                f"{_arrow(c['ood_flagged'])} |"
-            )
-    return lines
+
+    def decided(method: str, row: str) -> list[str]:
+        c = agg[method][row]["decisions"]
+        return [
+            _arrow(c["temperature"], 1, 3),
+            _arrow(c["lac_coverage"]),
+            _arrow(c["lac_mean_size"], 1, 3),
+            *(_arrow(c[k]) for k in ("answered", "risk", "refused", "ood_flagged")),
+        ]
+
+    return [*lines, *_method_row_lines(methods, rows, decided)]
 
 
 def _quantized(report: Mapping[str, Any]) -> list[str]:
@@ -856,16 +868,18 @@ def _quantized(report: Mapping[str, Any]) -> list[str]:
         "| method | row | files | on int8 | kept float | FP32 | INT8 |",
         "|---|---|---|---|---|---|---|",
     ]
-    for method in methods:
-        for row in rows:
-            records = first["rows"][row]["int8"][method]["quantization"]
-            size = agg[method][row]["onnx_bytes"]
-            lines.append(
-                f"| {method} | {row} | {len(records)} | {_ops(records, 'quantized_ops')} | "
-                f"{_ops(records, 'kept_float')} | {size['fp32']['mean'] / 1e6:.2f} MB | "
-                f"{size['int8']['mean'] / 1e6:.2f} MB |"
-            )
-    return lines
+
+    def quantized(method: str, row: str) -> list[str]:
+        records = first["rows"][row]["int8"][method]["quantization"]
+        size = agg[method][row]["onnx_bytes"]
+        return [
+            f"{len(records)}",
+            _ops(records, "quantized_ops"),
+            _ops(records, "kept_float"),
+            *(f"{size[p]['mean'] / 1e6:.2f} MB" for p in ("fp32", "int8")),
+        ]
+
+    return [*lines, *_method_row_lines(methods, rows, quantized)]
 
 
 def _setup(report: Mapping[str, Any]) -> list[str]:
