@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.bench.latency import cpu_model, load_average
-
-#: Python, platform and CPU of this run (each script adds its libraries and threads)
-from hydra_deploy.bench.latency.machine import machine_info as machine
+from hydra_deploy.bench.latency.machine import cpu_model, load_average
+from hydra_deploy.bench.latency.machine import machine_info as machine  # Python, platform, CPU
 
 __all__ = [
     "add_output_options",

@@ -13,6 +13,7 @@ from uq_task import HIGHER_IS_BETTER, ONE_BASE_HYDRA, OOD_METRICS, OOD_SCORES, R
 
 from hydra_deploy.uncertainty import ensemble_scores
 from hydra_deploy.uncertainty.metrics import (
+    accuracy,
     brier,
     ece,
     nll,
@@ -29,7 +30,7 @@ def score_row(logits: dict[str, np.ndarray], task: Task) -> dict[str, Any]:
     for split, labels in (("id", task.test[1]), ("shift", task.shift[1])):
         probs, y = scores[split]["probs"].astype(np.float64), labels.numpy()
         out[split] = {
-            "accuracy": float((probs.argmax(1) == y).mean()),
+            "accuracy": accuracy(probs, y),
             "ece": ece(probs, y),
             "nll": nll(probs, y),
             "brier": brier(probs, y),
