@@ -8,27 +8,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import platform
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.bench.latency import cpu_model, load_average
+from hydra_deploy.bench.latency.machine import cpu_model, load_average
+from hydra_deploy.bench.latency.machine import machine_info as machine  # Python, platform, CPU
 
-__all__ = ["cpu_model", "load_average", "machine", "note", "progress_bar", "refuse_existing"]
-
-
-def machine() -> dict[str, Any]:
-    """Python, platform and CPU of this run (each script adds its libraries and threads)."""
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-    }
+__all__ = [
+    "add_output_options",
+    "cpu_model",
+    "load_average",
+    "machine",
+    "note",
+    "progress_bar",
+    "refuse_existing",
+]
 
 
 @contextlib.contextmanager
@@ -52,6 +48,21 @@ def progress_bar(total: int, quiet: bool, unit: str = "run") -> Iterator[Any]:
         return
     with tqdm(total=total, unit=unit, dynamic_ncols=True) as bar:
         yield bar
+
+
+def add_output_options(
+    parser: argparse.ArgumentParser,
+    out_help: str,
+    *,
+    default: Path | None = None,
+    overwrite_help: str = "replace existing output files",
+    quiet_help: str = "no progress notes",
+) -> None:
+    """``--out`` (its default and help the script's), ``--overwrite`` and ``--quiet``: every
+    benchmark's output options."""
+    parser.add_argument("--out", type=Path, default=default, help=out_help)
+    parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    parser.add_argument("--quiet", action="store_true", help=quiet_help)
 
 
 def note(args: argparse.Namespace, message: str) -> None:

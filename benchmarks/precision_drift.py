@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import load_average, machine, note, progress_bar, refuse_existing
+from common import add_output_options, load_average, machine, note, progress_bar, refuse_existing
 from torch import nn
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
@@ -67,20 +67,13 @@ from hydra_deploy.export.validate import DRIFT_TOLERANCE
 from hydra_deploy.export_folder import ExportInfo
 from hydra_deploy.fusion import HydraModel, fuse
 from hydra_deploy.specs import HydraSpec
-from hydra_deploy.uncertainty import ensemble_scores
+from hydra_deploy.uncertainty import SCORE_NAMES, ensemble_scores
 
 DEFAULT_OUT = Path("benchmarks/results/precision_drift.json")
 MODELS = ("digits", "vit_b16")
 PRECISIONS = ("fp16", "bf16")
 OUTPUTS = ("member_logits", *UQ_OUTPUTS)
-SCORES = (
-    "probs",
-    "msp",
-    "predictive_entropy",
-    "expected_entropy",
-    "mutual_information",
-    "disagreement",
-)
+SCORES = SCORE_NAMES
 RANKED = ("msp", "predictive_entropy", "mutual_information")  # Spearman vs FP32
 RUNTIMES = {
     "torch": "PyTorch, weights and compute in the precision (LayerNorm, ensemble head FP32)",
@@ -137,14 +130,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torch and ONNX Runtime intra-op threads (default: torch.get_num_threads() as found)",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
+    add_output_options(
+        parser,
+        f"JSON output file (default {DEFAULT_OUT}); the tables go beside it as .md",
         default=DEFAULT_OUT,
-        help=f"JSON output file (default {DEFAULT_OUT}); the tables go beside it as .md",
+        quiet_help="no progress bar or notes",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     args = parser.parse_args(argv)
     if args.images < 1 or args.batch < 1 or args.epochs < 0:
         parser.error("--images and --batch must be >= 1, --epochs >= 0")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import machine, note
+from common import add_output_options, machine, note
 
 from hydra_deploy.atomic import atomic_write_json
 from hydra_deploy.bench.latency import (
@@ -88,9 +88,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=LOWERINGS,
         help=f"Hydra's grouped projections (default {DEFAULT_LOWERING})",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON (default {DEFAULT_OUT})")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--quiet", action="store_true", help="no progress notes")
+    add_output_options(
+        p,
+        f"JSON (default {DEFAULT_OUT})",
+        default=DEFAULT_OUT,
+        overwrite_help="replace an existing --out",
+    )
     args = p.parse_args(argv)
     if args.runs < 1 or args.batch < 1 or args.threads < 1:
         p.error("--runs, --batch and --threads must be >= 1")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import load_average, machine, note, refuse_existing
+from common import add_output_options, load_average, machine, note, refuse_existing
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.cli.common import print_table
@@ -78,14 +78,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="CPUs of the local Ray cluster and threads in-process (default 2)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of everything (default 0)")
-    parser.add_argument(
-        "--out",
-        type=Path,
+    add_output_options(
+        parser,
+        f"JSON report (default {DEFAULT_OUT}; .md beside it)",
         default=DEFAULT_OUT,
-        help=f"JSON report (default {DEFAULT_OUT}; .md beside it)",
+        quiet_help="no notes on stderr",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    parser.add_argument("--quiet", action="store_true", help="no notes on stderr")
     return parser.parse_args(argv)
 
 

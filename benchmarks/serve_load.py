@@ -45,19 +45,13 @@ from typing import Any
 
 import numpy as np
 
+from hydra_deploy.serve.pytriton_app import OUTPUT_NAMES
+
 RESULTS = Path("benchmarks/results")
 DEFAULT_OUT = RESULTS / "serve_load.json"
 PROG = ".venv/bin/python benchmarks/serve_load.py"
-OUTPUTS = (
-    "member_logits",
-    "probs",
-    "msp",
-    "predictive_entropy",
-    "expected_entropy",
-    "mutual_information",
-    "disagreement",
-    "prediction",
-)
+#: what hydra-serve answers, in its order (member logits, the scores, the prediction)
+OUTPUTS = OUTPUT_NAMES
 TRITON_DTYPES = {"float32": "FP32", "int64": "INT64", "int32": "INT32", "float16": "FP16"}
 
 
@@ -277,13 +271,15 @@ class LoadRun:
         return float(np.percentile(self.latencies_ms, q))
 
     def summary(self) -> dict[str, Any]:
+        """The run in the report: its setting, counts, wall time, throughput and percentiles."""
+        count, wall = self.count, self.wall_s
         return {
             "protocol": self.protocol,
             "client_threads": self.threads,
-            "requests": self.count,
+            "requests": count,
             "errors": len(self.errors),
-            "wall_s": round(self.wall_s, 3),
-            "throughput_rps": round(self.count / self.wall_s, 3) if self.wall_s else None,
+            "wall_s": round(wall, 3),
+            "throughput_rps": round(count / wall, 3) if wall else None,
             "p50_ms": round(self.percentile_ms(50), 2),
             "p90_ms": round(self.percentile_ms(90), 2),
             "p99_ms": round(self.percentile_ms(99), 2),
@@ -418,6 +414,8 @@ def max_differences(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from common import add_output_options  # as main's: the library part above stays light
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Throughput, latency and dynamic batching of hydra-serve (Triton via "
@@ -470,14 +468,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=12, help="in-process timed calls per batch size (default 12)"
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
+    add_output_options(
+        parser,
+        f"JSON output (default {DEFAULT_OUT}); the tables go beside it as .md",
         default=DEFAULT_OUT,
-        help=f"JSON output (default {DEFAULT_OUT}); the tables go beside it as .md",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.rounds < 1 or min(args.threads + args.grpc_threads) < 1:
         parser.error("--requests, --rounds and thread counts must be >= 1")

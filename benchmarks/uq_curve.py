@@ -19,13 +19,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from common import note
-from uq_common import full_spec, member_logits, train_stage
-from uq_sweep import make_task, run_header, split_train
+from uq_sweep import add_folder_options, folders, make_task, run_header, split_train
+from uq_train import full_spec, member_logits, train_stage
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.uncertainty import ensemble_scores
@@ -43,15 +42,9 @@ def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] =
     parser.add_argument("--task", choices=tuple(BUDGETS), default="digits")
     parser.add_argument("--budgets", type=int, nargs="+", help="step budgets (default per task)")
     parser.add_argument("--quick", action="store_true", help="a smoke run (not a result)")
-    parser.add_argument("--out", type=Path, help="default benchmarks/results/uq_curve_<task>")
-    parser.add_argument("--cache", type=Path, help="default benchmarks/.cache/uq_curve_<task>")
-    parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument("--quiet", action="store_true")
+    add_folder_options(parser, "uq_curve")
     args = parser.parse_args(argv)
-    out = args.out or Path(f"benchmarks/results/uq_curve_{args.task}")
-    cache = args.cache or Path(f"benchmarks/.cache/uq_curve_{args.task}")
-    if (out / "report.json").exists() and not args.overwrite:
-        parser.error(f"{out / 'report.json'} exists; pass --overwrite or another --out")
+    out, cache = folders(parser, args, "uq_curve")
     budgets = args.budgets or BUDGETS[args.task]
     if any(b < 1 for b in budgets):
         parser.error("--budgets must be positive step counts")

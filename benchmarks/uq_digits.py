@@ -36,11 +36,13 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from uq_common import Recipe, Task, main
+from uq_run import main
+from uq_task import Recipe, Task
 
 from hydra_deploy.backbones import load_backbone
 
@@ -161,6 +163,45 @@ def new_model(seed: int):
     return load_backbone(model)
 
 
+def _description(recipe: Recipe, tested: int, ood_size: int) -> dict[str, Any]:
+    """The report's description of the task (``tested``: the test images)."""
+    return {
+        "title": "Uncertainty on digits: a small ViT, Hydra against its baselines",
+        "summary": (
+            "A timm ViT (16x16 input, patch 4, width 96, 4 layers x 6 heads) trained from scratch "
+            f"on {TRAIN} of scikit-learn's digits, tested on the other {tested}; Hydra keeps "
+            "2 of 6 heads per layer in each of M = 3 members."
+        ),
+        "shift": "the test digits rotated 20-35 degrees either way plus Gaussian noise (std 0.15)",
+        "ood": {
+            "letters": f"{ood_size} rendered Latin letters (DejaVu fonts), digit-like ones left "
+            "out (near OOD)",
+            "photos": f"{ood_size} grayscale crops of scikit-learn's sample photos (far OOD)",
+        },
+        "ood_validation": {
+            "scrambled digits": "400 training digits cut into 2x2 tiles and the tiles shuffled, "
+            "used only to choose heads (circuit, OOD objective); never a test set",
+        },
+        "details": {
+            "data": f"digits split with a fixed permutation (seed 0): {TRAIN} train, {tested} test",
+            "decisions": f"the {tested} test images split {recipe.splits} times per seed into "
+            f"a temperature part of {recipe.calibration_temperature}, a quantile part of "
+            f"{recipe.calibration_quantile} and a tested part of "
+            f"{tested - recipe.calibration_temperature - recipe.calibration_quantile}",
+            "model": "timm vit_tiny-style: img 16, patch 4, dim 96, depth 4, 6 heads, MLP ratio 2, "
+            "proj dropout 0.1, class token",
+            "OOD: letters": "A C E F H K M N P R T U V W X Y a c d e f h k m n p r t u v w x y, "
+            "bold DejaVu Sans / Sans Mono / Serif, size 20-28 px of 32, rotation +-12 deg, offset "
+            "+-2 px, 4x4 block counts",
+            "OOD: photos": "china.jpg and flower.jpg, crops of 16-96 px block-averaged to 8x8, "
+            "min-max scaled to 0-16",
+            "selection": "Taylor on 512 training examples (bootstrap per member, Gumbel "
+            "temperature 0.5); circuit on 512 training examples, loss objective, no OOD data; "
+            "circuit (OOD validation): the same with the OOD objective on scrambled digits",
+        },
+    }
+
+
 def make_task(args: argparse.Namespace) -> Task:
     from sklearn.datasets import load_digits
 
@@ -198,42 +239,7 @@ def make_task(args: argparse.Namespace) -> Task:
         "letters": to_model_input(render_letters(ood_size, seed=1)),
         "photos": to_model_input(photo_patches(ood_size, seed=2)),
     }
-    description = {
-        "title": "Uncertainty on digits: a small ViT, Hydra against its baselines",
-        "summary": (
-            "A timm ViT (16x16 input, patch 4, width 96, 4 layers x 6 heads) trained from scratch "
-            f"on {TRAIN} of scikit-learn's digits, tested on the other {len(test_y)}; Hydra keeps "
-            "2 of 6 heads per layer in each of M = 3 members."
-        ),
-        "shift": "the test digits rotated 20-35 degrees either way plus Gaussian noise (std 0.15)",
-        "ood": {
-            "letters": f"{ood_size} rendered Latin letters (DejaVu fonts), digit-like ones left "
-            "out (near OOD)",
-            "photos": f"{ood_size} grayscale crops of scikit-learn's sample photos (far OOD)",
-        },
-        "ood_validation": {
-            "scrambled digits": "400 training digits cut into 2x2 tiles and the tiles shuffled, "
-            "used only to choose heads (circuit, OOD objective); never a test set",
-        },
-        "details": {
-            "data": f"digits split with a fixed permutation (seed 0): {TRAIN} train, "
-            f"{len(test_y)} test",
-            "decisions": f"the {len(test_y)} test images split {recipe.splits} times per seed into "
-            f"a temperature part of {recipe.calibration_temperature}, a quantile part of "
-            f"{recipe.calibration_quantile} and a tested part of "
-            f"{len(test_y) - recipe.calibration_temperature - recipe.calibration_quantile}",
-            "model": "timm vit_tiny-style: img 16, patch 4, dim 96, depth 4, 6 heads, MLP ratio 2, "
-            "proj dropout 0.1, class token",
-            "OOD: letters": "A C E F H K M N P R T U V W X Y a c d e f h k m n p r t u v w x y, "
-            "bold DejaVu Sans / Sans Mono / Serif, size 20-28 px of 32, rotation +-12 deg, offset "
-            "+-2 px, 4x4 block counts",
-            "OOD: photos": "china.jpg and flower.jpg, crops of 16-96 px block-averaged to 8x8, "
-            "min-max scaled to 0-16",
-            "selection": "Taylor on 512 training examples (bootstrap per member, Gumbel "
-            "temperature 0.5); circuit on 512 training examples, loss objective, no OOD data; "
-            "circuit (OOD validation): the same with the OOD objective on scrambled digits",
-        },
-    }
+    description = _description(recipe, len(test_y), ood_size)
     return Task(
         name="digits",
         classes=[str(i) for i in range(10)],

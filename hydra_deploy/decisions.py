@@ -109,6 +109,7 @@ __all__ = [
     "ood_mask",
     "prediction_sets",
     "selective_grid",
+    "selective_levels",
     "selective_pvalues",
     "selective_start",
     "set_floor",
@@ -456,6 +457,19 @@ def _graph_rejections(pvalues: np.ndarray, start: int, delta: float) -> list[int
         weights[j] = 0
 
 
+def selective_levels(
+    size: int, delta: float, procedure: str = "graph", start: int = 0
+) -> np.ndarray:
+    """The level [size] each threshold of a grid is first tested at by :func:`fit_selective`,
+    before any rejection passes its level on: ``delta / size`` each (``bonferroni``); half of
+    that each, and half of delta more on ``start`` (``graph``)."""
+    if procedure == "bonferroni":
+        return np.full(size, delta / size)
+    levels = np.full(size, 0.5 * delta / size)
+    levels[start] += 0.5 * delta
+    return levels
+
+
 def fit_selective(
     confidence: Any,
     correct: Any,
@@ -488,7 +502,7 @@ def fit_selective(
     pvalues = selective_pvalues(conf, ~errors, thresholds, target_risk)
     if procedure == "bonferroni":
         passed = np.flatnonzero(pvalues <= delta / len(thresholds))
-        levels = np.full(len(thresholds), delta / len(thresholds))
+        levels = selective_levels(len(thresholds), delta, procedure)
     else:
         if start is None or not 0 <= start < len(thresholds):
             raise ParameterError(
@@ -496,8 +510,7 @@ def fit_selective(
                 "choose it on the temperature part with selective_start"
             )
         passed = np.asarray(_graph_rejections(pvalues, start, delta), dtype=np.int64)
-        levels = np.full(len(thresholds), 0.5 * delta / len(thresholds))
-        levels[start] += 0.5 * delta
+        levels = selective_levels(len(thresholds), delta, procedure, start)
     if not len(passed):
         counts = _risk_counts(conf, ~errors, thresholds)
         best_bound = min(

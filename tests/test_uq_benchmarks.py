@@ -14,9 +14,13 @@ from sklearn.metrics import roc_auc_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import uq_common
+import uq_decisions
 import uq_digits
 import uq_int8
+import uq_rows
+import uq_run
+import uq_task
+import uq_train
 import uq_wordnet
 from helpers.uq import tiny_protocol_task, tiny_recipe, tiny_timm_vit
 
@@ -92,7 +96,7 @@ def _task(rng, members=3):
         return rng.standard_normal((n, members, 4)) * scale
 
     test_y = torch.as_tensor(rng.integers(0, 4, 30))
-    task = uq_common.Task(
+    task = uq_task.Task(
         name="t",
         classes=list("abcd"),
         train=(None, None),
@@ -115,7 +119,7 @@ def _task(rng, members=3):
 def test_score_row_equals_scikit_learn(members):
     rng = np.random.default_rng(members)
     task, sets = _task(rng, members)
-    row = uq_common.score_row(sets, task)
+    row = uq_rows.score_row(sets, task)
     ident = ensemble_scores(sets["id"])
     assert row["id"]["accuracy"] == pytest.approx(
         (ident["prediction"] == task.test[1].numpy()).mean()
@@ -137,7 +141,7 @@ def test_score_row_equals_scikit_learn(members):
 def test_aggregate_and_claims_are_paired_over_seeds():
     def seed_rows(offset):
         rows = {}
-        for i, row in enumerate(uq_common.ROWS):
+        for i, row in enumerate(uq_task.ROWS):
             rows[row] = {
                 "id": {"ece": 0.1 - 0.01 * i + offset},
                 "shift": {"ece": 0.2, "nll": 1.0 + offset * (row == "single Taylor-pruned")},
@@ -146,15 +150,15 @@ def test_aggregate_and_claims_are_paired_over_seeds():
         return {"rows": rows}
 
     per_seed = [seed_rows(0.0), seed_rows(0.02), seed_rows(-0.01)]
-    agg = uq_common.aggregate(per_seed)
+    agg = uq_rows.aggregate(per_seed)
     cell = agg["deep ensemble"]["ood_mean"]["msp"]["auroc"]
-    i = uq_common.ROWS.index("deep ensemble")
+    i = uq_task.ROWS.index("deep ensemble")
     values = [0.7 + 0.01 * i + o for o in (0.0, 0.02, -0.01)]
     assert cell["values"] == pytest.approx(values)
     assert cell["std"] == pytest.approx(np.std(values, ddof=1))
-    claims = {(c["claim"]): c for c in uq_common.claims(per_seed)}
+    claims = {(c["claim"]): c for c in uq_rows.claims(per_seed)}
     gap = 0.01 * (
-        uq_common.ROWS.index("Hydra (circuit)") - uq_common.ROWS.index("deep ensemble (one base)")
+        uq_task.ROWS.index("Hydra (circuit)") - uq_task.ROWS.index("deep ensemble (one base)")
     )
     # circuit has a lower AUROC than the one-base ensemble (further down ROWS) on every seed
     beat = claims["Hydra (circuit) detects OOD better than the deep ensemble of one base"]
@@ -165,7 +169,7 @@ def test_aggregate_and_claims_are_paired_over_seeds():
     ties = claims["Hydra (circuit) has a lower FPR95 than the deep ensemble of one base"]
     assert ties["seeds_better"] == 0 and ties["advantage_mean"] == 0
     # margins: 1 AUROC point over the single model (index 0)
-    targets = {(c["claim"]): c for c in uq_common.claims(per_seed, uq_common.TARGETS)}
+    targets = {(c["claim"]): c for c in uq_rows.claims(per_seed, uq_rows.TARGETS)}
     taylor = targets["Hydra (Taylor) beats the single model by >= 1 AUROC point"]
     assert taylor["advantage_mean"] == pytest.approx(0.02) and taylor["seeds_better"] == 3
     circuit = targets["Hydra (circuit) beats the single model by >= 1 AUROC point"]
@@ -176,7 +180,7 @@ def test_aggregate_and_claims_are_paired_over_seeds():
 
 
 def test_pareto_front_and_training_steps():
-    recipe = uq_common.Recipe(
+    recipe = uq_task.Recipe(
         base_steps=100,
         base_lr=1e-3,
         finetune_steps=10,
@@ -185,25 +189,25 @@ def test_pareto_front_and_training_steps():
         warmup_steps=1,
         members=3,
     )
-    steps = {row: uq_common.train_steps(row, recipe) for row in uq_common.ROWS}
+    steps = {row: uq_train.train_steps(row, recipe) for row in uq_task.ROWS}
     assert steps["single"] == 110 and steps["deep ensemble"] == 330
     assert steps["Hydra (Taylor)"] == steps["deep ensemble (one base)"] == 130
     assert steps["Hydra (fused deep ensemble)"] == 330 and steps["Hydra (circuit)"] == 110
-    auroc = {row: 0.7 for row in uq_common.ROWS}
+    auroc = {row: 0.7 for row in uq_task.ROWS}
     auroc.update({"deep ensemble": 0.9, "Hydra (Taylor)": 0.8, "MC dropout": 0.8})
-    ece = {row: 0.05 for row in uq_common.ROWS}
-    latency = {row: 2.0 for row in uq_common.ROWS}
+    ece = {row: 0.05 for row in uq_task.ROWS}
+    latency = {row: 2.0 for row in uq_task.ROWS}
     latency.update({"single": 1.0, "deep ensemble": 3.0, "Hydra (Taylor)": 2.0})
     report = {
         "aggregate": {
             r: {"ood_mean": {"msp": {"auroc": {"mean": auroc[r]}}}, "id": {"ece": {"mean": ece[r]}}}
-            for r in uq_common.ROWS
+            for r in uq_task.ROWS
         },
-        "latency": {r: {"ratio": latency[r]} for r in uq_common.ROWS},
-        "parameters": {r: 1.0 for r in uq_common.ROWS},
+        "latency": {r: {"ratio": latency[r]} for r in uq_task.ROWS},
+        "parameters": {r: 1.0 for r in uq_task.ROWS},
         "train_steps": steps,
     }
-    fronts = uq_common.pareto(report)
+    fronts = uq_rows.pareto(report)
     # the cheapest at 0.7, Hydra (Taylor) at 0.8 for 2 x, the ensemble at 0.9 for 3 x; MC dropout
     # (0.8 at 2 x, a tie with Hydra) is on the front too: no row beats it on both
     assert fronts["auroc_msp vs latency_ratio"] == [
@@ -241,7 +245,7 @@ def test_text_batches_trimmed_and_sorted_give_the_full_length_logits():
     for i, length in enumerate([3, 12, 5, 7, 2, 12, 9, 4, 6]):
         mask[i, length:] = 0
     x = torch.stack([ids, mask], dim=1)
-    got = uq_common.member_logits(backbone, x, batch=4, text=True)
+    got = uq_train.member_logits(backbone, x, batch=4, text=True)
     with torch.inference_mode():
         expected = backbone(x).double().numpy()
     assert got.shape == (9, 1, expected.shape[1])
@@ -256,16 +260,16 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     new_model = make_task().new_model
     out = tmp_path / "report"
     argv = ["--seeds", "2", "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"]
-    assert uq_common.main(make_task, "tiny", "A tiny benchmark.", argv) == 0
+    assert uq_run.main(make_task, "tiny", "A tiny benchmark.", argv) == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["rows"] == list(uq_common.ROWS)
-    assert set(report["aggregate"]) == set(uq_common.ROWS)
+    assert report["rows"] == list(uq_task.ROWS)
+    assert set(report["aggregate"]) == set(uq_task.ROWS)
     assert len(report["aggregate"]["Hydra (Taylor)"]["id"]["accuracy"]["values"]) == 2
     assert report["parameters"]["deep ensemble"] == 3 * report["parameters"]["single"]
     assert report["latency"]["single"]["ratio"] == 1.0
     assert report["aggregate"]["Hydra (circuit)"]["members"]["mean"] == 3
-    assert len(report["claims"]) == len(uq_common.CLAIMS)
-    assert len(report["targets"]) == len(uq_common.TARGETS)
+    assert len(report["claims"]) == len(uq_rows.CLAIMS)
+    assert len(report["targets"]) == len(uq_rows.TARGETS)
     assert report["parameters"]["deep ensemble (one base)"] == report["parameters"]["deep ensemble"]
     assert report["aggregate"]["Hydra (shared trunk)"]["members"]["mean"] == 3
     fused = report["per_seed"][0]["rows"]["Hydra (fused deep ensemble)"]
@@ -288,17 +292,17 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
         ]
     )
     assert ceiling["seeds_above_1_point"] == sum(v > 0.01 for v in ceiling["values"])
-    assert why["best_one_base_row"] in uq_common.ONE_BASE_HYDRA
+    assert why["best_one_base_row"] in uq_task.ONE_BASE_HYDRA
     assert why["fused"]["latency_over_deep_ensemble"] == pytest.approx(
         report["latency_target"]["ratio"]
     )
-    assert why["costs"] == uq_common.cost_model(new_model(0), recipe)
+    assert why["costs"] == uq_rows.cost_model(new_model(0), recipe)
     md = (out / "report.md").read_text()
     assert "## Why: the measurements behind each target" in md
     # the decisions: every row and seed, from the stored logits; alpha 0.1 fits 10 quantile
     # examples, smaller alphas and RAPS (5 temperature examples) are refused with the reason
-    stored, labels = uq_common.load_logits(out / "logits.npz")
-    assert sorted(stored) == [0, 1] and set(stored[0]) == set(uq_common.ROWS)
+    stored, labels = uq_decisions.load_logits(out / "logits.npz")
+    assert sorted(stored) == [0, 1] and set(stored[0]) == set(uq_task.ROWS)
     assert stored[0]["deep ensemble"]["id"].shape == (20, 3, 3)
     np.testing.assert_array_equal(labels, test[1].numpy())
     single = report["per_seed"][1]["decisions"]["single"]
@@ -316,7 +320,7 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
         s["decisions"]["Hydra (Taylor)"]["sets"]["aps"]["0.1"]["coverage"]
         for s in report["per_seed"]
     ]
-    assert len(report["decision_claims"]) == len(uq_common.decision_claims(0.05))
+    assert len(report["decision_claims"]) == len(uq_decisions.decision_claims(0.05))
     # the set-size targets at alpha 0.05 are not available; the answered share is (0: refused)
     verdicts = [c["verdict"] for c in report["decision_targets"]]
     assert [v.startswith("not available") for v in verdicts] == [True, False, True, False]
@@ -338,12 +342,12 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
     # the extra quantile part: its own splits, every row, the same temperature part
     extra = report["decision_extra"]["8"]
     assert extra["quantile_part"] == 8 and extra["tested_part"] == 7
-    assert set(extra["aggregate"]) == set(uq_common.ROWS)
+    assert set(extra["aggregate"]) == set(uq_task.ROWS)
     assert set(extra["aggregate"]["single"]["selective_at"]["0.1"]) >= {"answered", "refused"}
     # --render re-derives the tables from the stored measurements, training nothing
     (out / "report.md").unlink()
     rendered = [*argv, "--render"]
-    assert uq_common.main(make_task, "tiny", "A tiny benchmark.", rendered) == 0
+    assert uq_run.main(make_task, "tiny", "A tiny benchmark.", rendered) == 0
     again = json.loads((out / "report.json").read_text())
     assert again.pop("rendered") and again == report
     rendered_md = (out / "report.md").read_text()
@@ -355,21 +359,19 @@ def test_main_writes_every_row_report_and_plot(tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     # the weights are cached: a rerun trains nothing and gives the same numbers
     argv_again = [*argv, "--overwrite"]
-    assert uq_common.main(make_task, "tiny", "A tiny benchmark.", argv_again) == 0
+    assert uq_run.main(make_task, "tiny", "A tiny benchmark.", argv_again) == 0
     again = json.loads((out / "report.json").read_text())
     assert again["aggregate"]["deep ensemble"]["id"] == report["aggregate"]["deep ensemble"]["id"]
     with pytest.raises(SystemExit):
-        uq_common.main(make_task, "tiny", "A tiny benchmark.", argv)  # exists, no --overwrite
+        uq_run.main(make_task, "tiny", "A tiny benchmark.", argv)  # exists, no --overwrite
     # --render recomputes the decisions from logits.npz: it refuses one that is not the run's
-    uq_common.save_logits(out / "logits.npz", {0: stored[0]}, make_task(None))
+    uq_decisions.save_logits(out / "logits.npz", {0: stored[0]}, make_task(None))
     with pytest.raises(SystemExit, match="is not the file"):
-        uq_common.main(make_task, "tiny", "A tiny benchmark.", rendered)
+        uq_run.main(make_task, "tiny", "A tiny benchmark.", rendered)
     # a test set too small for the calibration parts is refused before any training
     recipe.calibration_quantile = 15
     with pytest.raises(SystemExit, match="cannot be split"):
-        uq_common.main(
-            make_task, "tiny", "A tiny benchmark.", [*argv_again, "--out", str(tmp_path)]
-        )
+        uq_run.main(make_task, "tiny", "A tiny benchmark.", [*argv_again, "--out", str(tmp_path)])
 
 
 def test_seeds_in_worker_processes_equal_seeds_in_one(tmp_path):
@@ -381,17 +383,16 @@ def test_seeds_in_worker_processes_equal_seeds_in_one(tmp_path):
         out = tmp_path / name
         argv = ["--seeds", "2", "--out", str(out), "--cache", str(tmp_path / name / "cache")]
         assert (
-            uq_common.main(tiny_protocol_task, "tiny", "A tiny one.", [*argv, "--quiet", *extra])
-            == 0
+            uq_run.main(tiny_protocol_task, "tiny", "A tiny one.", [*argv, "--quiet", *extra]) == 0
         )
-        return json.loads((out / "report.json").read_text()), uq_common.load_logits(
+        return json.loads((out / "report.json").read_text()), uq_decisions.load_logits(
             out / "logits.npz"
         )
 
     one, (one_logits, _) = run("one")
     two, (two_logits, _) = run("two", "--workers", "2")
     for seed in (0, 1):
-        for row in uq_common.ROWS:
+        for row in uq_task.ROWS:
             for split, v in one_logits[seed][row].items():
                 np.testing.assert_array_equal(two_logits[seed][row][split], v)
     for a, b in zip(one["per_seed"], two["per_seed"], strict=True):
@@ -419,37 +420,37 @@ def test_cached_selection_reselects_when_a_setting_the_weights_or_the_data_chang
     model, path = tiny_timm_vit(0), tmp_path / "sel.json"
     data = tiny_protocol_task().train
     options = {"heads_per_member": 1, "method": "random", "data": data}
-    first = uq_common.cached_selection(path, model, 3, seed=1, **options)
+    first = uq_train.cached_selection(path, model, 3, seed=1, **options)
     assert first == select_members(model, 3, seed=1, **options)
     calls = []
     monkeypatch.setattr(
-        uq_common, "select_members", lambda *a, **k: calls.append(k) or select_members(*a, **k)
+        uq_train, "select_members", lambda *a, **k: calls.append(k) or select_members(*a, **k)
     )
-    assert uq_common.cached_selection(path, model, 3, seed=1, **options) == first and not calls
-    other = uq_common.cached_selection(path, model, 3, seed=2, **options)
+    assert uq_train.cached_selection(path, model, 3, seed=1, **options) == first and not calls
+    other = uq_train.cached_selection(path, model, 3, seed=2, **options)
     assert len(calls) == 1 and other == select_members(model, 3, seed=2, **options)
-    uq_common.cached_selection(path, tiny_timm_vit(1), 3, seed=2, **options)  # other weights
+    uq_train.cached_selection(path, tiny_timm_vit(1), 3, seed=2, **options)  # other weights
     shifted = (data[0] + 1, data[1])
-    uq_common.cached_selection(path, model, 3, seed=2, **{**options, "data": shifted})
+    uq_train.cached_selection(path, model, 3, seed=2, **{**options, "data": shifted})
     assert len(calls) == 3
-    assert uq_common.cached_selection(None, model, 3, seed=2, **options) == other  # no cache
+    assert uq_train.cached_selection(None, model, 3, seed=2, **options) == other  # no cache
 
 
 def test_render_refuses_a_missing_or_foreign_report(tmp_path, capsys):
     argv = ["--out", str(tmp_path), "--quiet", "--render"]
     with pytest.raises(SystemExit, match="does not exist; run the benchmark first"):
-        uq_common.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
+        uq_run.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
     (tmp_path / "report.json").write_text("{not json")
     with pytest.raises(SystemExit, match="is not valid JSON"):
-        uq_common.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
+        uq_run.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
     (tmp_path / "report.json").write_text(json.dumps({"rows": ["single"]}))
     with pytest.raises(SystemExit, match="another version of the benchmark"):
-        uq_common.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
+        uq_run.main(lambda args: pytest.fail("no task is made"), "tiny", "A tiny one.", argv)
     with pytest.raises(SystemExit):
-        uq_common.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--overwrite"])
+        uq_run.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--overwrite"])
     assert "takes neither --overwrite nor --quick" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        uq_common.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--workers", "0"])
+        uq_run.main(lambda args: None, "tiny", "A tiny one.", [*argv, "--workers", "0"])
     assert "--workers must be >= 1" in capsys.readouterr().err
 
 
@@ -469,7 +470,7 @@ def test_cost_model_equals_the_fused_models_own_count(family):
             torch.manual_seed(seed)
             return tiny_bert()
 
-    recipe = uq_common.Recipe(
+    recipe = uq_task.Recipe(
         base_steps=1,
         base_lr=1e-3,
         finetune_steps=1,
@@ -480,12 +481,12 @@ def test_cost_model_equals_the_fused_models_own_count(family):
         heads_per_member=1,
     )
     members = [make(seed) for seed in range(3)]
-    costs = uq_common.cost_model(members[0], recipe)
+    costs = uq_rows.cost_model(members[0], recipe)
     heads = [
         select_members(m, 1, heads_per_member=1, method="random", seed=i).members[0]
         for i, m in enumerate(members)
     ]
-    spec = uq_common.full_spec(members[0], 3).replace(members=heads, mlp_merge="grouped", meta={})
+    spec = uq_train.full_spec(members[0], 3).replace(members=heads, mlp_merge="grouped", meta={})
     fused = fuse(members, spec, mlp_merge="grouped")
     assert costs["fused_deep_ensemble_over_deep_ensemble"] == pytest.approx(
         fused.macs["hydra"] / fused.macs["deep_ensemble"]
@@ -506,7 +507,7 @@ def _tiny_task(seed: int = 0):
     def data(n):
         return torch.randn(n, 1, 8, 8, generator=rng), torch.randint(0, 3, (n,), generator=rng)
 
-    recipe = uq_common.Recipe(
+    recipe = uq_task.Recipe(
         base_steps=3,
         base_lr=1e-3,
         finetune_steps=2,
@@ -519,7 +520,7 @@ def _tiny_task(seed: int = 0):
         eval_batch=16,
     )
     test = data(12)
-    return uq_common.Task(
+    return uq_task.Task(
         name="tiny",
         classes=list("abc"),
         train=data(30),
@@ -596,20 +597,20 @@ def _calibrated_logits(rng, n, members=3, classes=5, scale=3.0):
 
 
 def test_split_parts_are_disjoint_seeded_and_checked():
-    recipe = uq_common.Recipe(
+    recipe = uq_task.Recipe(
         1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=7, calibration_quantile=9, splits=5
     )
-    parts = uq_common.split_parts(30, recipe, seed=2)
+    parts = uq_decisions.split_parts(30, recipe, seed=2)
     assert len(parts) == 5
     for t, q, tested in parts:
         assert (len(t), len(q), len(tested)) == (7, 9, 14)
         assert sorted(np.r_[t, q, tested]) == list(range(30))
-    again = uq_common.split_parts(30, recipe, seed=2)
+    again = uq_decisions.split_parts(30, recipe, seed=2)
     assert all(np.array_equal(a[2], b[2]) for a, b in zip(parts, again, strict=True))
-    other = uq_common.split_parts(30, recipe, seed=3)
+    other = uq_decisions.split_parts(30, recipe, seed=3)
     assert not all(np.array_equal(a[2], b[2]) for a, b in zip(parts, other, strict=True))
     with pytest.raises(ValueError, match="cannot be split"):
-        uq_common.split_parts(16, recipe, seed=0)
+        uq_decisions.split_parts(16, recipe, seed=0)
 
 
 def test_certify_equals_fit_selective():
@@ -625,10 +626,10 @@ def test_certify_equals_fit_selective():
         correct = rng.random(n) < accuracy * (0.5 + confidence)  # confident: more often right
         grid = selective_grid(rng.random(int(rng.integers(5, 200))))
         start = int(rng.integers(0, len(grid)))
-        got = uq_common.certify(confidence, correct, grid, start)
+        got = uq_decisions.certify(confidence, correct, grid, start)
         try:
             tau, _ = fit_selective(
-                confidence, correct, grid, uq_common.TARGET_RISK, uq_common.DELTA, start=start
+                confidence, correct, grid, uq_decisions.TARGET_RISK, uq_decisions.DELTA, start=start
             )
         except DataError:
             assert got is None, case
@@ -639,32 +640,10 @@ def test_certify_equals_fit_selective():
     assert refused and certified  # both ways exercised
 
 
-@pytest.mark.parametrize("method", ["lac", "aps", "raps"])
-def test_sets_from_rooms_equal_prediction_sets(method):
-    from hydra_deploy.decisions import class_room, prediction_sets
+def test_the_reported_set_methods_are_the_librarys():
+    from hydra_deploy.decisions import SET_METHODS
 
-    rng = np.random.default_rng(1)
-    z = rng.standard_normal((50, 6)) * 2
-    z[:5, 1] = z[:5, 0]  # ties
-    probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
-    lam, k_reg = (0.1, 2) if method == "raps" else (0.0, 0)
-    room = class_room(probs, method, lam=lam, k_reg=k_reg)
-    for qhat in (0.05, 0.5, 0.9, 1.2, 1 - 1e-7):
-        expected = prediction_sets(probs, qhat, method, lam=lam, k_reg=k_reg)
-        rows = np.arange(10, 50)
-        got = uq_common._sets(room, probs.argmax(1), method, qhat, rows)
-        np.testing.assert_array_equal(got, expected[rows])
-
-
-def test_risk_curve_reads_the_most_confident_share():
-    confidence = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05])
-    errors = np.array([0, 0, 0, 0, 1, 0, 1, 1, 1, 1], dtype=bool)
-    curve = uq_common._risk_curve(confidence, errors)
-    coverage = list(uq_common.CURVE_COVERAGE)
-    assert curve[coverage.index(0.4)] == 0.0  # the 4 most confident are right
-    assert curve[coverage.index(0.5)] == pytest.approx(1 / 5)
-    assert curve[coverage.index(1.0)] == pytest.approx(5 / 10)
-    assert curve[0] == 0.0  # 5% of 10: the top one
+    assert set(uq_decisions.REPORTED_SET_METHODS) <= set(SET_METHODS)
 
 
 def test_decide_row_fits_t_held_out_and_measures_every_decision():
@@ -673,10 +652,10 @@ def test_decide_row_fits_t_held_out_and_measures_every_decision():
     shift, _ = _calibrated_logits(rng, 200, scale=6.0)
     ood = rng.standard_normal((150, 3, 5)) * 0.5
     sets = {"id": logits, "shift": shift, "ood:noise": ood}
-    recipe = uq_common.Recipe(
+    recipe = uq_task.Recipe(
         1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=200, calibration_quantile=150, splits=30
     )
-    out = uq_common.decide_row(sets, labels, uq_common.split_parts(600, recipe, seed=0))
+    out = uq_decisions.decide_row(sets, labels, uq_decisions.split_parts(600, recipe, seed=0))
     assert out["splits"] == 30
     assert out["temperature"] == pytest.approx(3.0, rel=0.25)  # the overconfidence undone
     scaled, raw = out["scaling"]["test"]["scaled"], out["scaling"]["test"]["raw"]
@@ -687,9 +666,9 @@ def test_decide_row_fits_t_held_out_and_measures_every_decision():
         == out["scaling"]["ood"]["noise"]["scaled"]["auroc"]
     )
     # 150 quantile examples: alpha 0.01 needs 99, so every alpha is available
-    for method in uq_common.SET_METHODS:
-        for alpha in uq_common.ALPHAS:
-            cell = out["sets"][method][uq_common.alpha_key(alpha)]
+    for method in uq_decisions.REPORTED_SET_METHODS:
+        for alpha in uq_decisions.ALPHAS:
+            cell = out["sets"][method][uq_decisions.alpha_key(alpha)]
             assert cell["available"] is True
             assert cell["coverage"] >= 1 - alpha - 0.03  # marginal, over 30 splits
             assert 0 <= cell["shift_coverage"] <= 1 and cell["ood_mean_size"]["noise"] >= 0
@@ -705,15 +684,15 @@ def test_decide_row_fits_t_held_out_and_measures_every_decision():
     other = out["selective_at"]["0.1"]
     assert other["answered"] >= sel["answered"]  # a looser risk answers at least as much
     assert set(other) >= {"answered", "risk", "exceeds", "refused", "population_exceeds"}
-    assert len(sel["curve"]) == len(uq_common.CURVE_COVERAGE)
+    assert len(sel["curve"]) == len(uq_decisions.CURVE_COVERAGE)
     assert sel["ood_answered"]["noise"] <= sel["answered"] + 1e-9  # noise is less confident
     flag = out["ood_flag"]
     assert flag["test"] <= 0.15 and flag["ood"]["noise"] > flag["test"]
     # too few quantile examples for small alphas: not available, with the reason
-    small = uq_common.Recipe(
+    small = uq_task.Recipe(
         1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=100, calibration_quantile=30, splits=3
     )
-    few = uq_common.decide_row(sets, labels, uq_common.split_parts(600, small, seed=0))
+    few = uq_decisions.decide_row(sets, labels, uq_decisions.split_parts(600, small, seed=0))
     assert few["sets"]["lac"]["0.01"]["available"] is False
     assert "needs at least 99" in few["sets"]["lac"]["0.01"]["reason"]
     assert few["sets"]["lac"]["0.05"]["available"] is True
@@ -729,25 +708,23 @@ def test_decisions_in_processes_equal_in_process_and_logits_round_trip(tmp_path)
                 "shift": logits[:20],
                 "ood:a": rng.standard_normal((10, 3, 3)),
             }
-            for i, row in enumerate(uq_common.ROWS)
+            for i, row in enumerate(uq_task.ROWS)
         }
         for seed in (0, 1)
     }
     test = (torch.zeros(60), torch.as_tensor(labels))
-    task = uq_common.Task(
-        "t", list("abc"), (None, None), test, (None, test[1][:20]), {}, None, None
-    )
-    uq_common.save_logits(tmp_path / "logits.npz", every, task)
-    stored, stored_labels = uq_common.load_logits(tmp_path / "logits.npz")
+    task = uq_task.Task("t", list("abc"), (None, None), test, (None, test[1][:20]), {}, None, None)
+    uq_decisions.save_logits(tmp_path / "logits.npz", every, task)
+    stored, stored_labels = uq_decisions.load_logits(tmp_path / "logits.npz")
     np.testing.assert_array_equal(stored_labels, labels)
     np.testing.assert_allclose(stored[1]["single"]["id"], logits, atol=2e-2)  # float16
     assert stored[1]["single"]["id"].dtype == np.float64
-    recipe = uq_common.Recipe(
+    recipe = uq_task.Recipe(
         1, 1e-3, 1, 1e-3, 1, 0, calibration_temperature=20, calibration_quantile=20, splits=3
     )
-    one = uq_common.decisions(stored, stored_labels, recipe)
-    assert one == uq_common.decisions(stored, stored_labels, recipe, workers=2)
-    assert set(one) == {0, 1} and set(one[0]) == set(uq_common.ROWS)
+    one = uq_decisions.decisions(stored, stored_labels, recipe)
+    assert one == uq_decisions.decisions(stored, stored_labels, recipe, workers=2)
+    assert set(one) == {0, 1} and set(one[0]) == set(uq_task.ROWS)
 
 
 def test_decision_claims_hold_only_on_every_seed():
@@ -772,8 +749,8 @@ def test_decision_claims_hold_only_on_every_seed():
     ]
     targets = {
         c["row"] + " " + c["metric"]: c
-        for c in uq_common.claims(
-            per_seed, uq_common.decision_targets(0.02), key="decisions", strict=True
+        for c in uq_rows.claims(
+            per_seed, uq_decisions.decision_targets(0.02), key="decisions", strict=True
         )
     }
     size = targets["Hydra (Taylor) sets.lac.0.02.mean_size"]
@@ -786,8 +763,8 @@ def test_decision_claims_hold_only_on_every_seed():
     assert targets["Hydra (fused deep ensemble) selective.answered"]["verdict"] == (
         "does not hold (1/2 seeds)"
     )
-    missing = uq_common.claims(
-        per_seed, uq_common.decision_targets(0.05), key="decisions", strict=True
+    missing = uq_rows.claims(
+        per_seed, uq_decisions.decision_targets(0.05), key="decisions", strict=True
     )
     assert missing[0]["verdict"].startswith("not available")
 
@@ -816,9 +793,9 @@ def test_int8_drift_of_an_unquantized_copy_is_zero(tmp_path, monkeypatch):
     # the uq benchmark's part: train into the cache (said), store the PyTorch member logits
     models, rebuilt = uq_int8.rebuild(task, 0, cache, quiet=True)
     assert len(rebuilt["trained_here"]) == 21  # every member of every row: an empty cache
-    torch_logits = uq_common.evaluate_rows(task, {r: models[r] for r in rows}, 0)
+    torch_logits = uq_train.evaluate_rows(task, {r: models[r] for r in rows}, 0)
     reference = tmp_path / "logits.npz"
-    uq_common.save_logits(reference, {0: {r: torch_logits[r] for r in rows}}, task)
+    uq_decisions.save_logits(reference, {0: {r: torch_logits[r] for r in rows}}, task)
     argv = ["--task", "tiny", "--seeds", "1", "--methods", "static", "--cache", str(cache)]
     argv += ["--out", str(out), "--work", str(tmp_path), "--reference", str(reference)]
     assert uq_int8.main([*argv, "--quiet"]) == 0
@@ -842,7 +819,7 @@ def test_int8_drift_of_an_unquantized_copy_is_zero(tmp_path, monkeypatch):
         assert entry["decisions"]["fp32"]["temperature"] > 0
         # FP32 ONNX = PyTorch: the stored float16 logits, and the scores
         assert entry["fp32_vs_uq_report"] < 1e-2
-        expected = uq_common.score_row(torch_logits[row], task)
+        expected = uq_rows.score_row(torch_logits[row], task)
         assert entry["fp32"]["scores"]["id"]["accuracy"] == expected["id"]["accuracy"]
         assert entry["fp32"]["scores"]["ood_mean"]["msp"]["auroc"] == pytest.approx(
             expected["ood_mean"]["msp"]["auroc"], abs=1e-6

@@ -443,6 +443,22 @@ def excess_aurc(confidence: np.ndarray, correct: np.ndarray) -> float:
     return aurc(conf, ok) - _optimal_aurc(ok.size, int((~ok).sum()))
 
 
+def selective_risk_at(
+    confidence: np.ndarray, correct: np.ndarray, coverages: np.ndarray
+) -> np.ndarray:
+    """The selective risk at each coverage ``c`` of ``coverages`` (in (0, 1]): the error rate of
+    the ``ceil(c N)`` most confident examples (at least one; ties in input order), float64.
+    Conventions (the sign of the confidence) as :func:`aurc`."""
+    conf, ok = _check_selective(confidence, correct)
+    shares = _as_array(coverages, "coverages", np.float64).ravel()
+    if shares.size == 0 or not ((shares > 0) & (shares <= 1)).all():
+        raise HydraError(f"coverages must be shares in (0, 1], got {shares.tolist()}")
+    order = np.argsort(-conf, kind="stable")
+    errors = np.cumsum(~ok[order])
+    answered = np.maximum(1, np.ceil(shares * conf.size - 1e-9).astype(int))
+    return errors[answered - 1] / answered
+
+
 def classification_metrics(
     probs: np.ndarray,
     labels: np.ndarray,

@@ -1,5 +1,5 @@
 """The uncertainty benchmarks' protocol, tiny: a seeded timm ViT and a whole task (module-level, so
-a worker process of ``benchmarks/uq_common.py`` can make it again)."""
+a worker process of ``benchmarks/uq_run.py`` can make it again)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def _dropout_vit(seed: int):
 
 
 def tiny_recipe():
-    import uq_common
+    import uq_task
 
-    return uq_common.Recipe(
+    return uq_task.Recipe(
         base_steps=3,
         base_lr=1e-3,
         finetune_steps=2,
@@ -63,7 +63,7 @@ def tiny_recipe():
 def tiny_protocol_task(args: Any = None, *, recipe: Any = None):
     """Every row of the protocol on random 8x8 images, 3 classes: 24 training, 20 test (also the
     "shifted" set), 10 noise OOD and 12 OOD-validation examples, the same on every call."""
-    import uq_common
+    import uq_task
 
     rng = torch.Generator().manual_seed(0)
 
@@ -71,7 +71,7 @@ def tiny_protocol_task(args: Any = None, *, recipe: Any = None):
         return torch.randn(n, 1, 8, 8, generator=rng), torch.randint(0, 3, (n,), generator=rng)
 
     train, test, noise = data(24), data(20), 3 * torch.randn(10, 1, 8, 8, generator=rng)
-    return uq_common.Task(
+    return uq_task.Task(
         name="tiny",
         classes=list("abc"),
         train=train,

@@ -122,14 +122,21 @@ def gpu_info() -> dict[str, Any] | None:
     }
 
 
-def environment(threads: int) -> dict[str, Any]:
-    """Versions, CPU, GPU and threads of this run."""
+def machine_info() -> dict[str, Any]:
+    """Python, platform and CPU of this run (what every benchmark records of its machine)."""
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+    }
+
+
+def environment(threads: int) -> dict[str, Any]:
+    """Versions, CPU, GPU and threads of this run."""
+    return {
+        **machine_info(),
         "cpu_features": cpu_features(),
         "cpu_bf16": cpu_bf16_reason() is None,
         "torch_threads": threads,
