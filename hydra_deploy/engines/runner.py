@@ -107,7 +107,9 @@ def _attach(
     """``runner`` with the decisions its export holds (when ``decisions``), refused when fitted
     on another model file, and when fitted on other numbers (another backend, precision or
     engine file) unless ``allow_decisions_mismatch``, which applies them with a warning. Which
-    model file and which numbers: as ``backend``'s row proves them (:attr:`Backend.proof`)."""
+    model file and which numbers: as ``backend``'s row proves them (:attr:`Backend.proof`).
+    ``runner.backend`` becomes the row's name (one runner class may serve several rows)."""
+    runner.backend = backend.name
     export = runner.export_info
     record = None if export is None or not decisions else export.decisions
     if record is not None:

@@ -32,13 +32,13 @@ from hydra_deploy.decisions import (
     split_rows,
     temperature_at_bound,
 )
+from hydra_deploy.engines.backends import backend_of
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner
 from hydra_deploy.errors import HydraError, ParameterError
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
     MODEL_FILE,
-    RECORD_BACKENDS,
     DecisionRecord,
     ExportFolderError,
     ExportInfo,
@@ -101,44 +101,39 @@ def data_sha256(data: EvalData) -> str:
 
 def fitted_numbers(runner: Runner) -> dict[str, Any]:
     """What the record names of the numbers it is fitted on (:class:`DecisionRecord`'s
-    ``backend``, ``precision`` and ``engine_sha256``): ONNX Runtime and the graph's precision
-    (hydra.json), or TensorRT, the engine's precision (its JSON sidecar) and the engine file's
-    hash."""
-    backend = getattr(runner, "backend", None)
-    if backend not in RECORD_BACKENDS:
+    ``backend``, ``precision`` and ``engine_sha256``), as the runner's backend row proves them
+    (:class:`~hydra_deploy.engines.backends.ModelProof`): ONNX Runtime and the graph's precision
+    (hydra.json), TensorRT with the engine's precision (its JSON sidecar) and the engine file's
+    hash, or a registered backend's own."""
+    backend = backend_of(runner)
+    if backend is None:
         raise HydraError(
-            f"decisions are fitted on the outputs of an export's model.onnx (ONNX Runtime) or of "
-            f"a TensorRT engine built from it, not on a {type(runner).__name__}; load it with "
-            "load_runner(EXPORT_DIR, decisions=False)"
+            f"decisions are fitted on the outputs of an export's model.onnx (ONNX Runtime, or "
+            f"another registered backend) or of a TensorRT engine built from it, not on a "
+            f"{type(runner).__name__}; load it with load_runner(EXPORT_DIR, decisions=False)"
         )
-    if backend == "tensorrt":
-        engine_info = getattr(runner, "engine_info", None)
-        return {
-            "backend": backend,
-            "precision": None if engine_info is None else engine_info.precision,
-            "engine_sha256": file_sha256(runner.path),
-        }
-    export = getattr(runner, "export_info", None)
+    proof = backend.proof
+    precision = proof.precision(runner)
+    if precision is None and not proof.binds_file:
+        precision = "fp32"  # an ONNX file outside an export folder: the exporter's default
     return {
-        "backend": backend,
-        "precision": "fp32" if export is None else export.precision,
-        "engine_sha256": None,
+        "backend": backend.records_as,
+        "precision": precision,
+        "engine_sha256": proof.file_sha256(runner),
     }
 
 
 def _model_sha256(runner: Runner) -> str:
     """The hash the record names: the ONNX file run (an engine's: the file it was built from)."""
-    if getattr(runner, "backend", None) == "tensorrt":
-        engine_info = getattr(runner, "engine_info", None)
-        sha = None if engine_info is None else engine_info.onnx_sha256
-        if sha is None:
-            raise HydraError(
-                f"cannot tell which model.onnx {runner.path} was built from (no onnx_sha256 in "
-                "its JSON sidecar); build the engine with hydra-build, or calibrate the export "
-                "folder in ONNX Runtime"
-            )
-        return sha
-    return file_sha256(runner.path)
+    backend = backend_of(runner)
+    sha = None if backend is None else backend.proof.model_sha256(runner)
+    if sha is None:
+        raise HydraError(
+            f"cannot tell which model.onnx {runner.path} was built from (no onnx_sha256 in "
+            "its JSON sidecar); build the engine with hydra-build, or calibrate the export "
+            "folder in ONNX Runtime"
+        )
+    return sha
 
 
 def calibrate(

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers.decisions import calibrate_export, images, tiny_export
+from helpers.decisions import calibrate_export, images, labelled_like_model, tiny_export
 from helpers.ort_wrapped import WRAPPED_ORT, WrappedOrtRunner
 
 from hydra_deploy.cli.run import main as run_main
@@ -25,6 +25,7 @@ from hydra_deploy.engines.backends import (
 )
 from hydra_deploy.engines.runner import BACKENDS, load_runner
 from hydra_deploy.errors import RunnerError
+from hydra_deploy.evaluation.calibrate import calibrate, store_decisions
 
 
 @pytest.fixture
@@ -138,3 +139,31 @@ def test_a_row_is_checked_when_it_is_made_and_registered(wrapped):
     finally:
         unregister_backend("ir")
     assert register_backend(WRAPPED_ORT, replace=True) is WRAPPED_ORT
+
+
+def test_decisions_are_fitted_on_a_registered_backend_and_name_it(export_dir, tmp_path):
+    """hydra-calibrate's binding goes through the row's proof: a backend with its own record
+    name fits decisions that name it, which it then applies and ONNX Runtime refuses."""
+    from hydra_deploy.evaluation.calibrate import fitted_numbers
+
+    own = dataclasses.replace(WRAPPED_ORT, name="ort-own", aliases=(), record_name=None)
+    register_backend(own)
+    try:
+        folder = tmp_path / "export"
+        shutil.copytree(export_dir, folder)
+        with load_runner(folder, backend="ort-own", decisions=False) as runner:
+            assert fitted_numbers(runner) == {
+                "backend": "ort-own",
+                "precision": "fp32",
+                "engine_sha256": None,
+            }
+            data = labelled_like_model(runner, images(400, seed=100), seed=0)
+            calibration = calibrate(runner, data, risk=None)
+        store_decisions(folder, calibration.record)
+        assert calibration.record.backend == "ort-own"
+        with load_runner(folder, backend="ort-own") as runner:
+            assert runner.decisions == calibration.record
+        with pytest.raises(RunnerError, match="backend ort-own, this runner is onnxruntime"):
+            load_runner(folder)
+    finally:
+        unregister_backend("ort-own")
