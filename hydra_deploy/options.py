@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 from hydra_deploy.decisions import DECISION_SCORES, SET_METHODS
 from hydra_deploy.errors import FinetuneError, HydraError, ParameterError, ServeError
 from hydra_deploy.export_folder import CALIBRATION_METHODS, INT8_METHODS, INTERPOLATIONS
+from hydra_deploy.set_scores import SET_SCORES
 
 __all__ = [
     "CALIBRATION_METHODS",
@@ -801,7 +802,8 @@ class CalibrationOptions:
     sets: str = option(
         "lac",
         "--sets",
-        "prediction-set method (default lac: the smallest sets, may be empty; aps/raps "
+        "prediction-set method (default lac: the smallest sets, may be empty; "
+        f"{'/'.join(name for name, score in SET_SCORES.items() if score.top_always_in)} "
         "always hold the top class); none: no sets",
         choices=(*SET_METHODS, "none"),
     )
