@@ -714,11 +714,11 @@ def _providers(value: Any) -> list[str] | None:
 @dataclasses.dataclass(frozen=True)
 class RunnerOptions:
     """How a command runs an export (``load_runner`` and the batches it is given): what the
-        runtime commands share (hydra-run, hydra-calibrate, hydra-compare, hydra-eval, hydra-serve,
-        hydra-score-dataset; each adds the fields that apply to it). ``providers`` is a list (a
-        comma-separated string is split); ``engine``: a TensorRT engine built from the export, run
-        instead of its model.onnx (then ``providers``, ONNX Runtime's, cannot be given); ``raw``: leave
-    out the export's decisions."""
+    runtime commands share (hydra-run, hydra-calibrate, hydra-compare, hydra-eval, hydra-serve,
+    hydra-score-dataset; each adds the fields that apply to it). ``providers`` is a list (a
+    comma-separated string is split); ``engine``: a TensorRT engine built from the export, run
+    instead of its model.onnx (then ``providers``, ONNX Runtime's, cannot be given); ``raw``:
+    leave out the export's decisions."""
 
     SECTION: ClassVar[str] = "runtime"
 
