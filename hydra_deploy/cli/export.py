@@ -211,6 +211,9 @@ def validation_line(validation: dict) -> str:
 
 def main_body(args: argparse.Namespace) -> int:
     int8, batch = _check_request(args)  # before the build: a wrong flag costs nothing
+    # decisions the overwrite removes, unless a --from source with decisions carries or warns
+    replaced_decisions = args.overwrite and _held_decisions(args.out)
+    replaced_decisions &= args.from_dir is None or not _held_decisions(args.from_dir)
     started = time.perf_counter()
     hydra = (
         _rebuild(args)
@@ -232,6 +235,13 @@ def main_body(args: argparse.Namespace) -> int:
     )
     if args.from_dir is not None:
         _carry_decisions(args.from_dir, args.out, hydra)
+    if replaced_decisions and read_info(args.out).decisions is None:
+        log.warning(
+            "%s held decisions (hydra-calibrate) fitted on the model this export replaced; they "
+            "are removed with it: fit them again with hydra-calibrate %s --data LABELLED",
+            args.out,
+            args.out,
+        )
     repository = triton.write(args, args.out) if args.triton is not None else None
     if args.json:
         record = dict(info.record)
@@ -241,6 +251,15 @@ def main_body(args: argparse.Namespace) -> int:
     elif not args.quiet:
         _report(info, args.out, time.perf_counter() - started)
     return 0
+
+
+def _held_decisions(folder: Path) -> bool:
+    """Whether ``folder`` is an export folder holding decisions (an unreadable one: no)."""
+    try:
+        info = read_info(folder, required=False) if folder.is_dir() else None
+    except HydraError:
+        return False
+    return info is not None and info.decisions is not None
 
 
 def _check_request(args: argparse.Namespace) -> tuple[Int8Options | None, tuple[int, int, int]]:

@@ -10,6 +10,7 @@ import argparse
 import csv
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from hydra_deploy.uncertainty import SCALAR_SCORES
 
 #: the runtime options hydra-run takes
 RUNNER_OPTIONS = ("providers", "batch_size", "raw", "allow_decisions_mismatch")
+
+log = logging.getLogger("hydra_deploy")
 
 EXAMPLES = """\
   hydra-run export/vit_b16-m3 images/                    # every image under images/, a table
@@ -181,6 +184,10 @@ def main_body(args: argparse.Namespace) -> int:
             allow_nonfinite=args.allow_nonfinite,
             decisions=runtime.decisions,
         )
+        if runtime.decisions and runner.decisions is None:  # said once, after a run that worked
+            log.info(
+                "%s holds no decisions (fit them with hydra-calibrate): scores only", args.model
+            )
         meta = {
             "model": str(args.model),
             "backend": runner.backend,

@@ -458,3 +458,34 @@ def test_the_record_names_the_numbers_it_was_fitted_on(built, export):
     assert stored == engine_fit
     with pytest.raises(RunnerError, match=r"hydra-calibrate \S+ --data LABELLED --overwrite"):
         load_runner(export)  # ONNX Runtime refuses an engine's record
+
+
+def test_what_is_dropped_is_said(tmp_path, caplog):
+    """hydra-export --overwrite onto a calibrated folder says its decisions go, with the line
+    that fits them again; hydra-run on an export without decisions says once it prints scores
+    only (and --raw, which asks for that, says nothing)."""
+    import logging
+
+    from helpers.decisions import calibrated_export, images, tiny_export
+
+    from hydra_deploy.cli.export import main as export_main
+
+    plain = tiny_export(tmp_path / "plain")
+    calibrated, _ = calibrated_export(tmp_path / "calibrated", risk=None)
+    caplog.set_level(logging.INFO, logger="hydra_deploy")
+    code, _, err = invoke(
+        export_main, "--from", str(plain), "--out", str(calibrated), "--overwrite"
+    )
+    assert code == 0, err
+    assert read_info(calibrated).decisions is None
+    said = [r.getMessage() for r in caplog.records if "are removed with it" in r.getMessage()]
+    assert len(said) == 1 and f"hydra-calibrate {calibrated} --data LABELLED" in said[0]
+
+    np.savez(tmp_path / "x.npz", x=images(3, seed=2))
+    for flags, expected in (((), 1), (("--raw",), 0)):
+        caplog.clear()
+        code, _, err = invoke(run_main, str(calibrated), str(tmp_path / "x.npz"), *flags)
+        assert code == 0, err
+        notes = [r.getMessage() for r in caplog.records if "scores only" in r.getMessage()]
+        assert len(notes) == expected
+        assert all("holds no decisions (fit them with hydra-calibrate)" in n for n in notes)
