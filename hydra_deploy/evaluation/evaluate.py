@@ -234,6 +234,23 @@ def _text_file(path: Path, runner: Runner, name: str, labelled: bool) -> EvalDat
     )
 
 
+def _unread_kind(path: Path, name: str, text: bool, labelled: bool) -> str:
+    """Why ``path`` is not read as data, and the kinds that are (a text model's or an image
+    model's; a .csv of text: saved tab-separated)."""
+    what = f"a {path.suffix} file" if path.suffix else "a file without a suffix"
+    labels = " and labels y" if labelled else ""
+    if text:
+        accepted = (
+            "a .tsv (label<TAB>text, one example per line) or .txt text file, or a .npz of "
+            f"token ids{labels}"
+        )
+        if path.suffix.lower() == ".csv":
+            accepted += "; a .csv: save it tab-separated as .tsv"
+    else:
+        accepted = f"an image folder (one sub-folder per class) or a .npz of image arrays x{labels}"
+    return f"{name}: cannot tell what {str(path)!r} is ({what}, not read as data): give {accepted}"
+
+
 def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> EvalData:
     """Read one data set (a path or in-memory arrays); ID data (``labelled``) must carry labels."""
     if isinstance(data, EvalData):
@@ -278,10 +295,7 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
             )
         return _text_file(path, runner, name, labelled)
     if suffix not in (".npz", ".npy"):
-        raise HydraError(
-            f"{name}: cannot tell what {str(path)!r} is: give a .npz (x and y), an image folder"
-            + (" or a .tsv/.txt text file" if family.text else "")
-        )
+        raise HydraError(_unread_kind(path, name, family.text, labelled))
     if suffix == ".npy" and labelled:
         raise HydraError(
             f"{name}: {path} is a .npy array without labels; in-distribution data is a .npz with "

@@ -495,3 +495,24 @@ def test_risk_coverage_points_answer_the_most_confident_first():
         answered = confidence >= threshold
         expected.append((answered.mean(), 1 - correct[answered].mean()))
     np.testing.assert_allclose(np.c_[coverage, risk], np.array(expected))
+
+
+def test_a_file_of_another_kind_is_refused_with_the_kinds_that_are_read(tmp_path):
+    """Issue 36: a .csv got 'give a .npz (x and y), an image folder' (no .tsv, trailing off)."""
+    from hydra_deploy.errors import HydraError
+    from hydra_deploy.evaluation.evaluate import load_eval_data
+
+    (tmp_path / "data.csv").write_text("label,text\nnoun,a dog\n")
+    text, image = NamedModel("bert", ["verb", "noun"]), NamedModel("vit", ["a", "b"])
+    with pytest.raises(HydraError) as refused:
+        load_eval_data(tmp_path / "data.csv", text, name="--data", labelled=True)
+    assert str(refused.value).endswith(
+        "(a .csv file, not read as data): give a .tsv (label<TAB>text, one example per line) or "
+        ".txt text file, or a .npz of token ids and labels y; a .csv: save it tab-separated as .tsv"
+    )
+    with pytest.raises(HydraError) as refused:
+        load_eval_data(tmp_path / "data.csv", image, name="--id", labelled=False)
+    assert str(refused.value).endswith(
+        "(a .csv file, not read as data): give an image folder (one sub-folder per class) or a "
+        ".npz of image arrays x"
+    )
