@@ -265,13 +265,12 @@ def lazy_attributes(
 class _LazyModule:
     """A module imported on its first attribute access (see :func:`lazy_module`)."""
 
-    __slots__ = ("_error", "_module", "_name", "_purpose")  # _module: imported once (repr)
+    __slots__ = ("_error", "_name", "_purpose")
 
     def __init__(self, name: str, purpose: str | None, error: type[Exception]) -> None:
         self._name = name
         self._purpose = purpose
         self._error = error
-        self._module: ModuleType | None = None
 
     def _load(self) -> ModuleType:
         # sys.modules at each use (one dict look-up), not a module kept here: a package hidden
@@ -283,7 +282,6 @@ class _LazyModule:
                 module = require(self._name, purpose=self._purpose, error=self._error)
             else:  # one of ours (or the standard library's): imported as it is
                 module = importlib.import_module(self._name)
-            self._module = module
         return module
 
     def __getattr__(self, attr: str) -> object:
@@ -293,7 +291,7 @@ class _LazyModule:
         return dir(self._load())
 
     def __repr__(self) -> str:
-        state = "imported" if self._module is not None else "not imported yet"
+        state = "imported" if sys.modules.get(self._name) is not None else "not imported yet"
         return f"<lazy module {self._name!r} ({state})>"
 
 

@@ -46,7 +46,12 @@ from typing import Any, ClassVar
 
 from hydra_deploy.decisions import DECISION_SCORES, SET_METHODS
 from hydra_deploy.errors import FinetuneError, HydraError, ParameterError, ServeError
-from hydra_deploy.export_folder import CALIBRATION_METHODS, INT8_METHODS, INTERPOLATIONS
+from hydra_deploy.export_folder import (
+    CALIBRATION_METHODS,
+    CROP_MODES,
+    INT8_METHODS,
+    INTERPOLATIONS,
+)
 from hydra_deploy.set_scores import SET_SCORES
 
 __all__ = [
@@ -85,7 +90,6 @@ __all__ = [
 # hydra_deploy.fusion.grouped's, repeated so that parsing arguments needs no torch (tested equal)
 LOWERINGS = ("bmm", "loop", "dense", "conv1d", "einsum")
 DEFAULT_LOWERING = "loop"
-CROP_MODES = ("center", "squash", "border")
 IMPORTANCES = ("random", "taylor", "circuit")
 SHARED_PARTS = ("per-member", "frozen", "averaged")
 """How ``finetune_members`` treats the parts outside the attention blocks (embeddings, final norm,
