@@ -71,6 +71,20 @@ def said(template: str) -> str:
     return _PARAMETER.sub(lambda m: m.group(1), template)
 
 
+def plural(noun: str) -> str:
+    """The English plural of a unit noun: class -> classes, batch -> batches, image -> images."""
+    if noun.endswith(("s", "x", "ch", "sh")):
+        return noun + "es"
+    if noun.endswith("y") and noun[-2:-1] not in tuple("aeiou"):
+        return noun[:-1] + "ies"
+    return noun + "s"
+
+
+def counted(n: int, noun: str, plural_form: str | None = None) -> str:
+    """``n`` and its noun, plural right: ``counted(1, "class")`` is "1 class", 3: "3 classes"."""
+    return f"{n} {noun if n == 1 else (plural_form or plural(noun))}"
+
+
 class SpecError(HydraError, ValueError):
     """A HydraSpec / MemberSpec is malformed or does not fit the backbone it is used with."""
 
