@@ -130,3 +130,20 @@ def test_bad_arguments_say_what_to_do():
         DriftTest([0.0]).update(float("nan"))
     with pytest.raises(ParameterError, match="version"):
         DriftTest.from_state([0.0], {"version": 99})
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_stream_pvalues_equal_the_one_stream_path_bit_for_bit(ties):
+    from hydra_deploy.monitor.pvalues import stream_pvalues
+
+    rng = np.random.default_rng(7)
+    reference, streams = rng.normal(size=60), rng.normal(size=(5, 90))
+    if ties:
+        reference, streams = np.round(reference), np.round(streams)
+    u = np.empty_like(streams)
+    expected = np.empty_like(streams)
+    for row in range(streams.shape[0]):
+        one = ConformalPValues(reference, seed=row)
+        u[row] = 1.0 - np.random.default_rng(row).random(streams.shape[1])
+        expected[row] = one.pvalues(streams[row])
+    np.testing.assert_array_equal(stream_pvalues(reference, streams, u), expected)
