@@ -12,6 +12,8 @@ import logging
 import numpy as np
 import pytest
 from helpers.decisions import tiny_export
+from helpers.progress import every_update, progress_lines
+from helpers.ray_local import local_ray
 from PIL import Image
 
 pytest.importorskip(
@@ -21,7 +23,6 @@ pytest.importorskip(
     "ray.data", reason="hydra-score-dataset needs Ray Data: pip install 'hydra-deploy[ray]'"
 )
 
-from hydra_deploy import progress as progress_module
 from hydra_deploy.cli.score_dataset import main
 from hydra_deploy.distributed.ray_score import cluster
 
@@ -32,18 +33,8 @@ TIMES |= {"items_per_second_scoring", "out"}
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=256 * 1024**2,
-        logging_level=logging.ERROR,
-    )
-    yield
-    ray.shutdown()
+    with local_ray():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +51,9 @@ def setup(tmp_path_factory):
 
 
 @pytest.fixture()
-def every_update(monkeypatch, caplog):
-    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
-    caplog.set_level(logging.INFO, logger="hydra_deploy")
-    before = logging.getLogger("hydra_deploy").level
-    yield caplog
-    logging.getLogger("hydra_deploy").setLevel(before)
+def logs(monkeypatch, caplog):
+    with every_update(monkeypatch, caplog) as captured:
+        yield captured
 
 
 def invoke(*argv) -> tuple[int, str, str]:
@@ -75,18 +63,18 @@ def invoke(*argv) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_a_log_gets_lines_per_block_and_quiet_none(setup, tmp_path, every_update):
+def test_a_log_gets_lines_per_block_and_quiet_none(setup, tmp_path, logs):
     export, images = setup
     argv = [export, images, "--shard-size", 4, "--batch-size", 2, "--actors", 1, "--json"]
     code, out, err = invoke(*argv, "--out", tmp_path / "a")
     assert code == 0, err
-    lines = [r.getMessage() for r in every_update.records if r.name == "hydra_deploy.progress"]
+    lines = progress_lines(logs)
     assert lines and all(line.startswith("scoring, ") for line in lines)
     assert lines[-1].startswith("scoring, 3/3 shards written: 12/12 items (100%)")
-    every_update.clear()
+    logs.clear()
     code, quiet, err = invoke(*argv, "--out", tmp_path / "b", "--quiet")
     assert code == 0 and err == ""
-    assert not [r for r in every_update.records if r.name == "hydra_deploy.progress"]
+    assert not progress_lines(logs)
     loud, still = json.loads(out), json.loads(quiet)
     assert {k: v for k, v in loud.items() if k not in TIMES} == {
         k: v for k, v in still.items() if k not in TIMES

@@ -13,8 +13,8 @@ import shutil
 import numpy as np
 import pytest
 from helpers.decisions import images, labelled_like_model, tiny_export
+from helpers.progress import every_update, progress_lines
 
-from hydra_deploy import progress as progress_module
 from hydra_deploy.cli.calibrate import main as calibrate_main
 from hydra_deploy.cli.compare import main as compare_main
 from hydra_deploy.cli.eval import main as eval_main
@@ -45,13 +45,9 @@ def export(built, tmp_path):
 
 
 @pytest.fixture()
-def every_update(monkeypatch, caplog):
-    """A progress line on every update (LOG_EVERY_S 0), our records captured."""
-    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
-    caplog.set_level(logging.INFO, logger="hydra_deploy")
-    before = logging.getLogger("hydra_deploy").level
-    yield caplog
-    logging.getLogger("hydra_deploy").setLevel(before)  # the commands set it
+def logs(monkeypatch, caplog):
+    with every_update(monkeypatch, caplog) as captured:
+        yield captured
 
 
 def invoke(main, *argv: str) -> tuple[int, str, str]:
@@ -59,10 +55,6 @@ def invoke(main, *argv: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
-
-
-def progress_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "hydra_deploy.progress"]
 
 
 def chance_warnings(caplog) -> list[str]:
@@ -79,39 +71,39 @@ def calibrate_json(export, data, *flags) -> tuple[dict, str]:
     return json.loads(out), err
 
 
-def test_calibrate_shows_its_pass_in_a_log_and_nothing_when_quiet(built, tmp_path, every_update):
+def test_calibrate_shows_its_pass_in_a_log_and_nothing_when_quiet(built, tmp_path, logs):
     first = tmp_path / "first"
     shutil.copytree(built["export"], first)
     report, _ = calibrate_json(first, built["root"] / "right.npz", "--batch-size", "4")
-    lines = progress_lines(every_update)
+    lines = progress_lines(logs)
     assert lines[0].startswith("calibrating: running the model: 4/200 examples (2%)")
     assert lines[-1].startswith("calibrating: running the model: 200/200 examples (100%)")
-    every_update.clear()
+    logs.clear()
     second = tmp_path / "second"
     shutil.copytree(built["export"], second)
     quiet, err = calibrate_json(second, built["root"] / "right.npz", "--batch-size", "4", "--quiet")
-    assert not progress_lines(every_update) and err == ""
+    assert not progress_lines(logs) and err == ""
     assert quiet == {**report, "export": str(second)}  # stdout: the same JSON
     assert report["export"] == str(first)
 
 
-def test_a_model_at_chance_is_warned_about_after_the_first_batches(built, export, every_update):
+def test_a_model_at_chance_is_warned_about_after_the_first_batches(built, export, logs):
     calibrate_json(export, built["root"] / "chance.npz", "--batch-size", "4")
-    said = chance_warnings(every_update)
+    said = chance_warnings(logs)
     assert len(said) == 1
     assert said[0].startswith(f"after {CHANCE_AFTER} examples the model is right on ")
     assert "about chance (20%) for 5 classes" in said[0]
     assert "(--labels)" in said[0] and "will guarantee little" in said[0]
     # said when 64 of the 200 examples had run, before the rest of the pass
-    order = [r.getMessage() for r in every_update.records]
+    order = [r.getMessage() for r in logs.records]
     at = order.index(said[0])
     assert order[at - 1].startswith(f"calibrating: running the model: {CHANCE_AFTER}/200 examples")
     assert any(m.startswith("calibrating: running the model: 200/200") for m in order[at:])
 
 
-def test_a_model_that_is_right_gets_no_warning(built, export, every_update):
+def test_a_model_that_is_right_gets_no_warning(built, export, logs):
     calibrate_json(export, built["root"] / "right.npz", "--batch-size", "4", "--risk", "0.1")
-    assert not chance_warnings(every_update)
+    assert not chance_warnings(logs)
 
 
 @pytest.mark.parametrize("classes", [2, 5, 1000])
@@ -149,31 +141,31 @@ def test_the_check_waits_for_its_examples_and_judges_once(caplog):
     assert len(chance_warnings(caplog)) == 1 and "after 10 examples" in check.warning
 
 
-def test_eval_shows_each_data_set_in_a_log_and_nothing_when_quiet(built, tmp_path, every_update):
+def test_eval_shows_each_data_set_in_a_log_and_nothing_when_quiet(built, tmp_path, logs):
     root = built["root"]
     argv = [str(built["export"]), "--id", str(root / "right.npz"), "--batch-size", "4"]
     argv += ["--ood", f"noise={root / 'noise.npz'}", "--json"]
     code, out, err = invoke(eval_main, *argv, "--out", str(tmp_path / "a"))
     assert code == 0, err
-    lines = progress_lines(every_update)
+    lines = progress_lines(logs)
     assert lines[0].startswith("evaluating on the ID data: 4/200 examples (2%)")
     assert any(line.startswith("evaluating on OOD set 'noise': 20/20 examples") for line in lines)
-    every_update.clear()
+    logs.clear()
     code, quiet, err = invoke(eval_main, *argv, "--out", str(tmp_path / "b"), "--quiet")
     assert code == 0 and err == ""
-    assert not progress_lines(every_update)
+    assert not progress_lines(logs)
     assert json.loads(quiet) == json.loads(out)
 
 
-def test_compare_shows_its_steps_in_a_log_and_nothing_when_quiet(built, every_update):
+def test_compare_shows_its_steps_in_a_log_and_nothing_when_quiet(built, logs):
     argv = [str(built["export"]), "--batch", "6", "--json"]
     code, out, err = invoke(compare_main, *argv)
     assert code == 0, err
-    lines = progress_lines(every_update)
+    lines = progress_lines(logs)
     assert any(line.startswith("comparing: PyTorch reference") for line in lines)
     assert lines[-1].startswith("comparing: ") and " 2/2 " in lines[-1]
-    every_update.clear()
+    logs.clear()
     code, quiet, err = invoke(compare_main, *argv, "--quiet")
     assert code == 0 and err == ""
-    assert not progress_lines(every_update)
+    assert not progress_lines(logs)
     assert json.loads(quiet) == json.loads(out)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.members import random_spec
+from helpers.progress import every_update, progress_lines
 from helpers.vit import tiny_vit
 
 from hydra_deploy import progress as progress_module
@@ -31,23 +32,14 @@ def setup():
 
 @pytest.fixture()
 def our_logs(monkeypatch, caplog):
-    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
-    logger = logging.getLogger("hydra_deploy")
-    before = logger.level
-    logger.setLevel(logging.INFO)  # as the commands set it
-    caplog.set_level(logging.INFO, logger="hydra_deploy")
-    yield caplog
-    logger.setLevel(before)
-
-
-def lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "hydra_deploy.progress"]
+    with every_update(monkeypatch, caplog) as captured:
+        yield captured
 
 
 def test_a_log_gets_lines_per_member_and_step(setup, our_logs, capsys):
     backbone, spec, data = setup
     finetune_members(backbone, spec, data, eval_examples=8, progress=True, **STEPS)
-    said = lines(our_logs)
+    said = progress_lines(our_logs)
     for member in ("1/2", "2/2"):
         assert f"fine-tuning member {member}: loss before: 8/8 examples (100%)" in " ".join(said)
         steps = [s for s in said if s.startswith(f"fine-tuning member {member}, loss ")]
@@ -63,10 +55,10 @@ def test_a_log_gets_lines_per_member_and_step(setup, our_logs, capsys):
 def test_progress_false_and_a_quiet_logger_say_nothing(setup, our_logs, capsys):
     backbone, spec, data = setup
     finetune_members(backbone, spec, data, eval_examples=8, progress=False, **STEPS)
-    assert not lines(our_logs)
+    assert not progress_lines(our_logs)
     logging.getLogger("hydra_deploy").setLevel(logging.ERROR)  # --quiet, or logs not turned on
     finetune_members(backbone, spec, data, eval_examples=8, progress=True, **STEPS)
-    assert not lines(our_logs)
+    assert not progress_lines(our_logs)
     assert capsys.readouterr() == ("", "")
 
 
@@ -78,4 +70,4 @@ def test_a_terminal_gets_a_bar_named_after_the_member(setup, our_logs, monkeypat
     backbone, spec, data = setup
     finetune_members(backbone, spec, data, eval_examples=8, progress=True, **STEPS)
     assert "fine-tuning member 2/2, loss" in stderr.getvalue()
-    assert not lines(our_logs)
+    assert not progress_lines(our_logs)
