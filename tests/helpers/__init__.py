@@ -2,7 +2,7 @@
 the digits ViT), ``bert`` (tiny BERTs, a tiny text export), ``openclip`` (tiny OpenCLIP models),
 ``members`` (random specs and fine-tuned-looking member copies), ``text_data`` (the keyword
 sentences of the text user story), ``trt_standins`` (TensorRT, Polygraphy and trtexec),
-``int8`` (INT8 export folders quantized by ONNX Runtime: static Q/DQ, dynamic, asymmetric, uint8)
+``int8`` (INT8 export folders quantized by ONNX Runtime: static Q/DQ, dynamic, asymmetric, uint8),
 ``bench`` (the latency benchmark on a tiny ViT), ``progress`` (hydra_deploy.progress's lines
 in a test's log) and ``ray_local`` (a local Ray cluster for a test module).
 

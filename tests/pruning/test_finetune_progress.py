@@ -1,6 +1,6 @@
-"""Fine-tuning's progress through hydra_deploy.progress: a log gets lines per member and step
-(not only a summary after minutes), --quiet (progress=False) and a library user who has not
-turned our logs on get none, a terminal gets a bar."""
+"""Fine-tuning's and head importance's progress through hydra_deploy.progress: a log gets lines
+per member and step (not only a summary after minutes), --quiet (progress=False) and a library
+user who has not turned our logs on get none, a terminal gets a bar."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from helpers.progress import every_update, progress_lines
 from helpers.vit import tiny_vit
 
 from hydra_deploy import progress as progress_module
+from hydra_deploy.pruning import head_importance
 from hydra_deploy.pruning.finetune import finetune_members
 
 STEPS = dict(max_steps=3, batch_size=8, lr=1e-3)
@@ -70,4 +71,22 @@ def test_a_terminal_gets_a_bar_named_after_the_member(setup, our_logs, monkeypat
     backbone, spec, data = setup
     finetune_members(backbone, spec, data, eval_examples=8, progress=True, **STEPS)
     assert "fine-tuning member 2/2, loss" in stderr.getvalue()
+    assert not progress_lines(our_logs)
+
+
+@pytest.mark.parametrize(
+    ("method", "first", "last"),
+    [
+        ("taylor", "head importance (taylor): 8/16 examples", "16/16 examples (100%)"),
+        ("circuit", "head importance (circuit search): 1/3 layers", "3/3 layers (100%)"),
+    ],
+)
+def test_head_importance_shows_its_pass_in_a_log(setup, our_logs, method, first, last):
+    backbone, _, data = setup
+    head_importance(backbone, data, method, batch_size=8)
+    said = progress_lines(our_logs)
+    assert said[0].startswith(first) and last in said[-1]
+    our_logs.clear()
+    logging.getLogger("hydra_deploy").setLevel(logging.ERROR)  # --quiet
+    head_importance(backbone, data, method, batch_size=8)
     assert not progress_lines(our_logs)
