@@ -614,7 +614,7 @@ def _member(
     options = plan.options
     module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
     member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
-    shown_as = f"fine-tuning member {m + 1}/{spec.num_members}"
+    shown_as = f"fine-tuning member {m} ({m + 1} of {spec.num_members})"  # as member_{m}.json
     loss_before = _masked_loss(
         member,
         mask,

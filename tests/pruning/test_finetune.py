@@ -241,7 +241,7 @@ def test_changed_settings_retrain_with_a_warning(tuned, tmp_path, caplog, capsys
         )
     assert changed.history[0]["resumed"] is False
     assert "member 0" in caplog.text and "lr=0.001 -> 0.002" in caplog.text
-    assert "fine-tuning member 1/1" in capsys.readouterr().err  # the progress bar
+    assert "fine-tuning member 0 (1 of 1)" in capsys.readouterr().err  # the progress bar
     assert not states_equal(changed[0], tuned["members"][0])
     assert json.loads((folder / "member_0.json").read_text())["settings"]["lr"] == 2e-3
     # and the retrained member is now the one that resumes

@@ -41,7 +41,7 @@ def test_a_log_gets_lines_per_member_and_step(setup, our_logs, capsys):
     backbone, spec, data = setup
     finetune_members(backbone, spec, data, eval_examples=8, progress=True, **STEPS)
     said = progress_lines(our_logs)
-    for member in ("1/2", "2/2"):
+    for member in ("0 (1 of 2)", "1 (2 of 2)"):
         assert f"fine-tuning member {member}: loss before: 8/8 examples (100%)" in " ".join(said)
         steps = [s for s in said if s.startswith(f"fine-tuning member {member}, loss ")]
         assert [s.split(": ")[1].split(" (")[0] for s in steps] == [
@@ -70,7 +70,7 @@ def test_a_terminal_gets_a_bar_named_after_the_member(setup, our_logs, monkeypat
     monkeypatch.setattr(progress_module, "_is_terminal", lambda: True)
     backbone, spec, data = setup
     finetune_members(backbone, spec, data, eval_examples=8, progress=True, **STEPS)
-    assert "fine-tuning member 2/2, loss" in stderr.getvalue()
+    assert "fine-tuning member 1 (2 of 2), loss" in stderr.getvalue()
     assert not progress_lines(our_logs)
 
 
