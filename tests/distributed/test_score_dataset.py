@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import os
 import shutil
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.ray_local import local_ray
 from helpers.vit import tiny_vit
 from PIL import Image
 from sklearn.datasets import load_digits, load_sample_image
@@ -55,18 +55,8 @@ ATOL = 1e-5
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
     """One local cluster for the module: in-process main() calls find Ray connected and keep it."""
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=256 * 1024**2,
-        logging_level=logging.ERROR,
-    )
-    yield
-    ray.shutdown()
+    with local_ray():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from hydra_deploy.distributed.ray_score.cluster import (
     _import_ray,
     _ray_console,
     check_address,
+    ray_bars_shown,
     ray_session,
     unwrap_ray_error,
 )
@@ -44,6 +45,8 @@ from hydra_deploy.distributed.ray_score.shards import (
 )
 from hydra_deploy.errors import HydraError, RunnerError, ServeError
 from hydra_deploy.optional import lazy_module
+from hydra_deploy.progress import Progress
+from hydra_deploy.progress import progress as shown
 
 logger = logging.getLogger("hydra_deploy")
 pa = lazy_module("pyarrow", purpose="hydra-score-dataset", error=ServeError)
@@ -360,9 +363,10 @@ def _run_pool(
     write their parts; the error that stopped the run says what is kept and what to do."""
     per_actor, batch = scorer["threads"], scorer["batch_size"]
     member_logits, decided = scorer["member_logits"], scorer["decisions"]
-    tally = _Tally()
+    shown_as = _shown(pending, progress)
+    tally = _Tally(shown=shown_as)
     failure: HydraError | None = None
-    with _data_context(progress):
+    with _data_context(progress), shown_as:
         dataset = _dataset(ray, pending).map_batches(
             HydraScorer,
             fn_constructor_args=(str(info.path), info.kind),
@@ -400,6 +404,27 @@ def _run_pool(
 class _Tally:
     written: int = 0  # parts
     scored: int = 0  # items in them
+    shown: Progress | None = None  # the run's own progress (log lines; see _shown)
+
+    def received(self, items: int, shards: int) -> None:
+        """``items`` more scored rows have come back, of ``shards`` pending shards."""
+        if self.shown is not None:
+            self.shown.describe(f"scoring, {self.written}/{shards} shards written")
+            self.shown.update(items)
+
+
+def _shown(pending: Sequence[Shard], progress: bool) -> Progress:
+    """The run's own progress: items received as the driver sees finished blocks, the shards
+    written. Log lines only, where Ray Data's bars are off (:func:`ray_bars_shown`)."""
+    ours = progress and not ray_bars_shown(progress)
+    items = sum(len(s.labels) for s in pending)
+    return shown(
+        items,
+        desc=f"scoring, 0/{len(pending)} shards written",
+        unit="item",
+        enabled=None if ours else False,
+        bar=False,
+    )
 
 
 def _write_parts(
@@ -429,6 +454,7 @@ def _write_parts(
                 tally.written += 1
                 tally.scored += len(shard.labels)
                 logger.debug("wrote %s", out / shard.part)
+        tally.received(len(result["shard"]), len(pending))
 
 
 def _stopped(cause: HydraError, finished: int, total: int, out: Path) -> HydraError:
