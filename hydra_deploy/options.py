@@ -742,7 +742,9 @@ class RunnerOptions:
     threads: int | None = option(
         None,
         "--threads",
-        "ONNX Runtime intra-op threads (default: ONNX Runtime's)",
+        "threads to compute with: ONNX Runtime's intra-op threads, and torch's where the "
+        "command runs PyTorch (default: each library's own, all cores; a small N keeps a job "
+        "steady on a shared machine)",
         type=int,
         metavar="N",
     )

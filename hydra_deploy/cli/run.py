@@ -25,7 +25,7 @@ from hydra_deploy.options import RunnerOptions, add_options
 from hydra_deploy.uncertainty import SCALAR_SCORES
 
 #: the runtime options hydra-run takes
-RUNNER_OPTIONS = ("providers", "batch_size", "raw", "allow_decisions_mismatch")
+RUNNER_OPTIONS = ("providers", "batch_size", "threads", "raw", "allow_decisions_mismatch")
 
 log = logging.getLogger("hydra_deploy")
 
