@@ -756,6 +756,14 @@ class RunnerOptions:
         "check them against the model file",
         action="store_true",
     )
+    skip_unreadable: bool = option(
+        False,
+        "--skip-unreadable",
+        "skip an image file that cannot be decoded (truncated, or no image: a text file named "
+        "x.png) with a warning naming it, count the skipped files at the end and list them in "
+        "the output, instead of stopping the run",
+        action="store_true",
+    )
     allow_decisions_mismatch: bool = option(
         False,
         "--allow-decisions-mismatch",
