@@ -212,7 +212,7 @@ def validation_line(validation: dict) -> str:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    use_threads(args.threads, torch=True)  # fine-tuning, export, check, INT8 calibration
+    use_threads(common.options(RunnerOptions, args).threads, torch=True)  # the whole build
     int8, batch = _check_request(args)  # before the build: a wrong flag costs nothing
     # decisions the overwrite removes, unless a --from source with decisions carries or warns
     replaced_decisions = args.overwrite and _held_decisions(args.out)

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main_body(args: argparse.Namespace) -> int:
-    use_threads(args.threads, torch=True)
+    use_threads(common.options(RunnerOptions, args).threads, torch=True)
     if args.batch < 1:
         raise HydraError(f"--batch must be at least 1, got {args.batch}")
     if args.save_spec is not None:

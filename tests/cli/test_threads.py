@@ -84,3 +84,25 @@ def test_use_threads_none_changes_nothing_and_bad_counts_are_refused(restored_th
     for bad in (0, -1, 1.5, True):
         with pytest.raises(HydraError, match="threads must be an integer of at least 1"):
             use_threads(bad)
+
+
+def test_export_sets_torchs_threads_during_the_build(monkeypatch, tmp_path, restored_threads):
+    export_cli = import_module("hydra_deploy.cli.export")
+    seen = []
+    build_hydra = export_cli.build.build_hydra
+
+    def watched(args, progress=True):
+        seen.append((torch.get_num_threads(), ort_threads()))
+        return build_hydra(args, progress=progress)
+
+    monkeypatch.setattr(export_cli.build, "build_hydra", watched)
+    wanted = 3 if torch.get_num_threads() != 3 else 2
+    tiny = ["img_size=16", "patch_size=8", "embed_dim=48", "depth=2"]
+    argv = ["--backbone", "vit_b16", *(a for arg in tiny for a in ("--model-arg", arg))]
+    argv += ["--members", "2", "--heads-per-member", "2", "--max-batch", "2", "--opt-batch", "2"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = export_cli.main(
+            [*argv, "--out", str(tmp_path / "e"), "--quiet", "--threads", str(wanted)]
+        )
+    assert code == 0
+    assert seen == [(wanted, wanted)]
