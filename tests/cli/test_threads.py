@@ -29,6 +29,12 @@ COMMANDS = {
     "run": ["export/m", "images/"],
     "score_dataset": ["export/m", "images/", "--out", "scores.parquet"],
 }
+#: the docs' tiny stand-in for ViT-B/16 (random weights): two layers of width 48 at 16x16 pixels
+TINY = [
+    a
+    for arg in ("img_size=16", "patch_size=8", "embed_dim=48", "depth=2")
+    for a in ("--model-arg", arg)
+]
 
 
 @pytest.fixture
@@ -59,7 +65,17 @@ def test_fuse_sets_torchs_threads_during_the_run(monkeypatch, restored_threads):
 
     monkeypatch.setattr(fuse_cli.build, "build_hydra", watched)
     wanted = 3 if torch.get_num_threads() != 3 else 2
-    argv = ["--backbone", "vit_ti16", "--members", "2", "--heads-per-member", "1", "--batch", "1"]
+    argv = [
+        "--backbone",
+        "vit_b16",
+        *TINY,
+        "--members",
+        "2",
+        "--heads-per-member",
+        "1",
+        "--batch",
+        "1",
+    ]
     with contextlib.redirect_stdout(io.StringIO()):
         assert fuse_cli.main([*argv, "--quiet", "--threads", str(wanted)]) == 0
     assert seen == [wanted]
@@ -97,8 +113,7 @@ def test_export_sets_torchs_threads_during_the_build(monkeypatch, tmp_path, rest
 
     monkeypatch.setattr(export_cli.build, "build_hydra", watched)
     wanted = 3 if torch.get_num_threads() != 3 else 2
-    tiny = ["img_size=16", "patch_size=8", "embed_dim=48", "depth=2"]
-    argv = ["--backbone", "vit_b16", *(a for arg in tiny for a in ("--model-arg", arg))]
+    argv = ["--backbone", "vit_b16", *TINY]
     argv += ["--members", "2", "--heads-per-member", "2", "--max-batch", "2", "--opt-batch", "2"]
     with contextlib.redirect_stdout(io.StringIO()):
         code = export_cli.main(
