@@ -56,6 +56,7 @@ from hydra_deploy.export_folder import (
     SELECTIVE_PROCEDURES,
     SET_METHODS,
     DecisionRecord,
+    MonitorReference,
     OodRule,
     SelectiveRule,
     SetRule,
@@ -728,6 +729,7 @@ def fit_decisions(
         selective_rule = _fit_answer(parts, accept_score, risk, delta)
     if ood_alpha is not None:
         ood_rule = _fit_flag(parts, ood_score, ood_alpha)
+    monitored = ood_rule.score if ood_rule is not None else "msp"
     return DecisionRecord(
         temperature=parts.temperature,
         num_classes=num_classes,
@@ -740,7 +742,33 @@ def fit_decisions(
         sets=set_rule,
         selective=selective_rule,
         ood=ood_rule,
+        monitor=monitor_reference(parts.held, monitored, set_rule, selective_rule, ood_rule),
     )
+
+
+def monitor_reference(
+    parts_held: dict[str, np.ndarray],
+    score: str,
+    sets: SetRule | None,
+    selective: SelectiveRule | None,
+    ood: OodRule | None,
+) -> MonitorReference:
+    """The drift monitor's reference: the OOD score ``score`` on the quantile part (its calibrated
+    scores ``parts_held``), and how many of its examples each fitted rule flagged, left
+    unanswered, or gave an empty set."""
+    count = len(parts_held["prediction"])
+    counts: dict[str, tuple[int, int]] = {}
+    if ood is not None:
+        flagged = ood_mask(ood_score(parts_held, ood.score), ood.threshold)
+        counts["ood_flag"] = (int(flagged.sum()), count)
+    if selective is not None:
+        answered = accept_mask(parts_held[selective.score], selective.score, selective.tau)
+        counts["abstained"] = (int((~answered).sum()), count)
+    if sets is not None:
+        qhat = np.asarray(sets.qhat) if sets.class_conditional else sets.qhat[0]
+        sizes = prediction_sets(parts_held["probs"], qhat, sets.method, sets.params).sum(axis=1)
+        counts["empty_set"] = (int((sizes == 0).sum()), count)
+    return MonitorReference.new(score, ood_score(parts_held, score).tolist(), counts)
 
 
 # --- applying a record ----------------------------------------------------------------------------

@@ -124,6 +124,14 @@ def fit(args: argparse.Namespace) -> Calibration:
         return calibrate(runner, args.data, fitting, ood=ood_checks, batch_size=runtime.batch_size)
 
 
+def _shown_record(record: dict) -> dict:
+    """The record as --json prints it: the monitor reference's values left in hydra.json (their
+    count and hash shown)."""
+    if "monitor" in record:
+        record["monitor"] = {k: v for k, v in record["monitor"].items() if k != "values"}
+    return record
+
+
 def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo) -> None:
     """The record and the table (--json), or the table and where the decisions went."""
     assert info.decisions is not None
@@ -132,7 +140,7 @@ def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo)
             json.dumps(
                 {
                     "export": str(args.model),
-                    "decisions": info.decisions.to_dict(),
+                    "decisions": _shown_record(info.decisions.to_dict()),
                     "parts": calibration.parts,
                     "ood": calibration.ood,
                 },

@@ -29,14 +29,40 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.atomic import atomic_write_json
+from hydra_deploy.decisions import apply_decisions, binomial_upper_bound, calibrated_scores
 from hydra_deploy.errors import DataError, ParameterError
+from hydra_deploy.export_folder import DecisionRecord
 from hydra_deploy.monitor.drift import DriftTest
 from hydra_deploy.monitor.rates import RateWatch, WindowMean
+from hydra_deploy.uncertainty.metrics import ood_score
 
-__all__ = ["RATES", "Monitor"]
+__all__ = ["EXPECTATION_LEVEL", "RATES", "Monitor", "expected_rates"]
 
 #: the rates a monitor can watch: name -> the per-input outcome that counts as a hit
 RATES = ("ood_flag", "abstained", "empty_set")
+#: a rate measured on the quantile part is expected at most at its upper bound at this level
+EXPECTATION_LEVEL = 0.05
+
+
+def expected_rates(record: DecisionRecord, level: float = EXPECTATION_LEVEL) -> dict[str, float]:
+    """What calibration expects of each rate the record's rules give: the OOD flag at most its
+    alpha (its guarantee); abstentions and empty sets at most the exact upper bound, at ``level``,
+    of their share in the quantile part (a measured rate, not a guaranteed one)."""
+    if record.monitor is None:
+        raise ParameterError(_NO_REFERENCE)
+    expected = {}
+    for name, (hits, count) in record.monitor.counts.items():
+        if name == "ood_flag" and record.ood is not None:
+            expected[name] = record.ood.alpha
+        else:
+            expected[name] = binomial_upper_bound(hits, count, level)
+    return expected
+
+
+_NO_REFERENCE = (
+    "the decisions record holds no monitor reference (it was fitted before hydra-deploy stored "
+    "one): fit the decisions again with hydra-calibrate"
+)
 
 
 def _column(values: Any, name: str, count: int) -> np.ndarray | None:
@@ -83,6 +109,39 @@ class Monitor:
         self.rate_level = float(rate_level)
         self.estimates = {name: WindowMean(window) for name in ("accuracy", "coverage", "set_size")}
         self._lock = threading.Lock()
+        self.record: DecisionRecord | None = None
+
+    @classmethod
+    def from_record(cls, record: DecisionRecord, **settings: Any) -> Monitor:
+        """A monitor of the stream an export's decisions are applied to: its reference and
+        expectations from ``record`` (``hydra-calibrate``'s), ``settings`` as the constructor's."""
+        if record.monitor is None:
+            raise ParameterError(_NO_REFERENCE)
+        made = cls(record.monitor.values, expected=expected_rates(record), **settings)
+        made.record = record
+        return made
+
+    def observe_logits(self, member_logits: Any) -> dict[str, np.ndarray]:
+        """Apply the record to a batch of member logits [B, M, C] and observe the result: what a
+        runner does per batch (a monitor made by :meth:`from_record`)."""
+        record = self.record
+        if record is None or record.monitor is None:
+            raise ParameterError(
+                "observe_logits needs a monitor made from a decisions record (Monitor.from_record)"
+            )
+        logits = np.asarray(member_logits)
+        decided = apply_decisions(logits, record)
+        scores = calibrated_scores(logits, record.temperature)
+        columns: dict[str, Any] = {"confidence": decided["confidence"]}
+        if "prediction_set" in decided:
+            members = decided["prediction_set"]
+            columns["set_size"] = members.sum(axis=1)
+            columns["set_mass"] = np.where(members, decided["calibrated_probs"], 0.0).sum(axis=1)
+        if "ood_flag" in decided:
+            columns["ood_flag"] = decided["ood_flag"]
+        if "accept" in decided:
+            columns["accept"] = decided["accept"]
+        return self.observe(ood_score(scores, record.monitor.score), **columns)
 
     def observe(
         self,
@@ -144,6 +203,7 @@ class Monitor:
         with self._lock:
             return {
                 "reference": {"count": int(self.reference.size), "sha256": _digest(self.reference)},
+                "onnx_sha256": None if self.record is None else self.record.onnx_sha256,
                 "drift": self.drift.state(),
                 "rates": {name: [w.expected, w.state()] for name, w in self.rates.items()},
                 "estimates": {name: m.state() for name, m in self.estimates.items()},
@@ -153,6 +213,19 @@ class Monitor:
 
     @classmethod
     def from_state(cls, reference: Any, state: Mapping[str, Any]) -> Monitor:
+        """Resume a saved state; ``reference``: the reference values, or the decisions record
+        the state was kept for (its model file and reference are checked)."""
+        record = reference if isinstance(reference, DecisionRecord) else None
+        if record is not None:
+            if record.monitor is None:
+                raise ParameterError(_NO_REFERENCE)
+            held = state.get("onnx_sha256")
+            if held is not None and held != record.onnx_sha256:
+                raise ParameterError(
+                    f"this monitor state was kept for another model file (SHA-256 {held[:12]}); "
+                    f"the export's is {record.onnx_sha256[:12]}: start a new state"
+                )
+            reference = record.monitor.values
         ref = np.sort(np.asarray(reference, dtype=np.float64).reshape(-1))
         held = state["reference"]
         if held["count"] != ref.size or held["sha256"] != _digest(ref):
@@ -175,6 +248,7 @@ class Monitor:
             made.rates[name].restore(watch_state)
         for name, values in state["estimates"].items():
             made.estimates[name].restore(values)
+        made.record = record
         return made
 
     def save(self, path: str | Path) -> None:
@@ -183,6 +257,7 @@ class Monitor:
 
     @classmethod
     def load(cls, path: str | Path, reference: Any) -> Monitor:
+        """:meth:`from_state` of the JSON at ``path``."""
         try:
             state = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:

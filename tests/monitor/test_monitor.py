@@ -114,3 +114,83 @@ def test_threads_share_one_monitor():
     summary = monitor.summary()
     assert summary["inputs"] == 1000 and summary["rates"]["ood_flag"]["count"] == 1000
     assert len(monitor.drift.pvalues.stream) == 1000
+
+
+# --- from an export's decisions record ------------------------------------------------------------
+def _logits(rng: np.random.Generator, count: int, signal: float) -> tuple[np.ndarray, np.ndarray]:
+    labels = rng.integers(0, 5, size=count)
+    logits = rng.normal(size=(count, 3, 5))
+    logits[np.arange(count), :, labels] += signal
+    return logits, labels
+
+
+def _record(seed: int = 0, onnx: str = "a"):
+    from hydra_deploy.decisions import fit_decisions
+
+    logits, labels = _logits(np.random.default_rng(seed), 600, 3.0)
+    return fit_decisions(logits, labels, onnx_sha256=onnx * 64, data_sha256="b" * 64, risk=0.2)
+
+
+def test_the_record_carries_the_reference_and_the_expected_rates():
+    import json
+
+    from hydra_deploy.decisions import calibrated_scores, split_rows
+    from hydra_deploy.export_folder import DecisionRecord
+    from hydra_deploy.monitor.monitor import expected_rates
+    from hydra_deploy.uncertainty.metrics import ood_score
+
+    record = _record()
+    reference = record.monitor
+    assert reference.score == "msp" and len(reference.values) == record.n_quantile
+    assert list(reference.values) == sorted(reference.values)
+    logits, _ = _logits(np.random.default_rng(0), 600, 3.0)
+    _, held = split_rows(600, record.holdout, record.seed)
+    expected = np.sort(ood_score(calibrated_scores(logits[held], record.temperature), "msp"))
+    np.testing.assert_array_equal(np.asarray(reference.values), expected)
+    assert set(reference.counts) == {"ood_flag", "abstained", "empty_set"}
+    again = DecisionRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+    assert again == record
+    rates = expected_rates(record)
+    assert rates["ood_flag"] == record.ood.alpha
+    hits, count = reference.counts["abstained"]
+    assert hits / count <= rates["abstained"] <= 1.0
+
+
+def test_a_damaged_reference_is_refused():
+    import json
+
+    from hydra_deploy.export_folder import DecisionRecord, ExportFolderError
+
+    entry = json.loads(json.dumps(_record().to_dict()))
+    entry["monitor"]["values"][0] -= 1.0
+    with pytest.raises(ExportFolderError, match="do not match their SHA-256"):
+        DecisionRecord.from_dict(entry)
+    entry = json.loads(json.dumps(_record().to_dict()))
+    del entry["monitor"]  # a record from before the reference: still read
+    assert DecisionRecord.from_dict(entry).monitor is None
+
+
+def test_observe_logits_watches_what_a_runner_computes(tmp_path):
+    record = _record()
+    rng = np.random.default_rng(7)
+    monitor = Monitor.from_record(record, window=100, rule="mixture")
+    quiet, _ = _logits(rng, 300, 3.0)
+    out = monitor.observe_logits(quiet)
+    assert out["pvalue"].shape == (300,) and not monitor.summary()["alarms"]
+    estimates = monitor.summary()["estimates"]
+    assert 0.5 < estimates["accuracy"] <= 1.0 and 0.5 < estimates["coverage"] <= 1.0
+    monitor.save(tmp_path / "state.json")
+    resumed = Monitor.load(tmp_path / "state.json", record)
+    noisy, _ = _logits(rng, 300, 0.5)  # the model is unsure: inputs unlike the calibration's
+    assert resumed.observe_logits(noisy)["alarm"].any()
+    assert resumed.summary()["rates"]["ood_flag"]["alerts"] >= 1
+    with pytest.raises(ParameterError, match="another model file"):
+        Monitor.load(tmp_path / "state.json", _record(onnx="c"))
+
+
+def test_a_record_without_a_reference_says_to_refit():
+    import dataclasses
+
+    old = dataclasses.replace(_record(), monitor=None)
+    with pytest.raises(ParameterError, match="fit the decisions again with hydra-calibrate"):
+        Monitor.from_record(old)
