@@ -232,8 +232,8 @@ def _check_num_classes(num_classes: Any) -> int:
 def _need_num_classes(num_classes: Any) -> None:
     if num_classes is None:
         raise BackboneError(
-            "new_classifier=True needs num_classes (the new classifier's size; CLI: --new-head "
-            "with --num-classes N)"
+            spelled("new_classifier=True needs num_classes", "--new-head needs --num-classes N")
+            + " (the new classifier's size)"
         )
 
 
@@ -250,9 +250,10 @@ def _load_folder(
     if is_classifier and not new_classifier and num_classes not in (None, config.num_labels):
         raise BackboneError(
             f"{str(folder)!r} holds a classifier of {config.num_labels} classes, not "
-            f"num_classes={num_classes}; leave num_classes out to keep the trained classifier, or "
-            "pass new_classifier=True (CLI: --new-head) to replace it by a new random one of "
-            f"{num_classes} classes"
+            f"{spelled(f'num_classes={num_classes}', f'--num-classes {num_classes}')}; leave "
+            f"{spelled('num_classes', '--num-classes')} out to keep the trained classifier, or "
+            f"pass {spelled('new_classifier=True', '--new-head')} to replace it by a new random "
+            f"one of {num_classes} classes"
         )
     try:
         if is_classifier and not new_classifier:

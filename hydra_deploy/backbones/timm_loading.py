@@ -24,7 +24,7 @@ from hydra_deploy.backbones.checkpoint import (
     read_state_dict,
 )
 from hydra_deploy.backbones.timm_vit import TimmVitAdapter, timm
-from hydra_deploy.errors import BackboneError, CheckpointError, said
+from hydra_deploy.errors import BackboneError, CheckpointError, said, spelled
 from hydra_deploy.export_folder import (
     DECISIVE_PREPROCESSING,
     DEFAULTED,
@@ -397,7 +397,8 @@ def check_file_shapes(state_dict: dict, model: nn.Module, source: str, timm_name
         f"the file has {wanted} where the model has "
         f"{', '.join(f'{key}={_arg(own_args[key])}' for key in differ)}"
         f"{f' ({shapes})' if shapes else ''}; build it with those constructor arguments "
-        f"(load_backbone(..., {wanted}); CLI: {flags}; or model_args in the folder's config.json)"
+        f"({spelled(f'load_backbone(..., {wanted})', flags)}; or model_args in the folder's "
+        "config.json)"
         f"{heads_hint}"
     )
 

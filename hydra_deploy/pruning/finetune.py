@@ -42,7 +42,13 @@ from torch import nn
 
 from hydra_deploy.atomic import atomic_path, atomic_write_json
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import CheckpointError, FinetuneError, ParameterError, SpecError
+from hydra_deploy.errors import (
+    CheckpointError,
+    FinetuneError,
+    ParameterError,
+    SpecError,
+    spelled,
+)
 from hydra_deploy.export_folder import file_sha256
 from hydra_deploy.families import families, family_of_module
 from hydra_deploy.optional import lazy_module
@@ -329,8 +335,8 @@ def _save_weights(module: nn.Module, path: Path) -> None:
 def _delete_hint(path: Path) -> str:
     """What to do about a bad saved member (``path`` is its .json or .safetensors)."""
     pair = f"{path.stem}.safetensors and {path.stem}.json"
-    return (
-        f"delete {pair} in {str(path.parent)!r} (the member is then retrained) or pass resume=False"
+    return f"delete {pair} in {str(path.parent)!r} (the member is then retrained)" + spelled(
+        " or pass resume=False", ""
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import DataError, HydraError, ParameterError, SpecError
+from hydra_deploy.errors import DataError, HydraError, ParameterError, SpecError, said, spelled
 from hydra_deploy.options import SelectionOptions
 from hydra_deploy.pruning.data import load_data
 from hydra_deploy.pruning.importance import (
@@ -421,6 +421,8 @@ def _refuse_identical(heads: list) -> None:
         for b in range(a + 1, len(heads)):
             if heads[a] == heads[b]:
                 raise SpecError(
-                    f"members {a} and {b} keep identical heads; raise temperature, use resample=True, "
-                    "keep fewer heads per member, or change the seed"
+                    f"members {a} and {b} keep identical heads; "
+                    + said("raise `temperature`, ")
+                    + spelled("use resample=True, ", "")
+                    + said("keep fewer heads per member, or change the `seed`")
                 )

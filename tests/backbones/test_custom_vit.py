@@ -364,11 +364,11 @@ def test_shape_hints_say_what_the_model_expects():
         (
             np.zeros((5, 8, 8), np.float32),
             r"expects \[N, C, H, W\] = \[N, 1, 16, 16\]; this looks like \[N, H, W\] images without "
-            r"the channel axis: add it \(x\[:, None\]\); the images are 8x8 and the model takes 16x16: "
-            r"resize them",
+            r"the channel axis: add it \(x\[:, None\]\); then height 8 vs 16 and width 8 vs 16: "
+            r"resize \(or crop\) them to 16 x 16",
         ),
         (np.zeros((1, 16, 16), np.float32), r"\(add the batch axis: x\[None\]\)"),
-        (np.zeros((5, 1, 8, 8), np.float32), r"the images are 8x8 and the model takes 16x16"),
+        (np.zeros((5, 1, 8, 8), np.float32), r"height 8 vs 16 and width 8 vs 16: resize"),
         (np.zeros((5, 16, 16, 1), np.float32), r"channels-last \[N, H, W, C\]: transpose it"),
     ]
     for value, message in cases:
