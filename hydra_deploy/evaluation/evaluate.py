@@ -53,7 +53,7 @@ import numpy as np
 
 from hydra_deploy.arrays import read_array_file
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
-from hydra_deploy.decisions import apply_decisions, decision_metrics
+from hydra_deploy.decisions import apply_decisions, decision_metrics, describe_split
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner, check_shape
@@ -779,11 +779,11 @@ def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
                 f"| {name} | {_pct(entry.get('flag_rate'))} | {_pct(entry.get('answered'))} | "
                 f"{'—' if size is None else f'{size:.3f}'} |"
             )
+    n_t, n_q = section["calibration"]["n_temperature"], section["calibration"]["n_quantile"]
     lines += [
         "",
         f"- Guarantees: {section['conventions']['guarantees']}.",
-        f"- Fitted on {section['calibration']['n_temperature']} + "
-        f"{section['calibration']['n_quantile']} examples (temperature part + quantile part).",
+        f"- Fitted on {describe_split(n_t, n_q)}.",
     ]
     return lines
 
