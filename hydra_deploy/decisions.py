@@ -165,8 +165,9 @@ def _logits(member_logits: Any) -> np.ndarray:
     bad = ~np.isfinite(logits).all(axis=(1, 2))
     if bad.any():
         raise DataError(
-            f"member_logits holds NaN or infinite values in {int(bad.sum())} of {len(logits)} "
-            f"example(s) (first: example {int(np.argmax(bad))}); decisions are fitted on finite "
+            f"member_logits holds NaN or infinite values in {int(bad.sum())} of "
+            f"{counted(len(logits), 'example')} (first: example {int(np.argmax(bad))}); decisions "
+            "are fitted on finite "
             "logits: check the model with hydra-compare, or leave those examples out"
         )
     return logits
@@ -187,7 +188,8 @@ def _labels(labels: Any, count: int, num_classes: int) -> np.ndarray:
     outside = (y < 0) | (y >= num_classes)
     if outside.any():
         raise DataError(
-            f"labels hold {int(outside.sum())} value(s) outside the model's classes 0..{num_classes - 1} "
+            f"labels hold {counted(int(outside.sum()), 'value')} outside the model's classes "
+            f"0..{num_classes - 1} "
             f"(first: {int(y[np.argmax(outside)])} at example {int(np.argmax(outside))}); "
             "map the labels to the model's classes"
         )

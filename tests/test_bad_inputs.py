@@ -377,7 +377,7 @@ CASES = [
         "fuse",
         [*FUSE, "--calib", "{d}/calib_labels.npz"],
         1,
-        "1 label(s) outside 0..999 (e.g. 1000)",
+        "1 label outside 0..999 (e.g. 1000)",
         "relabel the data",
         "--num-classes",
     ),
@@ -438,7 +438,7 @@ CASES = [
         "fuse",
         [*FUSE, "--finetune", "{d}/calib_labels.npz"],
         1,
-        "train_data: 1 label(s) outside 0..999",
+        "train_data: 1 label outside 0..999",
     ),
     case(
         "fuse-finetune-nan",
@@ -585,7 +585,7 @@ CASES = [
         "export",
         [*EXPORT, "--finetune", "{d}/calib_labels.npz"],
         1,
-        "label(s) outside 0..999",
+        "label outside 0..999",
     ),
     case(
         "export-from-missing-folder",

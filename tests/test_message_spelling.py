@@ -79,3 +79,20 @@ def test_one_spelling_each(call, python, command):
     assert command in from_command, from_command
     assert python not in from_command and not _PYTHON.search(from_command), from_command
     assert "strongly_typed" not in from_command and "allow_nonfinite" not in from_command
+
+
+# --- plurals: a count of 1 takes the singular ---------------------------------------------------
+def test_a_count_of_one_is_singular():
+    from hydra_deploy.uncertainty.metrics import ece
+
+    one_nan = np.full((1, 2, 3), np.nan)
+    assert "in 1 of 1 example (first" in _message(lambda: ensemble_scores(one_nan))
+    vector = TensorSpec("x", ("batch",), "float32")
+    assert "must have 1 dimension ['batch']" in _message(
+        lambda: _check_one(vector, np.zeros((2, 2), np.float32), False)
+    )
+    bad_row = np.array([[0.5, 0.6], [0.5, 0.5]])
+    message = _message(lambda: ece(bad_row, np.array([0, 1])))
+    assert "1 row does not" in message, message
+    for text in (message, _message(lambda: ensemble_scores(one_nan))):
+        assert not re.search(r"\b1 (examples|rows|classes|values)\b|\(s\)", text), text

@@ -43,6 +43,7 @@ from hydra_deploy.errors import (
     CheckpointError,
     FinetuneError,
     UnsupportedModelError,
+    counted,
     spelled,
 )
 from hydra_deploy.families import get_family
@@ -249,11 +250,11 @@ def _load_folder(
     is_classifier = any(a.endswith("ForSequenceClassification") for a in archs)
     if is_classifier and not new_classifier and num_classes not in (None, config.num_labels):
         raise BackboneError(
-            f"{str(folder)!r} holds a classifier of {config.num_labels} classes, not "
+            f"{str(folder)!r} holds a classifier of {counted(config.num_labels, 'class')}, not "
             f"{spelled(f'num_classes={num_classes}', f'--num-classes {num_classes}')}; leave "
             f"{spelled('num_classes', '--num-classes')} out to keep the trained classifier, or "
             f"pass {spelled('new_classifier=True', '--new-head')} to replace it by a new random "
-            f"one of {num_classes} classes"
+            f"one of {counted(num_classes, 'class')}"
         )
     try:
         if is_classifier and not new_classifier:

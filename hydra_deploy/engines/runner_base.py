@@ -462,7 +462,8 @@ def check_shape(spec: TensorSpec, shape: tuple[int, ...], where: str = "") -> No
     name = spec.name
     if len(shape) != spec.rank:
         raise RunnerError(
-            f"{where}input {name!r} must have {spec.rank} dimensions {list(spec.shape)}, got "
+            f"{where}input {name!r} must have {counted(spec.rank, 'dimension')} "
+            f"{list(spec.shape)}, got "
             f"shape {shape}{_rank_hint(spec, shape)}"
         )
     if shape[0] == 0:

@@ -59,7 +59,7 @@ from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner, check_shape
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
-from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.errors import DataError, HydraError, counted
 from hydra_deploy.evaluation.torch_runner import TorchRunner
 from hydra_deploy.labels import label_indices
 from hydra_deploy.uncertainty import plots
@@ -153,7 +153,7 @@ def _from_arrays(x: Any, y: Any, runner: Runner, name: str, source: str) -> Eval
     count = _rows(x, name)
     if count == 0:
         raise HydraError(f"{name} ({source}) is empty: it holds no examples")
-    _check_shapes(x, runner, f"{name} ({source}, {count} examples): ")
+    _check_shapes(x, runner, f"{name} ({source}, {counted(count, 'example')}): ")
     labels = None if y is None else _labels(y, count, name)
     return EvalData(name, source, "array", count, array=x, labels=labels)
 
@@ -660,9 +660,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         "",
         f"- backend: {report.get('backend')}, precision: {report.get('precision')}, members: "
         f"{report['members']}, classes: {report['classes']}",
-        f"- ID data: `{ident['data']}` ({ident['count']} examples)",
+        f"- ID data: `{ident['data']}` ({counted(ident['count'], 'example')})",
         *(
-            f"- OOD set {n}: `{o['data']}` ({o['count']} examples)"
+            f"- OOD set {n}: `{o['data']}` ({counted(o['count'], 'example')})"
             for n, o in report["ood"].items()
         ),
         "",
@@ -761,7 +761,7 @@ def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
     lines = [
         "## Decisions (hydra-calibrate)",
         "",
-        f"On the ID data ({ident['count']} examples), each rule beside its target:",
+        f"On the ID data ({counted(ident['count'], 'example')}), each rule beside its target:",
         "",
         "| metric | value | target | met |",
         "|---|---:|---:|:---:|",

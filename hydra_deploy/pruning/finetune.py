@@ -47,6 +47,7 @@ from hydra_deploy.errors import (
     FinetuneError,
     ParameterError,
     SpecError,
+    counted,
     spelled,
 )
 from hydra_deploy.export_folder import file_sha256
@@ -142,7 +143,8 @@ def zero_pruned_heads(module: nn.Module, kept_heads: Sequence[Sequence[int]]) ->
     H, views = _head_views(module)
     if len(kept_heads) != len(views):
         raise SpecError(
-            f"kept_heads lists {len(kept_heads)} layers but the model has {len(views)} blocks"
+            f"kept_heads lists {counted(len(kept_heads), 'layer')} but the model has "
+            f"{counted(len(views), 'block')}"
         )
     for layer, (layer_views, pruned) in enumerate(
         zip(views, _pruned_heads(kept_heads, H), strict=True)

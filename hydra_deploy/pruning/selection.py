@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import DataError, HydraError, ParameterError, SpecError, said, spelled
+from hydra_deploy.errors import (
+    DataError,
+    HydraError,
+    ParameterError,
+    SpecError,
+    counted,
+    said,
+    spelled,
+)
 from hydra_deploy.options import SelectionOptions
 from hydra_deploy.pruning.data import load_data
 from hydra_deploy.pruning.importance import (
@@ -74,7 +82,8 @@ def heads_per_layer(
             raise HydraError(f"layer {layer}: cannot keep {count} heads of {H}")
         if count < min_heads:
             raise HydraError(
-                f"layer {layer}: {count} heads is below min_heads={min_heads}; lower min_heads "
+                f"layer {layer}: {counted(count, 'head')} is below min_heads={min_heads}; lower "
+                "min_heads "
                 "(0 lets a member skip a layer's attention) or keep more heads"
             )
     return counts
