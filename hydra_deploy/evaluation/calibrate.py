@@ -35,7 +35,7 @@ from hydra_deploy.decisions import (
 from hydra_deploy.engines.backends import backend_of
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner
-from hydra_deploy.errors import HydraError, ParameterError
+from hydra_deploy.errors import HydraError, ParameterError, spelled
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
     MODEL_FILE,
@@ -214,7 +214,10 @@ def store_decisions(
             "decisions fitted on a TensorRT engine's outputs cannot go into model.onnx: the new "
             "file is not the one the engine was built from; fit them in ONNX Runtime for the "
             "graph (an engine built from the new file then applies them with "
-            "allow_decisions_mismatch=True), or store them without in_graph"
+            + spelled(
+                "allow_decisions_mismatch=True), or store them without in_graph",
+                "--allow-decisions-mismatch), or drop --in-graph",
+            )
         )
     graph_had = bool(info.decisions is not None and info.decisions.in_graph)
     if not in_graph and not graph_had:

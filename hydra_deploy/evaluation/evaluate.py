@@ -59,7 +59,7 @@ from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner, check_shape
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
-from hydra_deploy.errors import DataError, HydraError, counted
+from hydra_deploy.errors import DataError, HydraError, counted, spelled
 from hydra_deploy.evaluation.torch_runner import TorchRunner
 from hydra_deploy.labels import label_indices
 from hydra_deploy.uncertainty import plots
@@ -311,8 +311,9 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
     if labelled and y is None:
         raise HydraError(
             f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)}); save them beside the "
-            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set (--ood "
-            "NAME=FILE), which needs no labels"
+            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set "
+            + spelled("(ood={NAME: FILE})", "(hydra-eval --ood NAME=FILE)")
+            + ", which needs no labels"
         )
     if not arrays:
         raise HydraError(f"{name}: {path} holds no input arrays")
