@@ -167,8 +167,8 @@ def _logits(member_logits: Any) -> np.ndarray:
         raise DataError(
             f"member_logits holds NaN or infinite values in {int(bad.sum())} of "
             f"{counted(len(logits), 'example')} (first: example {int(np.argmax(bad))}); decisions "
-            "are fitted on finite "
-            "logits: check the model with hydra-compare, or leave those examples out"
+            "are fitted on finite logits: check the model with hydra-compare, or leave those "
+            "examples out"
         )
     return logits
 
@@ -189,8 +189,8 @@ def _labels(labels: Any, count: int, num_classes: int) -> np.ndarray:
     if outside.any():
         raise DataError(
             f"labels hold {counted(int(outside.sum()), 'value')} outside the model's classes "
-            f"0..{num_classes - 1} "
-            f"(first: {int(y[np.argmax(outside)])} at example {int(np.argmax(outside))}); "
+            f"0..{num_classes - 1} (first: {int(y[np.argmax(outside)])} at example "
+            f"{int(np.argmax(outside))}); "
             "map the labels to the model's classes"
         )
     return y

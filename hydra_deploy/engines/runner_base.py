@@ -483,7 +483,7 @@ def check_shape(spec: TensorSpec, shape: tuple[int, ...], where: str = "") -> No
 
 
 def _listed(items: Sequence[str]) -> str:
-    """ "a", "a and b", "a, b and c"."""
+    """The items joined as a sentence says them: a; a and b; a, b and c."""
     return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
 
 
