@@ -386,7 +386,7 @@ CASES = [
         "fuse",
         [*FUSE, "--calib", "{d}/calib_nan.npz"],
         1,
-        "1 of 2 input(s) hold NaN or infinite values; fix or drop them",
+        "1 of 2 inputs holds NaN or infinite values; fix or drop them",
     ),
     case(
         "fuse-calib-without-labels",
@@ -445,7 +445,7 @@ CASES = [
         "fuse",
         [*FUSE, "--finetune", "{d}/calib_nan.npz"],
         1,
-        "train_data: 1 of 2 input(s) hold NaN or infinite values",
+        "train_data: 1 of 2 inputs holds NaN or infinite values",
     ),
     # hydra-fuse: OOD data for the circuit objective (--ood), checked as --calib is
     case(
@@ -469,7 +469,7 @@ CASES = [
         "fuse",
         [*FUSE, *CIRCUIT, "--ood", "{d}/calib_nan.npz"],
         1,
-        "ood_data: 1 of 2 input(s) hold NaN or infinite values; fix or drop them",
+        "ood_data: 1 of 2 inputs holds NaN or infinite values; fix or drop them",
     ),
     case(
         "fuse-ood-wrong-shape",

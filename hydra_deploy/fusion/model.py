@@ -234,7 +234,8 @@ class HydraModel(nn.Module):
         members = f"{self.num_members} member{'s' * (self.num_members != 1)}"
         lines = [
             f"HydraModel ({self.family}, {self.spec.backbone}): {members}, "
-            f"{self.num_classes} classes, shared trunk of {self.trunk_layers} layer(s)",
+            f"{counted(self.num_classes, 'class')}, shared trunk of "
+            f"{counted(self.trunk_layers, 'layer')}",
             "merge: " + ", ".join(f"{k}={v}" for k, v in self.merge.items()),
             f"parameters: {self.parameters_line()}",
             f"GMACs per example: hydra {macs['hydra'] / 1e9:.3f}, single {macs['single'] / 1e9:.3f} "

@@ -620,7 +620,8 @@ def _check_text(x: torch.Tensor, backbone: Any, name: str) -> None:
     empty = torch.nonzero(mask.sum(1) == 0).flatten()
     if empty.numel():
         raise DataError(
-            f"{name}: {empty.numel()} example(s) have no real token (attention_mask all 0, e.g. "
+            f"{name}: {counted(empty.numel(), 'example')} "
+            f"{'has' if empty.numel() == 1 else 'have'} no real token (attention_mask all 0, e.g. "
             f"example {int(empty[0])})"
         )
     if backbone is None:
@@ -810,7 +811,8 @@ def _refuse_nonfinite(x: torch.Tensor, name: str) -> None:
     finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
     if not bool(finite.all()):
         raise DataError(
-            f"{name}: {int((~finite).sum())} of {len(x)} input(s) hold NaN or infinite values; "
+            f"{name}: {int((~finite).sum())} of {counted(len(x), 'input')} "
+            f"{'holds' if int((~finite).sum()) == 1 else 'hold'} NaN or infinite values; "
             "fix or drop them"
         )
 

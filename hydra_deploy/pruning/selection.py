@@ -381,7 +381,8 @@ def _refuse_too_many(members: int, num_heads: int, counts: Sequence[int]) -> Non
     if members > distinct:
         raise SpecError(
             f"{members} members cannot differ: keeping {counts[0] if len(set(counts)) == 1 else counts} "
-            f"of {num_heads} heads per layer allows only {distinct} distinct member(s); keep fewer "
+            f"of {num_heads} heads per layer allows only {counted(distinct, 'distinct member')}; "
+            "keep fewer "
             "heads per member or ask for fewer members"
         )
 
