@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NoReturn
 import numpy as np
 
 from hydra_deploy.atomic import atomic_write_text
-from hydra_deploy.errors import SpecError, counted
+from hydra_deploy.errors import SpecError, counted, spelled
 
 __all__ = [
     "FORMAT",
@@ -673,8 +673,13 @@ class HydraSpec:
         M = len(counts)
         if free == 0:
             raise SpecError(
-                f"the {M} members cannot differ: shared_layers={shared} makes every layer "
-                f"shared; use shared_layers < num_layers"
+                f"the {M} members cannot differ: "
+                + spelled(
+                    f"shared_layers={shared} makes every layer shared; use shared_layers < "
+                    "num_layers",
+                    f"--shared-layers {shared} makes every layer shared; use a smaller "
+                    "--shared-layers",
+                )
             )
         groups: dict[int, list[int]] = {}
         for m, k in enumerate(counts):

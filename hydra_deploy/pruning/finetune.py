@@ -712,9 +712,13 @@ def _trunk_names(adapter: BackboneAdapter, spec: HydraSpec, shared_layers: Any) 
     ]
     if differ:
         raise FinetuneError(
-            f"shared_layers={shared_layers}: the members keep different heads in layer(s) "
-            f"{differ}; give them the same heads there (HydraSpec.random(..., shared_layers=n)) "
-            "or lower shared_layers"
+            f"{spelled(f'shared_layers={shared_layers}', f'--shared-layers {shared_layers}')}: the "
+            f"members keep different heads in {'layer' if len(differ) == 1 else 'layers'} "
+            f"{differ}; give them the same heads there "
+            + spelled(
+                "(HydraSpec.random(..., shared_layers=n)) or lower shared_layers",
+                "(a spec hydra-fuse --shared-layers N makes) or lower --shared-layers",
+            )
         )
     prefixes = tuple(adapter.layer_parameter_prefix.format(layer) for layer in range(shared_layers))
     return [
