@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hydra_deploy.cli import common
 from hydra_deploy.cli.eval import parse_ood
+from hydra_deploy.decisions import describe_split
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.calibrate import (
@@ -157,7 +158,8 @@ def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo)
             flag = measured.get("flag_rate")
             print(f"OOD set {name}: {'-' if flag is None else f'{100 * flag:.1f}%'} flagged")
         where = f"{INFO_FILE} and {MODEL_FILE}" if args.in_graph else INFO_FILE
-        print(f"wrote the decisions to {args.model}/{where}")
+        fitted = describe_split(info.decisions.n_temperature, info.decisions.n_quantile)
+        print(f"wrote the decisions, fitted on {fitted}, to {args.model}/{where}")
 
 
 def main_body(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hydra_deploy.cli import common
+from hydra_deploy.errors import counted
 from hydra_deploy.evaluation.compare import compare_export
 from hydra_deploy.options import RunnerOptions, add_options
 from hydra_deploy.threads import use_threads
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _table(report) -> str:
     lines = [
-        f"{report.export_dir} ({report.precision}), {report.batch} inputs "
+        f"{report.export_dir} ({report.precision}), {counted(report.batch, 'input')} "
         f"({report.inputs}), reference: {report.reference}"
     ]
     for backend in report.backends:

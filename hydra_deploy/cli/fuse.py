@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hydra_deploy.cli import common
 from hydra_deploy.cli import model_options as build
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, counted
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import RunnerOptions, add_options
 from hydra_deploy.threads import use_threads
@@ -107,7 +107,8 @@ def main_body(args: argparse.Namespace) -> int:
     print(hydra.summary())
     for entry in report["finetune"] or []:
         print(
-            f"member {entry['member']}: fine-tuned {entry['steps']} steps, training loss "
+            f"member {entry['member']}: fine-tuned {counted(entry['steps'], 'step')}, "
+            "training loss "
             f"{entry['loss_before']:.4f} -> {entry['loss_after']:.4f}"
             f"{' (resumed)' if entry.get('resumed') else ''}"
         )

@@ -279,7 +279,10 @@ def store_decisions(
             "decisions fitted on a TensorRT engine's outputs cannot go into model.onnx: the new "
             "file is not the one the engine was built from; fit them in ONNX Runtime for the "
             "graph (an engine built from the new file then applies them with "
-            "allow_decisions_mismatch=True), or store them without in_graph"
+            + spelled(
+                "allow_decisions_mismatch=True), or store them without in_graph",
+                "--allow-decisions-mismatch), or drop --in-graph",
+            )
         )
     graph_had = bool(info.decisions is not None and info.decisions.in_graph)
     if not in_graph and not graph_had:

@@ -53,13 +53,13 @@ import numpy as np
 
 from hydra_deploy.arrays import read_array_file
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
-from hydra_deploy.decisions import apply_decisions, decision_metrics
+from hydra_deploy.decisions import apply_decisions, decision_metrics, describe_split
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner, check_shape
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
-from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.errors import DataError, HydraError, counted, spelled
 from hydra_deploy.evaluation.torch_runner import TorchRunner
 from hydra_deploy.labels import label_indices
 from hydra_deploy.progress import progress
@@ -154,7 +154,7 @@ def _from_arrays(x: Any, y: Any, runner: Runner, name: str, source: str) -> Eval
     count = _rows(x, name)
     if count == 0:
         raise HydraError(f"{name} ({source}) is empty: it holds no examples")
-    _check_shapes(x, runner, f"{name} ({source}, {count} examples): ")
+    _check_shapes(x, runner, f"{name} ({source}, {counted(count, 'example')}): ")
     labels = None if y is None else _labels(y, count, name)
     return EvalData(name, source, "array", count, array=x, labels=labels)
 
@@ -312,8 +312,9 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
     if labelled and y is None:
         raise HydraError(
             f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)}); save them beside the "
-            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set (--ood "
-            "NAME=FILE), which needs no labels"
+            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set "
+            + spelled("(ood={NAME: FILE})", "(hydra-eval --ood NAME=FILE)")
+            + ", which needs no labels"
         )
     if not arrays:
         raise HydraError(f"{name}: {path} holds no input arrays")
@@ -678,9 +679,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         "",
         f"- backend: {report.get('backend')}, precision: {report.get('precision')}, members: "
         f"{report['members']}, classes: {report['classes']}",
-        f"- ID data: `{ident['data']}` ({ident['count']} examples)",
+        f"- ID data: `{ident['data']}` ({counted(ident['count'], 'example')})",
         *(
-            f"- OOD set {n}: `{o['data']}` ({o['count']} examples)"
+            f"- OOD set {n}: `{o['data']}` ({counted(o['count'], 'example')})"
             for n, o in report["ood"].items()
         ),
         "",
@@ -779,7 +780,7 @@ def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
     lines = [
         "## Decisions (hydra-calibrate)",
         "",
-        f"On the ID data ({ident['count']} examples), each rule beside its target:",
+        f"On the ID data ({counted(ident['count'], 'example')}), each rule beside its target:",
         "",
         "| metric | value | target | met |",
         "|---|---:|---:|:---:|",
@@ -797,11 +798,11 @@ def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
                 f"| {name} | {_pct(entry.get('flag_rate'))} | {_pct(entry.get('answered'))} | "
                 f"{'—' if size is None else f'{size:.3f}'} |"
             )
+    n_t, n_q = section["calibration"]["n_temperature"], section["calibration"]["n_quantile"]
     lines += [
         "",
         f"- Guarantees: {section['conventions']['guarantees']}.",
-        f"- Fitted on {section['calibration']['n_temperature']} + "
-        f"{section['calibration']['n_quantile']} examples (temperature part + quantile part).",
+        f"- Fitted on {describe_split(n_t, n_q)}.",
     ]
     return lines
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hydra_deploy.errors import ExportError
+from hydra_deploy.errors import ExportError, counted
 from hydra_deploy.export.precision import (
     check_precision,
     compute_types,
@@ -384,7 +384,7 @@ def validate_int8(
     if not judged.passed:
         raise ExportError(
             f"the INT8 file moves the outputs beyond the int8 tolerances from FP32 on {inputs} "
-            f"({examples} examples): {'; '.join(judged.failures()[:3])}; try another "
+            f"({counted(examples, 'example')}): {'; '.join(judged.failures()[:3])}; try another "
             "calibration method or more representative calibration data, or export fp16"
         )
     return summary

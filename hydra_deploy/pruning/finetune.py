@@ -41,7 +41,14 @@ from torch import nn
 
 from hydra_deploy.atomic import atomic_path, atomic_write_json
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import CheckpointError, FinetuneError, ParameterError, SpecError
+from hydra_deploy.errors import (
+    CheckpointError,
+    FinetuneError,
+    ParameterError,
+    SpecError,
+    counted,
+    spelled,
+)
 from hydra_deploy.export_folder import file_sha256
 from hydra_deploy.families import families, family_of_module
 from hydra_deploy.optional import lazy_module
@@ -135,7 +142,8 @@ def zero_pruned_heads(module: nn.Module, kept_heads: Sequence[Sequence[int]]) ->
     H, views = _head_views(module)
     if len(kept_heads) != len(views):
         raise SpecError(
-            f"kept_heads lists {len(kept_heads)} layers but the model has {len(views)} blocks"
+            f"kept_heads lists {counted(len(kept_heads), 'layer')} but the model has "
+            f"{counted(len(views), 'block')}"
         )
     for layer, (layer_views, pruned) in enumerate(
         zip(views, _pruned_heads(kept_heads, H), strict=True)
@@ -332,8 +340,8 @@ def _save_weights(module: nn.Module, path: Path) -> None:
 def _delete_hint(path: Path) -> str:
     """What to do about a bad saved member (``path`` is its .json or .safetensors)."""
     pair = f"{path.stem}.safetensors and {path.stem}.json"
-    return (
-        f"delete {pair} in {str(path.parent)!r} (the member is then retrained) or pass resume=False"
+    return f"delete {pair} in {str(path.parent)!r} (the member is then retrained)" + spelled(
+        " or pass resume=False", ""
     )
 
 
@@ -725,9 +733,13 @@ def _trunk_names(adapter: BackboneAdapter, spec: HydraSpec, shared_layers: Any) 
     ]
     if differ:
         raise FinetuneError(
-            f"shared_layers={shared_layers}: the members keep different heads in layer(s) "
-            f"{differ}; give them the same heads there (HydraSpec.random(..., shared_layers=n)) "
-            "or lower shared_layers"
+            f"{spelled(f'shared_layers={shared_layers}', f'--shared-layers {shared_layers}')}: the "
+            f"members keep different heads in {'layer' if len(differ) == 1 else 'layers'} "
+            f"{differ}; give them the same heads there "
+            + spelled(
+                "(HydraSpec.random(..., shared_layers=n)) or lower shared_layers",
+                "(a spec hydra-fuse --shared-layers N makes) or lower --shared-layers",
+            )
         )
     prefixes = tuple(adapter.layer_parameter_prefix.format(layer) for layer in range(shared_layers))
     return [

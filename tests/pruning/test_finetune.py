@@ -470,7 +470,7 @@ def test_shared_layers_are_frozen_and_fused_once(tuned):
         assert not torch.equal(params["blocks.1.mlp.fc1.weight"], base["blocks.1.mlp.fc1.weight"])
     hydra = fuse(members, spec, "grouped")
     assert hydra.trunk_layers == 1 and hydra.merge["embeddings"] == "shared"
-    with pytest.raises(FinetuneError, match=r"keep different heads in layer\(s\) \[0\]"):
+    with pytest.raises(FinetuneError, match=r"keep different heads in layer \[0\]"):
         finetune_members(backbone, tuned["spec"], train, shared_layers=1, **FAST)
     with pytest.raises(FinetuneError, match=r"shared_layers must be an int in 0\.\.3"):
         finetune_members(backbone, spec, train, shared_layers=4, **FAST)
