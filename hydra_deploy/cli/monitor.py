@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hydra_deploy.atomic import atomic_write_text
 from hydra_deploy.cli import common
+from hydra_deploy.cli.run import write_output
 from hydra_deploy.errors import DataError
 from hydra_deploy.export_folder import read_info
 from hydra_deploy.monitor import Monitor, no_reference, replay, stream_columns, summary_lines
@@ -161,11 +161,7 @@ def main_body(args: argparse.Namespace) -> int:
     monitor = Monitor.from_record(record, **watch.settings())
     out = replay(monitor, stream_columns(read_rows(args.scores), monitor))
     if args.json is not None:
-        text = _report(args, monitor, out)
-        if str(args.json) == "-":
-            sys.stdout.write(text)
-        else:
-            atomic_write_text(args.json, text)
+        write_output(args.json, _report(args, monitor, out))
     if args.plot is not None:
         plot(out, monitor, args.plot)
     if not args.quiet and str(args.json) != "-":

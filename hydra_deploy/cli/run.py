@@ -169,7 +169,8 @@ def _csv_text(results: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def _write(path: Path, text: str) -> None:
+def write_output(path: Path, text: str) -> None:
+    """``text`` to the file ``path`` (atomically, its folder made), or stdout for ``-``."""
     if str(path) == "-":
         sys.stdout.write(text)
         return
@@ -264,9 +265,9 @@ def main_body(args: argparse.Namespace) -> int:
             report["skipped"] = skipped
         if monitor is not None:
             report["monitor"] = monitor.summary()
-        _write(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
+        write_output(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
     elif args.csv is not None:
-        _write(args.csv, _csv_text(results))
+        write_output(args.csv, _csv_text(results))
     if target is None:
         if not args.quiet:
             print(_table(results))

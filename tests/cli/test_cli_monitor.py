@@ -236,3 +236,22 @@ def test_replay_of_a_raw_json_names_the_flag(built, tmp_path):
     stored.write_text(out)
     code, _, err = invoke(monitor_main, stored, "--model", built["export"])
     assert code == 1 and "--monitor" in err and "without --raw" in err
+
+
+def test_monitor_json_file_and_unreadable_scores(built, tmp_path):
+    live, _ = _run(built, "a")
+    stored = tmp_path / "watched.json"
+    stored.write_text(json.dumps(live))
+    target = tmp_path / "out" / "monitor.json"
+    code, out, err = invoke(monitor_main, stored, "--model", built["export"], "--json", target)
+    assert code == 0, err
+    written = json.loads(target.read_text())
+    assert written["monitor"]["inputs"] == 40 and len(written["per_input"]["pvalue"]) == 40
+    assert "drift alarm" in out
+    (tmp_path / "other.json").write_text(json.dumps({"count": 0}))
+    code, _, err = invoke(monitor_main, tmp_path / "other.json", "--model", built["export"])
+    assert code == 1 and "not hydra-run's JSON" in err
+    code, _, err = invoke(monitor_main, tmp_path / "missing.json", "--model", built["export"])
+    assert code == 1 and "does not exist" in err
+    code, _, err = invoke(monitor_main, tmp_path, "--model", built["export"])
+    assert code == 1 and "part-*.parquet" in err
