@@ -122,7 +122,7 @@ def plot(out: dict[str, np.ndarray], monitor: Monitor, path: Path) -> None:
     drift.semilogy(steps, out["martingale"], label="martingale")
     drift.axhline(monitor.drift.threshold, color="red", linestyle="--", label="alarm at 1/alpha")
     alarms = np.flatnonzero(out["alarm"])
-    drift.plot(alarms, np.full(alarms.size, monitor.drift.threshold), "rv", label="alarm")
+    drift.plot(alarms, out["martingale"][alarms], "rv", label="alarm")
     drift.set_ylabel("martingale")
     drift.legend(loc="upper left")
     for name, watch in monitor.rates.items():
