@@ -19,7 +19,8 @@ declaration serves the library, the commands and the recorded settings::
 Beside the build's groups, :class:`Int8Options` is ``hydra-export --precision int8``'s (the
 ``int8=`` of ``export_onnx``); the runtime commands share :class:`RunnerOptions` (providers,
 engine, batch size, threads, decisions), hydra-calibrate fits with :class:`CalibrationOptions`
-(``calibrate``'s ``options``), hydra-serve and ``--triton`` batch with :class:`BatchingOptions`.
+(``calibrate``'s ``options``), hydra-serve and ``--triton`` batch with :class:`BatchingOptions`,
+hydra-run ``--monitor`` and hydra-monitor watch with :class:`MonitorOptions`.
 A group outside this module (``ServeConfig``, ``BenchConfig``) declares its fields with
 :func:`option` too, and takes a field of one of these with :func:`shared`.
 
@@ -64,6 +65,7 @@ __all__ = [
     "INT8_METHODS",
     "LOWERINGS",
     "MIN_CALIBRATION_EXAMPLES",
+    "MONITOR_RULES",
     "PARAMETER_FLAGS",
     "SHARED_PARTS",
     "BatchingOptions",
@@ -72,6 +74,7 @@ __all__ = [
     "FuseOptions",
     "Int8Options",
     "LoadOptions",
+    "MonitorOptions",
     "PreprocessingOptions",
     "RunnerOptions",
     "SelectionOptions",
@@ -794,6 +797,70 @@ class RunnerOptions:
             "allow_decisions_mismatch": self.allow_decisions_mismatch,
             **changes,
         }
+
+
+# hydra_deploy.monitor.BETTING_RULES's names, repeated so that options import no monitor (tested equal)
+MONITOR_RULES = ("jumper", "mixture")
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorOptions:
+    """How a command watches its stream of inputs with :mod:`hydra_deploy.monitor` (hydra-run
+    ``--monitor``; hydra-monitor replays with the same settings): the drift alarm's level and
+    betting rule, the window of the rates and estimates, and a state file that carries the
+    stream over several runs (resumed when it exists, saved atomically at the end)."""
+
+    SECTION: ClassVar[str] = "monitor"
+
+    monitor: bool = option(
+        False,
+        "--monitor",
+        "watch the inputs, in the order given, against the export's calibration (needs "
+        "hydra-calibrate's monitor reference): per input a p-value, the martingale and the "
+        "alarm; at the end the alarms, the rates against what calibration expects and the "
+        "label-free estimates",
+        action="store_true",
+    )
+    alpha: float = option(
+        0.05,
+        "--monitor-alpha",
+        "the drift alarm's false-alarm level: it goes off when the martingale reaches 1/ALPHA "
+        "(default %(default)s)",
+        type=float,
+        metavar="ALPHA",
+    )
+    rule: str = option(
+        "jumper",
+        "--monitor-rule",
+        "the betting rule: jumper (Simple Jumper, both directions) or mixture (power bettors, "
+        "more unusual inputs only; default %(default)s)",
+        choices=MONITOR_RULES,
+    )
+    window: int = option(
+        1000,
+        "--monitor-window",
+        "inputs per rate test and per estimate window (default %(default)s)",
+        type=int,
+        metavar="N",
+    )
+    state: object = option(
+        None,
+        "--monitor-state",
+        "resume the monitor from FILE when it exists and save it there at the end (atomically): "
+        "one stream over several runs",
+        type=Path,
+        metavar="FILE",
+    )
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.alpha) or not 0.0 < self.alpha < 1.0:
+            raise ParameterError(f"`alpha` must be in (0, 1), got {self.alpha!r}")
+        _check_choice(self, "rule", MONITOR_RULES)
+        _check_count(self, "window", 1)
+
+    def settings(self) -> dict[str, Any]:
+        """``Monitor.from_record``'s keyword arguments."""
+        return {"alpha": float(self.alpha), "rule": self.rule, "window": int(self.window)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,8 @@ from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES
 from hydra_deploy.engines.runner import BACKENDS, load_runner
 from hydra_deploy.engines.sources import score_inputs
 from hydra_deploy.errors import HydraError
-from hydra_deploy.options import RunnerOptions, add_options
+from hydra_deploy.monitor import Monitor, no_reference, summary_lines
+from hydra_deploy.options import MonitorOptions, RunnerOptions, add_options, command_line
 from hydra_deploy.uncertainty import SCALAR_SCORES
 
 #: the runtime options hydra-run takes
@@ -44,6 +45,8 @@ EXAMPLES = """\
   hydra-run export/vit_b16-m3/model.onnx arrays.npz --providers cpu --json -   # JSON on stdout
   hydra-run export/minilm-m3 glosses.txt --text "a domesticated carnivorous mammal"   # BERT
   hydra-run export/vit_b16-m3 images/ --raw       # scores only, even if hydra-calibrate ran
+  hydra-run export/vit_b16-m3 stream/ --monitor --json watched.json   # drift alarm, rates
+  hydra-run export/vit_b16-m3 today/ --monitor --monitor-state monitor.json   # one stream, many runs
 """
 
 
@@ -104,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run inputs holding NaN/inf and pass non-finite logits through (prediction "
         "-1, scores null in JSON, empty in CSV) instead of refusing them",
     )
+    add_options(p, MonitorOptions)
     return p
 
 
@@ -165,7 +169,8 @@ def _csv_text(results: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def _write(path: Path, text: str) -> None:
+def write_output(path: Path, text: str) -> None:
+    """``text`` to the file ``path`` (atomically, its folder made), or stdout for ``-``."""
     if str(path) == "-":
         sys.stdout.write(text)
         return
@@ -176,8 +181,55 @@ def _write(path: Path, text: str) -> None:
         raise HydraError(f"cannot write {path}: {err}") from err
 
 
+def _check_monitoring(watch: MonitorOptions, args: argparse.Namespace) -> None:
+    """Refuse monitor flags without --monitor, and --monitor with what it cannot watch."""
+    if not watch.monitor:
+        given = [flag for flag in command_line(watch) if flag.startswith("--")]
+        if given:
+            raise HydraError(f"{', '.join(given)} set the monitor: add --monitor")
+        return
+    if args.raw:
+        raise HydraError("--monitor watches the export's decisions: leave out --raw")
+    if args.allow_nonfinite:
+        raise HydraError(
+            "--monitor cannot watch non-finite scores: leave out --allow-nonfinite (or run the "
+            "inputs holding NaN/inf without --monitor)"
+        )
+
+
+def _start_monitor(runner: Any, model: Path, watch: MonitorOptions) -> Monitor:
+    """A monitor of the export's decisions record: resumed from --monitor-state when the file
+    exists (its settings must be the ones given), else new."""
+    record = runner.decisions
+    if record is None or record.monitor is None:
+        raise no_reference(model)
+    if watch.state is None or not watch.state.exists():
+        return Monitor.from_record(record, **watch.settings())
+    monitor = Monitor.load(watch.state, record)
+    held = {
+        "alpha": monitor.drift.alpha,
+        "rule": monitor.drift.bettor.name,
+        "window": monitor.window,
+    }
+    default = MonitorOptions().settings()
+    for name, value in watch.settings().items():
+        if value != default[name] and value != held[name]:  # a flag given that the state differs on
+            raise HydraError(
+                f"the monitor state {watch.state} was kept with --monitor-{name} {held[name]}, "
+                f"not {value}: leave out --monitor-{name}, or give a new --monitor-state file"
+            )
+    return monitor
+
+
+def _said_monitor(monitor: Monitor) -> None:
+    """The monitor's summary in words, on stderr (stdout holds the results)."""
+    print("monitor: " + "\n  ".join(summary_lines(monitor.summary())), file=sys.stderr)
+
+
 def main_body(args: argparse.Namespace) -> int:
     runtime = common.options(RunnerOptions, args)
+    watch = common.options(MonitorOptions, args)
+    _check_monitoring(watch, args)
     if args.top_k < 1:
         raise HydraError(f"--top-k must be at least 1, got {args.top_k}")
     target = args.json or args.csv
@@ -185,6 +237,7 @@ def main_body(args: argparse.Namespace) -> int:
         common.refuse_existing(target, args.overwrite)
     skipped: list[dict[str, str]] | None = [] if runtime.skip_unreadable else None
     with load_runner(args.model, backend=args.backend, **runtime.load_kwargs()) as runner:
+        monitor = _start_monitor(runner, args.model, watch) if watch.monitor else None
         results = score_inputs(
             runner,
             args.inputs,
@@ -194,6 +247,7 @@ def main_body(args: argparse.Namespace) -> int:
             allow_nonfinite=args.allow_nonfinite,
             decisions=runtime.decisions,
             skipped=skipped,
+            monitor=monitor,
         )
         if runtime.decisions and runner.decisions is None:  # said once, after a run that worked
             log.info(
@@ -209,9 +263,11 @@ def main_body(args: argparse.Namespace) -> int:
         report = {**meta, "count": len(results), "results": results}
         if skipped is not None:  # the files --skip-unreadable left out, with the reason
             report["skipped"] = skipped
-        _write(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
+        if monitor is not None:
+            report["monitor"] = monitor.summary()
+        write_output(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
     elif args.csv is not None:
-        _write(args.csv, _csv_text(results))
+        write_output(args.csv, _csv_text(results))
     if target is None:
         if not args.quiet:
             print(_table(results))
@@ -222,6 +278,11 @@ def main_body(args: argparse.Namespace) -> int:
             f"wrote {len(results)} result(s) to {target} ({meta['backend']}, "
             f"{', '.join(meta['providers'])})"
         )
+    if monitor is not None:
+        if watch.state is not None:
+            monitor.save(watch.state)
+        if not args.quiet:
+            _said_monitor(monitor)
     return 0
 
 

@@ -26,7 +26,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,10 +46,14 @@ from hydra_deploy.labels import label_indices
 from hydra_deploy.uncertainty import SCALAR_SCORES
 from hydra_deploy.userdata import IMAGE_SUFFIXES, TEXT_FILE_SUFFIXES, find_images, read_text_file
 
+if TYPE_CHECKING:
+    from hydra_deploy.monitor import Monitor
+
 __all__ = [
     "ARRAY",
     "ARRAY_SUFFIXES",
     "IMAGES",
+    "MONITOR_FIELDS",
     "TEXT",
     "TEXT_SUFFIXES",
     "Source",
@@ -376,6 +380,31 @@ def _result(
     return result
 
 
+#: what ``monitor=`` adds to each result: the monitored score and set mass the monitor consumed
+#: (what hydra-monitor replays), then the drift test's p-value, martingale and alarm
+MONITOR_FIELDS = {  # field -> the monitor's column
+    "monitor_score": "scores",
+    "monitor_set_mass": "set_mass",
+    "monitor_pvalue": "pvalue",
+    "monitor_martingale": "martingale",
+    "monitor_alarm": "alarm",
+}
+
+
+def _watched(monitor: Monitor, member_logits: np.ndarray) -> list[dict[str, Any]]:
+    """Feed one batch's member logits to ``monitor``, in order; the monitor's fields per row."""
+    columns = monitor.columns(member_logits)
+    out = {**columns, **monitor.observe(**columns)}
+    fields = [(field, out[column]) for field, column in MONITOR_FIELDS.items() if column in out]
+    return [
+        {
+            field: bool(values[row]) if values.dtype == bool else float(values[row])
+            for field, values in fields
+        }
+        for row in range(len(member_logits))
+    ]
+
+
 def score_inputs(
     runner: Runner,
     paths: Sequence[str | os.PathLike],
@@ -385,6 +414,7 @@ def score_inputs(
     allow_nonfinite: bool = False,
     decisions: bool = True,
     skipped: list[dict[str, str]] | None = None,
+    monitor: Monitor | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``runner`` over the INPUT paths (and ``texts``, for a text model); one result dict per
     example, in input order: ``input``, ``prediction`` (the class index), ``predicted_name`` (its
@@ -404,7 +434,12 @@ def score_inputs(
     ``skipped``: a list to collect the images that cannot be decoded (a truncated file, a text
     file named ``x.png``) into, ``{"input": ..., "reason": ...}`` each, while the run goes on
     (each is logged as a warning, and their count at the end); None: such an image stops the run
-    with an error naming it."""
+    with an error naming it.
+
+    ``monitor``: a :class:`~hydra_deploy.monitor.Monitor` made from the runner's decisions
+    record (``Monitor.from_record``), fed each batch's member logits in input order; each result
+    then also has the fields of :data:`MONITOR_FIELDS` (``monitor_set_mass`` where the record
+    holds sets)."""
     sources = _all_sources(runner, paths, texts)
     size = batch_size or runner.max_batch or 32
     names = runner.class_names
@@ -426,8 +461,11 @@ def score_inputs(
             top = np.argsort(-probs, axis=1, kind="stable")[:, :k] if top_k > 1 else None
             if source.classes is not None and truth is None:
                 truth = _true_classes(source, runner, probs.shape[1])
+            watched = None if monitor is None else _watched(monitor, scores["member_logits"])
             for position, row in enumerate(rows):
                 result = _result(source.names[row], scores, position, names, top, probs)
+                if watched is not None:
+                    result.update(watched[position])
                 if labelled:
                     result["true_class"] = truth[row] if truth is not None else None
                     result["true_name"] = source.classes[row] if source.classes else None

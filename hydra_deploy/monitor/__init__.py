@@ -7,7 +7,8 @@
 - :class:`RateWatch`: a rate (OOD flags, abstentions, empty sets) against calibration's expectation,
   an exact binomial test per window; :class:`WindowMean`: label-free estimates over a window.
 - :class:`Monitor`: all of them over one stream, thread-safe, its state saved atomically as JSON and
-  resumed exactly.
+  resumed exactly; :func:`replay` feeds it a stored stream (hydra-monitor), :func:`summary_lines`
+  says where it stands.
 
 Edge code: numpy and the standard library only.
 """
@@ -17,6 +18,13 @@ from hydra_deploy.monitor.drift import Alarm, DriftTest, Step
 from hydra_deploy.monitor.monitor import RATES, Monitor
 from hydra_deploy.monitor.pvalues import ConformalPValues
 from hydra_deploy.monitor.rates import RateAlert, RateWatch, WindowMean, binomial_interval
+from hydra_deploy.monitor.replay import (
+    no_reference,
+    replay,
+    rolling_mean,
+    stream_columns,
+    summary_lines,
+)
 
 __all__ = [
     "BETTING_RULES",
@@ -32,4 +40,9 @@ __all__ = [
     "Step",
     "WindowMean",
     "binomial_interval",
+    "no_reference",
+    "replay",
+    "rolling_mean",
+    "stream_columns",
+    "summary_lines",
 ]

@@ -121,9 +121,11 @@ class Monitor:
         made.record = record
         return made
 
-    def observe_logits(self, member_logits: Any) -> dict[str, np.ndarray]:
-        """Apply the record to a batch of member logits [B, M, C] and observe the result: what a
-        runner does per batch (a monitor made by :meth:`from_record`)."""
+    def columns(self, member_logits: Any) -> dict[str, np.ndarray]:
+        """What :meth:`observe` takes, from a batch of member logits [B, M, C] and the record
+        (a monitor made by :meth:`from_record`): ``scores`` (the record's OOD score of the
+        calibrated probabilities), ``confidence``, and ``set_mass``, ``set_size``, ``ood_flag``,
+        ``accept`` for the rules the record holds."""
         record = self.record
         if record is None or record.monitor is None:
             raise ParameterError(
@@ -132,7 +134,10 @@ class Monitor:
         logits = np.asarray(member_logits)
         decided = apply_decisions(logits, record)
         scores = calibrated_scores(logits, record.temperature)
-        columns: dict[str, Any] = {"confidence": decided["confidence"]}
+        columns: dict[str, Any] = {
+            "scores": ood_score(scores, record.monitor.score),
+            "confidence": decided["confidence"],
+        }
         if "prediction_set" in decided:
             members = decided["prediction_set"]
             columns["set_size"] = members.sum(axis=1)
@@ -141,7 +146,12 @@ class Monitor:
             columns["ood_flag"] = decided["ood_flag"]
         if "accept" in decided:
             columns["accept"] = decided["accept"]
-        return self.observe(ood_score(scores, record.monitor.score), **columns)
+        return columns
+
+    def observe_logits(self, member_logits: Any) -> dict[str, np.ndarray]:
+        """Apply the record to a batch of member logits [B, M, C] and observe the result: what a
+        runner does per batch (a monitor made by :meth:`from_record`)."""
+        return self.observe(**self.columns(member_logits))
 
     def observe(
         self,
