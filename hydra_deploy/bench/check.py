@@ -2,7 +2,9 @@
 
 A baseline holds, per backend, batch and variant, the latency ratio to the single model measured
 on one kind of machine (never absolute times: they do not carry across machines or runs). A run
-checked against it fails when a ratio is more than ``tolerance`` (relative) above the baseline's.
+checked against it fails when a ratio is more than ``tolerance`` (relative) above the baseline's;
+:func:`confirm` keeps, of a failed comparison, only what regresses again when re-measured
+(:func:`hydra_deploy.bench.latency.check_run` does the re-measure).
 
 Baseline file (``hydra-bench --write-baseline PATH``)::
 
