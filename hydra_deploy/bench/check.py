@@ -2,7 +2,9 @@
 
 A baseline holds, per backend, batch and variant, the latency ratio to the single model measured
 on one kind of machine (never absolute times: they do not carry across machines or runs). A run
-checked against it fails when a ratio is more than ``tolerance`` (relative) above the baseline's.
+checked against it fails when a ratio is more than ``tolerance`` (relative) above the baseline's;
+:func:`confirm` keeps, of a failed comparison, only what regresses again when re-measured
+(:func:`hydra_deploy.bench.latency.check_run` does the re-measure).
 
 Baseline file (``hydra-bench --write-baseline PATH``)::
 
@@ -202,6 +204,8 @@ class CheckReport:
     not_checked: list[str] = field(default_factory=list)
     not_in_baseline: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: One line per regression re-measured (see :func:`confirm`): both ratios and the verdict.
+    remeasured: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -215,6 +219,7 @@ class CheckReport:
             for entry in self.not_checked
         ]
         out += [f"not in baseline: {entry}" for entry in self.not_in_baseline]
+        out += [f"re-measured: {entry}" for entry in self.remeasured]
         out += [f"note: {note}" for note in self.notes]
         verdict = "FAILED" if self.regressions else "passed"
         out.append(
@@ -246,6 +251,7 @@ class CheckReport:
             "within": rows(self.within),
             "not_checked": self.not_checked,
             "not_in_baseline": self.not_in_baseline,
+            "remeasured": self.remeasured,
             "notes": self.notes,
         }
 
@@ -291,6 +297,62 @@ def compare(
             f"{result['config']['threads']}; ratios can shift with threads"
         )
     return report
+
+
+def failed_entries(report: CheckReport) -> dict[str, set[str]]:
+    """What a re-measure of ``report``'s regressions must time: {"backends", "batches",
+    "variants"}, each the set of names (batches as text) that regressed."""
+    return {
+        "backends": {f.backend for f in report.regressions},
+        "batches": {f.batch for f in report.regressions},
+        "variants": {f.variant for f in report.regressions},
+    }
+
+
+def confirm(first: CheckReport, again: CheckReport) -> CheckReport:
+    """The verdict after re-measuring ``first``'s regressions (``again``: the re-measured run
+    compared with the same baseline): an entry stays a regression only when it regressed in both
+    runs; one that passed on re-measuring is sorted by its new ratio. Either way both ratios are
+    kept in ``remeasured``. One machine hiccup during a run (another job starting) then cannot
+    fail the check, and a real regression, slower in every run, still does.
+    """
+
+    def key(f: Finding) -> tuple[str, str, str]:
+        return f.backend, f.batch, f.variant
+
+    verdicts = {
+        key(f): (f, kind)
+        for kind, found in (
+            ("regression", again.regressions),
+            ("improvement", again.improvements),
+            ("within", again.within),
+        )
+        for f in found
+    }
+    out = CheckReport(
+        first.tolerance,
+        improvements=list(first.improvements),
+        within=list(first.within),
+        not_checked=list(first.not_checked),
+        not_in_baseline=list(first.not_in_baseline),
+        notes=list(first.notes),
+    )
+    for f in first.regressions:
+        where = f"{f.backend} batch {f.batch} {f.variant}"
+        if key(f) not in verdicts:
+            out.regressions.append(f)
+            out.remeasured.append(f"{where}: ratio {f.ratio:.3f}, not measured again")
+            continue
+        g, kind = verdicts[key(f)]
+        {"regression": out.regressions, "improvement": out.improvements, "within": out.within}[
+            kind
+        ].append(g)
+        verdict = "a regression again" if kind == "regression" else "passed"
+        out.remeasured.append(
+            f"{where}: ratio {f.ratio:.3f}, then {g.ratio:.3f} (baseline {f.baseline:.3f}, "
+            f"limit {f.baseline * (1 + first.tolerance):.3f}): {verdict}"
+        )
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

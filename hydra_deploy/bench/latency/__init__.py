@@ -31,10 +31,11 @@ INT8 single, Hydra and fused-deep-ensemble graphs are profiled (:mod:`.profiling
 stay in float).
 
 Timing protocol: per backend and batch, ``warmup`` untimed runs of every variant, then ``rounds``
-rounds; each round times every variant once, in an order rotated by one each round, so machine
-noise hits all variants alike. Reported per variant: the median latency and its spread (quartiles,
-min, max, every time), ``ratio_vs_single`` = the median over rounds of (variant time / single time
-in the same round), the analytic FLOPs ratio (multiply-accumulates, ``model.macs``), ``gap`` =
+rounds; each round times every variant once, in an order rotated by one each round, and the single
+model before every variant and after the last (paired rounds), so machine noise hits each variant
+and its reference alike. Reported per variant: the median latency and its spread (quartiles, min,
+max, every time), ``ratio_vs_single`` = the median over rounds of (variant time / the mean of the
+single model's two runs around it in that round), the analytic FLOPs ratio (multiply-accumulates, ``model.macs``), ``gap`` =
 ratio / FLOPs ratio (1.0: the variant runs as fast as its FLOPs predict), MACs per example and the
 achieved GMAC/s (to read each time against the hardware's limit). The environment (versions, CPU,
 GPU, threads, load average) goes into the result.
@@ -48,7 +49,9 @@ the variants built from them), :mod:`.timing` (the :class:`Timer` and :class:`Ba
 the rounds and their summary), :mod:`.torch_backends` (PyTorch eager on the CPU in FP32 and BF16,
 CUDA graphs), :mod:`.onnx_backends` (the ONNX export, ONNX Runtime FP32 and INT8, TensorRT),
 :mod:`.profiling` (ONNX Runtime's profiler, time per precision), :mod:`.machine` (the environment
-of a run, the CPU's BF16 / INT8 instructions), :mod:`.run` (:func:`run_benchmark`) and :mod:`.report` (tables, Markdown, the plot).
+of a run, the CPU's BF16 / INT8 instructions), :mod:`.run` (:func:`run_benchmark`), :mod:`.guard` (:func:`check_run`: the check against a
+baseline, a regression re-measured before the verdict) and :mod:`.report` (tables, Markdown, the
+plot).
 """
 
 from hydra_deploy.bench.config import (
@@ -74,6 +77,7 @@ from hydra_deploy.bench.latency.backends import (
     resolve_backends,
     resolve_precisions,
 )
+from hydra_deploy.bench.latency.guard import check_run, remeasure_config
 from hydra_deploy.bench.latency.machine import (
     BF16_FEATURES,
     CPU_FEATURES,
@@ -133,6 +137,7 @@ from hydra_deploy.bench.latency.run import (
 from hydra_deploy.bench.latency.timing import (
     Backend,
     Timer,
+    paired_key,
     quartiles,
     rotated,
     summarize,
@@ -204,6 +209,7 @@ __all__ = [
     "calibration_feed",
     "capture_cuda_graph",
     "check_geometry",
+    "check_run",
     "cpu_bf16_reason",
     "cpu_features",
     "cpu_features_line",
@@ -233,6 +239,7 @@ __all__ = [
     "minilm_folder",
     "normalize_backends",
     "normalize_precisions",
+    "paired_key",
     "plain_module",
     "plot_latency",
     "precision_breakdown",
@@ -245,6 +252,7 @@ __all__ = [
     "quartiles",
     "random_spec",
     "reference_outputs",
+    "remeasure_config",
     "require_matplotlib",
     "resolve_backends",
     "resolve_precisions",

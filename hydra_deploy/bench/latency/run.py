@@ -25,7 +25,7 @@ from hydra_deploy.backbones import BackboneAdapter
 from hydra_deploy.bench.config import RESULT_FORMAT, BenchConfig
 from hydra_deploy.bench.latency.backends import make_backend, resolve_backends, resolve_precisions
 from hydra_deploy.bench.latency.machine import environment, load_average, torch_threads
-from hydra_deploy.bench.latency.timing import Backend, summarize, time_rounds
+from hydra_deploy.bench.latency.timing import Backend, paired_key, summarize, time_rounds
 from hydra_deploy.bench.latency.variants import Variant, VariantSet, build_variants
 from hydra_deploy.errors import HydraError
 
@@ -115,7 +115,9 @@ def _time_group(
     reference: Mapping[str, np.ndarray],
     progress: Progress,
 ) -> tuple[dict[str, dict[int, dict[str, list[float]]]], dict[str, dict[str, float]]]:
-    """Per batch, rounds timing every (backend, variant) of ``group`` once in a rotating order.
+    """Per batch, paired rounds timing every (backend, variant) of ``group`` once in a rotating
+    order, the first backend's single model around each (its runs around its own variants kept
+    under ``paired_key("single", variant)``).
     Returns ({backend: {batch: {variant: seconds per round}}}, {backend: {variant: max |diff|
     from PyTorch eager FP32 at the first batch}})."""
     times: dict[str, dict[int, dict[str, list[float]]]] = {b.name: {} for b, _ in group}
@@ -133,9 +135,18 @@ def _time_group(
                         )
                         for v in chosen
                     }
-        measured = time_rounds(timers, config.rounds, config.warmup, progress.tick)
+        reference = f"{group[0][0].name}/single"
+        measured = time_rounds(timers, config.rounds, config.warmup, progress.tick, reference)
         for b, chosen in group:
             times[b.name][batch] = {v.name: measured[f"{b.name}/{v.name}"] for v in chosen}
+            if b is group[0][0]:  # the reference's runs around each of its own variants
+                times[b.name][batch].update(
+                    {
+                        paired_key("single", v.name): measured[paired_key(reference, key)]
+                        for v in chosen
+                        if (key := f"{b.name}/{v.name}") != reference
+                    }
+                )
         del timers
         for b, _ in group:
             b.release(batch)
@@ -160,7 +171,10 @@ def _rows_and_info(
     rows_by_batch: dict[str, Any] = {}
     for batch, own in times.items():
         rows = summarize(own, variants.variants, batch)
-        if fp32:
+        if fp32 and backend is first:
+            for row in rows.values():
+                row["ratio_vs_fp32_single"] = row["ratio_vs_single"]
+        elif fp32:
             reference_single = group_times[first.name][batch]["single"]
             for name, row in rows.items():
                 row["ratio_vs_fp32_single"] = statistics.median(

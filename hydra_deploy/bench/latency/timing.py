@@ -1,6 +1,7 @@
 """The timing protocol: a :class:`Timer` per variant and batch, made by a :class:`Backend`.
 
-Warm-up runs, then rounds in a rotating order; the summary per variant (median, spread, ratio to
+Warm-up runs, then rounds in a rotating order (paired rounds: the single model timed around
+every variant); the summary per variant (median, spread, ratio to
 the single model, FLOPs ratio and gap).
 """
 
@@ -40,15 +41,32 @@ def rotated(names: Sequence[str], shift: int) -> list[str]:
     return [*names[shift:], *names[:shift]]
 
 
+#: Separates a timer's name from its reference's in the key of the reference's paired times.
+PAIRED = "~"
+
+
+def paired_key(reference: str, name: str) -> str:
+    """The key under which :func:`time_rounds` returns ``reference``'s times paired with ``name``."""
+    return f"{reference}{PAIRED}{name}"
+
+
 def time_rounds(
     timers: Mapping[str, Callable[[], float]],
     rounds: int,
     warmup: int,
     tick: Callable[[], None] = lambda: None,
+    reference: str | None = None,
 ) -> dict[str, list[float]]:
     """Warm-up runs of every timer, then ``rounds`` rounds timing each once in a rotating order.
 
     Returns every timer's times in seconds, one per round (index r = round r for all timers).
+
+    ``reference`` (a timer's name): paired rounds. Each round times the reference before every
+    other timer and once after the last (R a R b R c R, the others in the rotating order), so
+    each timer runs between two reference runs and whatever load the machine carries then hits
+    both. The reference's own entry is then the median of its runs in each round, and
+    ``paired_key(reference, name)`` holds, per round, the mean of the two reference runs around
+    ``name``: the time to divide ``name``'s by.
     """
     names = list(timers)
     for name in names:
@@ -56,11 +74,22 @@ def time_rounds(
             timers[name]()
             tick()
     times: dict[str, list[float]] = {name: [] for name in names}
+    others = [name for name in names if name != reference]
     for round_index in range(rounds):
         gc.collect()
-        for name in rotated(names, round_index):
+        if reference is None:
+            for name in rotated(names, round_index):
+                times[name].append(float(timers[name]()))
+                tick()
+            continue
+        around = [float(timers[reference]())]
+        for name in rotated(others, round_index):
             times[name].append(float(timers[name]()))
+            around.append(float(timers[reference]()))
+            times.setdefault(paired_key(reference, name), []).append((around[-2] + around[-1]) / 2)
             tick()
+        times[reference].append(statistics.median(around))
+        tick()
     return times
 
 
@@ -74,13 +103,14 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
 def summarize(
     times: Mapping[str, Sequence[float]], variants: Sequence[Variant], batch: int
 ) -> dict[str, dict[str, Any]]:
-    """Per variant: median and spread (ms), ratio to ``single`` (median of per-round ratios),
-    FLOPs ratio, gap = ratio / FLOPs ratio, MACs per example and achieved GMAC/s."""
-    single = times["single"]
+    """Per variant: median and spread (ms), ratio to ``single`` (median of per-round ratios; of
+    the single model's runs around the variant's where ``times`` holds them, see
+    :func:`time_rounds`), FLOPs ratio, gap = ratio / FLOPs ratio, MACs per example and achieved GMAC/s."""
     rows: dict[str, dict[str, Any]] = {}
     for variant in variants:
         seconds = times[variant.name]
         ms = [1000.0 * s for s in seconds]
+        single = times.get(paired_key("single", variant.name), times["single"])
         ratios = [t / s for t, s in zip(seconds, single, strict=True)]
         ratio = statistics.median(ratios)
         median_ms = statistics.median(ms)
