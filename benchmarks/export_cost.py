@@ -4,8 +4,8 @@ Each export runs as its own child process (``hydra-export --backbone vit_b16 --p
 random weights, M = 3 members x 4 heads, the default batch profile and validation), one after
 the other: its peak resident memory (the child's own ``ru_maxrss``, from ``os.wait4``, as
 ``/usr/bin/time -v`` reports it), its wall time and its CPU time (user + sys, which other jobs on the machine disturb less than the wall time). The
-threads are set explicitly (``--threads``: ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` for PyTorch;
-ONNX Runtime uses one thread per core).
+threads are set explicitly (``--threads``: hydra-export's ``--threads``, and ``OMP_NUM_THREADS``/
+``MKL_NUM_THREADS`` for what reads them).
 
 INT8 is static, calibrated (MinMax) on ``--images`` random RGB images (256 x 256 JPEGs, seeded)
 written as a class-folder tree: no ImageNet-like data set is available offline, and the cost of
@@ -64,6 +64,7 @@ def write_images(folder: Path, count: int, classes: int = 10) -> Path:
 def command(args: argparse.Namespace, precision: str, work: Path, calib: Path) -> list[str]:
     line = [sys.executable, "-m", "hydra_deploy.cli.export", "--backbone", args.backbone]
     line += ["--precision", precision, "--out", str(work / precision), "--overwrite"]
+    line += ["--threads", str(args.threads)]
     if precision == "int8":
         line += ["--int8-calib", str(calib)]
     return line

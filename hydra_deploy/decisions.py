@@ -50,12 +50,13 @@ from typing import Any
 
 import numpy as np
 
-from hydra_deploy.errors import DataError, ParameterError
+from hydra_deploy.errors import DataError, ParameterError, counted, said
 from hydra_deploy.export_folder import (
     DECISION_SCORES,
     SELECTIVE_PROCEDURES,
     SET_METHODS,
     DecisionRecord,
+    MonitorReference,
     OodRule,
     SelectiveRule,
     SetRule,
@@ -100,6 +101,7 @@ __all__ = [
     "conformal_quantile",
     "decision_margin",
     "decision_metrics",
+    "describe_split",
     "fit_decisions",
     "fit_ood",
     "fit_raps",
@@ -164,9 +166,10 @@ def _logits(member_logits: Any) -> np.ndarray:
     bad = ~np.isfinite(logits).all(axis=(1, 2))
     if bad.any():
         raise DataError(
-            f"member_logits holds NaN or infinite values in {int(bad.sum())} of {len(logits)} "
-            f"example(s) (first: example {int(np.argmax(bad))}); decisions are fitted on finite "
-            "logits: check the model with hydra-compare, or leave those examples out"
+            f"member_logits holds NaN or infinite values in {int(bad.sum())} of "
+            f"{counted(len(logits), 'example')} (first: example {int(np.argmax(bad))}); decisions "
+            "are fitted on finite logits: check the model with hydra-compare, or leave those "
+            "examples out"
         )
     return logits
 
@@ -186,8 +189,9 @@ def _labels(labels: Any, count: int, num_classes: int) -> np.ndarray:
     outside = (y < 0) | (y >= num_classes)
     if outside.any():
         raise DataError(
-            f"labels hold {int(outside.sum())} value(s) outside the model's classes 0..{num_classes - 1} "
-            f"(first: {int(y[np.argmax(outside)])} at example {int(np.argmax(outside))}); "
+            f"labels hold {counted(int(outside.sum()), 'value')} outside the model's classes "
+            f"0..{num_classes - 1} (first: {int(y[np.argmax(outside)])} at example "
+            f"{int(np.argmax(outside))}); "
             "map the labels to the model's classes"
         )
     return y
@@ -252,11 +256,14 @@ def temperature_at_bound(temperature: float) -> bool:
     return not low * 1.01 < temperature < high / 1.01
 
 
-def temperature_warning(temperature: float, member_logits: Any, labels: Any) -> str | None:
+def temperature_warning(
+    temperature: float, member_logits: Any, labels: Any, *, of: int | None = None
+) -> str | None:
     """A warning when ``temperature`` is at a bound of :data:`TEMPERATURE_BOUNDS`: the NLL of
     the data it was fitted on still falls there, so no T in the range fits them (at the lower
     bound, typically a temperature part without a single error: every p sharpened to 1 costs
-    nothing on it, and a confident mistake on new data costs a lot). None otherwise."""
+    nothing on it, and a confident mistake on new data costs a lot). None otherwise. ``of``: how
+    many calibration examples were given in all (the message names both counts)."""
     if not temperature_at_bound(temperature):
         return None
     low, high = TEMPERATURE_BOUNDS
@@ -264,9 +271,10 @@ def temperature_warning(temperature: float, member_logits: Any, labels: Any) -> 
     y = _labels(labels, len(logits), logits.shape[2])
     wrong = int((ensemble_scores(logits, dtype=np.float64)["prediction"] != y).sum())
     side = "lower" if temperature <= low * 1.01 else "upper"
+    given = counted(len(y), "example") if of is None else f"{len(y)} of the {of} given"
     return (
         f"T = {temperature:.3g} is at the {side} bound of its search ({low:g} to {high:g}): the "
-        f"NLL of the {len(y)} examples of the temperature part (the model errs on {wrong} of "
+        f"NLL of the temperature part ({given}; the model errs on {wrong} of "
         "them) still falls there, so these probabilities are "
         + ("over-sharpened" if side == "lower" else "flattened")
         + " and can be badly calibrated on new data; give more labelled data (with some of the "
@@ -519,9 +527,9 @@ def fit_selective(
         )
         raise DataError(
             f"no threshold reaches a selective risk of {target_risk:g} at delta {delta:g} on "
-            f"{what or f'{len(conf)} calibration examples'}: the best these data can guarantee is "
-            f"{best_bound:.4g}; ask for a larger risk (--risk), a larger delta, or give more "
-            "labelled data"
+            f"{what or counted(len(conf), 'calibration example')}: the best these data can "
+            f"guarantee is {best_bound:.4g}; "
+            + said("ask for a larger `risk`, a larger `delta`, or give more labelled data")
         )
     certified = float(thresholds[int(passed.min())])
     answered = _answered(conf, certified)
@@ -551,8 +559,9 @@ def split_rows(count: int, holdout: float, seed: int = 0) -> tuple[np.ndarray, n
     quantile_count = round(count * holdout)
     if quantile_count < 1 or quantile_count > count - 1:
         raise DataError(
-            f"{count} calibration example(s) cannot be split {1 - holdout:g} / {holdout:g} into a "
-            "temperature part and a quantile part with an example in each; give more labelled data"
+            f"{counted(count, 'calibration example')} cannot be split {1 - holdout:g} / "
+            f"{holdout:g} into a part for the temperature and a part for the thresholds with an "
+            "example in each; give more labelled data"
         )
     order = np.random.default_rng(seed).permutation(count)
     return np.sort(order[quantile_count:]), np.sort(order[:quantile_count])
@@ -584,7 +593,7 @@ class _Parts:
         t_rows, q_rows = split_rows(len(y), holdout, seed)
         if temperature is None:
             temperature = fit_temperature(logits[t_rows], y[t_rows])
-            warning = temperature_warning(temperature, logits[t_rows], y[t_rows])
+            warning = temperature_warning(temperature, logits[t_rows], y[t_rows], of=len(y))
             if warning:
                 _log.warning(warning)
         elif _is_temperature(temperature):
@@ -604,17 +613,73 @@ class _Parts:
             y_held=y[q_rows],
         )
 
-    def too_few(self, err: TooFewExamples, part: str, purpose: str) -> DataError:
-        """``err`` in words of the whole data: how many examples give ``part`` enough."""
-        share = self.holdout if part == "quantile" else 1.0 - self.holdout
-        total = err.needed
-        while round(total * share) < err.needed:
+    @property
+    def named(self) -> str:
+        """The data as given and as split, for messages (:func:`describe_split`)."""
+        return describe_split(len(self.y_tune), len(self.y_held))
+
+    def total_for(self, part: str, needed: int) -> int:
+        """The fewest examples in all whose split gives ``part`` at least ``needed``."""
+        total = needed
+        while True:
+            in_part = round(total * self.holdout)
+            if part == "temperature":
+                in_part = total - in_part
+            if in_part >= needed:
+                return total
             total += 1
+
+    def too_few(self, needed: int, part: str, purpose: str, level: str) -> DataError:
+        """The data are too few for ``purpose`` (fitted on ``part``) at ``level`` (``"`alpha`
+        0.1"``), in counts of the data as given: what each part holds, what ``part`` needs and
+        how many that makes in all."""
+        where = "the thresholds" if part == "quantile" else "the temperature"
+        name = level.split()[0]
         return DataError(
-            f"{self.count} calibration examples are too few for {purpose}: their {part} part "
-            f"({share:.0%} of them, {err.count} examples) needs at least {err.needed}, so give at "
-            f"least {total} labelled examples (or a larger alpha)"
+            f"{self.named} are too few for {purpose}: "
+            + said(
+                f"{level} needs at least {needed} for {where}, so at least "
+                f"{self.total_for(part, needed)} in all; give more labelled data, or a larger "
+                f"{name}"
+            )
         )
+
+    def too_few_of_class(self, needed: int, alpha: float, name: str, held: int) -> DataError:
+        """Class-conditional sets: class ``name`` holds ``held`` of the examples for the
+        thresholds where ``needed`` are the fewest."""
+        return DataError(
+            f"{self.named} are too few for class-conditional sets: {name} has {held} of the "
+            f"{len(self.y_held)} for the thresholds; "
+            + said(
+                f"`alpha` {alpha:g} needs at least {needed} of each class there, so about "
+                f"{self.total_for('quantile', needed)} of each in all; give more labelled data "
+                "(of that class), a larger `alpha`, or leave out `class_conditional`"
+            )
+        )
+
+
+def describe_split(n_temperature: int, n_quantile: int) -> str:
+    """The calibration data as given (every example goes to one part) and as the fit split them,
+    as every message says it: "400 calibration examples (200 for the temperature, 200 for the
+    thresholds)"."""
+    return (
+        f"{counted(n_temperature + n_quantile, 'calibration example')} ({n_temperature} for "
+        f"the temperature, {n_quantile} for the thresholds)"
+    )
+
+
+def _check_class_counts(parts: _Parts, alpha: float, class_names: Sequence[str] | None) -> None:
+    """Class-conditional sets: refuse (naming the class and the counts as given) a class with
+    fewer examples for the thresholds than ``alpha`` needs."""
+    needed = min_calibration_size(alpha)
+    held = np.bincount(parts.y_held, minlength=parts.tune["probs"].shape[1])
+    short = np.flatnonzero(held < needed)
+    if len(short):
+        c = int(short[0])
+        name = f"class {c}" + (f" ({class_names[c]})" if class_names else "")
+        if len(short) > 1:
+            name += f" (and {counted(len(short) - 1, 'other class', 'other classes')})"
+        raise parts.too_few_of_class(needed, alpha, name, int(held[c]))
 
 
 def _fit_sets(
@@ -629,14 +694,19 @@ def _fit_sets(
     try:
         params = score.fit(parts.tune["probs"], parts.y_tune, alpha)
     except TooFewExamples as err:
-        raise parts.too_few(err, "temperature", f"{method.upper()} at alpha {alpha:g}") from None
+        level = f"`alpha` {alpha:g}"
+        raise parts.too_few(
+            err.needed, "temperature", f"{method.upper()}'s parameters", level
+        ) from None
     scores = 1.0 - score.room(parts.held["probs"], params)
+    if class_conditional:
+        _check_class_counts(parts, alpha, class_names)
     try:
         qhat = _set_qhat(scores, parts.y_held, alpha, class_conditional, class_names)
     except TooFewExamples as err:
-        if class_conditional:
-            raise  # names the class; its count is of that class in the quantile part
-        raise parts.too_few(err, "quantile", f"prediction sets at alpha {alpha:g}") from None
+        raise parts.too_few(
+            err.needed, "quantile", "prediction sets", f"`alpha` {alpha:g}"
+        ) from None
     return SetRule(method, alpha, qhat, class_conditional, params)
 
 
@@ -656,7 +726,7 @@ def _fit_answer(parts: _Parts, score: str, risk: float, delta: float) -> Selecti
         risk,
         delta,
         start=start,
-        what=f"the quantile part's {quantile_count} of the {parts.count} calibration examples",
+        what=parts.named + ", tested on the ones for the thresholds",
     )
     return SelectiveRule(
         score=score,
@@ -674,7 +744,8 @@ def _fit_flag(parts: _Parts, score: str, alpha: float) -> OodRule:
     try:
         threshold = fit_ood(-_confidence(parts.held, score), alpha)
     except TooFewExamples as err:
-        raise parts.too_few(err, "quantile", f"the OOD flag at alpha {alpha:g}") from None
+        level = f"`ood_alpha` {alpha:g}"
+        raise parts.too_few(err.needed, "quantile", "the OOD flag", level) from None
     return OodRule(score, alpha, threshold)
 
 
@@ -728,6 +799,7 @@ def fit_decisions(
         selective_rule = _fit_answer(parts, accept_score, risk, delta)
     if ood_alpha is not None:
         ood_rule = _fit_flag(parts, ood_score, ood_alpha)
+    monitored = ood_rule.score if ood_rule is not None else "msp"
     return DecisionRecord(
         temperature=parts.temperature,
         num_classes=num_classes,
@@ -740,7 +812,33 @@ def fit_decisions(
         sets=set_rule,
         selective=selective_rule,
         ood=ood_rule,
+        monitor=monitor_reference(parts.held, monitored, set_rule, selective_rule, ood_rule),
     )
+
+
+def monitor_reference(
+    parts_held: dict[str, np.ndarray],
+    score: str,
+    sets: SetRule | None,
+    selective: SelectiveRule | None,
+    ood: OodRule | None,
+) -> MonitorReference:
+    """The drift monitor's reference: the OOD score ``score`` on the quantile part (its calibrated
+    scores ``parts_held``), and how many of its examples each fitted rule flagged, left
+    unanswered, or gave an empty set."""
+    count = len(parts_held["prediction"])
+    counts: dict[str, tuple[int, int]] = {}
+    if ood is not None:
+        flagged = ood_mask(ood_score(parts_held, ood.score), ood.threshold)
+        counts["ood_flag"] = (int(flagged.sum()), count)
+    if selective is not None:
+        answered = accept_mask(parts_held[selective.score], selective.score, selective.tau)
+        counts["abstained"] = (int((~answered).sum()), count)
+    if sets is not None:
+        qhat = np.asarray(sets.qhat) if sets.class_conditional else sets.qhat[0]
+        sizes = prediction_sets(parts_held["probs"], qhat, sets.method, sets.params).sum(axis=1)
+        counts["empty_set"] = (int((sizes == 0).sum()), count)
+    return MonitorReference.new(score, ood_score(parts_held, score).tolist(), counts)
 
 
 # --- applying a record ----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import hashlib
 import inspect
 import json
 import os
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, fields
 from pathlib import Path
@@ -63,6 +64,7 @@ __all__ = [
     "INT8_METHODS",
     "INTERPOLATIONS",
     "MODEL_FILE",
+    "MONITOR_RATES",
     "RECORD_BACKENDS",
     "TOKENIZER_CONFIG_FILE",
     "TOKENIZER_DIR",
@@ -75,6 +77,7 @@ __all__ = [
     "ExportInfo",
     "Int8Record",
     "MergeRecord",
+    "MonitorReference",
     "OodRule",
     "Preprocessing",
     "SelectiveRule",
@@ -87,6 +90,7 @@ __all__ = [
     "parse_batch_profile",
     "read_engine_info",
     "read_info",
+    "reference_sha256",
     "write_decisions",
     "write_engine_info",
     "write_info",
@@ -1307,6 +1311,83 @@ class OodRule:
         )
 
 
+#: the rates a monitor compares with what calibration saw (hydra_deploy.monitor.RATES)
+MONITOR_RATES = ("ood_flag", "abstained", "empty_set")
+
+
+def reference_sha256(values: Sequence[float]) -> str:
+    """The SHA-256 of reference values as little-endian float64 (what :class:`MonitorReference`
+    stores beside them; numpy's ``values.astype('<f8').tobytes()`` hashes the same)."""
+    return hashlib.sha256(struct.pack(f"<{len(values)}d", *values)).hexdigest()
+
+
+@dataclass(frozen=True)
+class MonitorReference:
+    """What a drift monitor compares a deployed stream with (:mod:`hydra_deploy.monitor`).
+
+    ``values``: the in-distribution values of the OOD score ``score`` (oriented higher = more
+    unusual: msp negated) on the quantile part, sorted ascending, with their ``sha256``
+    (:func:`reference_sha256`); ``counts``: for each rate of :data:`MONITOR_RATES` the record's
+    rules give, how many of the quantile part's examples it hit, and of how many.
+    """
+
+    score: str
+    values: tuple[float, ...]
+    sha256: str
+    counts: Mapping[str, tuple[int, int]]
+
+    @classmethod
+    def new(
+        cls, score: str, values: Sequence[float], counts: Mapping[str, tuple[int, int]]
+    ) -> MonitorReference:
+        ordered = tuple(sorted(float(v) for v in values))
+        return cls(score, ordered, reference_sha256(ordered), dict(counts))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "score": self.score,
+            "count": len(self.values),
+            "sha256": self.sha256,
+            "values": list(self.values),
+            "counts": {name: list(pair) for name, pair in self.counts.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, entry: Mapping[str, Any], where: str) -> MonitorReference:
+        where = f"{where}'s monitor reference"
+        score = _choice(entry, "score", where, DECISION_SCORES)
+        values = entry.get("values")
+        if (
+            not isinstance(values, list)
+            or not values
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+            or not all(_finite(float(v)) for v in values)
+        ):
+            raise _malformed(where, "values", values, "a list of finite numbers")
+        ordered = tuple(float(v) for v in values)
+        if list(ordered) != sorted(ordered) or _count(entry, "count", where, low=1) != len(ordered):
+            raise _malformed(where, "values", f"{len(ordered)} values", "sorted, as many as count")
+        if entry.get("sha256") != reference_sha256(ordered):
+            raise ExportFolderError(
+                f"{where}'s values do not match their SHA-256 (the file was edited or damaged); "
+                f"{_REFIT}"
+            )
+        counts = entry.get("counts")
+        if not isinstance(counts, dict) or set(counts) - set(MONITOR_RATES):
+            raise _malformed(where, "counts", counts, f"an object of {', '.join(MONITOR_RATES)}")
+        pairs: dict[str, tuple[int, int]] = {}
+        for name, pair in counts.items():
+            if not (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+                and 0 <= pair[0] <= pair[1]
+            ):
+                raise _malformed(where, f"counts.{name}", pair, "[hits, count]")
+            pairs[name] = (pair[0], pair[1])
+        return cls(score, ordered, entry["sha256"], pairs)
+
+
 def _finite(value: float) -> bool:
     """``value`` is a finite number (this module imports no numpy)."""
     return value == value and value not in (_INF, -_INF)
@@ -1346,6 +1427,8 @@ class DecisionRecord:
     precision: str | None = None
     #: the SHA-256 of the engine file fitted on (``hydra-calibrate --engine``); None otherwise
     engine_sha256: str | None = None
+    #: what a drift monitor compares the deployed stream with (None: a record from before it)
+    monitor: MonitorReference | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -1379,6 +1462,7 @@ class DecisionRecord:
             "onnx_sha256": self.onnx_sha256,
             "data_sha256": self.data_sha256,
             "in_graph": self.in_graph,
+            **({} if self.monitor is None else {"monitor": self.monitor.to_dict()}),
             # a record from before these entries stays one (from_dict reads it back the same)
             **(
                 {}
@@ -1414,6 +1498,7 @@ class DecisionRecord:
         sets = _section(record, "sets", where)
         selective = _section(record, "selective", where)
         ood = _section(record, "ood", where)
+        monitor = _section(record, "monitor", where)
         return cls(
             temperature=_number(record, "temperature", where, low=0.0, high=_INF, open_low=True),
             num_classes=num_classes,
@@ -1430,6 +1515,7 @@ class DecisionRecord:
             backend=backend,
             precision=precision,
             engine_sha256=engine,
+            monitor=None if monitor is None else MonitorReference.from_dict(monitor, where),
         )
 
     def fitted_numbers(self, folder_precision: str | None = None) -> tuple[str, str | None]:

@@ -126,7 +126,7 @@ def conformal_quantile(scores: Any, alpha: float, *, what: str = "calibration ex
     if rank > n:
         needed = min_calibration_size(alpha)
         raise TooFewExamples(
-            f"{n} {what} are too few for alpha {alpha:g}: a conformal threshold at level "
+            f"{what}: {n} given, too few for alpha {alpha:g}: a conformal threshold at level "
             f"{1 - alpha:g} needs at least {needed}; give more labelled data, or a larger alpha",
             n,
             needed,

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NoReturn
 import numpy as np
 
 from hydra_deploy.atomic import atomic_write_text
-from hydra_deploy.errors import SpecError
+from hydra_deploy.errors import SpecError, counted, spelled
 
 __all__ = [
     "FORMAT",
@@ -334,7 +334,7 @@ class HydraSpec:
         for m, member in enumerate(out):
             if member.num_layers != self.num_layers:
                 raise SpecError(
-                    f"member {m} has {member.num_layers} layers, expected "
+                    f"member {m} has {counted(member.num_layers, 'layer')}, expected "
                     f"num_layers={self.num_layers}; give one list of heads per layer"
                 )
             for layer, kept in enumerate(member.heads):
@@ -673,8 +673,13 @@ class HydraSpec:
         M = len(counts)
         if free == 0:
             raise SpecError(
-                f"the {M} members cannot differ: shared_layers={shared} makes every layer "
-                f"shared; use shared_layers < num_layers"
+                f"the {M} members cannot differ: "
+                + spelled(
+                    f"shared_layers={shared} makes every layer shared; use shared_layers < "
+                    "num_layers",
+                    f"--shared-layers {shared} makes every layer shared; use a smaller "
+                    "--shared-layers",
+                )
             )
         groups: dict[int, list[int]] = {}
         for m, k in enumerate(counts):
@@ -708,7 +713,8 @@ def _head_counts(heads_per_member: Any, M: int, H: int) -> list[int]:
         raw_counts = list(heads_per_member)
         if len(raw_counts) != M:
             raise SpecError(
-                f"heads_per_member has {len(raw_counts)} entries, expected one per member "
+                f"heads_per_member has {counted(len(raw_counts), 'entry')}, expected one per "
+                "member "
                 f"(members={M})"
             )
     else:

@@ -330,7 +330,7 @@ CASES = [
         [*FUSE, "--checkpoint", "{d}/ck_10_classes.safetensors", "--num-classes", "5"],
         1,
         "head.weight: checkpoint (10, 192) vs model (5, 192)",
-        "pass num_classes (--num-classes) matching the checkpoint's classifier",
+        "pass --num-classes matching the checkpoint's classifier",
     ),
     # hydra-fuse: calibration (--calib) and fine-tuning (--finetune) data
     case("fuse-calib-missing", "fuse", [*FUSE, "--calib", "{d}/nope.npz"], 1, "does not exist"),
@@ -377,7 +377,7 @@ CASES = [
         "fuse",
         [*FUSE, "--calib", "{d}/calib_labels.npz"],
         1,
-        "1 label(s) outside 0..999 (e.g. 1000)",
+        "1 label outside 0..999 (e.g. 1000)",
         "relabel the data",
         "--num-classes",
     ),
@@ -386,7 +386,7 @@ CASES = [
         "fuse",
         [*FUSE, "--calib", "{d}/calib_nan.npz"],
         1,
-        "1 of 2 input(s) hold NaN or infinite values; fix or drop them",
+        "1 of 2 inputs holds NaN or infinite values; fix or drop them",
     ),
     case(
         "fuse-calib-without-labels",
@@ -438,14 +438,14 @@ CASES = [
         "fuse",
         [*FUSE, "--finetune", "{d}/calib_labels.npz"],
         1,
-        "train_data: 1 label(s) outside 0..999",
+        "train_data: 1 label outside 0..999",
     ),
     case(
         "fuse-finetune-nan",
         "fuse",
         [*FUSE, "--finetune", "{d}/calib_nan.npz"],
         1,
-        "train_data: 1 of 2 input(s) hold NaN or infinite values",
+        "train_data: 1 of 2 inputs holds NaN or infinite values",
     ),
     # hydra-fuse: OOD data for the circuit objective (--ood), checked as --calib is
     case(
@@ -469,7 +469,7 @@ CASES = [
         "fuse",
         [*FUSE, *CIRCUIT, "--ood", "{d}/calib_nan.npz"],
         1,
-        "ood_data: 1 of 2 input(s) hold NaN or infinite values; fix or drop them",
+        "ood_data: 1 of 2 inputs holds NaN or infinite values; fix or drop them",
     ),
     case(
         "fuse-ood-wrong-shape",
@@ -585,7 +585,7 @@ CASES = [
         "export",
         [*EXPORT, "--finetune", "{d}/calib_labels.npz"],
         1,
-        "label(s) outside 0..999",
+        "label outside 0..999",
     ),
     case(
         "export-from-missing-folder",
@@ -792,7 +792,9 @@ CASES = [
         "run",
         ["{export}", "{d}/x_shape.npy"],
         1,
-        "must have size 16 on axis 2 (shape ['batch', 3, 16, 16]), got shape (2, 3, 8, 8)",
+        "must have size 16 on axis 2 and 16 on axis 3 (shape ['batch', 3, 16, 16]), got shape "
+        "(2, 3, 8, 8): the model expects [N, C, H, W] = [N, 3, 16, 16]; height 8 vs 16 and width "
+        "8 vs 16: resize (or crop) them to 16 x 16 (or give the image files",
     ),
     case(
         "run-input-wrong-rank", "run", ["{export}", "{d}/x_rank.npy"], 1, "must have 4 dimensions"
@@ -813,14 +815,15 @@ CASES = [
         "run",
         ["{export}", "{d}/x_nan.npy"],
         1,
-        "holds NaN or infinite values in 1 of 2 example(s); fix the data",
+        "holds NaN or infinite values in 1 of 2 examples; fix the data, or run it anyway with "
+        "hydra-run --allow-nonfinite",
     ),
     case(
         "run-input-inf",
         "run",
         ["{export}", "{d}/x_inf.npy"],
         1,
-        "holds NaN or infinite values in 1 of 2 example(s)",
+        "holds NaN or infinite values in 1 of 2 examples",
     ),
     case(
         "run-input-empty-array",

@@ -176,7 +176,7 @@ def test_min_calibration_size(alpha, n):
     assert min_calibration_size(alpha) == n
     conformal_quantile(np.zeros(n), alpha)
     if n > 1:
-        with pytest.raises(DataError, match=f"{n - 1} calibration examples are too few"):
+        with pytest.raises(DataError, match=f"calibration examples: {n - 1} given, too few"):
             conformal_quantile(np.zeros(n - 1), alpha)
 
 
@@ -602,30 +602,32 @@ def test_nonfinite_logits_abstain_and_are_flagged_only_when_allowed():
         (
             {"alpha": 0.001},
             DataError,
-            r"120 calibration examples are too few for prediction sets at alpha 0.001: their "
-            r"quantile part \(50% of them, 60 examples\) needs at least 999, so give at least "
-            "1998 labelled examples",
+            r"120 calibration examples \(60 for the temperature, 60 for the thresholds\) are too "
+            r"few for prediction sets: alpha 0.001 needs at least 999 for the thresholds, so at "
+            "least 1998 in all; give more labelled data, or a larger alpha",
         ),
         (
             {"alpha": 0.001, "holdout": 0.3},
             DataError,
-            r"quantile part \(30% of them, 36 examples\) .* give at least 3329 labelled",
+            r"\(84 for the temperature, 36 for the thresholds\) .* so at least 3329 in all",
         ),
         (
             {"alpha": None, "ood_alpha": 0.001},
             DataError,
-            "too few for the OOD flag at alpha 0.001: .* give at least 1998 labelled",
+            "too few for the OOD flag: ood_alpha 0.001 needs at least 999 for the thresholds, so "
+            "at least 1998 in all",
         ),
         (
             {"risk": 0.0001},
             DataError,
-            "on the quantile part's 60 of the 120 calibration examples: the best these data can "
-            "guarantee is",
+            r"on 120 calibration examples \(60 for the temperature, 60 for the thresholds\), "
+            "tested on the ones for the thresholds: the best these data can guarantee is",
         ),
         (
             {"class_conditional": True, "class_names": list("abcdef")},
             DataError,
-            r"calibration examples of class \d \([a-f]\) \(class-conditional sets\) are too few",
+            r"are too few for class-conditional sets: class \d \([a-f]\) .*has \d+ of the 60 "
+            "for the thresholds",
         ),
     ],
 )

@@ -22,7 +22,7 @@ from hydra_deploy.backbones.timm_loading import check_file_shapes as check_file_
 from hydra_deploy.backbones.timm_loading import check_preprocessing as check_preprocessing
 from hydra_deploy.backbones.timm_loading import wrap_vit as wrap_vit
 from hydra_deploy.backbones.timm_vit import TimmVitAdapter
-from hydra_deploy.errors import BackboneError
+from hydra_deploy.errors import BackboneError, spelled
 from hydra_deploy.families import (
     DEFAULT_FAMILY,
     Family,
@@ -181,7 +181,8 @@ def _refuse_new_classifier(kwargs: dict[str, Any], name: str) -> None:
     """``new_classifier`` is a BERT loader keyword: refused (when True) for the other families."""
     if kwargs.pop("new_classifier", False):
         raise BackboneError(
-            f"new_classifier=True (--new-head) applies to BERT classifiers (hf:<folder>), not "
+            f"{spelled('new_classifier=True', '--new-head')} applies to BERT classifiers "
+            "(hf:<folder>), not "
             f"{name}; leave it out"
         )
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hydra_deploy.errors import CheckpointError
+from hydra_deploy.errors import CheckpointError, spelled
 from hydra_deploy.optional import lazy_module
 
 timm = lazy_module("timm", purpose="reading checkpoints", error=CheckpointError)
@@ -120,11 +120,14 @@ def load_into(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], sourc
             parts.append(f"{len(missing)} missing keys (e.g. {', '.join(missing[:4])})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:4])})")
-        hint = "check that the backbone name (--backbone) matches the checkpoint's architecture"
+        hint = (
+            f"check that {spelled('the backbone name', '--backbone')} matches the checkpoint's "
+            "architecture"
+        )
         if not missing and not unexpected and all(s.startswith("head.") for s in wrong_shape):
             hint = (
-                "pass num_classes (--num-classes) matching the checkpoint's classifier, or leave "
-                "it out to size the classifier from the checkpoint"
+                f"pass {spelled('num_classes', '--num-classes')} matching the checkpoint's "
+                "classifier, or leave it out to size the classifier from the checkpoint"
             )
         raise CheckpointError(
             f"checkpoint {source!r} does not fit the model: {'; '.join(parts)}; {hint}"

@@ -43,6 +43,7 @@ from hydra_deploy.errors import (
     CheckpointError,
     FinetuneError,
     UnsupportedModelError,
+    counted,
     spelled,
 )
 from hydra_deploy.families import get_family
@@ -232,8 +233,8 @@ def _check_num_classes(num_classes: Any) -> int:
 def _need_num_classes(num_classes: Any) -> None:
     if num_classes is None:
         raise BackboneError(
-            "new_classifier=True needs num_classes (the new classifier's size; CLI: --new-head "
-            "with --num-classes N)"
+            spelled("new_classifier=True needs num_classes", "--new-head needs --num-classes N")
+            + " (the new classifier's size)"
         )
 
 
@@ -249,10 +250,11 @@ def _load_folder(
     is_classifier = any(a.endswith("ForSequenceClassification") for a in archs)
     if is_classifier and not new_classifier and num_classes not in (None, config.num_labels):
         raise BackboneError(
-            f"{str(folder)!r} holds a classifier of {config.num_labels} classes, not "
-            f"num_classes={num_classes}; leave num_classes out to keep the trained classifier, or "
-            "pass new_classifier=True (CLI: --new-head) to replace it by a new random one of "
-            f"{num_classes} classes"
+            f"{str(folder)!r} holds a classifier of {counted(config.num_labels, 'class')}, not "
+            f"{spelled(f'num_classes={num_classes}', f'--num-classes {num_classes}')}; leave "
+            f"{spelled('num_classes', '--num-classes')} out to keep the trained classifier, or "
+            f"pass {spelled('new_classifier=True', '--new-head')} to replace it by a new random "
+            f"one of {counted(num_classes, 'class')}"
         )
     try:
         if is_classifier and not new_classifier:

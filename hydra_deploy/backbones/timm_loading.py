@@ -24,7 +24,7 @@ from hydra_deploy.backbones.checkpoint import (
     read_state_dict,
 )
 from hydra_deploy.backbones.timm_vit import TimmVitAdapter, timm
-from hydra_deploy.errors import BackboneError, CheckpointError, said
+from hydra_deploy.errors import BackboneError, CheckpointError, counted, said, spelled
 from hydra_deploy.export_folder import (
     DECISIVE_PREPROCESSING,
     DEFAULTED,
@@ -83,8 +83,8 @@ def check_preprocessing(preprocessing: Any, in_chans: int | None = None) -> dict
             ) from None
         if len(values) not in {1, in_chans or len(values)}:
             raise BackboneError(
-                f"preprocessing {key} has {len(values)} values, the model has {in_chans} input "
-                "channel(s): give one value per channel, or one for all"
+                f"preprocessing {key} has {len(values)} values, the model has "
+                f"{counted(in_chans, 'input channel')}: give one value per channel, or one for all"
             )
         if key == "std" and any(v <= 0 for v in values):
             raise BackboneError(f"preprocessing std must be positive, got {values}")
@@ -397,7 +397,8 @@ def check_file_shapes(state_dict: dict, model: nn.Module, source: str, timm_name
         f"the file has {wanted} where the model has "
         f"{', '.join(f'{key}={_arg(own_args[key])}' for key in differ)}"
         f"{f' ({shapes})' if shapes else ''}; build it with those constructor arguments "
-        f"(load_backbone(..., {wanted}); CLI: {flags}; or model_args in the folder's config.json)"
+        f"({spelled(f'load_backbone(..., {wanted})', flags)}; or model_args in the folder's "
+        "config.json)"
         f"{heads_hint}"
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hydra_deploy.cli import common
 from hydra_deploy.cli.eval import parse_ood
+from hydra_deploy.decisions import describe_split
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.calibrate import (
@@ -20,6 +21,7 @@ from hydra_deploy.evaluation.calibrate import (
 )
 from hydra_deploy.export_folder import INFO_FILE, MODEL_FILE, ExportInfo, read_info
 from hydra_deploy.options import CalibrationOptions, RunnerOptions, add_options
+from hydra_deploy.threads import use_threads
 
 EXAMPLES = """\
   hydra-calibrate export/vit_b16-m3 --data calib/          # LAC sets at 90%, OOD flag at 5%
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accept, ood_flag), for TensorRT, Triton and Jetson deployments without Python",
     )
     add_options(p, RunnerOptions, p, only=("batch_size", "providers", "engine"), helps=RUNNER_HELP)
+    add_options(p, RunnerOptions, p, only=("threads",))
     p.add_argument(
         "--overwrite", action="store_true", help="replace decisions the export already holds"
     )
@@ -111,6 +114,7 @@ def fit(args: argparse.Namespace) -> Calibration:
     """Run the export (or --engine) on --data and fit the decisions."""
     runtime = common.options(RunnerOptions, args)
     fitting = common.options(CalibrationOptions, args)
+    use_threads(runtime.threads)
     check_target(args)
     ood_checks = parse_ood(args.ood_check) if args.ood_check else {}
     target, backend = (args.model, None) if runtime.engine is None else (runtime.engine, "tensorrt")
@@ -121,6 +125,14 @@ def fit(args: argparse.Namespace) -> Calibration:
         return calibrate(runner, args.data, fitting, ood=ood_checks, batch_size=runtime.batch_size)
 
 
+def _shown_record(record: dict) -> dict:
+    """The record as --json prints it: the monitor reference's values left in hydra.json (their
+    count and hash shown)."""
+    if "monitor" in record:
+        record["monitor"] = {k: v for k, v in record["monitor"].items() if k != "values"}
+    return record
+
+
 def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo) -> None:
     """The record and the table (--json), or the table and where the decisions went."""
     assert info.decisions is not None
@@ -129,7 +141,7 @@ def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo)
             json.dumps(
                 {
                     "export": str(args.model),
-                    "decisions": info.decisions.to_dict(),
+                    "decisions": _shown_record(info.decisions.to_dict()),
                     "parts": calibration.parts,
                     "ood": calibration.ood,
                 },
@@ -146,7 +158,8 @@ def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo)
             flag = measured.get("flag_rate")
             print(f"OOD set {name}: {'-' if flag is None else f'{100 * flag:.1f}%'} flagged")
         where = f"{INFO_FILE} and {MODEL_FILE}" if args.in_graph else INFO_FILE
-        print(f"wrote the decisions to {args.model}/{where}")
+        fitted = describe_split(info.decisions.n_temperature, info.decisions.n_quantile)
+        print(f"wrote the decisions, fitted on {fitted}, to {args.model}/{where}")
 
 
 def main_body(args: argparse.Namespace) -> int:

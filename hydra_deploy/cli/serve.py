@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hydra_deploy.cli import common
-from hydra_deploy.errors import ServeError
+from hydra_deploy.errors import ServeError, counted
 from hydra_deploy.optional import install_hint
 from hydra_deploy.options import RunnerOptions, add_options, spelling
 from hydra_deploy.serve.pytriton_app import HydraServer, ServeConfig
@@ -120,7 +120,7 @@ def _summary(info: dict) -> str:
         + answers
         + f"  HTTP {endpoints['http']}  gRPC {endpoints['grpc']}  metrics {endpoints['metrics']}\n"
         f"  max batch {info['max_batch']}, preferred {info['preferred_batch']}, queue delay "
-        f"{info['queue_delay_us']} us, {info['instances']} instance(s), "
+        f"{info['queue_delay_us']} us, {counted(info['instances'], 'instance')}, "
         f"{', '.join(info['providers'])}; Ctrl-C to stop"
     )
 

@@ -86,7 +86,8 @@ def check_unused(args: argparse.Namespace) -> None:
     ]
     given += ["--engine"] if getattr(args, "engine", None) is not None else []
     if given:
-        raise ServeError(f"{', '.join(given)} set(s) up a Triton repository; add --triton REPO")
+        verb = "sets" if len(given) == 1 else "set"
+        raise ServeError(f"{', '.join(given)} {verb} up a Triton repository; add --triton REPO")
 
 
 def preflight(args: argparse.Namespace, export_name: Path, with_engine: bool) -> list[str]:

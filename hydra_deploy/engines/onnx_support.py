@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hydra_deploy.engines.precision_rules import parse_version
-from hydra_deploy.errors import EngineError
+from hydra_deploy.errors import EngineError, counted
 from hydra_deploy.optional import lazy_module
 
 onnx = lazy_module("onnx", purpose="checking an ONNX file against TensorRT", error=EngineError)
@@ -353,7 +353,8 @@ def parser_problems(model: Any, version: str | Sequence[int]) -> list[str]:
         bf16 = sorted(name for name, kind in graph.types.items() if kind == _BFLOAT16)
         if bf16:
             found.append(
-                f"{len(bf16)} BFLOAT16 tensor(s), e.g. {bf16[0]!r}: TensorRT before 9.0 has no "
+                f"{counted(len(bf16), 'BFLOAT16 tensor')}, e.g. {bf16[0]!r}: TensorRT before 9.0 "
+                "has no "
                 f"BF16 (refused on {where})"
             )
     for node in model.graph.node:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hydra_deploy.errors import EngineError
+from hydra_deploy.errors import EngineError, said, spelled
 from hydra_deploy.export_folder import (
     GRAPH_PRECISIONS,
 )
@@ -160,12 +160,13 @@ def _check_typing(strongly_typed: bool | None, trt: tuple[int, int]) -> None:
     if strongly_typed and trt < (10, 0):
         raise EngineError(
             f"TensorRT {version} has no strongly typed networks (they came with TensorRT 10.0); "
-            "build weakly typed (leave strongly_typed unset) or upgrade TensorRT"
+            f"build weakly typed ({spelled('leave strongly_typed unset', 'drop --strongly-typed')})"
+            " or upgrade TensorRT"
         )
     if strongly_typed is False and trt >= (11, 0):
         raise EngineError(
             f"TensorRT {version} builds every network strongly typed; drop the weakly typed "
-            "request (--weakly-typed / strongly_typed=False)"
+            f"request ({spelled('strongly_typed=False', '--weakly-typed')})"
         )
 
 
@@ -186,8 +187,8 @@ def _typed_graph_choice(
     if requested != graph_precision:
         raise EngineError(
             f"model.onnx was exported in {graph_precision} (its precision is in the graph); "
-            f"build it with precision {graph_precision} (or best), or re-export with "
-            f"hydra-export --from EXPORT_DIR --precision {requested} --out NEW_DIR"
+            + said(f"build it with `precision` {graph_precision} (or best), or re-export with ")
+            + f"hydra-export --from EXPORT_DIR --precision {requested} --out NEW_DIR"
         )
     problem = _bf16_problem(trt, sm) if graph_precision == "bf16" else None
     if problem:
@@ -223,7 +224,9 @@ def _fp32_graph_choice(
     if requested == "bf16":
         problem = _bf16_problem(trt, sm)
         if problem:
-            raise EngineError(f"{problem}; use precision fp16 (or best, which falls back to FP16)")
+            raise EngineError(
+                f"{problem}; " + said("use `precision` fp16 (or best, which falls back to FP16)")
+            )
     reexport = (
         f"export a graph that carries its precision instead: hydra-export --from EXPORT_DIR "
         f"--precision {requested} --out NEW_DIR"
@@ -241,8 +244,8 @@ def _fp32_graph_choice(
         if strongly_typed is None:
             raise EngineError(
                 f"TensorRT {version} deprecated weak typing (--fp16/--bf16 on an FP32 graph); "
-                f"{reexport} (or ask for the deprecated path with --weakly-typed / "
-                "strongly_typed=False)"
+                f"{reexport} (or ask for the deprecated path with "
+                f"{spelled('strongly_typed=False', '--weakly-typed')})"
             )
         notes.append(_deprecated_weak(trt))
     return PrecisionChoice(requested, False, (requested,), True, tuple(notes))

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from hydra_deploy.engines.text import TextEncoder
-from hydra_deploy.errors import RunnerError
+from hydra_deploy.errors import RunnerError, counted, spelled
 from hydra_deploy.export_folder import INFO_FILE, DecisionRecord, EngineInfo, ExportInfo
 
 __all__ = ["BaseRunner", "Runner", "TensorSpec", "is_one_example"]
@@ -446,8 +446,12 @@ def _check_one(spec: TensorSpec, value: Any, allow_nonfinite: bool) -> np.ndarra
             )
         bad = int((~np.isfinite(array)).reshape(len(array), -1).any(axis=1).sum())
         raise RunnerError(
-            f"input {name!r} holds NaN or infinite values in {bad} of {len(array)} example(s); "
-            "fix the data, or pass allow_nonfinite=True (hydra-run --allow-nonfinite) to run it anyway"
+            f"input {name!r} holds NaN or infinite values in {bad} of "
+            f"{counted(len(array), 'example')}; fix the data, or "
+            + spelled(
+                "pass allow_nonfinite=True to run it anyway",
+                "run it anyway with hydra-run --allow-nonfinite",
+            )
         )
     return np.ascontiguousarray(array)
 
@@ -458,19 +462,29 @@ def check_shape(spec: TensorSpec, shape: tuple[int, ...], where: str = "") -> No
     name = spec.name
     if len(shape) != spec.rank:
         raise RunnerError(
-            f"{where}input {name!r} must have {spec.rank} dimensions {list(spec.shape)}, got "
+            f"{where}input {name!r} must have {counted(spec.rank, 'dimension')} "
+            f"{list(spec.shape)}, got "
             f"shape {shape}{_rank_hint(spec, shape)}"
         )
     if shape[0] == 0:
         raise RunnerError(
             f"{where}input {name!r} is an empty batch (shape {shape}); give 1 or more examples"
         )
-    for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
-        if axis > 0 and _is_fixed(want) and want != got:
-            raise RunnerError(
-                f"{where}input {name!r} must have size {want} on axis {axis} (shape "
-                f"{list(spec.shape)}), got shape {shape}{_image_hint(spec, shape)}"
-            )
+    differ = [
+        f"{want} on axis {axis}"
+        for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True))
+        if axis > 0 and _is_fixed(want) and want != got
+    ]
+    if differ:
+        raise RunnerError(
+            f"{where}input {name!r} must have size {_listed(differ)} (shape {list(spec.shape)}), "
+            f"got shape {shape}{_image_hint(spec, shape)}"
+        )
+
+
+def _listed(items: Sequence[str]) -> str:
+    """The items joined as a sentence says them: a; a and b; a, b and c."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else items[0]
 
 
 def is_one_example(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
@@ -482,20 +496,53 @@ def is_one_example(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
     )
 
 
+#: the channel counts of images (grey, RGB, RGBA)
+_CHANNELS = (1, 3, 4)
+
+
 def _is_image(spec: TensorSpec) -> bool:
     """A [batch, C, H, W] input with fixed C (1 or 3), H and W."""
     return spec.rank == 4 and all(_is_fixed(d) for d in spec.shape[1:]) and spec.shape[1] in (1, 3)
 
 
-def _resize_advice(spec: TensorSpec, height: int, width: int) -> str:
-    want_h, want_w = spec.shape[2], spec.shape[3]
-    if (height, width) == (want_h, want_w):
+#: how an image array that does not fit can be made from the files instead
+_FROM_FILES = (
+    "or prepare the image files with the export's recorded preprocessing: "
+    "hydra_deploy.engines.preprocess.preprocess_images(files, runner.preprocessing)",
+    "or give the image files: hydra-run and hydra-eval prepare them with the export's recorded "
+    "preprocessing",
+)
+
+
+def _channel_fix(got: int, want: int) -> str:
+    """How to turn ``got`` channels into ``want`` (a numpy line where one does it)."""
+    if got == 1 and want == 3:
+        return "repeat the one channel, np.repeat(x, 3, axis=1)"
+    if want == 1:
+        return "average them to one, x.mean(axis=1, keepdims=True)"
+    if got == 4 and want == 3:
+        return "drop the alpha channel, x[:, :3]"
+    return f"give images with {want} channels"
+
+
+def image_axes_advice(want: Sequence[int], got: Sequence[int]) -> str:
+    """One piece of advice per image axis that differs, [C, H, W] of the model (``want``) and of
+    the data (``got``): the channels, then height and width together (a resize names both);
+    empty where they fit. Every axis that differs is named, none that matches."""
+    (want_c, want_h, want_w), (got_c, got_h, got_w) = want, got
+    parts = []
+    if got_c != want_c:
+        parts.append(f"channels {got_c} vs {want_c}: {_channel_fix(got_c, want_c)}")
+    sizes = [
+        f"{axis} {g} vs {w}"
+        for axis, g, w in (("height", got_h, want_h), ("width", got_w, want_w))
+        if g != w
+    ]
+    if sizes:
+        parts.append(f"{' and '.join(sizes)}: resize (or crop) them to {want_h} x {want_w}")
+    if not parts:
         return ""
-    return (
-        f"; the images are {height}x{width} and the model takes {want_h}x{want_w}: resize them "
-        "(or give the image files: hydra-run and hydra-eval prepare them with the export's "
-        "recorded preprocessing)"
-    )
+    return "; ".join(parts) + f" ({spelled(*_FROM_FILES)})"
 
 
 def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
@@ -507,37 +554,43 @@ def _rank_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
     channels, height, width = spec.shape[1:]
     expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
     if len(shape) == 3:
-        return (
-            f"{expects}; this looks like [N, H, W] images without the channel axis: add it "
-            f"(x[:, None]{', then repeat it to 3 channels' if channels == 3 else ''})"
-            f"{_resize_advice(spec, shape[1], shape[2])}"
-        )
+        return expects + _three_axes_hint(spec, shape)
     if len(shape) == 2:
         return f"{expects}; this looks like a single [H, W] image: add the batch and channel axes (x[None, None])"
     return expects
 
 
+def _three_axes_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
+    """A 3-axis array for a [N, C, H, W] model: one [C, H, W] image (3 or 4 channels first), one
+    channels-last [H, W, C] image, else [N, H, W] images without the channel axis; the fix of
+    that reading, then every image axis that still differs."""
+    if shape[0] in (3, 4):
+        reading, got = "one [C, H, W] image: add the batch axis (x[None])", shape
+    elif shape[2] in (3, 4):
+        reading = "one channels-last [H, W, C] image: x.transpose(2, 0, 1)[None]"
+        got = (shape[2], shape[0], shape[1])
+    else:
+        reading = "[N, H, W] images without the channel axis: add it (x[:, None])"
+        got = (1, shape[1], shape[2])
+    advice = image_axes_advice(spec.shape[1:], got)
+    return f"; this looks like {reading}" + (f"; then {advice}" if advice else "")
+
+
 def _image_hint(spec: TensorSpec, shape: tuple[int, ...]) -> str:
-    """Channels-last or mis-sized images, said in words (empty for other inputs)."""
+    """Channels-last or mis-sized images, said in words, every axis that differs named with its
+    fix (empty for other inputs)."""
     if not _is_image(spec) or len(shape) != 4:
         return ""
     channels, height, width = spec.shape[1:]
-    expects = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
-    if shape[3] == channels and shape[1] != channels:
-        return f"{expects}; this looks channels-last [N, H, W, C]: transpose it, x.transpose(0, 3, 1, 2)"
-    if shape[1] != channels:
-        fix = (
-            "repeat the one channel: np.repeat(x, 3, axis=1)"
-            if shape[1] == 1 and channels == 3
-            else "average them to one: x.mean(axis=1, keepdims=True)"
-            if channels == 1
-            else f"give images with {channels} channels"
-        )
-        return (
-            f"{expects}; the images have {shape[1]} channel(s), the model takes {channels}: "
-            f"{fix} (or give the image files, which are converted to the model's channels)"
-        )
-    return expects + _resize_advice(spec, shape[2], shape[3])
+    hint = f": the model expects [N, C, H, W] = [N, {channels}, {height}, {width}]"
+    got = shape[1:]
+    if shape[1] != channels and shape[1] not in _CHANNELS and shape[3] in _CHANNELS:
+        hint += "; this looks channels-last [N, H, W, C]: transpose it, x.transpose(0, 3, 1, 2)"
+        got = (shape[3], shape[1], shape[2])
+    advice = image_axes_advice(spec.shape[1:], got)
+    if advice:
+        hint += ("; then " if got != shape[1:] else "; ") + advice
+    return hint
 
 
 def _cast(spec: TensorSpec, array: np.ndarray) -> np.ndarray:

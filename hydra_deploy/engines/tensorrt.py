@@ -47,7 +47,7 @@ from hydra_deploy.engines.gpu import GpuInfo, detect_gpu
 from hydra_deploy.engines.onnx_summary import fp32_layer_names
 from hydra_deploy.engines.precision_rules import choose_precision, generation_of, parse_version
 from hydra_deploy.engines.trtexec import trtexec_command
-from hydra_deploy.errors import EngineError
+from hydra_deploy.errors import EngineError, spelled
 from hydra_deploy.export_folder import ENGINE_FORMAT, engine_info_path, write_engine_info
 from hydra_deploy.optional import install_command, lazy_module, missing_message, require
 
@@ -360,7 +360,7 @@ def _prepare_folder(plan: BuildPlan, overwrite: bool) -> None:
     if plan.engine_path.exists() and not overwrite:
         raise EngineError(
             f"{str(plan.engine_path)!r} exists (same model, precision, GPU and TensorRT); pass "
-            "overwrite=True (--overwrite) to rebuild it"
+            f"{spelled('overwrite=True', '--overwrite')} to rebuild it"
         )
     try:
         plan.out_dir.mkdir(parents=True, exist_ok=True)

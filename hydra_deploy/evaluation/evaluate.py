@@ -44,7 +44,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,15 +53,16 @@ import numpy as np
 
 from hydra_deploy.arrays import read_array_file
 from hydra_deploy.atomic import atomic_write_json, atomic_write_text, staging_dir
-from hydra_deploy.decisions import apply_decisions, decision_metrics
+from hydra_deploy.decisions import apply_decisions, decision_metrics, describe_split
 from hydra_deploy.engines.inputs import pick_inputs
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner, check_shape
 from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
-from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.errors import DataError, HydraError, counted, spelled
 from hydra_deploy.evaluation.torch_runner import TorchRunner
 from hydra_deploy.labels import label_indices
+from hydra_deploy.progress import progress
 from hydra_deploy.uncertainty import plots
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
@@ -153,7 +154,7 @@ def _from_arrays(x: Any, y: Any, runner: Runner, name: str, source: str) -> Eval
     count = _rows(x, name)
     if count == 0:
         raise HydraError(f"{name} ({source}) is empty: it holds no examples")
-    _check_shapes(x, runner, f"{name} ({source}, {count} examples): ")
+    _check_shapes(x, runner, f"{name} ({source}, {counted(count, 'example')}): ")
     labels = None if y is None else _labels(y, count, name)
     return EvalData(name, source, "array", count, array=x, labels=labels)
 
@@ -311,8 +312,9 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
     if labelled and y is None:
         raise HydraError(
             f"{name}: {path} has no labels 'y' (arrays: {sorted(arrays)}); save them beside the "
-            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set (--ood "
-            "NAME=FILE), which needs no labels"
+            "inputs, np.savez(path, x=x, y=labels), or give the file as an OOD set "
+            + spelled("(ood={NAME: FILE})", "(hydra-eval --ood NAME=FILE)")
+            + ", which needs no labels"
         )
     if not arrays:
         raise HydraError(f"{name}: {path} holds no input arrays")
@@ -324,18 +326,33 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
 # ---------------------------------------------------------------------------------------------
 
 
-def member_logits(runner: Runner, data: EvalData, batch_size: int | None = None) -> np.ndarray:
-    """The runner's ``member_logits`` [N, M, C] over ``data``, batch by batch."""
+def member_logits(
+    runner: Runner,
+    data: EvalData,
+    batch_size: int | None = None,
+    *,
+    desc: str | None = None,
+    each: Callable[[np.ndarray], None] | None = None,
+) -> np.ndarray:
+    """The runner's ``member_logits`` [N, M, C] over ``data``, batch by batch, its progress shown
+    (:mod:`hydra_deploy.progress`; ``desc``: what the step is called, default "running the
+    model on <data name>"). ``each`` is called with every batch's logits as it comes."""
     if data.kind == "images" and not getattr(runner, "preprocessing", None):
         raise HydraError(
             f"{data.name}: the model comes without its hydra.json, so images cannot be "
             "preprocessed for it: run the export folder, or pass .npz arrays"
         )
     size = batch_size or getattr(runner, "max_batch", None) or 32
-    parts = [
-        run_member_logits(runner, batch, batch_size=batch_size)
-        for batch in data.batches(runner, size)
-    ]
+    parts = []
+    with progress(
+        data.count, desc=desc or f"running the model on {data.name}", unit="example"
+    ) as bar:
+        for batch in data.batches(runner, size):
+            logits = run_member_logits(runner, batch, batch_size=batch_size)
+            parts.append(logits)
+            bar.update(len(logits))
+            if each is not None:
+                each(logits)
     return np.concatenate(parts)
 
 
@@ -418,14 +435,16 @@ def evaluate(
         runner = TorchRunner(runner)
     id_set, ood_sets = _load_sets(runner, id_data, ood)
 
-    id_logits = member_logits(runner, id_set, batch_size)
+    id_logits = member_logits(runner, id_set, batch_size, desc="evaluating on the ID data")
     id_scores = ensemble_scores(id_logits)
     members, classes = id_scores["member_probs"].shape[1:]
     _check_labels(id_set.labels, classes)
     void = [s for s in names if members == 1 and s in SPREAD_SCORES]  # ranks nothing for M = 1
     ood_logits, ood_arrays = {}, {}
     for name, data in ood_sets.items():  # each set checked once it has run
-        ood_logits[name] = member_logits(runner, data, batch_size)
+        ood_logits[name] = member_logits(
+            runner, data, batch_size, desc=f"evaluating on {data.name}"
+        )
         ood_arrays[name] = _ood_scores(name, ood_logits[name], id_scores)
     report: dict[str, Any] = {
         **_model_fields(runner, members, classes),
@@ -660,9 +679,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         "",
         f"- backend: {report.get('backend')}, precision: {report.get('precision')}, members: "
         f"{report['members']}, classes: {report['classes']}",
-        f"- ID data: `{ident['data']}` ({ident['count']} examples)",
+        f"- ID data: `{ident['data']}` ({counted(ident['count'], 'example')})",
         *(
-            f"- OOD set {n}: `{o['data']}` ({o['count']} examples)"
+            f"- OOD set {n}: `{o['data']}` ({counted(o['count'], 'example')})"
             for n, o in report["ood"].items()
         ),
         "",
@@ -761,7 +780,7 @@ def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
     lines = [
         "## Decisions (hydra-calibrate)",
         "",
-        f"On the ID data ({ident['count']} examples), each rule beside its target:",
+        f"On the ID data ({counted(ident['count'], 'example')}), each rule beside its target:",
         "",
         "| metric | value | target | met |",
         "|---|---:|---:|:---:|",
@@ -779,11 +798,11 @@ def _decisions_markdown(section: Mapping[str, Any]) -> list[str]:
                 f"| {name} | {_pct(entry.get('flag_rate'))} | {_pct(entry.get('answered'))} | "
                 f"{'—' if size is None else f'{size:.3f}'} |"
             )
+    n_t, n_q = section["calibration"]["n_temperature"], section["calibration"]["n_quantile"]
     lines += [
         "",
         f"- Guarantees: {section['conventions']['guarantees']}.",
-        f"- Fitted on {section['calibration']['n_temperature']} + "
-        f"{section['calibration']['n_quantile']} examples (temperature part + quantile part).",
+        f"- Fitted on {describe_split(n_t, n_q)}.",
     ]
     return lines
 

@@ -92,7 +92,7 @@ from functools import cached_property
 import numpy as np
 
 from hydra_deploy.decisions import decision_margin, set_floor
-from hydra_deploy.errors import ExportError
+from hydra_deploy.errors import ExportError, spelled
 from hydra_deploy.export_folder import DECISION_OUTPUTS, DecisionRecord, SetRule
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.set_scores import SET_SCORES
@@ -307,8 +307,9 @@ class _SetGraph:
         if self.classes > TOPK_MAX_K:
             raise ExportError(
                 f"{self.method.upper()} sets sort all {self.classes} classes with one TopK, and "
-                f"TensorRT's TopK takes K <= {TOPK_MAX_K}: calibrate with LAC sets (--sets lac), "
-                "or keep the decisions out of the graph"
+                f"TensorRT's TopK takes K <= {TOPK_MAX_K}: calibrate with LAC sets "
+                + spelled("(sets='lac')", "(--sets lac)")
+                + ", or keep the decisions out of the graph"
             )
         k = self.const("k_classes", [self.classes], np.int64)
         # [B, C] each: p descending, ties by lower class index; order[b, r] = the class ranked r + 1

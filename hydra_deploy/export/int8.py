@@ -65,6 +65,7 @@ from hydra_deploy.export.surgery import plain_shapes, unique_name
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import CALIBRATION_METHODS, INT8_METHODS, MIN_CALIBRATION_EXAMPLES
 from hydra_deploy.progress import progress
+from hydra_deploy.threads import ort_threads
 
 onnx = lazy_module("onnx", purpose="INT8 export", error=ExportError)
 onnxruntime = lazy_module("onnxruntime", purpose="INT8 export", error=ExportError)
@@ -717,6 +718,8 @@ def _calibrate_minmax(
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.enable_cpu_mem_arena = False
     options.log_severity_level = 3
+    if ort_threads():  # the command's --threads
+        options.intra_op_num_threads = ort_threads()
     session = onnxruntime.InferenceSession(augmented, options, providers=["CPUExecutionProvider"])
     del augmented
     names = [o.name for o in session.get_outputs()]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hydra_deploy.errors import ExportError
+from hydra_deploy.errors import ExportError, counted
 from hydra_deploy.export.precision import (
     check_precision,
     compute_types,
@@ -49,6 +49,7 @@ from hydra_deploy.parity import (
     tolerance_for,
 )
 from hydra_deploy.progress import track
+from hydra_deploy.threads import ort_threads
 
 onnx = lazy_module("onnx", purpose="validating exported models", error=ExportError)
 ort = lazy_module("onnxruntime", purpose="validating exported models", error=ExportError)
@@ -109,6 +110,8 @@ def _session(model_or_path, *, arena: bool = True):
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = arena
+    if ort_threads():  # the command's --threads
+        options.intra_op_num_threads = ort_threads()
     source = (
         model_or_path
         if isinstance(model_or_path, (str, Path))
@@ -398,7 +401,7 @@ def validate_int8(
     if not judged.passed:
         raise ExportError(
             f"the INT8 file moves the outputs beyond the int8 tolerances from FP32 on {inputs} "
-            f"({examples} examples): {'; '.join(judged.failures()[:3])}; try another "
+            f"({counted(examples, 'example')}): {'; '.join(judged.failures()[:3])}; try another "
             "calibration method or more representative calibration data, or export fp16"
         )
     return summary

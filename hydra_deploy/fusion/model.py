@@ -10,7 +10,7 @@ from torch import nn
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.backbones.base import MustMatch, random_pixel_values
-from hydra_deploy.errors import BackboneError, FusionError, SpecError
+from hydra_deploy.errors import BackboneError, FusionError, SpecError, counted
 from hydra_deploy.families import get_family
 from hydra_deploy.fusion.grouped import DEFAULT_LOWERING
 from hydra_deploy.fusion.layers import FusedBlock, LayerStack, embeddings_shared, fused_layer
@@ -234,7 +234,8 @@ class HydraModel(nn.Module):
         members = f"{self.num_members} member{'s' * (self.num_members != 1)}"
         lines = [
             f"HydraModel ({self.family}, {self.spec.backbone}): {members}, "
-            f"{self.num_classes} classes, shared trunk of {self.trunk_layers} layer(s)",
+            f"{counted(self.num_classes, 'class')}, shared trunk of "
+            f"{counted(self.trunk_layers, 'layer')}",
             "merge: " + ", ".join(f"{k}={v}" for k, v in self.merge.items()),
             f"parameters: {self.parameters_line()}",
             f"GMACs per example: hydra {macs['hydra'] / 1e9:.3f}, single {macs['single'] / 1e9:.3f} "
@@ -276,7 +277,8 @@ def fuse(
         members = [load_backbone(m) for m in backbone_or_members]
         if len(members) != spec.num_members:
             raise FusionError(
-                f"got {len(members)} member models but the spec has {spec.num_members} members; "
+                f"got {counted(len(members), 'member model')} but the spec has "
+                f"{counted(spec.num_members, 'member')}; "
                 "pass one model per member, or a single backbone shared by all"
             )
     else:

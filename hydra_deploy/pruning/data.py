@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from hydra_deploy.arrays import read_array_file
 from hydra_deploy.backbones.hf_bert import TEXT_INPUT_NAMES, check_text_keys
-from hydra_deploy.errors import DataError, spelled
+from hydra_deploy.errors import DataError, counted, said, spelled
 from hydra_deploy.labels import label_indices
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.userdata import class_folders, read_text_file
@@ -286,7 +286,8 @@ def _labels_tensor(y: Any, count: int, name: str) -> torch.Tensor:
     _refuse_non_numeric(y, "labels", name)
     y = torch.as_tensor(np.asarray(y) if isinstance(y, (np.ndarray, list, tuple)) else y)
     if count != (y.shape[0] if y.dim() else 1):
-        raise DataError(f"{name}: {count} inputs but {y.shape[0] if y.dim() else 1} labels")
+        given = y.shape[0] if y.dim() else 1
+        raise DataError(f"{name}: {counted(count, 'input')} but {counted(given, 'label')}")
     if y.dim() != 1:
         raise DataError(
             f"{name}: labels must be a 1-D array of class indices, got shape {list(y.shape)}"
@@ -619,7 +620,8 @@ def _check_text(x: torch.Tensor, backbone: Any, name: str) -> None:
     empty = torch.nonzero(mask.sum(1) == 0).flatten()
     if empty.numel():
         raise DataError(
-            f"{name}: {empty.numel()} example(s) have no real token (attention_mask all 0, e.g. "
+            f"{name}: {counted(empty.numel(), 'example')} "
+            f"{'has' if empty.numel() == 1 else 'have'} no real token (attention_mask all 0, e.g. "
             f"example {int(empty[0])})"
         )
     if backbone is None:
@@ -790,18 +792,18 @@ def _check(labelled: LabelledData, backbone: Any, num_classes: int | None) -> No
     if num_classes is not None and classes is not None and len(classes) > num_classes:
         shown = ", ".join(classes[:8]) + (", ..." if len(classes) > 8 else "")
         raise DataError(
-            f"{labelled.name} has {len(classes)} classes ({shown}) but the classifier has "
-            f"{num_classes}; remove class folders or build the backbone with "
-            f"num_classes={len(classes)}"
+            f"{labelled.name} has {counted(len(classes), 'class')} ({shown}) but the classifier "
+            f"has {num_classes}; remove class folders or build the backbone with "
+            + spelled(f"num_classes={len(classes)}", f"--num-classes {len(classes)}")
         )
     if num_classes is not None:
         labels = _all_labels(labelled)
         bad = labels[(labels < 0) | (labels >= num_classes)]
         if bad.size:
             raise DataError(
-                f"{labelled.name}: {bad.size} label(s) outside 0..{num_classes - 1} (e.g. {int(bad[0])}); "
-                f"the classifier has {num_classes} classes: relabel the data, or size the "
-                "classifier to it (num_classes, --num-classes)"
+                f"{labelled.name}: {counted(bad.size, 'label')} outside 0..{num_classes - 1} (e.g. "
+                f"{int(bad[0])}); the classifier has {counted(num_classes, 'class')}: relabel the "
+                + said("data, or size the classifier to it (`num_classes`)")
             )
 
 
@@ -809,7 +811,8 @@ def _refuse_nonfinite(x: torch.Tensor, name: str) -> None:
     finite = torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
     if not bool(finite.all()):
         raise DataError(
-            f"{name}: {int((~finite).sum())} of {len(x)} input(s) hold NaN or infinite values; "
+            f"{name}: {int((~finite).sum())} of {counted(len(x), 'input')} "
+            f"{'holds' if int((~finite).sum()) == 1 else 'hold'} NaN or infinite values; "
             "fix or drop them"
         )
 

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
-from hydra_deploy.errors import DataError, HydraError, ParameterError, SpecError
+from hydra_deploy.errors import (
+    DataError,
+    HydraError,
+    ParameterError,
+    SpecError,
+    counted,
+    said,
+    spelled,
+)
 from hydra_deploy.options import SelectionOptions
 from hydra_deploy.pruning.data import load_data
 from hydra_deploy.pruning.importance import (
@@ -74,7 +82,8 @@ def heads_per_layer(
             raise HydraError(f"layer {layer}: cannot keep {count} heads of {H}")
         if count < min_heads:
             raise HydraError(
-                f"layer {layer}: {count} heads is below min_heads={min_heads}; lower min_heads "
+                f"layer {layer}: {counted(count, 'head')} is below min_heads={min_heads}; lower "
+                "min_heads "
                 "(0 lets a member skip a layer's attention) or keep more heads"
             )
     return counts
@@ -372,7 +381,8 @@ def _refuse_too_many(members: int, num_heads: int, counts: Sequence[int]) -> Non
     if members > distinct:
         raise SpecError(
             f"{members} members cannot differ: keeping {counts[0] if len(set(counts)) == 1 else counts} "
-            f"of {num_heads} heads per layer allows only {distinct} distinct member(s); keep fewer "
+            f"of {num_heads} heads per layer allows only {counted(distinct, 'distinct member')}; "
+            "keep fewer "
             "heads per member or ask for fewer members"
         )
 
@@ -421,6 +431,8 @@ def _refuse_identical(heads: list) -> None:
         for b in range(a + 1, len(heads)):
             if heads[a] == heads[b]:
                 raise SpecError(
-                    f"members {a} and {b} keep identical heads; raise temperature, use resample=True, "
-                    "keep fewer heads per member, or change the seed"
+                    f"members {a} and {b} keep identical heads; "
+                    + said("raise `temperature`, ")
+                    + spelled("use resample=True, ", "")
+                    + said("keep fewer heads per member, or change the `seed`")
                 )

@@ -527,8 +527,10 @@ def refuse_existing_models(repo: Path, names: list[str], overwrite: bool) -> Non
     taken = [n for n in names if (repo / n).exists()]
     if taken and not overwrite:
         raise ServeError(
-            f"{str(repo)!r} already holds model(s) {', '.join(taken)}; pass --overwrite to "
-            "replace them, or --triton-name NAME to add under another name"
+            f"{str(repo)!r} already holds {'model' if len(taken) == 1 else 'models'} "
+            f"{', '.join(taken)}; pass --overwrite to replace "
+            f"{'it' if len(taken) == 1 else 'them'}, or --triton-name NAME to add under another "
+            "name"
         )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, counted
 
 
 def _as_array(values: object, name: str, dtype: type | None = None) -> np.ndarray:
@@ -109,7 +109,7 @@ def _finite_1d(values: np.ndarray, name: str, *, allow_empty: bool = False) -> n
     bad = ~np.isfinite(array)
     if bad.any():
         raise HydraError(
-            f"{name} holds {int(bad.sum())} NaN or infinite value(s) (first at index "
+            f"{name} holds {counted(int(bad.sum()), 'NaN or infinite value')} (first at index "
             f"{int(np.argmax(bad))})"
         )
     return array
@@ -129,7 +129,8 @@ def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
     if bad.any():
         row = int(np.argmax(bad.any(axis=1)))
         raise HydraError(
-            f"probs holds NaN or infinite values in {int(bad.any(axis=1).sum())} row(s) (first: "
+            f"probs holds NaN or infinite values in {counted(int(bad.any(axis=1).sum()), 'row')} "
+            "(first: "
             f"row {row})"
         )
     if (p < 0).any() or (p > 1 + PROB_SUM_ATOL).any():
@@ -142,7 +143,8 @@ def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
     if off.any():
         row = int(np.argmax(off))
         raise HydraError(
-            f"probs rows must sum to 1 within {PROB_SUM_ATOL}: {int(off.sum())} row(s) do not "
+            f"probs rows must sum to 1 within {PROB_SUM_ATOL}: {counted(int(off.sum()), 'row')} "
+            f"{'does' if int(off.sum()) == 1 else 'do'} not "
             f"(first: row {row} sums to {sums[row]:.6g}); pass probabilities, not logits"
         )
     y = _as_array(labels, "labels")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, counted, spelled
 
 SCORE_NAMES = (
     "probs",
@@ -55,10 +55,11 @@ def _refuse_nonfinite(logits: np.ndarray) -> None:
     example, member, _ = np.unravel_index(int(np.argmax(bad)), logits.shape)
     count = int(bad.any(axis=(1, 2)).sum())
     raise HydraError(
-        f"member_logits holds NaN or infinite values in {count} of {logits.shape[0]} example(s) "
-        f"(first: example {example}, member {member}); the model or engine overflowed (an FP16 "
-        "engine? compare it with hydra-compare), or pass allow_nonfinite=True (hydra-run --allow-nonfinite) to get NaN scores "
-        "and prediction -1 for those examples"
+        f"member_logits holds NaN or infinite values in {count} of "
+        f"{counted(logits.shape[0], 'example')} (first: example {example}, member {member}); the "
+        "model or engine overflowed (an FP16 engine? compare it with hydra-compare), or "
+        + spelled("pass allow_nonfinite=True", "run it with hydra-run --allow-nonfinite")
+        + " to get NaN scores and prediction -1 for those examples"
     )
 
 

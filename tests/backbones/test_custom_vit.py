@@ -19,7 +19,14 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from hydra_deploy.backbones import load_backbone
-from hydra_deploy.errors import BackboneError, CheckpointError, HydraError, RunnerError
+from hydra_deploy.errors import (
+    BackboneError,
+    CheckpointError,
+    HydraError,
+    RunnerError,
+    command_spelling,
+)
+from hydra_deploy.options import PARAMETER_FLAGS
 
 ARGS = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, in_chans=1)
 PRETRAINED_CFG = {
@@ -175,8 +182,12 @@ def test_mismatch_names_the_files_shapes_and_the_arguments(trained):
         "model has embed_dim=192, depth=12, in_chans=3, patch_size=16, img_size=224"
     ) in message
     assert "pos_embed: file (1, 17, 32) vs model (1, 197, 192)" in message  # not resampled to 197
-    assert "--model-arg embed_dim=32 --model-arg depth=2" in message
+    assert "load_backbone(..., embed_dim=32, depth=2" in message and "--model-arg" not in message
     assert "num_heads as trained: the weights do not show it" in message
+    with command_spelling(PARAMETER_FLAGS), pytest.raises(CheckpointError) as caught:
+        load_backbone("vit_tiny_patch16_224", checkpoint=bare)  # inside a command: its flags
+    assert "--model-arg embed_dim=32 --model-arg depth=2" in str(caught.value)
+    assert "load_backbone" not in str(caught.value)
     # the same width at another input size loaded before, silently resampled to 224 pixels
     other = bare.with_name("img32.safetensors")
     save_file(timm.create_model("vit_tiny_patch16_224", img_size=32).state_dict(), str(other))
@@ -364,11 +375,11 @@ def test_shape_hints_say_what_the_model_expects():
         (
             np.zeros((5, 8, 8), np.float32),
             r"expects \[N, C, H, W\] = \[N, 1, 16, 16\]; this looks like \[N, H, W\] images without "
-            r"the channel axis: add it \(x\[:, None\]\); the images are 8x8 and the model takes 16x16: "
-            r"resize them",
+            r"the channel axis: add it \(x\[:, None\]\); then height 8 vs 16 and width 8 vs 16: "
+            r"resize \(or crop\) them to 16 x 16",
         ),
         (np.zeros((1, 16, 16), np.float32), r"\(add the batch axis: x\[None\]\)"),
-        (np.zeros((5, 1, 8, 8), np.float32), r"the images are 8x8 and the model takes 16x16"),
+        (np.zeros((5, 1, 8, 8), np.float32), r"height 8 vs 16 and width 8 vs 16: resize"),
         (np.zeros((5, 16, 16, 1), np.float32), r"channels-last \[N, H, W, C\]: transpose it"),
     ]
     for value, message in cases:

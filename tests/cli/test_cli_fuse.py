@@ -345,7 +345,8 @@ def test_num_classes_other_than_a_bert_checkpoints_needs_new_head(bert_folder):
     code, out, err = invoke("--backbone", f"hf:{bert_folder}", "--num-classes", "3", "--json")
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 1 and out == "" and len(errors) == 1 and "Traceback" not in err
-    assert "classifier of 5 classes, not num_classes=3" in errors[0] and "--new-head" in errors[0]
+    assert "classifier of 5 classes, not --num-classes 3" in errors[0] and "--new-head" in errors[0]
+    assert "num_classes" not in errors[0] and "new_classifier" not in errors[0]
     code, out, err = invoke(
         "--backbone",
         f"hf:{bert_folder}",
@@ -360,7 +361,7 @@ def test_num_classes_other_than_a_bert_checkpoints_needs_new_head(bert_folder):
     assert code == 0, err
     assert json.loads(out)["output_shape"] == [2, 2, 3]
     code, _, err = invoke("--backbone", f"hf:{bert_folder}", "--new-head")
-    assert code == 1 and "needs num_classes" in err and "--num-classes" in err
+    assert code == 1 and "--new-head needs --num-classes N" in err and "--num-classes" in err
     code, _, err = invoke("--backbone", BACKBONE, "--num-classes", "3", "--new-head")
     assert code == 1 and "applies to BERT classifiers" in err
 

@@ -158,6 +158,7 @@ def test_command_writes_the_record_and_hydra_run_applies_it(built, export):
     assert code == 0, err
     assert "temperature part" in out and "OOD set noise:" in out and "wrote the decisions" in out
     record = read_info(export).decisions
+    assert f"fitted on {record.n_temperature + record.n_quantile} calibration examples (" in out
     assert record is not None and record.selective is not None and record.ood is not None
     code, out, err = invoke(run_main, str(export), str(built["root"] / "calib.npz"), "--json", "-")
     assert code == 0, err
@@ -271,9 +272,9 @@ def test_an_interrupted_calibration_leaves_the_folder_as_it_was(built, export, m
         (["--risk", "0"], "--risk must be in (0, 1)"),
         (["--risk", "0.1", "--delta", "2"], "--delta must be in (0, 1)"),
         (["--holdout", "1"], "--holdout must be in (0, 1)"),
-        (["--alpha", "0.0001"], "needs at least 9999"),
+        (["--alpha", "0.0001"], "--alpha 0.0001 needs at least 9999 for the thresholds"),
         (["--risk", "0.001"], "the best these data can guarantee is"),
-        (["--class-conditional", "--alpha", "0.01"], "calibration examples of class"),
+        (["--class-conditional", "--alpha", "0.01"], "too few for class-conditional sets: class"),
         (["--class-conditional", "--sets", "none"], "--class-conditional needs prediction sets"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
         (["--seed", "-1"], "--seed must be at least 0, got -1"),

@@ -29,7 +29,7 @@ from hydra_deploy.decisions import (
     set_floor,
     split_rows,
 )
-from hydra_deploy.errors import ExportError
+from hydra_deploy.errors import ExportError, command_spelling
 from hydra_deploy.export.decision_graph import (
     DECISION_OPS,
     DECISION_OUTPUTS,
@@ -643,7 +643,9 @@ def test_topk_limit_refuses_sorted_sets_over_too_many_classes():
         selective=SelectiveRule("msp", 0.1, 0.1, 0.5, 10, 0.5),
         ood=OodRule("msp", 0.05, -0.2),
     )  # fmt: skip
-    with pytest.raises(ExportError, match=r"TopK takes K <= 3840.*--sets lac"):
+    with pytest.raises(ExportError, match=r"TopK takes K <= 3840.*\(sets='lac'\)"):
+        add_decisions(logits_model(3, classes), record)
+    with command_spelling({}), pytest.raises(ExportError, match=r"K <= 3840.*\(--sets lac\)"):
         add_decisions(logits_model(3, classes), record)
     lac = replace(record, sets=SetRule("lac", 0.1, (0.9,)))  # LAC sorts nothing: no limit
     x = np.random.default_rng(5).normal(size=(2, 3, classes)).astype(np.float32)

@@ -380,12 +380,12 @@ def test_hydra_export_triton_refuses_before_exporting(exports, tmp_path):
         "--triton-name",
         "taken",
     )
-    assert code == 1 and "already holds model(s) taken; pass --overwrite" in err
+    assert code == 1 and "already holds model taken; pass --overwrite to replace it" in err
     assert not (tmp_path / "new").exists()  # refused before the export started
     code, _, err = invoke(
         export_cli.main, "--from", exports["vit"], "--out", tmp_path / "new", "--triton-name", "x"
     )
-    assert code == 1 and "--triton-name set(s) up a Triton repository; add --triton REPO" in err
+    assert code == 1 and "--triton-name sets up a Triton repository; add --triton REPO" in err
     code, _, err = invoke(
         export_cli.main,
         "--from",
@@ -435,7 +435,7 @@ def test_hydra_build_triton_refusals(exports, tmp_path, extra, message):
 
 def test_hydra_build_refuses_engine_without_triton_and_exports_without_the_head(exports, tmp_path):
     code, _, err = invoke(build_cli.main, exports["vit"], "--engine", tmp_path / "x.plan")
-    assert code == 1 and "--engine set(s) up a Triton repository; add --triton REPO" in err
+    assert code == 1 and "--engine sets up a Triton repository; add --triton REPO" in err
     code, _, err = invoke(build_cli.main, exports["plain"], "--triton", tmp_path / "repo")
     assert code == 1 and "no uncertainty outputs in its graph" in err
 

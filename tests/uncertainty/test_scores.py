@@ -97,7 +97,8 @@ def test_scores_refuse_bad_input():
     logits[3, 0, 2] = np.inf
     with pytest.raises(
         HydraError,
-        match=r"NaN or infinite values in 2 of 4 example\(s\) \(first: example 2, member 1\).*allow_nonfinite=True",
+        match=r"NaN or infinite values in 2 of 4 examples \(first: example 2, member 1\).*"
+        r"pass allow_nonfinite=True to get NaN scores",
     ):
         ensemble_scores(logits)
 

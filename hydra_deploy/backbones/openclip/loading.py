@@ -26,7 +26,7 @@ from hydra_deploy.backbones.openclip.zero_shot import (
     class_weights_from_text,
     read_names,
 )
-from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError, said
+from hydra_deploy.errors import BackboneError, CheckpointError, UnsupportedModelError, said, spelled
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -205,8 +205,11 @@ def load_openclip(
     tokenizer = kwargs.pop("tokenizer", None)
     if classes is None:
         raise BackboneError(
-            f"openclip:{model_name} needs the class names of the zero-shot classifier: pass "
-            "classes=[...] or a text file with one name per line (--classes names.txt)"
+            f"openclip:{model_name} needs the class names of the zero-shot classifier: "
+            + spelled(
+                "pass classes=[...] or a text file with one name per line",
+                "pass --classes names.txt (a text file with one name per line)",
+            )
         )
     _check_model_name(model_name)
     if checkpoint is not None and pretrained is not None:
