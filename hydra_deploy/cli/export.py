@@ -9,12 +9,16 @@ import logging
 import re
 import sys
 import time
+import zipfile
 from pathlib import Path
 
+import numpy as np
+
+from hydra_deploy import userdata
 from hydra_deploy.cli import common, triton
 from hydra_deploy.cli import model_options as build
 from hydra_deploy.engines.trtexec import command_lines, trtexec_commands
-from hydra_deploy.errors import HydraError, ParameterError
+from hydra_deploy.errors import HydraError, ParameterError, counted
 from hydra_deploy.export_folder import (
     INFO_FILE,
     MODEL_FILE,
@@ -24,7 +28,13 @@ from hydra_deploy.export_folder import (
 )
 from hydra_deploy.families import get_family
 from hydra_deploy.optional import lazy_module
-from hydra_deploy.options import Int8Options, RunnerOptions, add_options, from_args
+from hydra_deploy.options import (
+    MIN_CALIBRATION_EXAMPLES,
+    Int8Options,
+    RunnerOptions,
+    add_options,
+    from_args,
+)
 from hydra_deploy.threads import use_threads
 
 # the stages this command runs, imported when it runs them (``--help`` imports no torch)
@@ -140,8 +150,62 @@ def int8_options(args: argparse.Namespace) -> Int8Options | None:
             "the model's inputs, or a .txt/.tsv for a text model"
         )
     int8_data.refuse_wrong_kind(options.calib, _family_to_build(args), "--int8-calib")
+    _refuse_too_few(Path(options.calib))
     reader = int8_data.int8_calibration(options.calib, max_examples=options.calib_size)
     return dataclasses.replace(options, calib=reader)
+
+
+def calibration_count(path: Path) -> tuple[int, str] | None:
+    """How many examples ``path`` holds and what they are, read without decoding them: an image
+    folder's images, a text file's lines, a ``.npz``/``.npy``'s rows (its longest array's);
+    None for what is not counted here (the reader says what is wrong with it later)."""
+    suffix = path.suffix.lower()
+    try:
+        if path.is_dir():
+            return len(userdata.find_images([path], error=HydraError)), "image"
+        if suffix in userdata.TEXT_FILE_SUFFIXES:
+            return len(userdata.read_text_file(path, error=HydraError).texts), "text line"
+        if suffix == ".npy":
+            array = np.load(path, mmap_mode="r")
+            return (len(array) if array.ndim else 1), "example"
+        if suffix == ".npz":
+            return max(_npz_rows(path), default=0), "example"
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+    return None
+
+
+def _npz_rows(path: Path) -> list[int]:
+    """The first dimension of each array in a ``.npz``, from the headers (nothing loaded)."""
+    rows = []
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if not name.endswith(".npy"):
+                continue
+            with archive.open(name) as member:
+                version = np.lib.format.read_magic(member)
+                read = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape = read(member)[0]
+                rows.append(shape[0] if shape else 1)
+    return rows
+
+
+def _refuse_too_few(path: Path) -> None:
+    """Fewer than MIN_CALIBRATION_EXAMPLES in ``--int8-calib``: refused before anything is built
+    (the count the data holds; at most --int8-calib-size of them are used)."""
+    counted_here = calibration_count(path)
+    if counted_here is None or counted_here[0] >= MIN_CALIBRATION_EXAMPLES:
+        return
+    count, noun = counted_here
+    raise HydraError(
+        f"--int8-calib {path} holds {counted(count, noun)}; static INT8 calibration needs at "
+        f"least {MIN_CALIBRATION_EXAMPLES} (a few hundred is better): add more, or quantize "
+        "dynamically (--int8-method dynamic, no data needed)"
+    )
 
 
 def _family_to_build(args: argparse.Namespace):

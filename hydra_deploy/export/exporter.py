@@ -345,12 +345,14 @@ def _to_int8(
     fp32_path = staging / f".{MODEL_FILE}.fp32"
     os.replace(model_path, fp32_path)
     started = time.perf_counter()
+    fp32_runs: list = []  # the FP32 file's outputs while calibrating, for the validation
     record = quantize_export(
         fp32_path,
         model_path,
         method=int8.method,
         calibration=calibration,
         calibrate_method=int8.calib_method or "minmax",
+        fp32_runs=fp32_runs,
     )
     done = Int8Record.from_dict(record, "the quantizer's record")
     logger.info(
@@ -362,7 +364,9 @@ def _to_int8(
     )
     validation = info.validation
     if validate:
-        validation = _int8_validation(hydra, model_path, fp32_path, calibration, batch, validation)
+        validation = _int8_validation(
+            hydra, model_path, fp32_path, calibration, batch, validation, fp32_runs
+        )
     fp32_path.unlink()
     model = _stamp(model_path, hydra, "int8")
     return info.replace(
@@ -382,21 +386,29 @@ def _int8_validation(
     calibration: Mapping[str, np.ndarray] | None,
     batch: Sequence[int],
     validation: Mapping[str, Any] | None,
+    fp32_runs: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] = (),
 ) -> dict[str, Any]:
     """The FP32 graph's validation, with the INT8 file's drift from it (on the calibration
-    data, else the model's example inputs)."""
-    if calibration is not None:
+    data, else the model's example inputs). ``fp32_runs``: (batch, the FP32 file's outputs) from
+    the calibration, whose batches are then the ones checked (the FP32 file is not run again)."""
+    fp32_outputs = None
+    if fp32_runs:
+        feeds = [dict(inputs) for inputs, _ in fp32_runs]
+        fp32_outputs = [outputs for _, outputs in fp32_runs]
+        inputs = "the calibration data"
+    elif calibration is not None:
         feeds = feed_batches(calibration, batch[2])
         inputs = "the calibration data"
     else:
         feeds = _example_feeds(hydra, batch)
         inputs = "the model's example inputs (random)"
+    drift = validate_int8(model_path, fp32_path, feeds, inputs=inputs, fp32_outputs=fp32_outputs)
     return {
         **(validation or {}),
         "precision": "int8",
         "checked": "onnxruntime (the fp32 graph, before quantization)",
         "drift_measured_in": "onnxruntime (int8 file)",
-        "drift": validate_int8(model_path, fp32_path, feeds, inputs=inputs),
+        "drift": drift,
         "drift_within_tolerance": True,
     }
 

@@ -13,7 +13,9 @@ record ``hydra.json`` keeps as ``"int8"``:
   each matrix product, int8 weights symmetric per output channel, int8 activations symmetric
   (zero point 0, as TensorRT's explicit quantization requires), their ranges calibrated on the
   user's data (MinMax, Entropy or Percentile 99.999). The form TensorRT builds from and ONNX
-  Runtime runs as integer kernels.
+  Runtime runs as integer kernels. MinMax is calibrated here a batch at a time, to ONNX Runtime's
+  ranges (:func:`_calibrate_minmax`), and the FP32 outputs of that run are kept for validation
+  (``quantize_export(..., fp32_runs=[])``); the other methods run ONNX Runtime's calibrators.
 
 Only the matrix products with a weight are quantized (``MatMul``/``Gemm`` with a constant operand:
 the grouped Q/K/V and output projections, the MLP, the classifier, named in ``nodes_to_quantize``);
@@ -44,10 +46,13 @@ throughout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import inspect
 import io
 import logging
 import os
+import tempfile
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -59,10 +64,14 @@ from hydra_deploy.errors import ExportError, spelled
 from hydra_deploy.export.surgery import plain_shapes, unique_name
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import CALIBRATION_METHODS, INT8_METHODS, MIN_CALIBRATION_EXAMPLES
+from hydra_deploy.progress import progress
+from hydra_deploy.threads import ort_threads
 
 onnx = lazy_module("onnx", purpose="INT8 export", error=ExportError)
 onnxruntime = lazy_module("onnxruntime", purpose="INT8 export", error=ExportError)
 quantization = lazy_module("onnxruntime.quantization", purpose="INT8 export", error=ExportError)
+
+logger = logging.getLogger("hydra_deploy")
 
 __all__ = [
     "CALIBRATION_METHODS",
@@ -75,7 +84,7 @@ __all__ = [
 
 #: the op types quantized: the matrix products with a weight
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm")
-#: examples per feed of the calibration run (ORT keeps each feed's intermediate tensors)
+#: examples per batch of the calibration run (memory holds one batch's activations)
 CALIBRATION_BATCH = 8
 #: the Percentile calibration's percentile (ONNX Runtime's default)
 PERCENTILE = 99.999
@@ -128,6 +137,7 @@ def quantize_export(
     method: str,
     calibration: Mapping[str, np.ndarray] | None = None,
     calibrate_method: str = "minmax",
+    fp32_runs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] | None = None,
 ) -> dict[str, Any]:
     """Quantize ``fp32_onnx`` (an FP32 export's ``model.onnx``) into ``out_onnx`` (may be the same
     path; written atomically) and return the JSON-ready record of what was done.
@@ -140,6 +150,11 @@ def quantize_export(
     nodes in the file), ``kept_float`` (op -> nodes left in float and why), ``weights`` and
     ``activations`` (the schemes), ``bias_kept_apart`` (static: the 2-D products whose bias is kept
     out of ONNX Runtime's float Gemm fusion), ``onnxruntime_version``.
+
+    ``fp32_runs``, a list, receives what the FP32 file computed while it was calibrated: (batch
+    of inputs, the FP32 file's outputs on it) per batch; nothing where none was run (dynamic, and
+    the entropy and percentile methods, which ONNX Runtime's own calibrators collect). The
+    exporter validates the INT8 file on those batches without running the FP32 file again.
     """
     if method not in INT8_METHODS:
         raise ExportError(f"unknown INT8 method {method!r}; choose one of {INT8_METHODS}")
@@ -162,9 +177,10 @@ def quantize_export(
             "dynamic INT8 quantizes weights only and takes no calibration data; drop it, or "
             f"quantize statically ({_static_advice()})"
         )
-    record = _quantize_file(
-        fp32_onnx, out_onnx, model, method, feeds, chosen, excluded, kept, calibrate_method
-    )
+    plan = _Plan(method, feeds, chosen, excluded, calibrate_method)
+    if fp32_runs is not None:
+        plan.fp32_runs = fp32_runs
+    record = _quantize_file(fp32_onnx, out_onnx, model, plan, kept)
     if feeds is not None:
         record.update(
             calibration_method=calibrate_method,
@@ -175,31 +191,37 @@ def quantize_export(
     return record
 
 
+@dataclasses.dataclass
+class _Plan:
+    """What to quantize and how; ``fp32_runs`` fills in as the FP32 file is calibrated."""
+
+    method: str
+    feeds: Mapping[str, np.ndarray] | None
+    chosen: list[str]
+    excluded: list[str]
+    calibrate_method: str
+    fp32_runs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = dataclasses.field(
+        default_factory=list
+    )
+
+
 def _quantize_file(
-    fp32_onnx: Path,
-    out_onnx: Path,
-    model,
-    method: str,
-    feeds: Mapping[str, np.ndarray] | None,
-    chosen: list[str],
-    excluded: list[str],
-    kept: dict[str, dict[str, Any]],
-    calibrate_method: str,
+    fp32_onnx: Path, out_onnx: Path, model, plan: _Plan, kept: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
     """Run ONNX Runtime's quantizer on ``fp32_onnx`` (``model``) into a temporary file, make its
     Shapes plain (and, static, its 2-D products' biases apart), move it to ``out_onnx``; the
     record of the file."""
+    method, chosen, excluded = plan.method, plan.chosen, plan.excluded
     temporary = out_onnx.with_name(f".{out_onnx.name}.int8-{os.getpid()}.tmp")
     try:
-        with _quiet_onnxruntime():
-            if method == "static":
-                batched = _batched_weights(model, chosen)
-                batches = _calibration_batches(model, feeds)
-                _quantize_static(
-                    fp32_onnx, temporary, batches, chosen, excluded, batched, calibrate_method
-                )
-            else:
-                per_channel = not _batched_weights(model, chosen)
+        if method == "static":
+            batched = _batched_weights(model, chosen)
+            batches = _calibration_batches(model, plan.feeds)
+            _quantize_static(fp32_onnx, temporary, model, batches, plan, batched)
+        else:
+            per_channel = not _batched_weights(model, chosen)
+            logger.info("int8: quantizing %d products (weights only)", len(chosen))
+            with _quiet_onnxruntime():
                 _quantize_dynamic(fp32_onnx, temporary, chosen, excluded, per_channel)
         quantized = onnx.load(str(temporary))
         # the FP32 file's Shapes are plain already (run_passes); any the quantizer wrote are not
@@ -577,47 +599,144 @@ def _batched_weights(model, chosen: list[str]) -> list[str]:
 def _quantize_static(
     source: Path,
     target: Path,
+    model,
     batches: list[dict[str, np.ndarray]],
-    chosen: list[str],
-    excluded: list[str],
+    plan: _Plan,
     batched: list[str],
-    calibrate_method: str,
 ) -> None:
+    """ONNX Runtime's static QDQ quantization. MinMax ranges are calibrated here, a batch at a
+    time (:func:`_calibrate_minmax`: the FP32 file's outputs kept for validation), and handed to
+    ONNX Runtime as its calibration cache; the entropy and percentile methods run ONNX Runtime's
+    own calibrators, one batch at a time (``CalibStridedMinMax``)."""
     methods = {
         "minmax": quantization.CalibrationMethod.MinMax,
         "entropy": quantization.CalibrationMethod.Entropy,
         "percentile": quantization.CalibrationMethod.Percentile,
     }
-    quantization.quantize_static(
-        str(source),
-        str(target),
-        _feed_reader(batches),
-        quant_format=quantization.QuantFormat.QDQ,
-        op_types_to_quantize=list(QUANTIZED_OP_TYPES),
-        per_channel=True,
-        reduce_range=False,
-        activation_type=quantization.QuantType.QInt8,
-        weight_type=quantization.QuantType.QInt8,
-        nodes_to_quantize=list(chosen),
-        nodes_to_exclude=list(excluded),
-        calibrate_method=methods[calibrate_method],
-        extra_options={
-            "ActivationSymmetric": True,  # zero point 0: TensorRT's explicit quantization
-            "WeightSymmetric": True,
-            "MatMulConstBOnly": True,  # the products with a weight; attention stays float
-            "QDQOpTypePerChannelSupportToAxis": {"MatMul": -1},  # output channels, 2-D or 3-D
-            "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),  # float accumulators
-            "DedicatedQDQPair": True,  # TensorRT cannot share a Q/DQ pair between consumers
-            # a Gemm's bias stays float: ORT would write it as INT32 behind a DequantizeLinear,
-            # whose input TensorRT takes in INT8/FP8/INT4 only (onnx-tensorrt 8.6-GA and 10.x
-            # QuantizeDequantizeLinearHelper); no int32 bias, so no weight scale widened for it
-            "QuantizeBias": False,
-            "QDQDisableWeightAdjustForInt32Bias": True,
-            "CalibStridedMinMax": 1,  # collect one feed at a time (every method)
-            "CalibPercentile": PERCENTILE,
-            "TensorQuantOverrides": {name: [{"symmetric": True}] for name in batched},
-        },
-    )
+    count = sum(len(next(iter(b.values()))) for b in batches)
+    own = plan.calibrate_method == "minmax" and _takes_a_cache()
+    with tempfile.TemporaryDirectory(prefix="hydra-int8-") as folder:
+        arguments: dict[str, Any] = {}
+        if own:
+            ranges = _calibrate_minmax(model, batches, plan, count)
+            arguments["calibration_cache_path"] = Path(folder) / "ranges.json"
+            quantization.calibrate.save_tensors_data(
+                quantization.calibrate.TensorsData(methods["minmax"], ranges),
+                arguments["calibration_cache_path"],
+            )
+            logger.info("int8: quantizing %d products", len(plan.chosen))
+        else:
+            arguments["calibration_data_reader"] = _feed_reader(batches)
+            logger.info(
+                "int8: calibrating on %d examples (%s, ONNX Runtime) and quantizing %d products",
+                count,
+                plan.calibrate_method,
+                len(plan.chosen),
+            )
+        with _quiet_onnxruntime():
+            quantization.quantize_static(
+                str(source),
+                str(target),
+                quant_format=quantization.QuantFormat.QDQ,
+                op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+                per_channel=True,
+                reduce_range=False,
+                activation_type=quantization.QuantType.QInt8,
+                weight_type=quantization.QuantType.QInt8,
+                nodes_to_quantize=list(plan.chosen),
+                nodes_to_exclude=list(plan.excluded),
+                calibrate_method=methods[plan.calibrate_method],
+                extra_options=_static_options(batched),
+                **arguments,
+            )
+
+
+def _takes_a_cache() -> bool:
+    """Whether this ONNX Runtime's ``quantize_static`` takes ranges computed beforehand (its
+    ``calibration_cache_path``; older releases calibrate themselves)."""
+    return "calibration_cache_path" in inspect.signature(quantization.quantize_static).parameters
+
+
+def _static_options(batched: list[str]) -> dict[str, Any]:
+    return {
+        "ActivationSymmetric": True,  # zero point 0: TensorRT's explicit quantization
+        "WeightSymmetric": True,
+        "MatMulConstBOnly": True,  # the products with a weight; attention stays float
+        "QDQOpTypePerChannelSupportToAxis": {"MatMul": -1},  # output channels, 2-D or 3-D
+        "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),  # float accumulators
+        "DedicatedQDQPair": True,  # TensorRT cannot share a Q/DQ pair between consumers
+        # a Gemm's bias stays float: ORT would write it as INT32 behind a DequantizeLinear,
+        # whose input TensorRT takes in INT8/FP8/INT4 only (onnx-tensorrt 8.6-GA and 10.x
+        # QuantizeDequantizeLinearHelper); no int32 bias, so no weight scale widened for it
+        "QuantizeBias": False,
+        "QDQDisableWeightAdjustForInt32Bias": True,
+        "CalibStridedMinMax": 1,  # collect one feed at a time (every method)
+        "CalibPercentile": PERCENTILE,
+        "TensorQuantOverrides": {name: [{"symmetric": True}] for name in batched},
+    }
+
+
+def _calibrated_tensors(model, chosen: list[str]) -> list[str]:
+    """The activations the quantizer reads ranges for: the inputs of the chosen products that
+    are not weights."""
+    constants, names = _constants(model), set(chosen)
+    found: dict[str, None] = {}
+    for node in model.graph.node:
+        if node.name in names:
+            found.update((i, None) for i in node.input if i and i not in constants)
+    return list(found)
+
+
+def _calibrate_minmax(
+    model, batches: list[dict[str, np.ndarray]], plan: _Plan, count: int
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each calibrated activation's (lowest, highest) over ``batches``, run one at a time: what
+    ONNX Runtime's MinMax calibrator computes (the same ``ReduceMin``/``ReduceMax`` on the
+    unoptimized graph, as float32 arrays of one value), holding one batch's outputs rather than
+    every batch's. The FP32 outputs of each batch go to ``plan.fp32_runs``. The session runs
+    without ONNX Runtime's memory arena, which otherwise keeps its largest batch's memory."""
+    tensors = _calibrated_tensors(model, plan.chosen)
+    outputs = [o.name for o in model.graph.output]
+    taken = {n for node in model.graph.node for n in (*node.input, *node.output)}
+    reduced = []
+    nodes, graph_outputs = len(model.graph.node), len(model.graph.output)
+    for tensor in tensors:
+        pair = [unique_name(f"{tensor}_{op}", taken) for op in ("min", "max")]
+        for op, name in zip(("ReduceMin", "ReduceMax"), pair, strict=True):
+            taken.add(name)
+            model.graph.node.append(onnx.helper.make_node(op, [tensor], [name], keepdims=1))
+            model.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+            )
+        reduced.append(pair)
+    try:
+        augmented = model.SerializeToString()
+    finally:  # the model as it was: its appended nodes and outputs removed
+        del model.graph.node[nodes:]
+        del model.graph.output[graph_outputs:]
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.enable_cpu_mem_arena = False
+    options.log_severity_level = 3
+    if ort_threads():  # the command's --threads
+        options.intra_op_num_threads = ort_threads()
+    session = onnxruntime.InferenceSession(augmented, options, providers=["CPUExecutionProvider"])
+    del augmented
+    names = [o.name for o in session.get_outputs()]
+    lowest: dict[str, np.ndarray] = {}
+    highest: dict[str, np.ndarray] = {}
+    with progress(len(batches), desc=f"calibrating {count} examples", unit="batch") as bar:
+        for batch in batches:
+            values = dict(zip(names, session.run(None, batch), strict=True))
+            plan.fp32_runs.append((batch, {name: values[name] for name in outputs}))
+            for tensor, (low, high) in zip(tensors, reduced, strict=True):
+                low_value = np.asarray(values[low], np.float32).reshape(-1)
+                high_value = np.asarray(values[high], np.float32).reshape(-1)
+                # np.fmin/fmax: ORT's nanmin/nanmax over the batches
+                lowest[tensor] = np.fmin(lowest.get(tensor, low_value), low_value)
+                highest[tensor] = np.fmax(highest.get(tensor, high_value), high_value)
+            bar.update()
+    return {t: (lowest[t], highest[t]) for t in tensors}
 
 
 def _quantize_dynamic(

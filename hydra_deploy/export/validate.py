@@ -48,6 +48,7 @@ from hydra_deploy.parity import (
     compare_outputs,
     tolerance_for,
 )
+from hydra_deploy.progress import track
 from hydra_deploy.threads import ort_threads
 
 onnx = lazy_module("onnx", purpose="validating exported models", error=ExportError)
@@ -103,9 +104,12 @@ def validation_batches(batch: Sequence[int]) -> list[int]:
     return sorted({low, high} | ({middle} if middle < high else set()))
 
 
-def _session(model_or_path):
+def _session(model_or_path, *, arena: bool = True):
+    """A CPU session; ``arena`` False: without ONNX Runtime's memory arena (which keeps the
+    memory of its largest batch until the session ends)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = arena
     if ort_threads():  # the command's --threads
         options.intra_op_num_threads = ort_threads()
     source = (
@@ -357,22 +361,35 @@ def validate_int8(
     feeds: Sequence[Mapping[str, np.ndarray]],
     *,
     inputs: str,
+    fp32_outputs: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> dict[str, Any]:
     """Run the INT8 file and the FP32 file it was quantized from in ONNX Runtime (CPU) on
     ``feeds`` (batches of named inputs; ``inputs`` says what they are) and judge the INT8 outputs
-    by parity's INT8 tolerances. Returns ``{"measured_in", "inputs", "examples", ...summary}``;
-    raises ExportError with the failures when a tolerance is missed."""
-    fp32_session = _session(Path(fp32_path))
+    by parity's INT8 tolerances. ``fp32_outputs``: the FP32 file's outputs on ``feeds`` where they
+    are known already (computed while calibrating), so that file is not run again. Returns
+    ``{"measured_in", "inputs", "examples", ...summary}``; raises ExportError with the failures
+    when a tolerance is missed."""
     try:
-        int8_session = _session(Path(int8_path))
+        int8_session = _session(Path(int8_path), arena=False)
         names = [o.name for o in int8_session.get_outputs()]
-        low = [dict(zip(names, int8_session.run(None, dict(f)), strict=True)) for f in feeds]
+        low = [
+            dict(zip(names, int8_session.run(None, dict(f)), strict=True))
+            for f in track(feeds, desc="validating the int8 file", unit="batch")
+        ]
     except Exception as err:  # onnxruntime's own error types; the message names the node
         raise ExportError(
             f"ONNX Runtime cannot run the INT8 file ({str(err).strip()[:400]}); export fp32 or "
             "fp16 instead, or with the default loop lowering"
         ) from err
-    fp32 = [dict(zip(names, fp32_session.run(None, dict(f)), strict=True)) for f in feeds]
+    del int8_session
+    if fp32_outputs is None:
+        fp32_session = _session(Path(fp32_path), arena=False)
+        fp32 = [
+            dict(zip(names, fp32_session.run(None, dict(f)), strict=True))
+            for f in track(feeds, desc="running the fp32 file", unit="batch")
+        ]
+    else:
+        fp32 = [{name: outputs[name] for name in names} for outputs in fp32_outputs]
     judged = judge_drift(low, fp32, "int8", where="onnxruntime (int8 file)")
     examples = _rows(list(zip(low, fp32, strict=True)))
     summary = {

@@ -304,19 +304,105 @@ def test_reload_checks_an_int8_folder_and_reexports_it(exports, hydra, tmp_path)
         load_export(moved)
 
 
+def static_export(hydra, folder):
+    """A static INT8 export of ``hydra`` (MinMax on CALIBRATION) to ``folder``."""
+    return export_onnx(
+        hydra,
+        folder,
+        batch=BATCH,
+        exporter="torchscript",
+        precision="int8",
+        int8=Int8Options(calib=CALIBRATION),
+    )
+
+
 def test_validation_refuses_an_int8_file_beyond_tight_tolerances(hydra, tmp_path, monkeypatch):
     tiny = parity.Tolerance("int8", 1e-6, False, 1e-7, 1e-7, 1.0)
     monkeypatch.setitem(parity.TOLERANCES, "int8", tiny)
     with pytest.raises(ExportError, match="beyond the int8 tolerances from FP32 on the calib"):
-        export_onnx(
-            hydra,
-            tmp_path / "out",
-            batch=BATCH,
-            exporter="torchscript",
-            precision="int8",
-            int8=Int8Options(calib=CALIBRATION),
-        )
+        static_export(hydra, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+# --- calibration a batch at a time ----------------------------------------------------------------
+def _initializers(path) -> dict[str, np.ndarray]:
+    model = onnx.load(str(path))
+    return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def test_batched_minmax_gives_the_ranges_of_onnx_runtimes_all_at_once_calibration(
+    exports, tmp_path
+):
+    """The MinMax ranges calibrated a batch at a time are ONNX Runtime's, computed over every
+    batch's activations held at once (its calibrator without a stride), value for value."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    from hydra_deploy.export import int8
+
+    fp32 = exports["fp32"] / "model.onnx"
+    model = onnx.load(str(fp32))
+    excluded, _ = int8._float_nodes(model)
+    chosen = [n.name for n in int8._weight_products(model) if n.name not in excluded]
+    feeds = int8._check_calibration(model, {"pixel_values": CALIBRATION})
+    batches = int8._calibration_batches(model, feeds)
+    plan = int8._Plan("static", feeds, chosen, excluded, "minmax")
+    ours = int8._calibrate_minmax(model, batches, plan, len(CALIBRATION))
+    assert len(model.graph.node) == len(onnx.load(str(fp32)).graph.node)  # left as it was
+    calibrator = create_calibrator(
+        fp32,
+        list(int8.QUANTIZED_OP_TYPES),
+        augmented_model_path=str(tmp_path / "augmented.onnx"),
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+    calibrator.collect_data(int8._feed_reader(batches))  # every batch, then one reduction
+    theirs = calibrator.compute_data()
+    assert ours and set(ours) <= set(theirs.keys())
+    for name, (low, high) in ours.items():
+        expected_low, expected_high = theirs[name].range_value
+        assert low.dtype == expected_low.dtype and low.shape == expected_low.shape, name
+        np.testing.assert_array_equal(low, expected_low)
+        np.testing.assert_array_equal(high, expected_high)
+    # the FP32 outputs kept for validation, one entry per batch
+    assert [len(b["pixel_values"]) for b, _ in plan.fp32_runs] == [
+        len(b["pixel_values"]) for b in batches
+    ]
+    assert set(plan.fp32_runs[0][1]) == {o.name for o in model.graph.output}
+
+
+def test_the_quantized_file_is_the_one_onnx_runtimes_calibrator_gives(
+    exports, tmp_path, monkeypatch
+):
+    """Every scale, zero point and int8 weight of the static file equals what ONNX Runtime's own
+    calibration (through quantize_static's data reader) gives."""
+    from hydra_deploy.export import int8
+
+    fp32 = exports["fp32"] / "model.onnx"
+    calibration = {"pixel_values": CALIBRATION}
+    quantize_export(fp32, tmp_path / "ours.onnx", method="static", calibration=calibration)
+    monkeypatch.setattr(int8, "_takes_a_cache", lambda: False)
+    quantize_export(fp32, tmp_path / "ort.onnx", method="static", calibration=calibration)
+    ours, theirs = _initializers(tmp_path / "ours.onnx"), _initializers(tmp_path / "ort.onnx")
+    assert set(ours) == set(theirs)
+    for name, value in ours.items():
+        np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+
+
+def test_static_int8_validation_reuses_the_calibration_runs(hydra, tmp_path, monkeypatch):
+    """The FP32 file is run once, while calibrating: validation compares the INT8 file with those
+    outputs instead of running it again."""
+    from hydra_deploy.export import validate
+
+    opened = []
+    real = validate._session
+    monkeypatch.setattr(
+        validate, "_session", lambda path, **kw: opened.append(path) or real(path, **kw)
+    )
+    info = static_export(hydra, tmp_path / "out")
+    int8_files = [p for p in opened if p.name == "model.onnx"]
+    fp32_files = [p for p in opened if p.name.endswith(".fp32")]
+    assert len(int8_files) >= 1 and fp32_files == []
+    assert info.validation["drift"]["examples"] == len(CALIBRATION)
 
 
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
@@ -614,8 +700,58 @@ def test_cli_exports_static_int8_and_refuses_the_wrong_data(tmp_path, caplog):
     code, _, err = tiny_export(
         tmp_path, "--precision", "int8", "--int8-calib", str(tmp_path / "few.npz"), "--overwrite"
     )
-    assert code == 1 and "holds 5 examples" in err and "--int8-calib DATA" in err
-    assert "--int8-method dynamic" in err
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"--int8-calib {tmp_path / 'few.npz'} holds 5 examples" in err
+    assert "needs at least 32" in err and "--int8-method dynamic" in err
+
+
+@pytest.mark.parametrize(
+    "make, said",
+    [
+        (lambda p: np.savez(p / "few.npz", x=CALIBRATION[:20], y=np.zeros(20)), "20 examples"),
+        (lambda p: np.save(p / "few.npy", CALIBRATION[:1]), "1 example;"),
+        (lambda p: (p / "few.txt").write_text("a cat\n\nthe dog\n"), "2 text lines"),
+        (lambda p: _images(p / "few", 3), "3 images"),
+    ],
+)
+def test_cli_refuses_too_few_calibration_examples_before_building(
+    tmp_path, monkeypatch, make, said
+):
+    from hydra_deploy.export import exporter
+
+    def never(*args, **kwargs):
+        raise AssertionError("exported before the calibration count was checked")
+
+    monkeypatch.setattr(exporter, "export_onnx", never)
+    make(tmp_path)
+    data = next(p for p in tmp_path.iterdir() if p.name.startswith("few"))
+    if data.suffix == ".txt":  # a text file for an image model is refused for its kind first
+        from hydra_deploy.cli.export import calibration_count
+
+        assert calibration_count(data) == (2, "text line")
+        return
+    code, _, err = tiny_export(tmp_path, "--precision", "int8", "--int8-calib", str(data))
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"--int8-calib {data} holds {said}" in err and "needs at least 32" in err
+    assert "--int8-method dynamic" in err and not (tmp_path / "out").exists()
+
+
+def test_the_calibration_count_reads_no_pixels(tmp_path):
+    from hydra_deploy.cli.export import calibration_count
+
+    _images(tmp_path / "calib", 40)
+    np.savez(tmp_path / "x.npz", x=CALIBRATION, y=np.zeros(len(CALIBRATION)))
+    assert calibration_count(tmp_path / "calib") == (40, "image")
+    assert calibration_count(tmp_path / "x.npz") == (len(CALIBRATION), "example")
+    assert calibration_count(tmp_path / "missing.csv") is None
+
+
+def _images(folder, count: int) -> None:
+    from PIL import Image
+
+    for i in range(count):
+        (folder / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(folder / f"c{i % 2}" / f"{i}.png")
 
 
 def test_cli_int8_without_data_is_dynamic_and_says_so(tmp_path, caplog):
