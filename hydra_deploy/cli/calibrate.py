@@ -19,6 +19,7 @@ from hydra_deploy.evaluation.calibrate import (
     store_decisions,
 )
 from hydra_deploy.export_folder import INFO_FILE, MODEL_FILE, ExportInfo, read_info
+from hydra_deploy.labels import LABELS_HELP, with_class_names
 from hydra_deploy.options import CalibrationOptions, RunnerOptions, add_options
 
 EXAMPLES = """\
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.parser("hydra-calibrate", DESCRIPTION, EXAMPLES)
     p.add_argument("model", type=Path, metavar="EXPORT", help="export folder (hydra-export --out)")
     p.add_argument("--data", type=Path, required=True, metavar="LABELLED", help="labelled ID data")
+    p.add_argument("--labels", type=Path, metavar="FILE", help=LABELS_HELP)
     add_options(p, CalibrationOptions, p)
     p.add_argument(
         "--ood-check",
@@ -111,6 +113,7 @@ def fit(args: argparse.Namespace) -> Calibration:
     """Run the export (or --engine) on --data and fit the decisions."""
     runtime = common.options(RunnerOptions, args)
     fitting = common.options(CalibrationOptions, args)
+    data = with_class_names(args.data, args.labels)  # a --labels file is read before the model
     check_target(args)
     ood_checks = parse_ood(args.ood_check) if args.ood_check else {}
     target, backend = (args.model, None) if runtime.engine is None else (runtime.engine, "tensorrt")
@@ -118,7 +121,7 @@ def fit(args: argparse.Namespace) -> Calibration:
         load_runner(target, backend, runtime.providers, decisions=False) as runner,
         common.flags_named(FLAGS),
     ):
-        return calibrate(runner, args.data, fitting, ood=ood_checks, batch_size=runtime.batch_size)
+        return calibrate(runner, data, fitting, ood=ood_checks, batch_size=runtime.batch_size)
 
 
 def report(args: argparse.Namespace, calibration: Calibration, info: ExportInfo) -> None:

@@ -12,6 +12,7 @@ from hydra_deploy.cli import common
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.evaluate import evaluate, write_report
+from hydra_deploy.labels import LABELS_HELP, with_class_names
 from hydra_deploy.options import RunnerOptions, add_options
 from hydra_deploy.uncertainty.metrics import MAX_BINS
 
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATA",
         help="labelled in-distribution data",
     )
+    p.add_argument("--labels", type=Path, metavar="FILE", help=LABELS_HELP)
     p.add_argument(
         "--ood",
         action="append",
@@ -114,10 +116,11 @@ def main_body(args: argparse.Namespace) -> int:
     ood = parse_ood(args.ood)
     scores = [s.strip() for s in args.scores.split(",") if s.strip()]
     common.refuse_existing(args.out, args.overwrite)
+    id_data = with_class_names(args.id_data, args.labels)  # a --labels file before the model
     with load_runner(args.model, decisions=runtime.decisions) as runner:
         report, arrays = evaluate(
             runner,
-            args.id_data,
+            id_data,
             ood,
             batch_size=runtime.batch_size,
             bins=args.bins,
