@@ -20,9 +20,9 @@ The rule (:func:`label_indices`), given the labels of a file and the model's cla
 Image folders (:func:`folder_class_indices`; ``hydra-eval``, ``hydra-calibrate``, fine-tuning and
 head selection) name a class by their class sub-folders' names:
 
-- with a class-names file (``--labels FILE``, :func:`read_class_names`: one name per line, line i
-  is class i): each sub-folder is the index of its name in the file. The file must name as many
-  classes as the model has, and agree with the names the model records, if any;
+- with a class-names file (``--labels FILE``, :func:`read_class_names`: one name per line, the
+  first line class 0): each sub-folder is the index of its name in the file. The file must name
+  as many classes as the model has, and agree with the names the model records, if any;
 - the model records class names and every sub-folder is one of them: the index of that name;
 - every sub-folder named by a non-negative integer (``0/ 1/ ... 9/``): class indices, taken as they
   are (folder ``10`` is class 10, whatever the sorted order of the names), each below the model's
@@ -34,8 +34,8 @@ head selection) name a class by their class sub-folders' names:
   Fine-tuning and head selection (``load_data``) keep torchvision's ``ImageFolder`` rule here:
   the sorted names are classes 0, 1, ... whatever their count.
 
-:class:`NamedClasses` carries a data path with the names of a ``--labels`` file to the readers,
-which take it wherever they take a path.
+:class:`NamedClasses` carries a data path with the names of a ``--labels`` file to
+``load_eval_data`` (``hydra-eval``, ``hydra-calibrate``), which takes it where it takes a path.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def label_indices(
 # --- image folders and class-names files ---------------------------------------------------------
 #: the help of ``--labels`` (hydra-calibrate, hydra-eval)
 LABELS_HELP = (
-    "a text file of the model's class names, one per line (line i is class i): maps labelled "
+    "a text file of the model's class names, one per line, the first line class 0: maps labelled "
     "data's class sub-folder names (or .tsv label names) to class indices"
 )
 
@@ -167,8 +167,8 @@ LABELS_HELP = (
 @dataclass(frozen=True)
 class NamedClasses:
     """Labelled data (``data``: a path) whose class names, by index, come from a class-names file
-    (``source``, for messages): what ``--labels FILE`` adds to ``--data``/``--id``. The readers
-    (``load_eval_data``, ``load_data``) take it where they take the path alone."""
+    (``source``, for messages): what ``--labels FILE`` adds to ``--data``/``--id``.
+    ``load_eval_data`` takes it where it takes the path alone."""
 
     data: Any
     class_names: tuple[str, ...]
@@ -176,7 +176,7 @@ class NamedClasses:
 
 
 def read_class_names(path: str | os.PathLike, *, error: type[HydraError] = DataError) -> list[str]:
-    """A class-names file: one name per line, line i (from 1) is class i - 1; surrounding spaces
+    """A class-names file: one name per line, the first line class 0; surrounding spaces
     dropped; a blank line (but trailing ones) or a repeated name is refused with its line."""
     path = Path(path)
     try:
@@ -193,7 +193,7 @@ def read_class_names(path: str | os.PathLike, *, error: type[HydraError] = DataE
         if not name:
             raise error(
                 f"--labels: {path} line {number} is blank; write one class name on every line "
-                f"(line i is class i - 1), so that no class is skipped"
+                f"(the first line is class 0), so that no class is skipped"
             )
         if name in seen:
             raise error(
@@ -302,9 +302,9 @@ def folder_class_indices(
         last = "C-1" if num_classes is None else str(num_classes - 1)
         raise error(
             f"{source} names {len(order)} classes ({_shown(order)}) by its sub-folders but the "
-            f"model has {count} classes and records no class names, so the folder names cannot be mapped "
-            f"to its classes; name the sub-folders 0..{last} by class index, or pass --labels "
-            "FILE with the model's class names, one per line"
+            f"model has {count} classes and records no class names, so the folder names cannot "
+            f"be mapped to its classes; name the sub-folders 0..{last} by class index, or pass "
+            "--labels FILE with the model's class names, one per line"
         )
     return label_indices(
         folders, None, num_classes, source=source, where=where, index_labels=False, error=error

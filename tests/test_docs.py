@@ -367,19 +367,19 @@ def _calibration_data(root: Path, rng: np.random.Generator) -> None:
     np.savez(root / "calib.npz", x=x, y=y)
 
 
-#: what the world's export/digits-m3 shortens of the README's command that trains it (fewer steps:
-#: about 75% accurate, against 92% after 600; docs/decisions.md asks for a risk of 0.3 on it)
+#: what the world's export/digits-scratch shortens of the README's command that trains it (fewer
+#: steps: about 75% accurate, against 92% after 600; docs/decisions.md asks for a risk of 0.3)
 DIGITS_STAND_IN = ("--finetune-steps 600", "--finetune-steps 200")
 
 
 def _digits_export(root: Path) -> None:
-    """export/digits-m3: the README's command that trains it, with fewer steps."""
+    """export/digits-scratch: the README's command that trains it, with fewer steps."""
     (command,) = [
         c
         for item in ITEMS
         if item.block.page.name == "README.md"
         for c in item.commands
-        if "--out export/digits-m3" in c
+        if "--out export/digits-scratch" in c
     ]
     assert DIGITS_STAND_IN[0] in command, (
         "the README's digits export changed: update DIGITS_STAND_IN"
@@ -393,7 +393,7 @@ def _digits_export(root: Path) -> None:
         text=True,
         timeout=TIMEOUT_S,
     )
-    assert done.returncode == 0, f"export/digits-m3 for the docs: {done.stdout}{done.stderr}"
+    assert done.returncode == 0, f"export/digits-scratch for the docs: {done.stdout}{done.stderr}"
 
 
 @pytest.fixture(scope="session")
