@@ -742,7 +742,9 @@ class RunnerOptions:
     threads: int | None = option(
         None,
         "--threads",
-        "ONNX Runtime intra-op threads (default: ONNX Runtime's)",
+        "threads to compute with: ONNX Runtime's intra-op threads, and torch's where the "
+        "command runs PyTorch (default: each library's own, all cores; a small N keeps a job "
+        "steady on a shared machine)",
         type=int,
         metavar="N",
     )
@@ -752,6 +754,14 @@ class RunnerOptions:
         "scores only: leave out the decisions of hydra-calibrate (calibrated confidence, "
         "prediction set, answer/abstain, OOD flag) even when the export holds them, and do not "
         "check them against the model file",
+        action="store_true",
+    )
+    skip_unreadable: bool = option(
+        False,
+        "--skip-unreadable",
+        "skip an image file that cannot be decoded (truncated, or no image: a text file named "
+        "x.png) with a warning naming it, count the skipped files at the end and list them in "
+        "the output, instead of stopping the run",
         action="store_true",
     )
     allow_decisions_mismatch: bool = option(

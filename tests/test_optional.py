@@ -171,7 +171,8 @@ def test_importing_it_and_the_edge_runtime_imports_no_optional_package():
     code = (
         "import sys, hydra_deploy, hydra_deploy.optional, hydra_deploy.engines.runner, "
         "hydra_deploy.engines.text, hydra_deploy.engines.preprocess, "
-        "hydra_deploy.engines.tensorrt, hydra_deploy.uncertainty.plots; "
+        "hydra_deploy.engines.tensorrt, hydra_deploy.uncertainty.plots, hydra_deploy.monitor, "
+        "hydra_deploy.progress; "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
         f"{sorted({*optional.DEPENDENCIES, 'torch', 'google'})!r})))"
     )

@@ -21,6 +21,7 @@ from hydra_deploy.evaluation.calibrate import (
 from hydra_deploy.export_folder import INFO_FILE, MODEL_FILE, ExportInfo, read_info
 from hydra_deploy.labels import LABELS_HELP, with_class_names
 from hydra_deploy.options import CalibrationOptions, RunnerOptions, add_options
+from hydra_deploy.threads import use_threads
 
 EXAMPLES = """\
   hydra-calibrate export/vit_b16-m3 --data calib/          # LAC sets at 90%, OOD flag at 5%
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accept, ood_flag), for TensorRT, Triton and Jetson deployments without Python",
     )
     add_options(p, RunnerOptions, p, only=("batch_size", "providers", "engine"), helps=RUNNER_HELP)
+    add_options(p, RunnerOptions, p, only=("threads",))
     p.add_argument(
         "--overwrite", action="store_true", help="replace decisions the export already holds"
     )
@@ -114,6 +116,7 @@ def fit(args: argparse.Namespace) -> Calibration:
     runtime = common.options(RunnerOptions, args)
     fitting = common.options(CalibrationOptions, args)
     data = with_class_names(args.data, args.labels)  # a --labels file is read before the model
+    use_threads(runtime.threads)
     check_target(args)
     ood_checks = parse_ood(args.ood_check) if args.ood_check else {}
     target, backend = (args.model, None) if runtime.engine is None else (runtime.engine, "tensorrt")

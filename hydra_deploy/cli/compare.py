@@ -10,6 +10,7 @@ from pathlib import Path
 from hydra_deploy.cli import common
 from hydra_deploy.evaluation.compare import compare_export
 from hydra_deploy.options import RunnerOptions, add_options
+from hydra_deploy.threads import use_threads
 
 PROVIDERS_HELP = {"providers": "ONNX Runtime providers, comma-separated (default: CUDA, CPU)"}
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=int, default=8, help="random examples when no --inputs (8)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (0)")
-    add_options(p, RunnerOptions, p, only=("providers",), helps=PROVIDERS_HELP)
+    add_options(p, RunnerOptions, p, only=("providers", "threads"), helps=PROVIDERS_HELP)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
@@ -117,6 +118,7 @@ def _agreement(check) -> str:
 
 def main_body(args: argparse.Namespace) -> int:
     runtime = common.options(RunnerOptions, args)
+    use_threads(runtime.threads, torch=True)  # the PyTorch reference and ONNX Runtime
     report = compare_export(
         args.export_dir,
         engine=args.engine,

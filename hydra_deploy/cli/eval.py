@@ -14,6 +14,7 @@ from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.evaluate import evaluate, write_report
 from hydra_deploy.labels import LABELS_HELP, with_class_names
 from hydra_deploy.options import RunnerOptions, add_options
+from hydra_deploy.threads import use_threads
 from hydra_deploy.uncertainty.metrics import MAX_BINS
 
 log = logging.getLogger("hydra_deploy.eval")
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REPORT_DIR",
         help="report folder to write (refused if it exists, unless --overwrite)",
     )
-    add_options(p, RunnerOptions, p, only=("batch_size",))
+    add_options(p, RunnerOptions, p, only=("batch_size", "threads"))
     p.add_argument("--bins", type=int, default=15, help="ECE / reliability bins (default 15)")
     p.add_argument(
         "--scores",
@@ -109,6 +110,7 @@ def parse_ood(items: list[str]) -> dict[str, Path]:
 
 def main_body(args: argparse.Namespace) -> int:
     runtime = common.options(RunnerOptions, args)
+    use_threads(runtime.threads)
     if not 1 <= args.bins <= MAX_BINS:
         raise HydraError(
             f"--bins must be in 1..{MAX_BINS} (ECE / reliability bins), got {args.bins}"

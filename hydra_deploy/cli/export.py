@@ -24,7 +24,8 @@ from hydra_deploy.export_folder import (
 )
 from hydra_deploy.families import get_family
 from hydra_deploy.optional import lazy_module
-from hydra_deploy.options import Int8Options, add_options, from_args
+from hydra_deploy.options import Int8Options, RunnerOptions, add_options, from_args
+from hydra_deploy.threads import use_threads
 
 # the stages this command runs, imported when it runs them (``--help`` imports no torch)
 backbones = lazy_module("hydra_deploy.backbones")
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     out.add_argument("--json", action="store_true", help="print hydra.json's contents as JSON")
     add_options(p, Int8Options)
+    add_options(p, RunnerOptions, only=("threads",))
     triton.add_arguments(p, engine=False)
     return p
 
@@ -210,6 +212,7 @@ def validation_line(validation: dict) -> str:
 
 
 def main_body(args: argparse.Namespace) -> int:
+    use_threads(common.options(RunnerOptions, args).threads, torch=True)  # the whole build
     int8, batch = _check_request(args)  # before the build: a wrong flag costs nothing
     # decisions the overwrite removes, unless a --from source with decisions carries or warns
     replaced_decisions = args.overwrite and _held_decisions(args.out)

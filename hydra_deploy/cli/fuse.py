@@ -12,6 +12,8 @@ from hydra_deploy.cli import common
 from hydra_deploy.cli import model_options as build
 from hydra_deploy.errors import HydraError
 from hydra_deploy.optional import lazy_module
+from hydra_deploy.options import RunnerOptions, add_options
+from hydra_deploy.threads import use_threads
 
 torch = lazy_module("torch", purpose="hydra-fuse", error=HydraError)  # not for --help
 
@@ -44,11 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--save-spec", type=Path, help="write the spec used to this JSON file")
     out.add_argument("--overwrite", action="store_true", help="replace an existing --save-spec")
     out.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_options(p, RunnerOptions, only=("threads",))
     return p
 
 
 def main_body(args: argparse.Namespace) -> int:
-
+    use_threads(common.options(RunnerOptions, args).threads, torch=True)
     if args.batch < 1:
         raise HydraError(f"--batch must be at least 1, got {args.batch}")
     if args.save_spec is not None:

@@ -25,7 +25,14 @@ from hydra_deploy.options import RunnerOptions, add_options
 from hydra_deploy.uncertainty import SCALAR_SCORES
 
 #: the runtime options hydra-run takes
-RUNNER_OPTIONS = ("providers", "batch_size", "raw", "allow_decisions_mismatch")
+RUNNER_OPTIONS = (
+    "providers",
+    "batch_size",
+    "threads",
+    "raw",
+    "skip_unreadable",
+    "allow_decisions_mismatch",
+)
 
 log = logging.getLogger("hydra_deploy")
 
@@ -117,11 +124,13 @@ def _table(results: list[dict[str, Any]]) -> str:
     """The printed table: the prediction, the decisions the export holds, then the scores."""
     decided = [f for f in _DECISION_COLUMNS if f in results[0]]
     scores = [s for s in SCALAR_SCORES if s != "expected_entropy"]
-    header = ["input", "prediction", *(_DECISION_COLUMNS[f][0] for f in decided), *scores]
+    truth = ["true class"] if "true_name" in results[0] else []
+    header = ["input", *truth, "prediction", *(_DECISION_COLUMNS[f][0] for f in decided), *scores]
     rows = [
         [
             r["input"],
-            r["label"] if r["label"] is not None else r["prediction"],
+            *([r["true_name"] if r["true_name"] is not None else "-"] if truth else []),
+            r["predicted_name"] if r["predicted_name"] is not None else r["prediction"],
             *(_DECISION_COLUMNS[f][1](r[f]) for f in decided),
             *(_fmt(r[s]) for s in scores),
         ]
@@ -174,6 +183,7 @@ def main_body(args: argparse.Namespace) -> int:
     target = args.json or args.csv
     if target is not None and str(target) != "-":
         common.refuse_existing(target, args.overwrite)
+    skipped: list[dict[str, str]] | None = [] if runtime.skip_unreadable else None
     with load_runner(args.model, backend=args.backend, **runtime.load_kwargs()) as runner:
         results = score_inputs(
             runner,
@@ -183,6 +193,7 @@ def main_body(args: argparse.Namespace) -> int:
             args.text,
             allow_nonfinite=args.allow_nonfinite,
             decisions=runtime.decisions,
+            skipped=skipped,
         )
         if runtime.decisions and runner.decisions is None:  # said once, after a run that worked
             log.info(
@@ -196,6 +207,8 @@ def main_body(args: argparse.Namespace) -> int:
         }
     if args.json is not None:
         report = {**meta, "count": len(results), "results": results}
+        if skipped is not None:  # the files --skip-unreadable left out, with the reason
+            report["skipped"] = skipped
         _write(args.json, json.dumps(report, indent=2, allow_nan=False) + "\n")
     elif args.csv is not None:
         _write(args.csv, _csv_text(results))

@@ -28,14 +28,17 @@ DESCRIPTION = (
     "a Ray cluster, in a pool of actors that each run one ONNX Runtime session, and write "
     "OUT as a folder of Parquet parts (one per shard of --shard-size consecutive inputs) "
     "that pandas.read_parquet(OUT) reads as one table in input order. Columns: item (the "
-    "path, or file:line for text), shard, prediction, label, msp, predictive_entropy, "
-    "expected_entropy, mutual_information, disagreement, probs (and member_logits); an "
+    "path, or file:line for text), shard, prediction, predicted_name (label: its old name, "
+    "kept for one release), msp, predictive_entropy, expected_entropy, mutual_information, "
+    "disagreement, probs (and member_logits), unreadable; an "
     "export calibrated with hydra-calibrate adds confidence, prediction_set (class indices), "
     "accept and ood_flag for the rules it holds, and prediction is then the calibrated "
     "argmax (--raw: scores only). "
     f"OUT/{MANIFEST} records the model, inputs and options; a part file exists only when "
-    "complete, so --resume after a crash scores only the missing shards. An input that "
-    "cannot be read (an undecodable image) stops the run; the parts finished before are kept."
+    "complete, so --resume after a crash scores only the missing shards. An image that "
+    "cannot be decoded stops the run (the parts finished before are kept), or with "
+    "--skip-unreadable is skipped: a warning names it, its row's unreadable column says why "
+    "and its scores are null."
 )
 
 #: this command's wording of the runtime options it takes
@@ -68,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="output folder of part-NNNNN.parquet files (e.g. scores.parquet)",
     )
     _add_ray_arguments(p)
-    add_options(p, RunnerOptions, p, only=("batch_size", "raw"), helps=RUNNER_HELP)
+    add_options(
+        p, RunnerOptions, p, only=("batch_size", "raw", "skip_unreadable"), helps=RUNNER_HELP
+    )
     p.add_argument(
         "--shard-size",
         type=int,
@@ -148,6 +153,7 @@ def main_body(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         debug=args.debug,
         decisions=runtime.decisions,
+        skip_unreadable=runtime.skip_unreadable,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

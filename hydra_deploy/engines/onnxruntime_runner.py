@@ -37,6 +37,7 @@ from hydra_deploy.engines.runner_base import BaseRunner, TensorSpec, _is_fixed
 from hydra_deploy.errors import RunnerError
 from hydra_deploy.export_folder import INFO_FILE, ExportInfo, read_info
 from hydra_deploy.optional import require
+from hydra_deploy.threads import ort_threads
 
 __all__ = [
     "DEFAULT_PROVIDERS",
@@ -158,6 +159,7 @@ class OrtRunner(BaseRunner):
         asked = resolve_providers(providers, ort.get_available_providers())
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only; warnings about fallbacks are ours to say
+        threads = ort_threads(threads)  # this call's, else the command's --threads
         if threads:
             options.intra_op_num_threads = int(threads)
         try:

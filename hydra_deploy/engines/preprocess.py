@@ -143,15 +143,29 @@ def transform_image(image, config: dict[str, Any]) -> np.ndarray:
     return np.ascontiguousarray((pixels - mean) / std, dtype=np.float32)
 
 
+class UnreadableImageError(RunnerError):
+    """An image file that cannot be decoded (truncated, not an image): ``path`` and ``reason``."""
+
+    def __init__(self, message: str, path: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
+    def __reduce__(self):  # pickled whole (Ray sends it from an actor to the driver)
+        return type(self), (str(self), self.path, self.reason)
+
+
 def preprocess_image(path: str | os.PathLike, config: dict[str, Any]) -> np.ndarray:
-    """Read an image file and return it preprocessed: float32 [C, H, W]."""
+    """Read an image file and return it preprocessed: float32 [C, H, W]; a file that cannot be
+    decoded raises :class:`UnreadableImageError`."""
     image_module = _pil()
     try:
         with image_module.open(path) as image:
             image.load()
             return transform_image(image, config)
     except (OSError, image_module.UnidentifiedImageError) as err:
-        raise RunnerError(f"cannot read the image {str(path)!r}: {err}") from err
+        raise UnreadableImageError(
+            f"cannot read the image {str(path)!r}: {err}", str(path), str(err)
+        ) from err
 
 
 def preprocess_images(paths: Sequence[str | os.PathLike], config: dict[str, Any]) -> np.ndarray:

@@ -21,6 +21,7 @@ selection, ``hydra-eval`` and ``hydra-calibrate`` read through it too). numpy on
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,11 +32,17 @@ import numpy as np
 
 from hydra_deploy.arrays import read_array_file
 from hydra_deploy.engines.inputs import pick_inputs
-from hydra_deploy.engines.preprocess import preprocess_images
+from hydra_deploy.engines.preprocess import (
+    UnreadableImageError,
+    check_config,
+    preprocess_image,
+    preprocess_images,
+)
 from hydra_deploy.engines.runner_base import Runner, is_one_example
 from hydra_deploy.engines.scoring import score_batch
-from hydra_deploy.errors import RunnerError
+from hydra_deploy.errors import DataError, RunnerError, counted, spelled
 from hydra_deploy.families import Family, get_family
+from hydra_deploy.labels import folder_class_indices
 from hydra_deploy.uncertainty import SCALAR_SCORES
 from hydra_deploy.userdata import IMAGE_SUFFIXES, TEXT_FILE_SUFFIXES, find_images, read_text_file
 
@@ -56,6 +63,8 @@ __all__ = [
     "with_batch_axis",
 ]
 
+log = logging.getLogger("hydra_deploy")
+
 IMAGES, TEXT, ARRAY = "images", "text", "array"
 ARRAY_SUFFIXES = (".npy", ".npz")
 #: files that hold text: a text model reads ``.txt`` (one input per line) and ``.tsv`` (label<TAB>
@@ -68,11 +77,15 @@ TEXT_SUFFIXES = (".txt", ".csv", ".tsv", ".jsonl", ".json")
 class Source:
     """The examples of one INPUT argument: image paths, text lines (``(text, second text)``
     tuples for sentence pairs) or arrays, and their names (``images/cat.jpg``, ``lines.txt:3``,
-    ``batch.npy[0]``)."""
+    ``batch.npy[0]``). ``classes``: for a folder whose images all lie in sub-folders
+    (``images/cat/1.jpg``), the sub-folder of each image, its true class by the folder layout
+    (None otherwise)."""
 
     kind: str  # IMAGES | TEXT | ARRAY
     names: list[str]
     items: list[Path] | list[str] | list[tuple[str, str]] | np.ndarray | dict[str, np.ndarray]
+    classes: list[str] | None = None
+    path: Path | None = None  # the INPUT argument
 
     def __len__(self) -> int:
         return len(self.names)
@@ -135,7 +148,8 @@ def read_source(
                 + (".txt files or .npy/.npz token ids)" if takes_arrays else ".txt files)")
             )
         images = find_images([path])
-        return Source(IMAGES, [str(p) for p in images], images)
+        classes = _class_folders(path, images) if path.is_dir() else None
+        return Source(IMAGES, [str(p) for p in images], images, classes, path)
     if suffix in ARRAY_SUFFIXES:
         if not takes_arrays:
             raise RunnerError(f"{path}: {arrays_elsewhere or 'array files are not read here'}")
@@ -179,6 +193,13 @@ def read_source(
             else f"{images} or folders of images"
         )
     raise RunnerError(f"cannot tell what {str(path)!r} is: give {wanted}")
+
+
+def _class_folders(folder: Path, images: Sequence[Path]) -> list[str] | None:
+    """The sub-folder of ``folder`` each image lies in, when every image lies in one (the labelled
+    layout hydra-eval and hydra-calibrate read: ``folder/cat/1.jpg``); else None."""
+    parts = [image.relative_to(folder).parts for image in images]
+    return [p[0] for p in parts] if all(len(p) > 1 for p in parts) else None
 
 
 def read_sources(
@@ -242,24 +263,10 @@ def _decision_fields(
     return fields
 
 
-def score_inputs(
-    runner: Runner,
-    paths: Sequence[str | os.PathLike],
-    batch_size: int | None = None,
-    top_k: int = 1,
-    texts: Sequence[str] | None = None,
-    allow_nonfinite: bool = False,
-    decisions: bool = True,
-) -> list[dict[str, Any]]:
-    """Run ``runner`` over the INPUT paths (and ``texts``, for a text model); one result dict per
-    example, in input order: ``input``, ``prediction``, ``label`` and every scalar score (and
-    ``top_k`` when ``top_k`` > 1). When the runner holds decisions (and ``decisions``):
-    ``confidence`` (the calibrated max probability), ``prediction_set`` (class names, or indices
-    for a model without names), ``accept`` and ``ood_flag``, for the rules the record holds; the
-    prediction and ``top_k`` are then those of the calibrated probabilities.
-
-    ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
-    example gets prediction -1 and None for every score (null in JSON, empty in CSV)."""
+def _all_sources(
+    runner: Runner, paths: Sequence[str | os.PathLike], texts: Sequence[str] | None
+) -> list[Source]:
+    """The INPUT arguments and ``texts`` as sources, refusing what the runner cannot take."""
     family = model_family(runner)
     sources = read_sources(paths, family, runner=runner)
     if texts:
@@ -276,11 +283,131 @@ def score_inputs(
             f"{runner.path} comes without its hydra.json, so images cannot be preprocessed for it: "
             "run the export folder (or keep hydra.json beside the file), or pass .npy/.npz arrays"
         )
+    return sources
+
+
+_SKIP_ADVICE = (
+    "pass skipped=[] to skip such files and collect them",
+    "pass --skip-unreadable to skip such files and report them",
+)
+
+
+def _batches(
+    runner: Runner, source: Source, size: int, skipped: list[dict[str, str]] | None
+) -> Iterator[tuple[list[int], Any]]:
+    """``(the source's rows in the batch, model inputs)`` for consecutive batches of at most
+    ``size`` examples. With ``skipped`` (a list), an image that cannot be decoded is logged, added
+    to it and left out of its batch; without, it stops the run with the advice to skip it."""
+    if source.kind != IMAGES or skipped is None:
+        try:
+            for rows, batch in iter_batches(runner, source.kind, source.items, size):
+                yield list(range(rows.start, rows.stop)), batch
+        except UnreadableImageError as err:
+            raise UnreadableImageError(
+                f"{err}; {spelled(*_SKIP_ADVICE)}", err.path, err.reason
+            ) from err
+        return
+    check_config(runner.preprocessing)
+    for start in range(0, len(source), size):
+        kept, arrays = [], []
+        for row in range(start, min(start + size, len(source))):
+            try:
+                arrays.append(preprocess_image(source.items[row], runner.preprocessing))
+            except UnreadableImageError as err:
+                log.warning("skipped %s: cannot read it as an image: %s", err.path, err.reason)
+                skipped.append({"input": source.names[row], "reason": err.reason})
+                continue
+            kept.append(row)
+        if kept:
+            yield kept, np.stack(arrays)
+
+
+def _true_classes(source: Source, runner: Runner, num_classes: int) -> list[int | None]:
+    """The class index of each of ``source``'s class sub-folders, by the folder rule of
+    :func:`hydra_deploy.labels.folder_class_indices` (the one hydra-eval reads labelled folders
+    with); Nones, said once, when the sub-folders are not the model's classes."""
+    assert source.classes is not None
+    names = sorted(set(source.classes))
+    try:
+        indices, _ = folder_class_indices(
+            names, runner.class_names, num_classes, source=str(source.path), error=DataError
+        )
+    except DataError as err:
+        log.info("true_class is null for the images of %s: %s", source.path, err)
+        return [None] * len(source)
+    index = dict(zip(names, indices, strict=True))
+    return [index[name] for name in source.classes]
+
+
+def _result(
+    name: str,
+    scores: Mapping[str, np.ndarray],
+    row: int,
+    names: Sequence[str] | None,
+    top: np.ndarray | None,
+    probs: np.ndarray,
+) -> dict[str, Any]:
+    """One example's result (row ``row`` of a batch's ``scores``)."""
+    prediction = int(scores["prediction"][row])
+    predicted_name = names[prediction] if names and prediction >= 0 else None
+    result: dict[str, Any] = {
+        "input": name,
+        "prediction": prediction,
+        "predicted_name": predicted_name,
+        "label": predicted_name,  # predicted_name's old name, kept for one release
+    }
+    result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
+    result.update(_decision_fields(scores, row, names))
+    if top is not None:
+        result["top_k"] = [
+            {
+                "class": int(c),
+                "label": names[c] if names else None,
+                "prob": _finite_or_none(probs[row, c]),
+            }
+            for c in top[row]
+        ]
+    return result
+
+
+def score_inputs(
+    runner: Runner,
+    paths: Sequence[str | os.PathLike],
+    batch_size: int | None = None,
+    top_k: int = 1,
+    texts: Sequence[str] | None = None,
+    allow_nonfinite: bool = False,
+    decisions: bool = True,
+    skipped: list[dict[str, str]] | None = None,
+) -> list[dict[str, Any]]:
+    """Run ``runner`` over the INPUT paths (and ``texts``, for a text model); one result dict per
+    example, in input order: ``input``, ``prediction`` (the class index), ``predicted_name`` (its
+    class name; None for a model without names), ``label`` (the same as ``predicted_name``, its
+    old name, kept for one release) and every scalar score (and ``top_k`` when ``top_k`` > 1).
+    Images in a folder of class sub-folders (``images/cat/1.jpg``) also get their true class:
+    ``true_name`` (the sub-folder) and ``true_class`` (its index, by the rule hydra-eval reads
+    labelled folders with; None when the sub-folders are not the model's classes); when any
+    input has them, every result has both keys (None elsewhere). When the runner holds decisions
+    (and ``decisions``): ``confidence`` (the calibrated max probability), ``prediction_set``
+    (class names, or indices for a model without names), ``accept`` and ``ood_flag``, for the
+    rules the record holds; the prediction and ``top_k`` are then those of the calibrated
+    probabilities.
+
+    ``allow_nonfinite``: run inputs holding NaN/inf and pass non-finite logits through; such an
+    example gets prediction -1 and None for every score (null in JSON, empty in CSV).
+    ``skipped``: a list to collect the images that cannot be decoded (a truncated file, a text
+    file named ``x.png``) into, ``{"input": ..., "reason": ...}`` each, while the run goes on
+    (each is logged as a warning, and their count at the end); None: such an image stops the run
+    with an error naming it."""
+    sources = _all_sources(runner, paths, texts)
     size = batch_size or runner.max_batch or 32
     names = runner.class_names
     results: list[dict[str, Any]] = []
+    skipped_before = len(skipped) if skipped is not None else 0
+    labelled = any(source.classes is not None for source in sources)
     for source in sources:
-        for rows, batch in iter_batches(runner, source.kind, source.items, size):
+        truth: list[int | None] | None = None
+        for rows, batch in _batches(runner, source, size, skipped):
             scores = score_batch(
                 runner,
                 batch,
@@ -290,24 +417,28 @@ def score_inputs(
             )
             probs = scores.get("calibrated_probs", scores["probs"])
             k = max(1, min(top_k, probs.shape[1]))
-            top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
-            for row, label in enumerate(source.names[rows]):
-                prediction = int(scores["prediction"][row])
-                result: dict[str, Any] = {
-                    "input": label,
-                    "prediction": prediction,
-                    "label": names[prediction] if names and prediction >= 0 else None,
-                }
-                result.update({s: _finite_or_none(scores[s][row]) for s in SCALAR_SCORES})
-                result.update(_decision_fields(scores, row, names))
-                if top_k > 1:
-                    result["top_k"] = [
-                        {
-                            "class": int(c),
-                            "label": names[c] if names else None,
-                            "prob": _finite_or_none(probs[row, c]),
-                        }
-                        for c in top[row]
-                    ]
+            top = np.argsort(-probs, axis=1, kind="stable")[:, :k] if top_k > 1 else None
+            if source.classes is not None and truth is None:
+                truth = _true_classes(source, runner, probs.shape[1])
+            for position, row in enumerate(rows):
+                result = _result(source.names[row], scores, position, names, top, probs)
+                if labelled:
+                    result["true_class"] = truth[row] if truth is not None else None
+                    result["true_name"] = source.classes[row] if source.classes else None
                 results.append(result)
+    if skipped:
+        _said_skipped(len(skipped) - skipped_before, sum(len(s) for s in sources), bool(results))
     return results
+
+
+def _said_skipped(count: int, total: int, any_read: bool) -> None:
+    """The count of the images skipped as unreadable, after their warnings."""
+    if not count:
+        return
+    if not any_read:
+        raise RunnerError(
+            f"none of the {counted(total, 'image')} could be read (see the warnings above)"
+        )
+    log.warning(
+        "skipped %s of %d; see the warnings above", counted(count, "unreadable file"), total
+    )

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -35,7 +37,7 @@ from hydra_deploy.decisions import (
 from hydra_deploy.engines.backends import backend_of
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.runner_base import Runner
-from hydra_deploy.errors import HydraError, ParameterError
+from hydra_deploy.errors import HydraError, ParameterError, counted, spelled
 from hydra_deploy.evaluation.evaluate import EvalData, load_eval_data, member_logits
 from hydra_deploy.export_folder import (
     MODEL_FILE,
@@ -48,14 +50,20 @@ from hydra_deploy.export_folder import (
 )
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import CalibrationOptions
+from hydra_deploy.uncertainty.scores import ensemble_scores
 
 # --in-graph only: the graph's writers (onnx, and torch through hydra_deploy.export)
 onnx = lazy_module("onnx", purpose="hydra-calibrate --in-graph", error=ExportFolderError)
 decision_graph = lazy_module("hydra_deploy.export.decision_graph", purpose="--in-graph")
 exporter = lazy_module("hydra_deploy.export.exporter", purpose="--in-graph")
 
+logger = logging.getLogger("hydra_deploy")
+
 __all__ = [
+    "CHANCE_AFTER",
     "Calibration",
+    "ChanceCheck",
+    "at_chance",
     "calibrate",
     "carry_decisions",
     "data_sha256",
@@ -166,8 +174,14 @@ def calibrate(
         )
     numbers = fitted_numbers(runner)
     labelled = load_eval_data(data, runner, name="--data", labelled=True)
-    logits = member_logits(runner, labelled, batch_size)
     assert labelled.labels is not None
+    logits = member_logits(
+        runner,
+        labelled,
+        batch_size,
+        desc="calibrating: running the model",
+        each=ChanceCheck(labelled.labels),
+    )
     names = getattr(runner, "class_names", None)
     record = fit_decisions(
         logits,
@@ -186,10 +200,61 @@ def calibrate(
     flagged = {}
     for name, value in (ood or {}).items():
         unlabelled = load_eval_data(value, runner, name=f"--ood {name}", labelled=False)
+        desc = f"calibrating: OOD set {name}"
         flagged[name] = decision_metrics(
-            member_logits(runner, unlabelled, batch_size), None, record
+            member_logits(runner, unlabelled, batch_size, desc=desc), None, record
         )
     return Calibration(record, parts, flagged)
+
+
+#: examples seen before :class:`ChanceCheck` judges the accuracy (or all of them, when fewer)
+CHANCE_AFTER = 64
+
+
+def at_chance(logits: np.ndarray, labels: np.ndarray) -> str | None:
+    """Why decisions fitted on these member ``logits`` [N, M, C] and ``labels`` guarantee little
+    when the fused mean's top-1 accuracy is not above chance, else None. The test is one-sided:
+    the accuracy K/N is at most 1/C + 3 sigma, sigma the binomial standard deviation of the
+    accuracy of a model that guesses (p = 1/C: sqrt(p(1 - p)/N))."""
+    n, classes = len(labels), logits.shape[2]
+    right = int(np.sum(ensemble_scores(logits)["prediction"] == np.asarray(labels)))
+    chance = 1.0 / classes
+    if right / n > chance + 3.0 * math.sqrt(chance * (1.0 - chance) / n):
+        return None
+    return (
+        f"after {counted(n, 'example')} the model is right on {right} ({100 * right / n:.1f}%), "
+        f"about chance ({100 * chance:.3g}%) for {counted(classes, 'class')}: its weights look "
+        "untrained or the labels do not match its classes"
+        + spelled("", " (--labels)")
+        + "; the decisions fitted on it will guarantee little"
+    )
+
+
+class ChanceCheck:
+    """Called with each batch's member logits during the pass over the calibration data: after
+    the first :data:`CHANCE_AFTER` examples (all of them, when fewer) logs :func:`at_chance`'s
+    warning, once, when the model is at chance, so the user hears it before the full pass."""
+
+    def __init__(self, labels: np.ndarray, after: int = CHANCE_AFTER) -> None:
+        self.labels = np.asarray(labels)
+        self.after = min(int(after), len(self.labels))
+        self.parts: list[np.ndarray] = []
+        self.seen = 0
+        self.warning: str | None = None
+        self.judged = False
+
+    def __call__(self, logits: np.ndarray) -> None:
+        if self.judged:
+            return
+        self.parts.append(np.asarray(logits))
+        self.seen += len(logits)
+        if self.seen < self.after:
+            return
+        self.judged = True
+        self.warning = at_chance(np.concatenate(self.parts), self.labels[: self.seen])
+        self.parts = []
+        if self.warning is not None:
+            logger.warning("%s", self.warning)
 
 
 def store_decisions(

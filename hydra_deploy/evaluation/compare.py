@@ -56,6 +56,7 @@ from hydra_deploy.parity import (
     compare_outputs,
     tolerance_for,
 )
+from hydra_deploy.progress import progress
 from hydra_deploy.set_scores import set_score
 from hydra_deploy.uncertainty.metrics import ood_score
 
@@ -137,19 +138,40 @@ def compare_export(
     if batch < 1:
         raise HydraError(f"batch must be at least 1, got {batch}")
     precision = export.precision
-    hydra = export_package.load_export(folder, check=False).float().eval()
-    x, source = _load_inputs(inputs, export, hydra, batch, seed)
-    reference = _reference(hydra, x, source)
-    reports = [_onnxruntime_report(folder, precision, x, reference, providers, tolerance, record)]
-    if engine is not None:
-        with load_runner(engine, backend="tensorrt", decisions=False) as runner:
-            engine_precision = runner.precision or precision
-            trt_report = BackendReport(runner.backend, str(engine), engine_precision, "skipped")
-            bounds = tolerance or tolerance_for(engine_precision)
-            _fill(trt_report, reference, runner(x), bounds, record)
-        reports.append(trt_report)
+    with progress(2 + (engine is not None), desc="comparing", unit="step") as steps:
+        steps.describe("comparing: PyTorch reference")
+        hydra = export_package.load_export(folder, check=False).float().eval()
+        x, source = _load_inputs(inputs, export, hydra, batch, seed)
+        reference = _reference(hydra, x, source)
+        steps.update()
+        steps.describe("comparing: ONNX Runtime")
+        reports = [
+            _onnxruntime_report(folder, precision, x, reference, providers, tolerance, record)
+        ]
+        steps.update()
+        if engine is not None:
+            steps.describe("comparing: TensorRT")
+            reports.append(_engine_report(engine, precision, x, reference, tolerance, record))
+            steps.update()
     count = len(next(iter(x.values())))
     return CompareReport(str(folder), precision, "pytorch fp32", count, source, reports)
+
+
+def _engine_report(
+    engine: str | os.PathLike,
+    precision: str,
+    x: dict[str, np.ndarray],
+    reference: np.ndarray,
+    tolerance: Tolerance | None,
+    record: DecisionRecord | None,
+) -> BackendReport:
+    """A TensorRT engine against the reference, at its own precision's tolerance."""
+    with load_runner(engine, backend="tensorrt", decisions=False) as runner:
+        engine_precision = runner.precision or precision
+        report = BackendReport(runner.backend, str(engine), engine_precision, "skipped")
+        bounds = tolerance or tolerance_for(engine_precision)
+        _fill(report, reference, runner(x), bounds, record)
+    return report
 
 
 def _read_export(folder: Path) -> tuple[ExportInfo, DecisionRecord | None]:

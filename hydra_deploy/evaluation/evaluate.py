@@ -46,7 +46,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ from hydra_deploy.labels import (
     folder_class_indices,
     split_class_names,
 )
+from hydra_deploy.progress import progress
 from hydra_deploy.uncertainty import plots
 from hydra_deploy.uncertainty.metrics import (
     ECE_BINS,
@@ -333,18 +334,33 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
 # ---------------------------------------------------------------------------------------------
 
 
-def member_logits(runner: Runner, data: EvalData, batch_size: int | None = None) -> np.ndarray:
-    """The runner's ``member_logits`` [N, M, C] over ``data``, batch by batch."""
+def member_logits(
+    runner: Runner,
+    data: EvalData,
+    batch_size: int | None = None,
+    *,
+    desc: str | None = None,
+    each: Callable[[np.ndarray], None] | None = None,
+) -> np.ndarray:
+    """The runner's ``member_logits`` [N, M, C] over ``data``, batch by batch, its progress shown
+    (:mod:`hydra_deploy.progress`; ``desc``: what the step is called, default "running the
+    model on <data name>"). ``each`` is called with every batch's logits as it comes."""
     if data.kind == "images" and not getattr(runner, "preprocessing", None):
         raise HydraError(
             f"{data.name}: the model comes without its hydra.json, so images cannot be "
             "preprocessed for it: run the export folder, or pass .npz arrays"
         )
     size = batch_size or getattr(runner, "max_batch", None) or 32
-    parts = [
-        run_member_logits(runner, batch, batch_size=batch_size)
-        for batch in data.batches(runner, size)
-    ]
+    parts = []
+    with progress(
+        data.count, desc=desc or f"running the model on {data.name}", unit="example"
+    ) as bar:
+        for batch in data.batches(runner, size):
+            logits = run_member_logits(runner, batch, batch_size=batch_size)
+            parts.append(logits)
+            bar.update(len(logits))
+            if each is not None:
+                each(logits)
     return np.concatenate(parts)
 
 
@@ -427,14 +443,16 @@ def evaluate(
         runner = TorchRunner(runner)
     id_set, ood_sets = _load_sets(runner, id_data, ood)
 
-    id_logits = member_logits(runner, id_set, batch_size)
+    id_logits = member_logits(runner, id_set, batch_size, desc="evaluating on the ID data")
     id_scores = ensemble_scores(id_logits)
     members, classes = id_scores["member_probs"].shape[1:]
     _check_labels(id_set.labels, classes)
     void = [s for s in names if members == 1 and s in SPREAD_SCORES]  # ranks nothing for M = 1
     ood_logits, ood_arrays = {}, {}
     for name, data in ood_sets.items():  # each set checked once it has run
-        ood_logits[name] = member_logits(runner, data, batch_size)
+        ood_logits[name] = member_logits(
+            runner, data, batch_size, desc=f"evaluating on {data.name}"
+        )
         ood_arrays[name] = _ood_scores(name, ood_logits[name], id_scores)
     report: dict[str, Any] = {
         **_model_fields(runner, members, classes),

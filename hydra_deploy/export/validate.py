@@ -48,6 +48,7 @@ from hydra_deploy.parity import (
     compare_outputs,
     tolerance_for,
 )
+from hydra_deploy.threads import ort_threads
 
 onnx = lazy_module("onnx", purpose="validating exported models", error=ExportError)
 ort = lazy_module("onnxruntime", purpose="validating exported models", error=ExportError)
@@ -105,6 +106,8 @@ def validation_batches(batch: Sequence[int]) -> list[int]:
 def _session(model_or_path):
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if ort_threads():  # the command's --threads
+        options.intra_op_num_threads = ort_threads()
     source = (
         model_or_path
         if isinstance(model_or_path, (str, Path))

@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +46,7 @@ from hydra_deploy.export_folder import file_sha256
 from hydra_deploy.families import families, family_of_module
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.options import SHARED_PARTS, FinetuneOptions
+from hydra_deploy.progress import progress as shown
 from hydra_deploy.pruning.data import LabelledData, load_data
 from hydra_deploy.specs import HydraSpec
 
@@ -63,7 +63,6 @@ __all__ = [
 safetensors_torch = lazy_module(
     "safetensors.torch", purpose="saving fine-tuned members", error=CheckpointError
 )
-tqdm = lazy_module("tqdm.auto", purpose="progress bars of training", error=FinetuneError)
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -212,18 +211,27 @@ def _device_of(module: nn.Module) -> torch.device:
 
 @torch.no_grad()
 def _masked_loss(
-    adapter: BackboneAdapter, mask: torch.Tensor, data: LabelledData, batch_size: int
+    adapter: BackboneAdapter,
+    mask: torch.Tensor,
+    data: LabelledData,
+    batch_size: int,
+    *,
+    desc: str = "masked loss",
+    progress: bool = False,
 ) -> float:
-    """Mean cross-entropy of the masked model on ``data`` (eval mode)."""
+    """Mean cross-entropy of the masked model on ``data`` (eval mode); ``progress``: shown as
+    ``desc`` (:mod:`hydra_deploy.progress`)."""
     module = adapter.module
     was_training = module.training
     module.eval()
     device = _device_of(module)
     total, count = 0.0, 0
-    for x, y in data.loader(batch_size=batch_size, shuffle=False):
-        logits = adapter.forward(x.to(device), mask)
-        total += float(nn.functional.cross_entropy(logits, y.to(device), reduction="sum"))
-        count += y.numel()
+    with shown(len(data), desc=desc, unit="example", enabled=progress) as bar:
+        for x, y in data.loader(batch_size=batch_size, shuffle=False):
+            logits = adapter.forward(x.to(device), mask)
+            total += float(nn.functional.cross_entropy(logits, y.to(device), reduction="sum"))
+            count += y.numel()
+            bar.update(y.numel())
     module.train(was_training)
     return total / count
 
@@ -240,12 +248,6 @@ def _param_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]
         {"params": decay, "weight_decay": float(weight_decay)},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-
-
-def _is_terminal() -> bool:
-    """Whether stderr is a terminal (progress bars there; none in log files)."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    return bool(isatty and isatty())
 
 
 def _lr_lambda(warmup_steps: int, total_steps: int):
@@ -268,9 +270,12 @@ def _train_member(
     total_steps: int,
     seed: int,
     desc: str,
+    shown_as: str,
     progress: bool,
 ) -> None:
-    """Train ``adapter.module`` in place for ``total_steps`` AdamW steps with ``mask`` applied."""
+    """Train ``adapter.module`` in place for ``total_steps`` AdamW steps with ``mask`` applied;
+    ``desc`` names the member in errors, ``shown_as`` in its progress (``progress``: a bar in a
+    terminal, a line every 30 s in a log: :mod:`hydra_deploy.progress`)."""
     module = adapter.module
     device = _device_of(module)
     optimizer = torch.optim.AdamW(
@@ -284,9 +289,7 @@ def _train_member(
     step = 0
     torch.manual_seed(seed)  # dropout (the caller's RNG state is restored by finetune_members)
     with (
-        tqdm.tqdm(
-            total=total_steps, desc=desc, disable=not (progress and _is_terminal()), leave=False
-        ) as bar,  # a log file gets the one-line summary per member instead
+        shown(total_steps, desc=shown_as, unit="step", enabled=progress) as bar,
         adapter.head_gates(mask),
     ):
         while step < total_steps:
@@ -307,8 +310,8 @@ def _train_member(
                 scheduler.step()
                 zero_pruned_heads(module, kept_heads)
                 step += 1
+                bar.describe(f"{shown_as}, loss {loss_value:.4f}")
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
                 if step >= total_steps:
                     break
     module.eval()
@@ -442,7 +445,9 @@ def finetune_members(
     state is left untouched. ``eval_examples`` fixed, evenly spaced examples of ``train_data``
     measure each member's masked loss before and after. With ``save_dir``, finished members are
     saved and, with ``resume``, reused when their saved settings match (a mismatch is logged and
-    the member retrained). ``shared_parts`` (see ``SHARED_PARTS``): ``"frozen"`` or
+    the member retrained). ``progress``: each member's steps (and its loss before and after)
+    shown through :mod:`hydra_deploy.progress`: a bar on stderr in a terminal, an INFO line every
+    30 s in a log; False: none. ``shared_parts`` (see ``SHARED_PARTS``): ``"frozen"`` or
     ``"averaged"`` keep the embeddings, final norm, pooler and classifier equal across members, so
     the fused model stores them once (near one model's size); ``"per-member"`` (default)
     fine-tunes every weight of every member. ``shared_layers``: the first n layers stay frozen;
@@ -609,7 +614,15 @@ def _member(
     options = plan.options
     module = zero_pruned_heads(copy.deepcopy(adapter.module), kept_heads)
     member = load_backbone(module)  # an adapter over the copy (gates, masked forward)
-    loss_before = _masked_loss(member, mask, plan.eval_data, options.batch_size)
+    shown_as = f"fine-tuning member {m} ({m + 1} of {spec.num_members})"  # as member_{m}.json
+    loss_before = _masked_loss(
+        member,
+        mask,
+        plan.eval_data,
+        options.batch_size,
+        desc=f"{shown_as}: loss before",
+        progress=progress,
+    )
     with _frozen(module, plan.frozen_names):
         _train_member(
             member,
@@ -620,9 +633,17 @@ def _member(
             total_steps=plan.total_steps,
             seed=options.seed + m,
             desc=f"member {m}",
+            shown_as=shown_as,
             progress=progress,
         )
-    loss_after = _masked_loss(member, mask, plan.eval_data, options.batch_size)
+    loss_after = _masked_loss(
+        member,
+        mask,
+        plan.eval_data,
+        options.batch_size,
+        desc=f"{shown_as}: loss after",
+        progress=progress,
+    )
     seconds = time.perf_counter() - start
     logger.info(
         "member %d: %d steps, masked loss %.4f -> %.4f on %d examples (%.1f s)",

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from hydra_deploy.backbones import BackboneAdapter, load_backbone
 from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.progress import progress, track
 from hydra_deploy.pruning.data import (
     LabelledData,
     _refuse_non_numeric,
@@ -129,6 +130,7 @@ def taylor_importance(
     text = is_text_backbone(backbone)
     was_training = backbone.module.training
     backbone.module.eval()
+    shown = progress(len(data), desc="head importance (taylor)", unit="example")
     try:
         for x, y in data.loader(batch_size):
             gates = mask.expand(x.shape[0], L, H).clone().requires_grad_(True)  # one per example
@@ -141,7 +143,9 @@ def taylor_importance(
             else:
                 total += grad.abs().sum(0).double()
             examples += x.shape[0]
+            shown.update(x.shape[0])
     finally:
+        shown.close()
         backbone.module.train(was_training)
     per_token = examples if text else examples * backbone.num_tokens
     importance = (total / per_token).numpy()
@@ -205,7 +209,7 @@ def circuit_search(
             # what the scoring sees: the member so far ("member"), or every head but the
             # circuit heads found so far ("headmap")
             condition = mask if conditioning == "member" else mask.clone()
-            for layer in range(L):
+            for layer in track(range(L), desc="head importance (circuit search)", unit="layer"):
                 base = evaluate(_logits_from(backbone, hidden, layer, condition, batch_size))
                 candidates = np.flatnonzero(mask[layer].numpy() > 0)
                 for head in candidates:

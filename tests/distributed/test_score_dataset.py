@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.ray_local import local_ray
 from helpers.vit import tiny_vit
 from PIL import Image
 from sklearn.datasets import load_digits, load_sample_image
@@ -55,18 +56,8 @@ ATOL = 1e-5
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
     """One local cluster for the module: in-process main() calls find Ray connected and keep it."""
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=256 * 1024**2,
-        logging_level=logging.ERROR,
-    )
-    yield
-    ray.shutdown()
+    with local_ray():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -174,10 +165,12 @@ def test_images_scored_on_two_actors_equal_the_local_runner(export_dir, images, 
         "item",
         "shard",
         "prediction",
+        "predicted_name",
         "label",
         *SCALAR_SCORES,
         "probs",
         "member_logits",
+        "unreadable",
     ]
     assert str(table.schema.field("probs").type) == "list<element: float>"
     assert str(table.schema.field("msp").type) == "float"
@@ -185,7 +178,9 @@ def test_images_scored_on_two_actors_equal_the_local_runner(export_dir, images, 
     assert table["shard"].to_pylist() == [i // 5 for i in range(24)]
     expected, logits = local_scores(export_dir, files)
     np.testing.assert_array_equal(table["prediction"].to_numpy(), expected["prediction"])
-    assert table["label"].to_pylist() == [CLASSES[p] for p in expected["prediction"]]
+    assert table["predicted_name"].to_pylist() == [CLASSES[p] for p in expected["prediction"]]
+    assert table["label"].to_pylist() == table["predicted_name"].to_pylist()  # the old name
+    assert table["unreadable"].to_pylist() == [None] * 24
     for name in SCALAR_SCORES:
         np.testing.assert_allclose(table[name].to_numpy(), expected[name], atol=ATOL, rtol=0)
     np.testing.assert_allclose(
@@ -437,12 +432,13 @@ def test_decision_columns_equal_the_local_decisions_and_raw_leaves_them_out(imag
     assert code == 0, err
     assert json.loads(stdout)["decisions"] == ["confidence", "prediction_set", "accept", "ood_flag"]
     table = pq.read_table(out)
-    assert table.column_names[-5:] == [
+    assert table.column_names[-6:] == [
         "probs",
         "confidence",
         "prediction_set",
         "accept",
         "ood_flag",
+        "unreadable",
     ]
     assert str(table.schema.field("prediction_set").type) == "list<element: int64>"
     assert str(table.schema.field("accept").type) == "bool"
@@ -462,7 +458,7 @@ def test_decision_columns_equal_the_local_decisions_and_raw_leaves_them_out(imag
     raw = tmp_path / "raw.parquet"
     assert invoke(*base, "--out", raw, "--raw")[0] == 0
     table = pq.read_table(raw)
-    assert table.column_names[-1] == "probs" and "confidence" not in table.column_names
+    assert table.column_names[-2] == "probs" and "confidence" not in table.column_names
     expected, _ = local_scores(export, find_images([images]))
     np.testing.assert_array_equal(table["prediction"].to_numpy(), expected["prediction"])
     assert json.loads((raw / MANIFEST).read_text())["decisions_sha256"] is None
@@ -558,3 +554,39 @@ def test_errors_from_actors_are_unwrapped():
     found = unwrap_ray_error(Wrapper(MemoryError("out of memory")))
     assert isinstance(found, ServeError) and isinstance(found, HydraError)
     assert "MemoryError: out of memory" in str(found)
+
+
+def test_skip_unreadable_gives_null_scores_and_the_reason(export_dir, tmp_path, caplog):
+    folder = make_images(tmp_path / "images", 5, seed=4)
+    files = find_images([folder])
+    whole = files[0].read_bytes()
+    (folder / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+    (folder / "x.png").write_text("not an image\n")
+    out = tmp_path / "scores.parquet"
+    base = [export_dir, folder, "--out", out, "--shard-size", 4, "--actors", 1, "--threads", 1]
+    code, _, err = invoke(*base, "--quiet")
+    assert code == 1 and "cannot read the image" in err and "--skip-unreadable" in err
+    with caplog.at_level(logging.INFO, logger="hydra_deploy"):
+        code, stdout, err = invoke(*base, "--resume", "--skip-unreadable", "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    unreadable = [str(folder / "truncated.jpg"), str(folder / "x.png")]
+    assert [s["input"] for s in summary["skipped"]] == unreadable
+    assert "cannot identify image file" in summary["skipped"][1]["reason"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(":")[0] for w in warnings[:2]] == [f"skipped {p}" for p in unreadable]
+    assert warnings[-1] == "skipped 2 unreadable files of 7; see the warnings above"
+    table = pq.read_table(out)
+    items = table["item"].to_pylist()
+    assert items == sorted(str(p) for p in find_images([folder]))
+    expected, _ = local_scores(export_dir, files)
+    read = [items.index(str(p)) for p in files]
+    np.testing.assert_allclose(
+        table["msp"].to_numpy(zero_copy_only=False)[read], expected["msp"], atol=ATOL
+    )
+    for path in unreadable:
+        row = items.index(path)
+        assert table["unreadable"][row].as_py()
+        for name in ("prediction", "predicted_name", "msp", "probs"):
+            assert table[name][row].as_py() is None, name
+    assert sum(r is None for r in table["unreadable"].to_pylist()) == len(files)

@@ -223,9 +223,9 @@ def test_resume_loads_identical_members_quickly(tuned, tmp_path):
 
 
 def test_changed_settings_retrain_with_a_warning(tuned, tmp_path, caplog, capsys, monkeypatch):
-    from hydra_deploy.pruning import finetune as finetune_module
+    from hydra_deploy import progress as progress_module
 
-    monkeypatch.setattr(finetune_module, "_is_terminal", lambda: True)  # bars on a terminal only
+    monkeypatch.setattr(progress_module, "_is_terminal", lambda: True)  # bars on a terminal only
     backbone, spec, train = tuned["backbone"], tuned["spec"], tuned["train"]
     folder = tmp_path / "run"
     shutil.copytree(tuned["save_dir"], folder)
@@ -241,7 +241,7 @@ def test_changed_settings_retrain_with_a_warning(tuned, tmp_path, caplog, capsys
         )
     assert changed.history[0]["resumed"] is False
     assert "member 0" in caplog.text and "lr=0.001 -> 0.002" in caplog.text
-    assert "member 0" in capsys.readouterr().err  # the progress bar
+    assert "fine-tuning member 0 (1 of 1)" in capsys.readouterr().err  # the progress bar
     assert not states_equal(changed[0], tuned["members"][0])
     assert json.loads((folder / "member_0.json").read_text())["settings"]["lr"] == 2e-3
     # and the retrained member is now the one that resumes

@@ -24,14 +24,17 @@
 
 ``pyarrow.parquet.read_table(OUT)`` and ``pandas.read_parquet(OUT)`` read OUT as one table in input
 order (parts sort by name; ``_``- and ``.``-prefixed files are ignored). Columns: ``item``,
-``shard``, ``prediction`` (int64), ``label`` (class name, null without class names), ``msp``,
+``shard``, ``prediction`` (int64), ``predicted_name`` (its class name, null without class
+names; ``label``: the same under its old name, kept for one release), ``msp``,
 ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``disagreement`` (float32),
 ``probs`` (list<float32>); for an export calibrated with ``hydra-calibrate`` (``decisions=True``,
 the default), for the rules its record holds, ``confidence`` (float32, the calibrated max
 probability), ``prediction_set`` (list<int64>: the class indices of the conformal set),
-``accept`` and ``ood_flag`` (bool), and ``prediction``/``label`` are then the calibrated argmax
+``accept`` and ``ood_flag`` (bool), and ``prediction``/``predicted_name`` are then the calibrated argmax
 (``decisions=False``, ``--raw``: scores only); and, with ``member_logits=True``,
-``member_logits`` (list<list<float32>>, [members][classes]). A record fitted on another
+``member_logits`` (list<list<float32>>, [members][classes]); last, ``unreadable`` (string: why
+``skip_unreadable`` skipped the image, whose other columns but ``item`` and ``shard`` are then
+null; null for the rows scored). A record fitted on another
 model.onnx is refused before Ray starts (as a runner refuses it).
 
 Clusters: ``address`` None starts a local cluster for the run (shut down afterwards); 'auto' or
@@ -44,8 +47,9 @@ the inputs and OUT at the same paths (a shared file system).
 Resume: an existing OUT is refused unless ``resume`` or ``overwrite``. ``resume`` needs a matching
 manifest (same model, items, shard size, columns and decisions; batch size, actors and threads may change),
 keeps finished parts untouched and scores only the missing shards; temporary files of a crashed
-run are removed. Errors (an undecodable image, a failing actor) stop the run; the parts finished
-before stay valid, and ``resume`` continues from them once the cause is fixed.
+run are removed. Errors (an undecodable image without ``skip_unreadable``, a failing actor) stop
+the run; the parts finished before stay valid, and ``resume`` continues from them once the cause
+is fixed.
 
 Modules: :mod:`.export` (the export as the driver sees it), :mod:`.shards` (items and shards),
 :mod:`.manifest` (the manifest), :mod:`.output` (the output folder before a run), :mod:`.actors`

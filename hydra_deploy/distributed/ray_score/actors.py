@@ -14,6 +14,7 @@ import numpy as np
 
 from hydra_deploy.distributed.ray_score.parts import SCALAR_COLUMNS, decision_columns
 from hydra_deploy.distributed.ray_score.shards import batch_items
+from hydra_deploy.engines.preprocess import UnreadableImageError, preprocess_image
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.engines.scoring import check_member_logits, score_batch
 from hydra_deploy.engines.sources import prepare
@@ -29,7 +30,9 @@ class HydraScorer:
     text of sentence pairs) in, score columns out.
 
     ``decisions``: the decision columns the driver planned (from the export's record; empty:
-    raw scores only, the record not loaded); the runner's record must give the same."""
+    raw scores only, the record not loaded); the runner's record must give the same.
+    ``skip_unreadable``: an image that cannot be decoded gets its reason in the ``unreadable``
+    column (its scores are masked when the part is written) instead of failing the batch."""
 
     def __init__(
         self,
@@ -43,6 +46,7 @@ class HydraScorer:
         delay_s: float = 0.0,
         decisions: Sequence[str] = (),
         allow_decisions_mismatch: bool = False,
+        skip_unreadable: bool = False,
     ) -> None:
 
         self.runner: Runner = load_runner(
@@ -70,9 +74,27 @@ class HydraScorer:
         self.batch_size = batch_size
         self.member_logits = member_logits
         self.delay_s = float(delay_s)
+        self.skip_unreadable = skip_unreadable and kind == "images"
+
+    def _inputs(self, items: list[Any]) -> tuple[Any, list[str]]:
+        """The model's inputs for ``items`` and, per item, why it could not be read ("": it
+        was). A skipped image is fed as zeros (its scores are masked when the part is written)."""
+        if not self.skip_unreadable:
+            return prepare(self.runner, self.kind, items, self.encoder), [""] * len(items)
+        config = self.runner.preprocessing
+        arrays, reasons = [], []
+        for path in items:
+            try:
+                arrays.append(preprocess_image(path, config))
+                reasons.append("")
+            except UnreadableImageError as err:
+                arrays.append(None)
+                reasons.append(err.reason)
+        blank = np.zeros(tuple(config["input_size"]), np.float32)
+        return np.stack([blank if a is None else a for a in arrays]), reasons
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        inputs = prepare(self.runner, self.kind, batch_items(batch), self.encoder)
+        inputs, unreadable = self._inputs(batch_items(batch))
         scores = score_batch(self.runner, inputs, batch_size=self.batch_size)
         logits = scores["member_logits"]
         columns = {
@@ -82,6 +104,7 @@ class HydraScorer:
             **{name: scores[name].astype(np.float32) for name in SCALAR_COLUMNS},
             "probs": scores["probs"].astype(np.float32),
             **{name: scores[name] for name in self.decisions},
+            "unreadable": np.asarray(unreadable, dtype=str),
         }
         if self.member_logits:
             columns["member_logits"] = np.asarray(logits, dtype=np.float32)

@@ -197,22 +197,44 @@ def _connect_error(address: str | None, err: BaseException) -> ServeError:
     )
 
 
+#: Ray Data's logger that says, once, that its progress bars are off (they are, in a log)
+_RAY_PROGRESS_LOGGER = "ray.data._internal.progress"
+
+
+def ray_bars_shown(progress: bool) -> bool:
+    """Whether a run shows Ray Data's own progress bars: when asked (``progress``: not --quiet)
+    and stderr is a terminal (Ray Data looks at stdout, which the run sends to stderr). In a log
+    Ray Data would write a block of seven lines every 10 s instead; the run writes one line of
+    its own every 30 s there (:mod:`hydra_deploy.progress`)."""
+    try:
+        return progress and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        return False
+
+
 @contextlib.contextmanager
 def _data_context(progress: bool) -> Iterator[Any]:
-    """Ray Data settings of a run (restored afterwards): progress bars only when asked, and a
-    UDF's own exception raised rather than wrapped in UserCodeException."""
+    """Ray Data settings of a run (restored afterwards): its progress bars in a terminal when
+    asked (:func:`ray_bars_shown`), and a UDF's own exception raised rather than wrapped in
+    UserCodeException."""
     context = ray_data.DataContext.get_current()
+    bars = ray_bars_shown(progress)
     wanted = {
-        "enable_progress_bars": progress,
+        "enable_progress_bars": bars,
         "print_on_execution_start": progress,
         "raise_original_map_exception": True,
     }
     saved = {k: getattr(context, k) for k in wanted if hasattr(context, k)}
     for key in saved:
         setattr(context, key, wanted[key])
+    says_off = logging.getLogger(_RAY_PROGRESS_LOGGER)  # "Progress bars disabled. To enable..."
+    level = says_off.level
+    if not bars:
+        says_off.setLevel(logging.ERROR)
     try:
         yield context
     finally:
+        says_off.setLevel(level)
         for key, value in saved.items():
             setattr(context, key, value)
 

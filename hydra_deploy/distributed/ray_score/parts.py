@@ -19,6 +19,7 @@ from hydra_deploy.uncertainty.scores import SCALAR_SCORES
 
 pa = lazy_module("pyarrow", purpose="hydra-score-dataset", error=ServeError)
 pq = lazy_module("pyarrow.parquet", purpose="hydra-score-dataset", error=ServeError)
+pc = lazy_module("pyarrow.compute", purpose="hydra-score-dataset", error=ServeError)
 
 SCALAR_COLUMNS = SCALAR_SCORES
 #: The columns of an export with decisions (hydra-calibrate), for the rules its record holds:
@@ -33,9 +34,11 @@ def decision_columns(record: Any) -> list[str]:
 
 
 def columns_for(member_logits: bool, decisions: Sequence[str] = ()) -> list[str]:
-    """The columns of every part, in order (``decisions``: the decision columns, if any)."""
-    names = ["item", "shard", "prediction", "label", *SCALAR_COLUMNS, "probs", *decisions]
-    return names + (["member_logits"] if member_logits else [])
+    """The columns of every part, in order (``decisions``: the decision columns, if any).
+    ``label`` is ``predicted_name``'s old name, kept for one release; ``unreadable``: why an
+    image was skipped (``--skip-unreadable``; null for the rows scored)."""
+    names = ["item", "shard", "prediction", "predicted_name", "label", *SCALAR_COLUMNS, "probs"]
+    return [*names, *decisions, *(["member_logits"] if member_logits else []), "unreadable"]
 
 
 def part_table(
@@ -61,7 +64,8 @@ def part_table(
         "item": pa.array(shard.labels, pa.string()),
         "shard": pa.array(np.full(len(order), shard.index, dtype=np.int64)),
         "prediction": pa.array(prediction, pa.int64()),
-        "label": pa.array(labels, pa.string()),
+        "predicted_name": pa.array(labels, pa.string()),
+        "label": pa.array(labels, pa.string()),  # predicted_name's old name, for one release
     }
     for name in SCALAR_COLUMNS:
         columns[name] = pa.array(rows[name][order].astype(np.float32))
@@ -76,7 +80,30 @@ def part_table(
             columns[name] = pa.array(value.astype(np.bool_), pa.bool_())
     if member_logits:
         columns["member_logits"] = _list_column(rows["member_logits"][order])
-    return pa.table(columns)
+    return pa.table(_masked_unreadable(columns, rows["unreadable"][order]))
+
+
+def _masked_unreadable(columns: dict[str, Any], reasons: np.ndarray) -> dict[str, Any]:
+    """``columns`` with the ``unreadable`` column (each row's reason, null where it was read)
+    and every score of an unreadable row null (it was fed as zeros)."""
+    skipped = np.asarray([bool(r) for r in reasons.tolist()])
+    columns["unreadable"] = pa.array([r or None for r in reasons.tolist()], pa.string())
+    if skipped.any():
+        mask = pa.array(skipped)
+        for name, column in columns.items():
+            if name not in ("item", "shard", "unreadable"):
+                columns[name] = pc.if_else(mask, pa.scalar(None, type=column.type), column)
+    return columns
+
+
+def unreadable_rows(table) -> list[dict[str, str]]:
+    """The rows of a part skipped as unreadable: ``{"input": item, "reason": ...}`` each."""
+    items, reasons = table["item"].to_pylist(), table["unreadable"].to_pylist()
+    return [
+        {"input": item, "reason": reason}
+        for item, reason in zip(items, reasons, strict=True)
+        if reason is not None
+    ]
 
 
 def _list_column(values: np.ndarray):

@@ -23,6 +23,7 @@ from hydra_deploy.distributed.ray_score.cluster import (
     _import_ray,
     _ray_console,
     check_address,
+    ray_bars_shown,
     ray_session,
     unwrap_ray_error,
 )
@@ -33,6 +34,7 @@ from hydra_deploy.distributed.ray_score.parts import (
     columns_for,
     decision_columns,
     part_table,
+    unreadable_rows,
     write_part,
 )
 from hydra_deploy.distributed.ray_score.shards import (
@@ -42,8 +44,10 @@ from hydra_deploy.distributed.ray_score.shards import (
     plan_shards,
     source_columns,
 )
-from hydra_deploy.errors import HydraError, RunnerError, ServeError
+from hydra_deploy.errors import HydraError, RunnerError, ServeError, counted
 from hydra_deploy.optional import lazy_module
+from hydra_deploy.progress import Progress
+from hydra_deploy.progress import progress as shown
 
 logger = logging.getLogger("hydra_deploy")
 pa = lazy_module("pyarrow", purpose="hydra-score-dataset", error=ServeError)
@@ -72,6 +76,8 @@ class ScoreReport:
     batch_size: int
     address: str
     decisions: list[str] = field(default_factory=list)  # the decision columns written
+    #: the images --skip-unreadable left out ({"input", "reason"} each; their rows' scores null)
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def items_per_second(self) -> float:
@@ -116,6 +122,7 @@ def score_dataset(
     debug: bool = False,
     decisions: bool = True,
     allow_decisions_mismatch: bool = False,
+    skip_unreadable: bool = False,
 ) -> ScoreReport:
     """Score every input with the export on a Ray cluster into the Parquet folder ``out``.
 
@@ -127,7 +134,10 @@ def score_dataset(
     ``decisions``: an export calibrated with hydra-calibrate also gets its decision columns
     (refused, before Ray starts, when they were fitted on another model.onnx, or on other
     numbers than ONNX Runtime's, which the actors run, unless ``allow_decisions_mismatch``);
-    False (--raw): scores only. See the module docstring for the output, the manifest and resume.
+    False (--raw): scores only. ``skip_unreadable``: an image that cannot be decoded is logged,
+    listed in the report's ``skipped`` and given a row whose ``unreadable`` column says why (its
+    scores null), instead of stopping the run. See the module docstring for the output, the
+    manifest and resume.
     """
 
     if address is not None and address.startswith("ray://"):
@@ -159,6 +169,7 @@ def score_dataset(
             providers=providers,
             decisions=decided,
             allow_decisions_mismatch=allow_decisions_mismatch,
+            skip_unreadable=skip_unreadable,
         )
         ran = _score_pending(
             info,
@@ -170,6 +181,12 @@ def score_dataset(
             progress=progress,
             quiet=quiet,
             debug=debug,
+        )
+    if ran.get("skipped"):
+        logger.warning(
+            "skipped %s of %d; see the warnings above",
+            counted(len(ran["skipped"]), "unreadable file"),
+            ran["items_scored"],
         )
     return ScoreReport(**fixed, **ran, seconds=round(time.perf_counter() - begin, 3))
 
@@ -267,6 +284,7 @@ def _score_pending(
         scoring_s = time.perf_counter() - scoring_begin
     return dict(
         items_scored=tally.scored,
+        skipped=tally.skipped,
         shards_done=tally.written,
         ray_start_seconds=round(session.start_seconds, 3),
         scoring_seconds=round(scoring_s, 3),
@@ -360,9 +378,10 @@ def _run_pool(
     write their parts; the error that stopped the run says what is kept and what to do."""
     per_actor, batch = scorer["threads"], scorer["batch_size"]
     member_logits, decided = scorer["member_logits"], scorer["decisions"]
-    tally = _Tally()
+    shown_as = _shown(pending, progress)
+    tally = _Tally(shown=shown_as)
     failure: HydraError | None = None
-    with _data_context(progress):
+    with _data_context(progress), shown_as:
         dataset = _dataset(ray, pending).map_batches(
             HydraScorer,
             fn_constructor_args=(str(info.path), info.kind),
@@ -400,6 +419,28 @@ def _run_pool(
 class _Tally:
     written: int = 0  # parts
     scored: int = 0  # items in them
+    skipped: list[dict[str, str]] = field(default_factory=list)  # unreadable images among them
+    shown: Progress | None = None  # the run's own progress (log lines; see _shown)
+
+    def received(self, items: int, shards: int) -> None:
+        """``items`` more scored rows have come back, of ``shards`` pending shards."""
+        if self.shown is not None:
+            self.shown.describe(f"scoring, {self.written}/{shards} shards written")
+            self.shown.update(items)
+
+
+def _shown(pending: Sequence[Shard], progress: bool) -> Progress:
+    """The run's own progress: items received as the driver sees finished blocks, the shards
+    written. Log lines only, where Ray Data's bars are off (:func:`ray_bars_shown`)."""
+    ours = progress and not ray_bars_shown(progress)
+    items = sum(len(s.labels) for s in pending)
+    return shown(
+        items,
+        desc=f"scoring, 0/{len(pending)} shards written",
+        unit="item",
+        enabled=None if ours else False,
+        bar=False,
+    )
 
 
 def _write_parts(
@@ -426,16 +467,21 @@ def _write_parts(
                 merged = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
                 table = part_table(shard, merged, class_names, member_logits, decisions)
                 write_part(out, table, index)
+                for row in unreadable_rows(table):  # --skip-unreadable's
+                    logger.warning("skipped %s: cannot read it as an image: %s", *row.values())
+                    tally.skipped.append(row)
                 tally.written += 1
                 tally.scored += len(shard.labels)
                 logger.debug("wrote %s", out / shard.part)
+        tally.received(len(result["shard"]), len(pending))
 
 
 def _stopped(cause: HydraError, finished: int, total: int, out: Path) -> HydraError:
     """The one-line error of a run an actor's error stopped, with what to do next."""
     fix = (
         "repair or replace that file and rerun with --resume to score the rest (removing it "
-        "changes the input list, which needs --overwrite)"
+        "changes the input list, which needs --overwrite), or rerun with --resume "
+        "--skip-unreadable to skip such files and report them"
         if "cannot read the image" in str(cause)
         else "fix the cause and rerun with --resume to score the rest"
     )
