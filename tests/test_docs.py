@@ -355,18 +355,6 @@ def _vit_export(root: Path) -> None:
     export_onnx(fuse(backbone, spec), root / "export" / "vit_b16-m3", validate=False)
 
 
-def _calibration_data(root: Path, rng: np.random.Generator) -> None:
-    """calib.npz: labelled data the tiny export of export/vit_b16-m3 mostly gets right (95% of
-    the labels are its own predictions), so that hydra-calibrate's rules can be fitted on it."""
-    from hydra_deploy import ensemble_scores, load_runner
-
-    x = rng.standard_normal((400, 3, 16, 16), dtype=np.float32)
-    with load_runner(root / "export" / "vit_b16-m3") as runner:
-        predicted = ensemble_scores(runner(x)["member_logits"])["prediction"]
-    y = np.where(rng.random(400) < 0.95, predicted, rng.integers(0, 1000, 400))
-    np.savez(root / "calib.npz", x=x, y=y)
-
-
 #: what the world's export/digits-scratch shortens of the README's command that trains it (fewer
 #: steps: about 75% accurate, against 92% after 600; docs/decisions.md asks for a risk of 0.3)
 DIGITS_STAND_IN = ("--finetune-steps 600", "--finetune-steps 200")
@@ -412,7 +400,6 @@ def docs_world(tmp_path_factory) -> Path:
     _text_checkpoints(root)
     _clip_checkpoint(root)
     _vit_export(root)
-    _calibration_data(root, rng)
     _digits_export(root)
     (root / "vit.plan").write_bytes(b"a stand-in for an engine trtexec built on the serving GPU\n")
     return root

@@ -162,3 +162,26 @@ def test_the_commands_take_labels_and_read_them_first(tmp_path, capsys):
     report = ["--ood", "n=x.npz", "--out", str(tmp_path / "report")]
     assert eval_cli.main([str(tmp_path / "export"), "--id", str(tmp_path), *labels, *report]) != 0
     assert "names.txt line 2 is blank" in capsys.readouterr().err
+
+
+def test_hydra_run_reads_the_true_class_of_index_folders(tmp_path):
+    """hydra-run's true_class follows the same rule: folders 0..C-1 are class indices, also
+    beside the model's class names (which these folder names are not)."""
+    import json
+
+    from helpers.vit import tiny_vit
+
+    from hydra_deploy.cli.run import main as run_main
+    from hydra_deploy.export import export_onnx
+    from hydra_deploy.fusion import fuse
+    from hydra_deploy.specs import HydraSpec
+
+    backbone = tiny_vit("token")  # 5 classes
+    spec = HydraSpec.random(backbone.name, 3, 4, 8, members=2, heads_per_member=2, seed=1)
+    names = ["ant", "bee", "cat", "dog", "eel"]
+    export_onnx(fuse(backbone, spec), tmp_path / "export", class_names=names, validate=False)
+    images = image_folder(tmp_path / "images", ["4", "0"])
+    code = run_main([str(tmp_path / "export"), str(images), "--json", str(tmp_path / "s.json")])
+    assert code == 0
+    results = json.loads((tmp_path / "s.json").read_text())["results"]
+    assert [(r["true_class"], r["true_name"]) for r in results] == [(0, "0"), (4, "4")]
