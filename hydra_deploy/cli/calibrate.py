@@ -30,6 +30,7 @@ EXAMPLES = """\
   hydra-calibrate export/vit_b16-m3 --data calib/ --ood-alpha 0.01 --ood-score mutual_information \\
       --ood-check textures=dtd/ --in-graph --overwrite        # decisions as graph outputs too
   hydra-calibrate export/minilm-m3 --data glosses.tsv --risk 0.05   # a text model
+  hydra-calibrate export/vit_b16-m3 --data calib/ --labels names.txt   # sub-folders named by class
   hydra-calibrate export/vit_b16-m3 --data calib/ --engine export/vit_b16-m3/model.fp16.engine
 """
 

@@ -30,6 +30,7 @@ EXAMPLES = """\
   hydra-eval engines/vit-m3.fp16.engine --id test.npz --ood far=far.npz --out rep --overwrite --json
   hydra-eval export/minilm-m3 --id glosses.tsv --ood other=other.txt --out rep   # text model
   hydra-eval export/vit-m3 --id test.npz --ood noise=noise.npz --out rep --raw   # no decisions
+  hydra-eval export/vit-m3 --id test/ --labels names.txt --ood noise=noise/ --out rep  # named
 """
 
 
