@@ -16,15 +16,38 @@ The rule (:func:`label_indices`), given the labels of a file and the model's cla
   would shift every index after it) and the file is refused: label it with indices, or name the
   classes in the model (``config.id2label``);
 - integers and names mixed in one file are refused.
+
+Image folders (:func:`folder_class_indices`; ``hydra-eval``, ``hydra-calibrate``, fine-tuning and
+head selection) name a class by their class sub-folders' names:
+
+- with a class-names file (``--labels FILE``, :func:`read_class_names`: one name per line, the
+  first line class 0): each sub-folder is the index of its name in the file. The file must name
+  as many classes as the model has, and agree with the names the model records, if any;
+- the model records class names and every sub-folder is one of them: the index of that name;
+- every sub-folder named by a non-negative integer (``0/ 1/ ... 9/``): class indices, taken as they
+  are (folder ``10`` is class 10, whatever the sorted order of the names), each below the model's
+  class count. This holds also when the model records names that these are not (a folder
+  ``3`` is class 3, not a class named ``3``): integer names that are not the model's names can only
+  mean indices;
+- other names, and the model records none: the sorted rule above (as many names as classes, with a
+  warning), else refused, naming both fixes: sub-folders named by class index, or ``--labels FILE``.
+  Fine-tuning and head selection (``load_data``) keep torchvision's ``ImageFolder`` rule here:
+  the sorted names are classes 0, 1, ... whatever their count.
+
+:class:`NamedClasses` carries a data path with the names of a ``--labels`` file to
+``load_eval_data`` (``hydra-eval``, ``hydra-calibrate``), which takes it where it takes a path.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from hydra_deploy.errors import DataError
+from hydra_deploy.errors import DataError, HydraError
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -131,3 +154,158 @@ def label_indices(
     )
     index = {name: i for i, name in enumerate(order)}
     return [index[label] for label in labels], order
+
+
+# --- image folders and class-names files ---------------------------------------------------------
+#: the help of ``--labels`` (hydra-calibrate, hydra-eval)
+LABELS_HELP = (
+    "a text file of the model's class names, one per line, the first line class 0: maps labelled "
+    "data's class sub-folder names (or .tsv label names) to class indices"
+)
+
+
+@dataclass(frozen=True)
+class NamedClasses:
+    """Labelled data (``data``: a path) whose class names, by index, come from a class-names file
+    (``source``, for messages): what ``--labels FILE`` adds to ``--data``/``--id``.
+    ``load_eval_data`` takes it where it takes the path alone."""
+
+    data: Any
+    class_names: tuple[str, ...]
+    source: str
+
+
+def read_class_names(path: str | os.PathLike, *, error: type[HydraError] = DataError) -> list[str]:
+    """A class-names file: one name per line, the first line class 0; surrounding spaces
+    dropped; a blank line (but trailing ones) or a repeated name is refused with its line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise error(f"--labels: cannot read class names from {str(path)!r}: {err}") from err
+    while lines and not lines[-1].strip():
+        lines.pop()
+    names = [line.strip() for line in lines]
+    if not names:
+        raise error(f"--labels: {path} holds no class names; write one name per line")
+    seen: dict[str, int] = {}
+    for number, name in enumerate(names, start=1):
+        if not name:
+            raise error(
+                f"--labels: {path} line {number} is blank; write one class name on every line "
+                f"(the first line is class 0), so that no class is skipped"
+            )
+        if name in seen:
+            raise error(
+                f"--labels: {path} line {number} repeats {name!r} (line {seen[name]}); every "
+                "class needs its own name"
+            )
+        seen[name] = number
+    return names
+
+
+def with_class_names(data: Any, labels: str | os.PathLike | None) -> Any:
+    """``data`` with the class names of the file ``labels`` (a :class:`NamedClasses`), or
+    ``data`` itself when ``labels`` is None."""
+    if labels is None:
+        return data
+    return NamedClasses(data, tuple(read_class_names(labels)), f"--labels {labels}")
+
+
+def split_class_names(data: Any) -> tuple[Any, NamedClasses | None]:
+    """``(the data path, its NamedClasses)`` for a :class:`NamedClasses`, else ``(data, None)``."""
+    if isinstance(data, NamedClasses):
+        return data.data, data
+    return data, None
+
+
+def class_names_to_use(
+    recorded: Sequence[str] | None,
+    given: NamedClasses | None,
+    num_classes: int | None,
+    *,
+    error: type[Exception] = DataError,
+) -> list[str] | None:
+    """The class names labels are read through: a ``--labels`` file's (checked against the
+    model's class count and the names it records), else the names the model records."""
+    if given is None:
+        return list(recorded) if recorded else None
+    names = list(given.class_names)
+    if num_classes is not None and len(names) != num_classes:
+        raise error(
+            f"{given.source} names {len(names)} classes but the model has {num_classes}; give "
+            f"one name per class, {num_classes} lines"
+        )
+    if recorded and list(recorded) != names:
+        line = next(
+            (i for i, (a, b) in enumerate(zip(recorded, names, strict=False)) if a != b),
+            min(len(recorded), len(names)),
+        )
+        said = repr(names[line]) if line < len(names) else "nothing"
+        model = repr(str(recorded[line])) if line < len(recorded) else "nothing"
+        raise error(
+            f"{given.source} line {line + 1} says {said} but the model names class {line} "
+            f"{model}; the model records its class names, so leave out --labels (or give the "
+            "model's names)"
+        )
+    return names
+
+
+def _is_folder_index(name: str) -> bool:
+    return name.isascii() and name.isdigit()
+
+
+def folder_class_indices(
+    folders: Sequence[str],
+    class_names: Sequence[str] | None,
+    num_classes: int | None,
+    *,
+    source: str,
+    given: NamedClasses | None = None,
+    any_count: bool = False,
+    error: type[Exception] = DataError,
+) -> tuple[list[int], list[str] | None]:
+    """The class index of each class sub-folder of a labelled image folder (the module's rule)
+    and the class names by index (None when the folders are indices and nothing names them).
+
+    ``class_names``: the names the model records (None: none); ``num_classes``: its class count
+    (None: unknown); ``given``: a ``--labels`` file's names (:func:`with_class_names`).
+    ``any_count``: sorted names without model names are classes 0, 1, ... whatever their count
+    (torchvision's ``ImageFolder``, as fine-tuning and head selection have always read them)."""
+    folders = [str(folder) for folder in folders]
+    names = class_names_to_use(class_names, given, num_classes, error=error)
+    where = [f"sub-folder {folder!r}" for folder in folders]
+    if names and (given is not None or all(folder in names for folder in folders)):
+        return label_indices(
+            folders, names, len(names), source=source, where=where, index_labels=False, error=error
+        )
+    if all(_is_folder_index(folder) for folder in folders):
+        indices = [int(folder) for folder in folders]
+        too_large = [
+            f for f, i in zip(folders, indices, strict=True) if i >= (num_classes or i + 1)
+        ]
+        if too_large:
+            raise error(
+                f"{source}: sub-folder {too_large[0]!r} is no class index of the model, which has "
+                f"{num_classes} classes (0..{num_classes - 1}); remove it or rename it"
+            )
+        return indices, names
+    if names:
+        return label_indices(
+            folders, names, len(names), source=source, where=where, index_labels=False, error=error
+        )
+    order = sorted(set(folders))
+    if any_count:
+        return [order.index(folder) for folder in folders], order
+    if num_classes is None or len(order) != num_classes:
+        count = "an unknown number of" if num_classes is None else str(num_classes)
+        last = "C-1" if num_classes is None else str(num_classes - 1)
+        raise error(
+            f"{source} names {len(order)} classes ({_shown(order)}) by its sub-folders but the "
+            f"model has {count} classes and records no class names, so the folder names cannot "
+            f"be mapped to its classes; name the sub-folders 0..{last} by class index, or pass "
+            "--labels FILE with the model's class names, one per line"
+        )
+    return label_indices(
+        folders, None, num_classes, source=source, where=where, index_labels=False, error=error
+    )

@@ -20,6 +20,7 @@ from hydra_deploy.evaluation.calibrate import (
     store_decisions,
 )
 from hydra_deploy.export_folder import INFO_FILE, MODEL_FILE, ExportInfo, read_info
+from hydra_deploy.labels import LABELS_HELP, with_class_names
 from hydra_deploy.options import CalibrationOptions, RunnerOptions, add_options
 from hydra_deploy.threads import use_threads
 
@@ -30,6 +31,7 @@ EXAMPLES = """\
   hydra-calibrate export/vit_b16-m3 --data calib/ --ood-alpha 0.01 --ood-score mutual_information \\
       --ood-check textures=dtd/ --in-graph --overwrite        # decisions as graph outputs too
   hydra-calibrate export/minilm-m3 --data glosses.tsv --risk 0.05   # a text model
+  hydra-calibrate export/vit_b16-m3 --data calib/ --labels names.txt   # sub-folders named by class
   hydra-calibrate export/vit_b16-m3 --data calib/ --engine export/vit_b16-m3/model.fp16.engine
 """
 
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.parser("hydra-calibrate", DESCRIPTION, EXAMPLES)
     p.add_argument("model", type=Path, metavar="EXPORT", help="export folder (hydra-export --out)")
     p.add_argument("--data", type=Path, required=True, metavar="LABELLED", help="labelled ID data")
+    p.add_argument("--labels", type=Path, metavar="FILE", help=LABELS_HELP)
     add_options(p, CalibrationOptions, p)
     p.add_argument(
         "--ood-check",
@@ -114,6 +117,7 @@ def fit(args: argparse.Namespace) -> Calibration:
     """Run the export (or --engine) on --data and fit the decisions."""
     runtime = common.options(RunnerOptions, args)
     fitting = common.options(CalibrationOptions, args)
+    data = with_class_names(args.data, args.labels)  # a --labels file is read before the model
     use_threads(runtime.threads)
     check_target(args)
     ood_checks = parse_ood(args.ood_check) if args.ood_check else {}
@@ -122,7 +126,7 @@ def fit(args: argparse.Namespace) -> Calibration:
         load_runner(target, backend, runtime.providers, decisions=False) as runner,
         common.flags_named(FLAGS),
     ):
-        return calibrate(runner, args.data, fitting, ood=ood_checks, batch_size=runtime.batch_size)
+        return calibrate(runner, data, fitting, ood=ood_checks, batch_size=runtime.batch_size)
 
 
 def _shown_record(record: dict) -> dict:

@@ -12,6 +12,7 @@ from hydra_deploy.cli import common
 from hydra_deploy.engines.runner import load_runner
 from hydra_deploy.errors import HydraError
 from hydra_deploy.evaluation.evaluate import evaluate, write_report
+from hydra_deploy.labels import LABELS_HELP, with_class_names
 from hydra_deploy.options import RunnerOptions, add_options
 from hydra_deploy.threads import use_threads
 from hydra_deploy.uncertainty.metrics import MAX_BINS
@@ -29,6 +30,7 @@ EXAMPLES = """\
   hydra-eval engines/vit-m3.fp16.engine --id test.npz --ood far=far.npz --out rep --overwrite --json
   hydra-eval export/minilm-m3 --id glosses.tsv --ood other=other.txt --out rep   # text model
   hydra-eval export/vit-m3 --id test.npz --ood noise=noise.npz --out rep --raw   # no decisions
+  hydra-eval export/vit-m3 --id test/ --labels names.txt --ood noise=noise/ --out rep  # named
 """
 
 
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATA",
         help="labelled in-distribution data",
     )
+    p.add_argument("--labels", type=Path, metavar="FILE", help=LABELS_HELP)
     p.add_argument(
         "--ood",
         action="append",
@@ -116,10 +119,11 @@ def main_body(args: argparse.Namespace) -> int:
     ood = parse_ood(args.ood)
     scores = [s.strip() for s in args.scores.split(",") if s.strip()]
     common.refuse_existing(args.out, args.overwrite)
+    id_data = with_class_names(args.id_data, args.labels)  # a --labels file before the model
     with load_runner(args.model, decisions=runtime.decisions) as runner:
         report, arrays = evaluate(
             runner,
-            args.id_data,
+            id_data,
             ood,
             batch_size=runtime.batch_size,
             bins=args.bins,

@@ -42,7 +42,7 @@ from hydra_deploy.engines.runner_base import Runner, is_one_example
 from hydra_deploy.engines.scoring import score_batch
 from hydra_deploy.errors import DataError, RunnerError, counted, spelled
 from hydra_deploy.families import Family, get_family
-from hydra_deploy.labels import label_indices
+from hydra_deploy.labels import folder_class_indices
 from hydra_deploy.uncertainty import SCALAR_SCORES
 from hydra_deploy.userdata import IMAGE_SUFFIXES, TEXT_FILE_SUFFIXES, find_images, read_text_file
 
@@ -328,19 +328,13 @@ def _batches(
 
 def _true_classes(source: Source, runner: Runner, num_classes: int) -> list[int | None]:
     """The class index of each of ``source``'s class sub-folders, by the folder rule of
-    :func:`hydra_deploy.labels.label_indices` (the one hydra-eval reads labelled folders with);
-    Nones, said once, when the sub-folders are not the model's classes."""
+    :func:`hydra_deploy.labels.folder_class_indices` (the one hydra-eval reads labelled folders
+    with); Nones, said once, when the sub-folders are not the model's classes."""
     assert source.classes is not None
     names = sorted(set(source.classes))
     try:
-        indices, _ = label_indices(
-            names,
-            runner.class_names,
-            num_classes,
-            source=str(source.path),
-            where=[f"sub-folder {name!r}" for name in names],
-            index_labels=False,
-            error=DataError,
+        indices, _ = folder_class_indices(
+            names, runner.class_names, num_classes, source=str(source.path), error=DataError
         )
     except DataError as err:
         log.info("true_class is null for the images of %s: %s", source.path, err)

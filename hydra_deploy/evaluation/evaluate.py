@@ -36,7 +36,9 @@ read them. Class names (``.tsv`` labels, class sub-folders) become indices by th
 :func:`hydra_deploy.labels.label_indices`: through the model's ``class_names`` (hydra.json; a BERT
 export records its checkpoint's ``id2label``), a name that is not one of them refused; a model
 without class names takes the sorted names as classes ``0, 1, ...`` (warned) only when there are
-as many as it has classes. A ``.tsv`` may give class indices instead (folders: names only).
+as many as it has classes. A ``.tsv`` may give class indices instead; class sub-folders named
+``0..C-1`` are class indices, and a :class:`~hydra_deploy.labels.NamedClasses` (``--labels FILE``)
+names the classes (:func:`hydra_deploy.labels.folder_class_indices`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,12 @@ from hydra_deploy.engines.scoring import run_member_logits
 from hydra_deploy.engines.sources import iter_batches, model_family, with_batch_axis
 from hydra_deploy.errors import DataError, HydraError, counted, spelled
 from hydra_deploy.evaluation.torch_runner import TorchRunner
-from hydra_deploy.labels import label_indices
+from hydra_deploy.labels import (
+    NamedClasses,
+    class_names_to_use,
+    folder_class_indices,
+    split_class_names,
+)
 from hydra_deploy.progress import progress
 from hydra_deploy.uncertainty import plots
 from hydra_deploy.uncertainty.metrics import (
@@ -185,7 +192,9 @@ def _num_classes(runner: Runner) -> int | None:
     return None
 
 
-def _image_folder(path: Path, runner: Runner, name: str, labelled: bool) -> EvalData:
+def _image_folder(
+    path: Path, runner: Runner, name: str, labelled: bool, given: NamedClasses | None = None
+) -> EvalData:
     if not labelled:
         try:
             images = find_images([path])
@@ -193,14 +202,12 @@ def _image_folder(path: Path, runner: Runner, name: str, labelled: bool) -> Eval
             raise HydraError(f"{name}: {err}") from err
         return EvalData(name, str(path), "images", len(images), images=images)
     images, owners, classes = labelled_images(path, name=name, error=HydraError)
-    indices, _ = label_indices(
+    indices, _ = folder_class_indices(
         classes,
         getattr(runner, "class_names", None),
         _num_classes(runner),
         source=f"{name}: {path}",
-        where=[f"sub-folder {c!r}" for c in classes],
-        index_labels=False,
-        error=DataError,
+        given=given,
     )
     index = dict(zip(classes, indices, strict=True))
     return EvalData(
@@ -214,15 +221,16 @@ def _image_folder(path: Path, runner: Runner, name: str, labelled: bool) -> Eval
     )
 
 
-def _text_file(path: Path, runner: Runner, name: str, labelled: bool) -> EvalData:
+def _text_file(
+    path: Path, runner: Runner, name: str, labelled: bool, given: NamedClasses | None = None
+) -> EvalData:
     """A ``.txt`` (OOD) or ``.tsv`` (label<TAB>text[<TAB>second text]), read by
     :func:`hydra_deploy.userdata.read_text_file`; an OOD ``.tsv``'s labels may be anything."""
     table = read_text_file(path, name=name, error=HydraError)
     if not labelled:
         return EvalData(name, str(path), "text", len(table), texts=table.texts, pairs=table.pairs)
-    labels, classes = table.label_indices(
-        getattr(runner, "class_names", None), _num_classes(runner), name=name, error=DataError
-    )
+    names = class_names_to_use(getattr(runner, "class_names", None), given, _num_classes(runner))
+    labels, classes = table.label_indices(names, _num_classes(runner), name=name, error=DataError)
     return EvalData(
         name,
         str(path),
@@ -256,6 +264,7 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
     """Read one data set (a path or in-memory arrays); ID data (``labelled``) must carry labels."""
     if isinstance(data, EvalData):
         return data
+    data, given = split_class_names(data)  # a --labels file's names beside the path
     if isinstance(data, tuple):
         if len(data) != 2:
             raise HydraError(f"{name}: a tuple of data must be (x, y), got {len(data)} items")
@@ -287,14 +296,14 @@ def load_eval_data(data: Any, runner: Runner, *, name: str, labelled: bool) -> E
                 f"{name}: {path} is an image folder, but MODEL is a text model; give a .tsv/.txt "
                 "text file (label<TAB>text) or a .npz of token ids"
             )
-        return _image_folder(path, runner, name, labelled)
+        return _image_folder(path, runner, name, labelled, given)
     if suffix in (".txt", ".tsv"):
         if not family.text:
             raise HydraError(
                 f"{name}: {path} is text, but MODEL is a {family.name} model, which takes images; "
                 "give an image folder (one subfolder per class) or a .npz of image arrays"
             )
-        return _text_file(path, runner, name, labelled)
+        return _text_file(path, runner, name, labelled, given)
     if suffix not in (".npz", ".npy"):
         raise HydraError(_unread_kind(path, name, family.text, labelled))
     if suffix == ".npy" and labelled:

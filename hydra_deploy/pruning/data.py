@@ -59,7 +59,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from hydra_deploy.arrays import read_array_file
 from hydra_deploy.backbones.hf_bert import TEXT_INPUT_NAMES, check_text_keys
 from hydra_deploy.errors import DataError, counted, said, spelled
-from hydra_deploy.labels import label_indices
+from hydra_deploy.labels import folder_class_indices
 from hydra_deploy.optional import lazy_module
 from hydra_deploy.userdata import class_folders, read_text_file
 
@@ -717,24 +717,21 @@ def _from_image_folder(path: Path, backbone: Any, name: str) -> LabelledData:
         ) from err
     except OSError as err:
         raise DataError(f"{name}: cannot list the images in {str(path)!r}: {err}") from err
-    known = getattr(backbone, "class_names", None)
-    if not known:  # torchvision's rule: the sorted sub-folder names are classes 0, 1, ...
-        return LabelledData(dataset, name, list(dataset.classes))
-    # a model that names its classes (OpenCLIP zero-shot): sub-folders are those names
-    indices, _ = label_indices(
+    # sub-folders are the model's class names, class indices, or sorted names (the one rule)
+    indices, known = folder_class_indices(
         dataset.classes,
-        known,
-        len(known),
+        getattr(backbone, "class_names", None),
+        getattr(backbone, "num_classes", None),
         source=f"{name}: {path}",
-        where=[f"sub-folder {c!r}" for c in dataset.classes],
-        index_labels=False,
-        error=DataError,
+        any_count=True,
     )
+    if known is None and indices == list(range(len(indices))):
+        known = list(dataset.classes)  # 0..C-1 in order, as torchvision reads them
     dataset.class_to_idx = dict(zip(dataset.classes, indices, strict=True))
     dataset.samples = [(file, indices[target]) for file, target in dataset.samples]
     dataset.imgs = dataset.samples
     dataset.targets = [target for _, target in dataset.samples]
-    return LabelledData(dataset, name, list(known))
+    return LabelledData(dataset, name, known)
 
 
 def _from_batches(
