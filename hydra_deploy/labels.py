@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra_deploy.errors import DataError, HydraError
+from hydra_deploy.errors import DataError, HydraError, counted
 
 logger = logging.getLogger("hydra_deploy")
 
@@ -139,7 +139,7 @@ def label_indices(
     if num_classes is None or len(order) != num_classes:
         count = "an unknown number of" if num_classes is None else str(num_classes)
         raise error(
-            f"{source} names {len(order)} classes ({_shown(order)}) but the model has {count} "
+            f"{source} names {counted(len(order), 'class')} ({_shown(order)}) but the model has {count} "
             "classes and records no class names, so the names cannot be mapped to its classes; "
             "label the examples with class indices 0..C-1, or name the model's classes "
             "(config.id2label in the checkpoint's config.json)"
@@ -301,7 +301,7 @@ def folder_class_indices(
         count = "an unknown number of" if num_classes is None else str(num_classes)
         last = "C-1" if num_classes is None else str(num_classes - 1)
         raise error(
-            f"{source} names {len(order)} classes ({_shown(order)}) by its sub-folders but the "
+            f"{source} names {counted(len(order), 'class')} ({_shown(order)}) by its sub-folders but the "
             f"model has {count} classes and records no class names, so the folder names cannot "
             f"be mapped to its classes; name the sub-folders 0..{last} by class index, or pass "
             "--labels FILE with the model's class names, one per line"

@@ -29,6 +29,7 @@ from typing import Any
 
 from hydra_deploy.atomic import atomic_write_json
 from hydra_deploy.bench import BenchError
+from hydra_deploy.errors import counted
 
 BASELINE_FORMAT = "hydra-bench-baseline/1"
 DEFAULT_TOLERANCE = 0.15
@@ -223,8 +224,8 @@ class CheckReport:
         out += [f"note: {note}" for note in self.notes]
         verdict = "FAILED" if self.regressions else "passed"
         out.append(
-            f"check {verdict}: {len(self.regressions)} regression(s), {len(self.improvements)} "
-            f"improvement(s), {len(self.within)} within {self.tolerance:.0%}, "
+            f"check {verdict}: {counted(len(self.regressions), 'regression')}, "
+            f"{counted(len(self.improvements), 'improvement')}, {len(self.within)} within {self.tolerance:.0%}, "
             f"{len(self.not_checked)} not checked"
         )
         return out

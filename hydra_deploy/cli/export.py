@@ -285,7 +285,7 @@ def main_body(args: argparse.Namespace) -> int:
     hydra = (
         _rebuild(args)
         if args.from_dir is not None
-        else build.build_hydra(args, progress=not (args.quiet or args.json))[3]
+        else build.build_hydra(args, progress=not args.quiet)[3]
     )
     _say_built(hydra)
     info = exporter.export_onnx(

@@ -56,7 +56,7 @@ def main_body(args: argparse.Namespace) -> int:
         raise HydraError(f"--batch must be at least 1, got {args.batch}")
     if args.save_spec is not None:
         common.refuse_existing(args.save_spec, args.overwrite)
-    backbone, spec, members, hydra = build.build_hydra(args, progress=not (args.quiet or args.json))
+    backbone, spec, members, hydra = build.build_hydra(args, progress=not args.quiet)
     # the fused model's own example inputs, in the order of its forward's arguments: one image
     # tensor [batch, C, H, W], or text's input_ids, attention_mask[, token_type_ids] [batch, seq]
     x = hydra.example_inputs(args.batch, seed=args.seed)

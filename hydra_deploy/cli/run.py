@@ -20,7 +20,7 @@ from hydra_deploy.cli import common
 from hydra_deploy.engines.preprocess import IMAGE_SUFFIXES
 from hydra_deploy.engines.runner import BACKENDS, load_runner
 from hydra_deploy.engines.sources import score_inputs
-from hydra_deploy.errors import HydraError
+from hydra_deploy.errors import HydraError, counted
 from hydra_deploy.monitor import Monitor, no_reference, summary_lines
 from hydra_deploy.options import MonitorOptions, RunnerOptions, add_options, command_line
 from hydra_deploy.uncertainty import SCALAR_SCORES
@@ -275,7 +275,7 @@ def main_body(args: argparse.Namespace) -> int:
                 print("\n".join(_top_k_line(r) for r in results))
     elif not args.quiet and str(target) != "-":
         print(
-            f"wrote {len(results)} result(s) to {target} ({meta['backend']}, "
+            f"wrote {counted(len(results), 'result')} to {target} ({meta['backend']}, "
             f"{', '.join(meta['providers'])})"
         )
     if monitor is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from hydra_deploy.cli import common
 from hydra_deploy.distributed import score_dataset
 from hydra_deploy.distributed.ray_score import DEFAULT_SHARD_SIZE, MANIFEST
+from hydra_deploy.errors import counted
 from hydra_deploy.options import RunnerOptions, add_options
 
 EXAMPLES = """\
@@ -161,8 +162,8 @@ def main_body(args: argparse.Namespace) -> int:
         skipped = f" ({report.shards_skipped} were done already)" if report.shards_skipped else ""
         if report.shards_done:  # (nothing to do: the library said so)
             print(
-                f"wrote {report.shards_done} part(s) to {report.out}{skipped}: "
-                f"{report.items_scored} item(s) in {report.seconds:.1f} s "
+                f"wrote {counted(report.shards_done, 'part')} to {report.out}{skipped}: "
+                f"{counted(report.items_scored, 'item')} in {report.seconds:.1f} s "
                 f"({report.items_per_second:.1f} items/s; "
                 f"{report.items_per_second_scoring:.1f} items/s after Ray start-up)"
             )

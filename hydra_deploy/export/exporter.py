@@ -487,7 +487,11 @@ def _check_arguments(hydra, out: Path, opset: int, batch: Sequence[int], overwri
         )
     batch = check_profile(opset, batch)
     if out.exists() and not overwrite:
-        raise ExportError(f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it")
+        raise ExportError(
+            f"{str(out)!r} exists; "
+            + spelled("pass overwrite=True", "pass --overwrite")
+            + " to replace it"
+        )
     if out.exists() and not out.is_dir():
         raise ExportError(f"{str(out)!r} is a file, not an export folder")
     return batch
@@ -531,7 +535,10 @@ def _model_entries(hydra, class_names: Sequence[str] | None) -> dict[str, Any]:
 def _move_into_place(staging: Path, out: Path, overwrite: bool) -> None:
     if out.exists():
         if not overwrite:  # appeared while exporting
-            raise ExportError(f"{str(out)!r} appeared during the export; pass overwrite=True")
+            raise ExportError(
+                f"{str(out)!r} appeared during the export; "
+                + spelled("pass overwrite=True", "pass --overwrite")
+            )
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
         os.replace(staging, out)

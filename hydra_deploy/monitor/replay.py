@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hydra_deploy.errors import DataError, ParameterError
+from hydra_deploy.errors import DataError, ParameterError, counted
 from hydra_deploy.monitor.monitor import Monitor
 
 log = logging.getLogger("hydra_deploy")
@@ -156,7 +156,7 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
         )
         lines.append(
             f"{name}: {rate['rate']:.4f} of {rate['count']} (expected <= {rate['expected']:.4f}"
-            f"{window}; {rate['alerts']} alert(s))"
+            f"{window}; {counted(rate['alerts'], 'alert')})"
         )
     for name, value in summary["estimates"].items():
         if value is not None:

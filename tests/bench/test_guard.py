@@ -109,7 +109,7 @@ def test_confirm_keeps_only_what_regresses_twice():
     ]
     lines = report.lines()
     assert "re-measured: torch batch 4 hydra_trunk: ratio 3.200, then 2.200" in "\n".join(lines)
-    assert lines[-1].startswith("check FAILED: 2 regression(s)")
+    assert lines[-1].startswith("check FAILED: 2 regressions")
     assert report.to_dict()["remeasured"] == report.remeasured
     passed = check.confirm(
         check.CheckReport(0.5, regressions=[finding("hydra", 3.5)]),

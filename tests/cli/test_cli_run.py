@@ -151,7 +151,7 @@ def test_image_folder_to_json(export_dir, images, tmp_path):
     target = tmp_path / "scores.json"
     code, out, err = invoke(str(export_dir), str(images), "--json", str(target), "--top-k", "3")
     assert code == 0, err
-    assert "wrote 6 result(s)" in out
+    assert "wrote 6 results" in out
     report = json.loads(target.read_text())
     files = sorted(p for p in images.rglob("*") if p.is_file() and p.suffix != ".md")
     assert [r["input"] for r in report["results"]] == [str(p) for p in files]  # sorted, recursive

@@ -409,7 +409,7 @@ def _run_pool(
     missing = [s.part for s in pending if not (out / s.part).exists()]
     if missing:
         raise ServeError(
-            f"Ray Data returned no results for {len(missing)} shard(s) ({', '.join(missing[:3])}"
+            f"Ray Data returned no results for {counted(len(missing), 'shard')} ({', '.join(missing[:3])}"
             "...); rerun with --resume"
         )
     return tally
