@@ -40,7 +40,7 @@ import json
 import os
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import Field, dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -1334,7 +1334,7 @@ class MonitorReference:
     score: str
     values: tuple[float, ...]
     sha256: str
-    counts: Mapping[str, tuple[int, int]]
+    counts: Mapping[str, tuple[int, int]] = field(hash=False)  # a dict: the record stays hashable
 
     @classmethod
     def new(

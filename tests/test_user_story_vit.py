@@ -225,5 +225,8 @@ def test_custom_vit_export_run_eval(story):
     done = cli("run", str(export), str(root / "raw.npz"))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "[N, C, H, W] = [N, 1, 16, 16]" in done.stderr, done.stderr
-    assert "without the channel axis" in done.stderr and "8x8" in done.stderr
+    assert (
+        "without the channel axis" in done.stderr
+        and "height 8 vs 16 and width 8 vs 16" in done.stderr
+    )
     assert "add the batch axis" not in done.stderr

@@ -36,8 +36,7 @@ log = logging.getLogger("hydra_deploy")
 MONITOR_OPTIONS = ("alpha", "rule", "window")
 
 EXAMPLES = """\
-  hydra-run export/digits-m3 stream/ --monitor --json watched.json
-  hydra-monitor watched.json --model export/digits-m3       # the alarms, rates, estimates
+  hydra-monitor watched.json --model export/digits-m3       # of hydra-run --monitor --json FILE
   hydra-monitor watched.json --model export/digits-m3 --monitor-rule mixture --plot watch.png
   hydra-monitor scores.parquet --model export/digits-m3 --json monitor.json   # score-dataset's
 """

@@ -347,7 +347,7 @@ def test_load_by_name_random_and_checkpoint(registered_tiny, tmp_path, caplog):
 def test_errors(registered_tiny, tmp_path, monkeypatch):
     with pytest.raises(BackboneError, match=r"Did you mean.*ViT-B-32"):
         load_backbone("openclip:ViT-B-33", classes=CLASSES)
-    with pytest.raises(BackboneError, match=re.escape("--classes names.txt")):
+    with pytest.raises(BackboneError, match=re.escape("pass classes=[...]")):
         load_backbone(f"openclip:{registered_tiny}")
     (tmp_path / "empty.txt").write_text("\n  \n")
     with pytest.raises(BackboneError, match="empty"):

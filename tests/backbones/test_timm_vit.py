@@ -310,7 +310,7 @@ def test_checkpoint_of_another_architecture(model, tmp_path):
     with pytest.raises(CheckpointError, match="does not fit the model") as info:
         load_backbone(ARCH, checkpoint=path, **dict(TINY, depth=3))
     assert "the file has depth=2 where the model has depth=3" in str(info.value)
-    assert "--model-arg depth=2" in str(info.value)
+    assert "load_backbone(..., depth=2)" in str(info.value)  # from Python: its spelling
 
 
 def test_missing_checkpoint(tmp_path):

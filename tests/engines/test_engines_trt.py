@@ -1029,7 +1029,7 @@ def test_execute_plan_composes_polygraphy_loaders_and_writes_atomically(
         {"pixel_values": ([1, 3, 16, 16], [4, 3, 16, 16], [6, 3, 16, 16])}
     ]
     assert calls["save_timing_cache"] == str(cache)
-    with pytest.raises(EngineError, match="--overwrite"):
+    with pytest.raises(EngineError, match="pass overwrite=True to rebuild it"):
         execute_plan(plan)
     # a strongly typed plan: no flags, no layer precisions
     calls.clear()

@@ -511,7 +511,7 @@ def test_tsv_names_without_model_names_need_every_class(trained, tmp_path):
     (tmp_path / "one_class.tsv").write_text("no\tw7 w8\nno\tw9\n")
     with pytest.raises(
         DataError,
-        match=r"names 1 classes \(no\) but the model has 2 classes and records no class names",
+        match=r"names 1 class \(no\) but the model has 2 classes and records no class names",
     ):
         load_data(tmp_path / "one_class.tsv", backbone)
     (tmp_path / "both.tsv").write_text("yes\tw7\nno\tw9\n")
