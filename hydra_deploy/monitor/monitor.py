@@ -19,7 +19,6 @@ one monitor.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ import numpy as np
 from hydra_deploy.atomic import atomic_write_json
 from hydra_deploy.decisions import apply_decisions, binomial_upper_bound, calibrated_scores
 from hydra_deploy.errors import DataError, ParameterError
-from hydra_deploy.export_folder import DecisionRecord
+from hydra_deploy.export_folder import DecisionRecord, reference_sha256
 from hydra_deploy.monitor.drift import DriftTest
 from hydra_deploy.monitor.rates import RateWatch, WindowMean
 from hydra_deploy.uncertainty.metrics import ood_score
@@ -280,4 +279,4 @@ class Monitor:
 
 
 def _digest(reference: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(reference, dtype="<f8").tobytes()).hexdigest()
+    return reference_sha256(reference.tolist())
