@@ -853,12 +853,25 @@ def apply_decisions(
     ``allow_nonfinite``, an example with non-finite logits gets NaN probabilities, an empty set,
     accept False and ood_flag True."""
     logits = np.asarray(member_logits)
+    check_classes(logits, record)
+    scores = calibrated_scores(logits, record.temperature, allow_nonfinite=allow_nonfinite)
+    return decided_from_scores(scores, record)
+
+
+def check_classes(logits: np.ndarray, record: DecisionRecord) -> None:
+    """Refuse member logits that are not [B, M, C] of the record's C classes."""
     if logits.ndim != 3 or logits.shape[2] != record.num_classes:
         raise DataError(
             f"the decisions were fitted for {record.num_classes} classes; member_logits has shape "
             f"{logits.shape}"
         )
-    scores = calibrated_scores(logits, record.temperature, allow_nonfinite=allow_nonfinite)
+
+
+def decided_from_scores(
+    scores: dict[str, np.ndarray], record: DecisionRecord
+) -> dict[str, np.ndarray]:
+    """:func:`apply_decisions` from the :func:`calibrated_scores` of the logits at the record's
+    temperature (for a caller that needs those scores too: one pass, not two)."""
     finite = scores["prediction"] >= 0
     out: dict[str, np.ndarray] = {
         "calibrated_probs": scores["probs"].astype(np.float32),

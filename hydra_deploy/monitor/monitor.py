@@ -28,7 +28,12 @@ from typing import Any
 import numpy as np
 
 from hydra_deploy.atomic import atomic_write_json
-from hydra_deploy.decisions import apply_decisions, binomial_upper_bound, calibrated_scores
+from hydra_deploy.decisions import (
+    binomial_upper_bound,
+    calibrated_scores,
+    check_classes,
+    decided_from_scores,
+)
 from hydra_deploy.errors import DataError, ParameterError
 from hydra_deploy.export_folder import DecisionRecord, reference_sha256
 from hydra_deploy.monitor.drift import DriftTest
@@ -131,8 +136,9 @@ class Monitor:
                 "observe_logits needs a monitor made from a decisions record (Monitor.from_record)"
             )
         logits = np.asarray(member_logits)
-        decided = apply_decisions(logits, record)
+        check_classes(logits, record)
         scores = calibrated_scores(logits, record.temperature)
+        decided = decided_from_scores(scores, record)
         columns: dict[str, Any] = {
             "scores": ood_score(scores, record.monitor.score),
             "confidence": decided["confidence"],
